@@ -1,0 +1,333 @@
+/*
+ * ssa.h - libssa: long-lived session KV stores with Stratified Sparse Attention.
+ *
+ * The only public header of libssa. C99, opaque handles, a stable ABI.
+ *
+ * Conventions (they hold for every function below unless its comment says otherwise):
+ *  - Every fallible call returns ssa_status. On failure the thread-local
+ *    ssa_last_error_message() holds a human-readable detail, and every handle is
+ *    left exactly as it was before the call (operations are all-or-nothing).
+ *  - Structs that start with `struct_size` are versioned: call the matching
+ *    *_init() first, which sets struct_size and every default. Fields are only
+ *    ever appended, so code compiled against an older header keeps working.
+ *  - Out-parameters (`**out`) are written only on success. Objects returned through
+ *    them are owned by the caller and freed with the matching *_destroy().
+ *    Every other pointer argument is borrowed for the duration of the call only.
+ *  - Memory space: K, V, q and out point to host memory for CPU sessions and to
+ *    device memory for CUDA sessions (unless the session was created with
+ *    SSA_SESSION_HOST_POINTERS). Snapshot paths are host strings (UTF-8/bytes).
+ *  - Thread safety: a runtime may be used from any number of threads at once.
+ *    A session may be decoded from any number of threads at once; calls that
+ *    mutate a session (append, update_index, truncate) take it exclusively and
+ *    wait for running decodes (and make new decodes wait) - they never tear a
+ *    read. fork and save only read the session and run beside decodes.
+ *  - No C++ exception, abort or assertion crosses this boundary.
+ */
+#ifndef SSA_H
+#define SSA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32)
+#  if defined(SSA_BUILDING_LIBRARY)
+#    define SSA_API __declspec(dllexport)
+#  else
+#    define SSA_API
+#  endif
+#elif defined(__GNUC__)
+#  define SSA_API __attribute__((visibility("default")))
+#else
+#  define SSA_API
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- version */
+
+#define SSA_VERSION_MAJOR 0
+#define SSA_VERSION_MINOR 1
+#define SSA_VERSION_PATCH 0
+
+/* MAJOR*10000 + MINOR*100 + PATCH of the library actually loaded. */
+SSA_API uint32_t ssa_version(void);
+
+/* ----------------------------------------------------------------- errors */
+
+/* Values are stable and never renumbered. Pinned to 32 bits. */
+typedef enum ssa_status {
+  SSA_OK = 0,
+  SSA_ERR_INVALID_ARGUMENT = 1, /* null pointer, bad size, unknown layer, bad params   */
+  SSA_ERR_OUT_OF_MEMORY = 2,    /* host or device allocation failed; nothing changed  */
+  SSA_ERR_IO = 3,               /* file system error (open, write, fsync, rename)     */
+  SSA_ERR_CORRUPT = 4,          /* snapshot fails a checksum, is truncated/malformed  */
+  SSA_ERR_VERSION = 5,          /* snapshot format version not supported              */
+  SSA_ERR_MISMATCH = 6,         /* snapshot/session does not fit (fingerprint, shape) */
+  SSA_ERR_UNSUPPORTED = 7,      /* valid request this build/backend cannot do         */
+  SSA_ERR_DEVICE = 8,           /* CUDA error                                         */
+  SSA_ERR_BUSY = 9,             /* session is being mutated by another thread         */
+  SSA_ERR_INTERNAL = 10,        /* a bug in libssa; please report the message         */
+  SSA_STATUS_FORCE_32BIT = 0x7fffffff
+} ssa_status;
+
+/* Static English name of a status ("SSA_ERR_CORRUPT"); never NULL, also for
+   unknown values. Thread-safe. */
+SSA_API const char *ssa_status_string(ssa_status st);
+
+/* Detail of the last failing call made on this thread ("layer 40 >= n_layers 32"),
+   or "" if the last call succeeded or none failed yet. The string is owned by the
+   library and valid until the next libssa call on this thread. Never NULL. */
+SSA_API const char *ssa_last_error_message(void);
+
+/* ------------------------------------------------------------------ enums */
+
+typedef enum ssa_backend {
+  SSA_BACKEND_AUTO = 0, /* CUDA if built and a device exists, else CPU */
+  SSA_BACKEND_CPU = 1,
+  SSA_BACKEND_CUDA = 2,
+  SSA_BACKEND_FORCE_32BIT = 0x7fffffff
+} ssa_backend;
+
+typedef enum ssa_dtype {
+  SSA_DTYPE_F32 = 0,
+  SSA_DTYPE_F16 = 1,  /* IEEE binary16 */
+  SSA_DTYPE_BF16 = 2, /* bfloat16 */
+  SSA_DTYPE_FORCE_32BIT = 0x7fffffff
+} ssa_dtype;
+
+/* How a decode spends its budget of k tokens per query head. In every method the
+   first n_sink and last n_local tokens are always read (inclusion probability 1)
+   and count towards k; the remaining k' = k - n_sink - n_local tokens are chosen
+   from the middle of the context as below. With k >= N every method is DENSE. */
+typedef enum ssa_method {
+  SSA_METHOD_DENSE = 0,          /* exact attention over all tokens                    */
+  SSA_METHOD_ORACLE_TOPK = 1,    /* top-k' by exact scores (quality ceiling, no speedup)*/
+  SSA_METHOD_PQ_TOPK = 2,        /* PQCache: top-k' by PQ proxy scores                 */
+  SSA_METHOD_HYBRID_UNIFORM = 3, /* vAttention-style: proxy top h*k' + uniform samples */
+  SSA_METHOD_SAMPLING = 4,       /* proxy-proportional sampling only (h = 0)           */
+  SSA_METHOD_SSA = 5,            /* stratified: proxy top h*k' + proxy sampling        */
+  SSA_METHOD_SSA_ADAPTIVE = 6,   /* stratified with the lambda water-filling heavy set */
+  SSA_METHOD_FORCE_32BIT = 0x7fffffff
+} ssa_method;
+
+/* ---------------------------------------------------------------- runtime */
+
+typedef struct ssa_runtime ssa_runtime;
+
+typedef struct ssa_runtime_options {
+  uint32_t struct_size;
+  ssa_backend backend; /* default AUTO: CUDA if built and a device exists, else CPU */
+  int32_t device;      /* CUDA device ordinal; default 0 */
+  int32_t num_threads; /* CPU worker threads; 0 (default) = hardware concurrency */
+  uint64_t seed;       /* default seed for sampling when a decode passes seed 0;
+                          default 0x5EED */
+} ssa_runtime_options;
+
+/* Fills *opts with defaults and sets struct_size. opts must not be NULL. */
+SSA_API void ssa_runtime_options_init(ssa_runtime_options *opts);
+
+/* Creates a runtime (backend choice, worker threads, default seed).
+   opts: borrowed; NULL means defaults. out: receives the runtime, owned by the
+   caller, freed with ssa_runtime_destroy() after every session made from it.
+   Returns SSA_OK, SSA_ERR_INVALID_ARGUMENT (out NULL, bad struct_size, unknown
+   backend, negative threads), SSA_ERR_UNSUPPORTED (CUDA asked for but not built),
+   SSA_ERR_DEVICE (CUDA asked for, no usable device), SSA_ERR_OUT_OF_MEMORY. */
+SSA_API ssa_status ssa_runtime_create(const ssa_runtime_options *opts, ssa_runtime **out);
+
+/* Frees a runtime. NULL is a no-op. Every session of it must be destroyed first. */
+SSA_API void ssa_runtime_destroy(ssa_runtime *rt);
+
+/* The backend the runtime actually uses (never AUTO). rt NULL gives AUTO. */
+SSA_API ssa_backend ssa_runtime_backend(const ssa_runtime *rt);
+
+/* Number of CPU worker threads the runtime uses (>= 1); 0 if rt is NULL. */
+SSA_API int32_t ssa_runtime_num_threads(const ssa_runtime *rt);
+
+/* --------------------------------------------------------------- sessions */
+
+/* One long-lived KV store: one sequence, all layers of a model. */
+typedef struct ssa_session ssa_session;
+
+/* Session flag: K, V, q and out of a CUDA session are host pointers (staged
+   through the library). Without it a CUDA session takes device pointers only.
+   Ignored by CPU sessions, which always take host pointers. */
+#define SSA_SESSION_HOST_POINTERS 1u
+
+typedef struct ssa_session_config {
+  uint32_t struct_size;
+  uint32_t n_layers;     /* >= 1                                               */
+  uint32_t n_q_heads;    /* >= 1, a multiple of n_kv_heads                     */
+  uint32_t n_kv_heads;   /* >= 1                                               */
+  uint32_t head_dim;     /* 32..512 and a multiple of 8 (64, 128, 256 typical) */
+  ssa_dtype kv_dtype;    /* dtype of K, V, q and out; default F16              */
+  uint32_t pq_subspaces; /* M, default 16; must divide head_dim                */
+  uint32_t pq_centroids; /* K, default 256; 2..256 (codes are one byte)        */
+  uint64_t model_fingerprint; /* opaque to the library; checked on load; default 0 */
+  /* ---- fields below were appended after the API contract ---- */
+  uint32_t page_tokens;  /* tokens per KV page, default 256; power of two 16..4096 */
+  uint32_t flags;        /* SSA_SESSION_* flags, default 0                      */
+  /* PQ index policy, per layer. The codebooks of a layer are trained (k-means++
+     then Lloyd) on up to index_train_sample keys per KV head as soon as the layer
+     holds index_min_tokens tokens, and retrained (all codes re-encoded) whenever
+     the layer has grown by index_regrow_factor since the last training.
+     Keys appended in between are encoded with the current codebooks.
+     index_regrow_factor 0 disables automatic retraining (training once still
+     happens); ssa_session_update_index() trains on demand. */
+  uint32_t index_min_tokens;   /* default 2048, >= 1                   */
+  float index_regrow_factor;   /* default 4.0; 0 or >= 1.0 (1.0 = every append) */
+  uint32_t index_train_sample; /* keys sampled per KV head, default 16384, >= 1 */
+  uint32_t index_iterations;   /* Lloyd iterations after k-means++, default 8 */
+} ssa_session_config;
+
+/* Fills *cfg with defaults (shape fields 0: the caller must set n_layers,
+   n_q_heads, n_kv_heads and head_dim) and sets struct_size. cfg must not be NULL. */
+SSA_API void ssa_session_config_init(ssa_session_config *cfg);
+
+/* Creates an empty session on rt's backend. cfg: borrowed, must not be NULL.
+   out: receives the session, owned by the caller (ssa_session_destroy).
+   The runtime must outlive the session.
+   Returns SSA_OK, SSA_ERR_INVALID_ARGUMENT (NULLs, bad struct_size, a shape or
+   PQ setting out of range), SSA_ERR_OUT_OF_MEMORY, SSA_ERR_DEVICE. */
+SSA_API ssa_status ssa_session_create(ssa_runtime *rt, const ssa_session_config *cfg,
+                                      ssa_session **out);
+
+/* Frees a session and every page it alone holds. NULL is a no-op. Must not race
+   with any other call on the same session. */
+SSA_API void ssa_session_destroy(ssa_session *s);
+
+/* Tokens present in every layer (the minimum over layers). 0 if s is NULL. */
+SSA_API uint64_t ssa_session_length(const ssa_session *s);
+
+/* Tokens present in one layer; 0 if s is NULL or layer is out of range. */
+SSA_API uint64_t ssa_session_layer_length(const ssa_session *s, uint32_t layer);
+
+/* Copies the session's configuration into *cfg (cfg->struct_size must be set,
+   e.g. by ssa_session_config_init). Returns SSA_OK or SSA_ERR_INVALID_ARGUMENT. */
+SSA_API ssa_status ssa_session_get_config(const ssa_session *s, ssa_session_config *cfg);
+
+/* Appends n_tokens tokens to one layer. k and v: [n_tokens][n_kv_heads][head_dim]
+   in kv_dtype, borrowed, in the session's memory space. New keys are encoded with
+   the layer's current PQ codebooks; the index policy may (re)train them here.
+   All-or-nothing: on failure the layer is unchanged. n_tokens 0 is a no-op.
+   Takes the session exclusively (waits for running decodes).
+   Returns SSA_OK, SSA_ERR_INVALID_ARGUMENT (NULL s/k/v, layer >= n_layers, size
+   overflow), SSA_ERR_OUT_OF_MEMORY, SSA_ERR_DEVICE. */
+SSA_API ssa_status ssa_session_append(ssa_session *s, uint32_t layer, const void *k,
+                                      const void *v, uint64_t n_tokens);
+
+/* (Re)trains the PQ codebooks of every layer that holds at least one token from
+   its current keys and re-encodes all codes. Also runs automatically (see
+   ssa_session_config). Takes the session exclusively.
+   Returns SSA_OK, SSA_ERR_INVALID_ARGUMENT (s NULL), SSA_ERR_OUT_OF_MEMORY,
+   SSA_ERR_DEVICE. */
+SSA_API ssa_status ssa_session_update_index(ssa_session *s);
+
+/* Keeps the first n_tokens tokens of every layer (agent rollback). Layers
+   shorter than n_tokens are left as they are. Codebooks are kept.
+   Takes the session exclusively.
+   Returns SSA_OK, SSA_ERR_INVALID_ARGUMENT (s NULL, n_tokens > ssa_session_length). */
+SSA_API ssa_status ssa_session_truncate(ssa_session *s, uint64_t n_tokens);
+
+/* Makes an independent copy of the session. Pages, codes and codebooks are shared
+   copy-on-write, so forking costs O(pages), not O(bytes). out: receives the
+   new session, owned by the caller. The source may be decoded meanwhile.
+   Returns SSA_OK, SSA_ERR_INVALID_ARGUMENT, SSA_ERR_OUT_OF_MEMORY. */
+SSA_API ssa_status ssa_session_fork(ssa_session *s, ssa_session **out);
+
+/* ----------------------------------------------------------------- decode */
+
+typedef struct ssa_decode_params {
+  uint32_t struct_size;
+  ssa_method method;    /* default SSA_METHOD_SSA */
+  uint32_t budget;      /* tokens read per query head incl. sink+local; 0 (default)
+                           = ceil(N / sparsity) */
+  float sparsity;       /* N / budget when budget == 0; default 50; must be >= 1 */
+  float heavy_fraction; /* h for SSA and HYBRID_UNIFORM, in [0, 1]; default 0.4 */
+  uint32_t n_sink;      /* default 128 */
+  uint32_t n_local;     /* default 128 */
+  float pi_min;         /* lower clamp of inclusion probabilities, in (0, 1]; 1e-4 */
+  uint64_t seed;        /* 0 (default) = the runtime's seed */
+  uint64_t step;        /* RNG counter: same (seed, step, inputs) = same result */
+  void *stream;         /* cudaStream_t for CUDA sessions; NULL = default stream */
+} ssa_decode_params;
+
+/* Fills *p with defaults and sets struct_size. p must not be NULL. */
+SSA_API void ssa_decode_params_init(ssa_decode_params *p);
+
+typedef struct ssa_decode_stats {
+  uint32_t struct_size;
+  uint64_t context_tokens; /* N of the layer decoded (summed over batch items)   */
+  uint64_t tokens_read;    /* rows of K/V read, summed over query heads          */
+  uint64_t heavy_tokens;   /* |H| summed over query heads                        */
+  uint64_t draws;          /* m summed over query heads                          */
+  uint64_t unique_samples; /* |S| summed over query heads                        */
+  /* ---- appended ---- */
+  double residual_proxy_mass; /* proxy softmax mass of the sampled residual R,
+                                 summed over query heads (0 for top-k methods:
+                                 that mass is simply dropped there)             */
+  uint64_t scored_tokens;  /* proxy scores computed, summed over query heads     */
+} ssa_decode_stats;
+
+/* Zeroes *st and sets struct_size. st must not be NULL. */
+SSA_API void ssa_decode_stats_init(ssa_decode_stats *st);
+
+/* Attention output of one layer for one new query.
+   q: [n_q_heads][head_dim]; out: [n_q_heads][head_dim]; both in kv_dtype and in
+   the session's memory space; q borrowed, out written by the call (q and out may
+   not overlap). The query attends over every token of the layer
+   (ssa_session_layer_length). p: borrowed, NULL = defaults. stats: NULL = not
+   wanted; else its struct_size must be set and it is overwritten.
+   Sampling methods draw from a counter-based RNG keyed by (seed, step, layer,
+   query head): the result does not depend on threads or timing, and the same
+   inputs, seed and step give bitwise the same output on the same backend,
+   also after a fork or a snapshot round trip.
+   Proxy methods on a layer without a PQ index train one on demand.
+   Decoding an empty layer gives SSA_ERR_INVALID_ARGUMENT.
+   Returns SSA_OK, SSA_ERR_INVALID_ARGUMENT, SSA_ERR_OUT_OF_MEMORY, SSA_ERR_DEVICE. */
+SSA_API ssa_status ssa_decode(ssa_session *s, uint32_t layer, const void *q, void *out,
+                              const ssa_decode_params *p, ssa_decode_stats *stats);
+
+typedef struct ssa_decode_item {
+  ssa_session *session; /* borrowed; all items must share one runtime */
+  const void *q;        /* [n_q_heads][head_dim] of that session, borrowed */
+  void *out;            /* [n_q_heads][head_dim] of that session, written */
+} ssa_decode_item;
+
+/* Decodes many sessions (of any lengths and shapes) at one layer, in parallel.
+   Items: borrowed array of n_items. A session may appear in several items.
+   Validates every item before computing any; on failure no out is written
+   by a failing validation, and the message names the first bad item.
+   Returns as ssa_decode. */
+SSA_API ssa_status ssa_decode_batch(const ssa_decode_item *items, size_t n_items,
+                                    uint32_t layer, const ssa_decode_params *p);
+
+/* -------------------------------------------------------------- snapshots */
+
+/* Writes the whole session to path atomically (temp file, fsync, rename, fsync
+   of the directory): after a crash at any moment path holds the old or the new
+   snapshot. Returns SSA_OK, SSA_ERR_INVALID_ARGUMENT, SSA_ERR_IO,
+   SSA_ERR_OUT_OF_MEMORY, SSA_ERR_UNSUPPORTED (this build has no snapshots). */
+SSA_API ssa_status ssa_session_save(ssa_session *s, const char *path);
+
+/* Appends to path only what changed since this session was last saved or
+   checkpointed to path, then commits atomically; falls back to a full save
+   when path holds no snapshot of this session. Statuses as ssa_session_save. */
+SSA_API ssa_status ssa_session_checkpoint(ssa_session *s, const char *path);
+
+#define SSA_LOAD_VERIFY 1u /* verify every checksum up front (default: on read) */
+#define SSA_LOAD_MMAP 2u   /* map the file instead of reading it (CPU sessions) */
+
+/* Restores a session saved by ssa_session_save/checkpoint onto rt's backend.
+   out: receives the session, owned by the caller.
+   Returns SSA_OK, SSA_ERR_INVALID_ARGUMENT, SSA_ERR_IO, SSA_ERR_CORRUPT,
+   SSA_ERR_VERSION, SSA_ERR_MISMATCH, SSA_ERR_OUT_OF_MEMORY, SSA_ERR_UNSUPPORTED. */
+SSA_API ssa_status ssa_session_load(ssa_runtime *rt, const char *path, uint32_t flags,
+                                    ssa_session **out);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* SSA_H */

@@ -1,0 +1,20 @@
+// Every host allocation of bulk session memory goes through here, so that tests
+// can inject allocation failures (fail the n-th call) and check that each failure
+// surfaces as SSA_ERR_OUT_OF_MEMORY with the session left unchanged.
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+namespace ssa {
+
+// 64-byte aligned; nullptr on failure (or an injected failure).
+void* aligned_alloc_or_null(size_t bytes);
+void aligned_free(void* p);
+
+// Test hook: the n-th allocation from now (1-based) and, if `sticky`, all later
+// ones fail. 0 disables injection. Not thread-safe against concurrent setters.
+void set_alloc_failure_countdown(uint64_t n, bool sticky);
+uint64_t alloc_calls_made();
+
+}  // namespace ssa

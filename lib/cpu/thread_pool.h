@@ -1,0 +1,43 @@
+// A fixed set of worker threads that runs parallel loops. Any number of caller
+// threads may run loops at once (a runtime is shared by all threads); the caller
+// works on its own loop too, so nested or concurrent loops never deadlock.
+#pragma once
+
+#include <stddef.h>
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace ssa {
+
+class ThreadPool {
+ public:
+  explicit ThreadPool(int num_threads);  // total threads including the caller
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int num_threads() const { return static_cast<int>(workers_.size()) + 1; }
+
+  // Runs fn(i) for i in [0, n), spread over the workers and the caller; returns
+  // when all are done. fn must not throw.
+  void parallel_for(size_t n, const std::function<void(size_t)>& fn);
+
+ private:
+  struct Loop;
+  void worker_main();
+  static void run_some(Loop& loop);
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Loop>> queue_;
+  bool stop_ = false;
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace ssa

@@ -1,0 +1,17 @@
+// The runtime: which backend serves sessions, the CPU worker threads, the default
+// sampling seed. Shared by all threads of the embedding program.
+#pragma once
+
+#include <stdint.h>
+
+#include <memory>
+
+#include "cpu/thread_pool.h"
+#include "ssa.h"
+
+struct ssa_runtime {
+  ssa_backend backend = SSA_BACKEND_CPU;
+  int32_t device = 0;
+  uint64_t seed = 0x5EED;
+  std::unique_ptr<ssa::ThreadPool> pool;
+};

@@ -1,0 +1,35 @@
+// A fixed-size block of session storage (KV rows or PQ codes of page_tokens
+// tokens). Pages are immutable once shared: sessions hold them by PageRef, a fork
+// copies only the refs, and a writer that finds a page shared (or mapped from a
+// read-only snapshot file) copies it first (copy-on-write).
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <memory>
+
+namespace ssa {
+
+class Page {
+ public:
+  // `keeper` keeps the memory alive (a pool slot or a file mapping) and frees or
+  // recycles it when the last reference to the page goes.
+  Page(uint8_t* data, size_t bytes, bool writable, std::shared_ptr<void> keeper)
+      : data_(data), bytes_(bytes), writable_(writable), keeper_(std::move(keeper)) {}
+
+  const uint8_t* data() const { return data_; }
+  uint8_t* mutable_data() { return writable_ ? data_ : nullptr; }
+  size_t bytes() const { return bytes_; }
+  bool writable() const { return writable_; }
+
+ private:
+  uint8_t* data_;
+  size_t bytes_;
+  bool writable_;
+  std::shared_ptr<void> keeper_;
+};
+
+using PageRef = std::shared_ptr<Page>;
+
+}  // namespace ssa

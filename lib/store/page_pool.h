@@ -1,0 +1,43 @@
+// Allocates pages of one size and recycles freed ones, so a session that grows,
+// truncates and grows again reuses memory instead of returning to malloc, and a
+// 1M-token session is a list of small blocks that never move or double.
+#pragma once
+
+#include <stddef.h>
+
+#include <memory>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "page.h"
+
+namespace ssa {
+
+class PagePool : public std::enable_shared_from_this<PagePool> {
+ public:
+  static std::shared_ptr<PagePool> create(size_t page_bytes, size_t max_free_pages = 64);
+  ~PagePool();
+
+  // A writable page; SSA_ERR_OUT_OF_MEMORY on allocation failure.
+  absl::StatusOr<PageRef> allocate();
+  // A writable copy of `src` (same size), for copy-on-write.
+  absl::StatusOr<PageRef> copy_of(const Page& src);
+
+  size_t page_bytes() const { return page_bytes_; }
+  size_t live_pages() const;
+
+ private:
+  PagePool(size_t page_bytes, size_t max_free_pages)
+      : page_bytes_(page_bytes), max_free_(max_free_pages) {}
+  void release(void* block);
+
+  const size_t page_bytes_;
+  const size_t max_free_;
+  mutable absl::Mutex mu_;
+  std::vector<void*> free_ ABSL_GUARDED_BY(mu_);
+  size_t live_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace ssa
