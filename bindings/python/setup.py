@@ -8,4 +8,6 @@ time without LD_LIBRARY_PATH.
 """
 from setuptools import setup
 
-setup(cffi_modules=["ssa_build.py:ffibuilder"])
+# Always rebuild the extension: its rpath and the header it compiles against come from
+# the environment, which setuptools' up-to-date check cannot see.
+setup(cffi_modules=["ssa_build.py:ffibuilder"], options={"build_ext": {"force": True}})

@@ -72,23 +72,69 @@ def _peaked_session(rt, rng, n=4096):
 
 
 @pytest.mark.parametrize("method", SPARSE)
-def test_sparse_methods_read_fewer_tokens_and_stay_close(rt, rng, method):
+def test_sparse_methods_read_fewer_tokens(rt, rng, method):
     s, k, v, q = _peaked_session(rt, rng)
     with s:
-        ref = reference_attention(q, k, v)
         budget = 512
         out, st = s.decode(0, q, method=method, budget=budget, n_sink=32, n_local=32, seed=11, stats=True)
         assert np.isfinite(out).all()
         assert st.context_tokens == 4096
         assert 0 < st.tokens_read <= N_Q * budget
         assert st.tokens_read < N_Q * 4096
-        err = rel_err(out, ref)
-        assert err < 0.5, err
-        if method == "oracle_topk":
-            assert err < 0.2, err  # exact top-k on a peaked distribution is close
         if method in SAMPLED:
             assert st.draws > 0
             assert 0 < st.unique_samples <= st.draws
+        if method in ("oracle_topk", "pq_topk"):
+            assert st.draws == 0
+            assert st.heavy_tokens == N_Q * (budget - 64)  # k' = budget - n_sink - n_local
+            assert rel_err(out, reference_attention(q, k, v)) < 0.3
+
+
+def oracle_topk_reference(q, k, v, budget, n_sink, n_local):
+    """Sink + local + the top-k' middle tokens by exact score, then exact softmax over them."""
+    q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
+    n_q, d = q.shape
+    n = k.shape[0]
+    group = n_q // k.shape[1]
+    out = np.empty((n_q, d))
+    for h in range(n_q):
+        kh = h // group
+        s = k[:, kh, :] @ q[h] / np.sqrt(d)
+        middle = np.arange(n_sink, n - n_local)
+        top = middle[np.argsort(-s[middle])[: budget - n_sink - n_local]]
+        idx = np.concatenate([np.arange(n_sink), np.arange(n - n_local, n), top])
+        w = np.exp(s[idx] - s[idx].max())
+        out[h] = (w / w.sum()) @ v[idx, kh, :]
+    return out
+
+
+def test_oracle_topk_matches_numpy_oracle(rt, rng):
+    s, k, v, q = _peaked_session(rt, rng)
+    with s:
+        for budget, n_sink, n_local in ((512, 32, 32), (300, 0, 100), (1000, 128, 128)):
+            out = s.decode(0, q, method="oracle_topk", budget=budget, n_sink=n_sink, n_local=n_local)
+            ref = oracle_topk_reference(q, k, v, budget, n_sink, n_local)
+            assert rel_err(out, ref) < 1e-5, (budget, n_sink, n_local)
+            if budget <= 512:
+                assert rel_err(out, reference_attention(q, k, v)) > 1e-3  # really sparse
+
+
+def test_sampled_methods_average_out_and_rank(rt, rng):
+    """Independent draws per step: averaging 16 steps shrinks the error about 4x (an
+    unbiased-style estimator), and at equal budget proxy-proportional sampling beats
+    uniform sampling while stratification beats plain sampling (SSA_SPEC.md)."""
+    s, k, v, q = _peaked_session(rt, rng)
+    with s:
+        ref = reference_attention(q, k, v)
+        single = {}
+        for method in SAMPLED:
+            outs = [s.decode(0, q, method=method, budget=512, n_sink=32, n_local=32, seed=11, step=i)
+                    .astype(np.float64) for i in range(16)]
+            single[method] = np.mean([rel_err(o, ref) for o in outs])
+            averaged = rel_err(np.mean(outs, axis=0), ref)
+            assert averaged < 0.45 * single[method], (method, averaged, single[method])
+        assert single["ssa"] < single["sampling"] < single["hybrid_uniform"], single
+        assert single["ssa_adaptive"] < single["sampling"], single
 
 
 def test_sparsity_sets_budget(rt, rng):
