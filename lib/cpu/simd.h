@@ -33,6 +33,8 @@ struct Kernels {
   const char* name;
 };
 
+void pq_scores_scalar(const float* lut, uint32_t K, uint32_t M, const uint8_t* codes, size_t stride,
+                      size_t count, float* out);
 uint32_t generic_nearest_centroid(const float* x, const float* cent_t, const float* norms,
                                   uint32_t K, uint32_t dim);
 

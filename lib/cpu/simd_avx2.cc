@@ -60,25 +60,6 @@ SSA_AVX2 void axpy(DType t, const void* row, float w, float* acc, size_t n) {
   for (; i < n; ++i) acc[i] += w * load_as_f32(row, t, i);
 }
 
-SSA_AVX2 void pq_scores(const float* lut, uint32_t K, uint32_t M, const uint8_t* codes,
-                        size_t stride, size_t count, float* out) {
-  size_t i = 0;
-  for (; i + 8 <= count; i += 8) {
-    __m256 acc = _mm256_setzero_ps();
-    for (uint32_t m = 0; m < M; ++m) {
-      const __m256i idx = _mm256_cvtepu8_epi32(
-          _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + m * stride + i)));
-      acc = _mm256_add_ps(acc, _mm256_i32gather_ps(lut + size_t{m} * K, idx, 4));
-    }
-    _mm256_storeu_ps(out + i, acc);
-  }
-  for (; i < count; ++i) {
-    float s = 0.0f;
-    for (uint32_t m = 0; m < M; ++m) s += lut[size_t{m} * K + codes[m * stride + i]];
-    out[i] = s;
-  }
-}
-
 // exp(x) for x <= 0 (after the shift), by 2^(x*log2 e) = 2^n * 2^f with a degree-6
 // polynomial for 2^f on [-0.5, 0.5]; inputs below -87 flush to 0.
 SSA_AVX2 inline __m256 exp_nonpositive(__m256 x) {
@@ -175,7 +156,7 @@ SSA_AVX2 uint32_t nearest_centroid(const float* x, const float* cent_t, const fl
 const Kernels* avx2_kernels() {
   static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
                          __builtin_cpu_supports("f16c");
-  static const Kernels k{to_f32, dot, axpy, pq_scores, exp_shifted, nearest_centroid, "avx2"};
+  static const Kernels k{to_f32, dot, axpy, pq_scores_scalar, exp_shifted, nearest_centroid, "avx2"};
   return ok ? &k : nullptr;
 }
 
