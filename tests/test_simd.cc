@@ -5,6 +5,7 @@
 #include <math.h>
 #include <string.h>
 
+#include <algorithm>
 #include <random>
 #include <vector>
 
@@ -84,8 +85,17 @@ TEST_CASE("AVX2 kernels agree with the portable ones") {
   // exp: relative error against libm.
   std::vector<float> x(1000), ea(1000), eb(1000);
   for (size_t i = 0; i < x.size(); ++i) x[i] = -100.0f + 0.1f * static_cast<float>(i);
-  const double sa = avx2->exp_shifted(x.data(), 0.0f, ea.data(), x.size());
-  const double sb = gen.exp_shifted(x.data(), 0.0f, eb.data(), x.size());
+  std::vector<double> ba(32), bb(32);
+  const double sa = avx2->exp_shifted(x.data(), 0.0f, ea.data(), x.size(), ba.data());
+  const double sb = gen.exp_shifted(x.data(), 0.0f, eb.data(), x.size(), bb.data());
+  for (size_t b = 0; b < 32; ++b) {
+    double want = 0;
+    for (size_t i = b * 32; i < std::min(x.size(), b * 32 + 32); ++i) want += eb[i];
+    CHECK(bb[b] == doctest::Approx(want).epsilon(1e-12));
+    CHECK(ba[b] == doctest::Approx(want).epsilon(1e-6));
+  }
+  CHECK(avx2->max_value(x.data(), x.size()) == x.back());
+  CHECK(gen.max_value(x.data(), 999) == x[998]);
   for (size_t i = 0; i < x.size(); ++i) {
     if (x[i] < -87.0f) continue;
     CHECK(ea[i] == doctest::Approx(eb[i]).epsilon(1e-6));

@@ -19,13 +19,25 @@ void axpy(DType t, const void* row, float w, float* acc, size_t n) {
   for (size_t i = 0; i < n; ++i) acc[i] += w * load_as_f32(row, t, i);
 }
 
-double exp_shifted(const float* x, float shift, float* out, size_t n) {
+double exp_shifted(const float* x, float shift, float* out, size_t n, double* block_sums) {
   double sum = 0.0;
-  for (size_t i = 0; i < n; ++i) {
-    out[i] = expf(x[i] - shift);
-    sum += out[i];
+  for (size_t b = 0; b < n; b += 32) {
+    const size_t e = b + 32 < n ? b + 32 : n;
+    double block = 0.0;
+    for (size_t i = b; i < e; ++i) {
+      out[i] = expf(x[i] - shift);
+      block += out[i];
+    }
+    if (block_sums != nullptr) block_sums[b / 32] = block;
+    sum += block;
   }
   return sum;
+}
+
+float max_value(const float* x, size_t n) {
+  float m = -INFINITY;
+  for (size_t i = 0; i < n; ++i) m = x[i] > m ? x[i] : m;
+  return m;
 }
 
 }  // namespace
@@ -75,7 +87,7 @@ uint32_t generic_nearest_centroid(const float* x, const float* cent_t, const flo
 }
 
 const Kernels& generic_kernels() {
-  static const Kernels k{to_f32, dot, axpy, pq_scores_scalar, exp_shifted, generic_nearest_centroid,
+  static const Kernels k{to_f32, dot, axpy, pq_scores_scalar, exp_shifted, max_value, generic_nearest_centroid,
                          "generic"};
   return k;
 }
