@@ -161,13 +161,13 @@ void ssa_session_destroy(ssa_session* s) { delete s; }
 
 uint64_t ssa_session_length(const ssa_session* s) {
   if (s == nullptr) return 0;
-  absl::ReaderMutexLock lock(&s->mu);
+  std::shared_lock lock(s->mu);
   return ssa::session_length_locked(*s);
 }
 
 uint64_t ssa_session_layer_length(const ssa_session* s, uint32_t layer) {
   if (s == nullptr) return 0;
-  absl::ReaderMutexLock lock(&s->mu);
+  std::shared_lock lock(s->mu);
   return layer < s->layers.size() ? s->layers[layer].n_tokens : 0;
 }
 

@@ -110,7 +110,7 @@ absl::StatusOr<std::unique_ptr<ssa_session>> create_session(ssa_runtime* rt,
   s->layout = layout;
   s->kv_pool = PagePool::create(layout.kv_page_bytes());
   s->code_pool = PagePool::create(layout.code_page_bytes());
-  absl::MutexLock lock(&s->mu);
+  std::lock_guard lock(s->mu);
   s->layers.resize(cfg.n_layers);
   return s;
 }
@@ -128,7 +128,7 @@ absl::Status session_append(ssa_session& s, uint32_t layer_index, const void* k,
     return invalid_argument("layer ", layer_index, " >= n_layers ", L.n_layers);
   }
   if (n_tokens == 0) return absl::OkStatus();
-  absl::WriterMutexLock lock(&s.mu);
+  std::unique_lock lock(s.mu);
   const LayerStore& cur = s.layers[layer_index];
   if (n_tokens > kMaxTokensPerLayer - cur.n_tokens) {
     return invalid_argument("appending ", n_tokens, " tokens to layer ", layer_index, " of ",
@@ -187,7 +187,7 @@ absl::Status session_append(ssa_session& s, uint32_t layer_index, const void* k,
 }
 
 absl::Status session_update_index(ssa_session& s) {
-  absl::WriterMutexLock lock(&s.mu);
+  std::unique_lock lock(s.mu);
   std::vector<LayerStore> next = s.layers;
   for (LayerStore& layer : next) {
     if (layer.n_tokens == 0) continue;
@@ -198,7 +198,7 @@ absl::Status session_update_index(ssa_session& s) {
 }
 
 absl::Status session_ensure_index(ssa_session& s, uint32_t layer_index) {
-  absl::WriterMutexLock lock(&s.mu);
+  std::unique_lock lock(s.mu);
   LayerStore next = s.layers[layer_index];
   if (next.codebooks != nullptr || next.n_tokens == 0) return absl::OkStatus();
   SSA_RETURN_IF_ERROR(retrain_layer(s, next));
@@ -207,7 +207,7 @@ absl::Status session_ensure_index(ssa_session& s, uint32_t layer_index) {
 }
 
 absl::Status session_truncate(ssa_session& s, uint64_t n_tokens) {
-  absl::WriterMutexLock lock(&s.mu);
+  std::unique_lock lock(s.mu);
   const uint64_t len = session_length_locked(s);
   if (n_tokens > len) {
     return invalid_argument("cannot truncate to ", n_tokens, " tokens: the session has ", len);
@@ -229,8 +229,8 @@ absl::StatusOr<std::unique_ptr<ssa_session>> session_fork(ssa_session& s) {
   f->layout = s.layout;
   f->kv_pool = s.kv_pool;
   f->code_pool = s.code_pool;
-  absl::ReaderMutexLock lock(&s.mu);
-  absl::MutexLock flock(&f->mu);
+  std::shared_lock lock(s.mu);
+  std::lock_guard flock(f->mu);
   f->layers = s.layers;
   return f;
 }

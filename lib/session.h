@@ -5,10 +5,11 @@
 #include <stdint.h>
 
 #include <memory>
+#include <mutex>
+#include <shared_mutex>
 #include <vector>
 
 #include "absl/status/status.h"
-#include "absl/synchronization/mutex.h"
 #include "runtime.h"
 #include "ssa.h"
 #include "store/kv_layout.h"
@@ -22,8 +23,10 @@ struct ssa_session {
   std::shared_ptr<ssa::PagePool> kv_pool, code_pool;
 
   // Readers (decode, fork, save) share it; append/update_index/truncate own it.
-  mutable absl::Mutex mu;
-  std::vector<ssa::LayerStore> layers ABSL_GUARDED_BY(mu);
+  // A std::shared_mutex (pthread rwlock) rather than absl::Mutex: ThreadSanitizer
+  // sees its synchronisation even when Abseil comes prebuilt without TSan.
+  mutable std::shared_mutex mu;
+  std::vector<ssa::LayerStore> layers;  // guarded by mu
 };
 
 namespace ssa {
@@ -35,7 +38,8 @@ absl::Status validate_session_config(const ssa_session_config& cfg, KvLayout* la
 absl::StatusOr<std::unique_ptr<ssa_session>> create_session(ssa_runtime* rt,
                                                             const ssa_session_config& cfg);
 
-uint64_t session_length_locked(const ssa_session& s) ABSL_SHARED_LOCKS_REQUIRED(s.mu);
+// Caller holds s.mu (shared or exclusive).
+uint64_t session_length_locked(const ssa_session& s);
 
 // The mutations behind the C API. Each takes the session lock itself and is
 // all-or-nothing.

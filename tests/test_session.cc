@@ -118,7 +118,7 @@ TEST_CASE_FIXTURE(Fixture, "index policy: trains at index_min_tokens and again a
   c.index_regrow_factor = 2.0f;
   auto s = make_session(rt.get(), c);
   auto trained_at = [&]() {
-    absl::ReaderMutexLock lock(&s->mu);
+    std::shared_lock lock(s->mu);
     return s->layers[0].codebooks ? s->layers[0].trained_at_tokens : 0;
   };
   append(s.get(), 0, 0, 999);
@@ -140,11 +140,11 @@ TEST_CASE_FIXTURE(Fixture, "proxy methods train an index on demand below index_m
   auto s = make_session(rt.get(), c);
   append(s.get(), 0, 0, 4000);
   {
-    absl::ReaderMutexLock lock(&s->mu);
+    std::shared_lock lock(s->mu);
     CHECK(s->layers[0].codebooks == nullptr);
   }
   const auto out = decode(s.get(), SSA_METHOD_SSA);
-  absl::ReaderMutexLock lock(&s->mu);
+  std::shared_lock lock(s->mu);
   CHECK(s->layers[0].codebooks != nullptr);
   CHECK(s->layers[0].code_pages.size() == s->layers[0].kv_pages.size());
 }

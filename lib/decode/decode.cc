@@ -33,7 +33,7 @@ absl::Status locked_decode(ssa_session& s, uint32_t layer, const void* q, void* 
                            std::vector<HeadTrace>* traces, DecodeProfile* profile) {
   for (int attempt = 0; attempt < 3; ++attempt) {
     {
-      absl::ReaderMutexLock lock(&s.mu);
+      std::shared_lock lock(s.mu);
       const LayerStore& l = s.layers[layer];
       if (l.n_tokens == 0) return invalid_argument("layer ", layer, " holds no tokens");
       const DecodePlan plan = plan_decode(l.n_tokens, p);

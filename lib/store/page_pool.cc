@@ -19,7 +19,7 @@ PagePool::~PagePool() {
 absl::StatusOr<PageRef> PagePool::allocate() {
   void* block = nullptr;
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard lock(mu_);
     if (!free_.empty()) {
       block = free_.back();
       free_.pop_back();
@@ -33,7 +33,7 @@ absl::StatusOr<PageRef> PagePool::allocate() {
     }
   }
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard lock(mu_);
     ++live_;
   }
   // The keeper returns the block to this pool (kept alive by the keeper itself).
@@ -51,12 +51,12 @@ absl::StatusOr<PageRef> PagePool::copy_of(const Page& src) {
 }
 
 size_t PagePool::live_pages() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard lock(mu_);
   return live_;
 }
 
 void PagePool::release(void* block) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard lock(mu_);
   --live_;
   if (free_.size() < max_free_) {
     free_.push_back(block);

@@ -6,11 +6,10 @@
 #include <stddef.h>
 
 #include <memory>
+#include <mutex>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "page.h"
 
 namespace ssa {
@@ -35,9 +34,9 @@ class PagePool : public std::enable_shared_from_this<PagePool> {
 
   const size_t page_bytes_;
   const size_t max_free_;
-  mutable absl::Mutex mu_;
-  std::vector<void*> free_ ABSL_GUARDED_BY(mu_);
-  size_t live_ ABSL_GUARDED_BY(mu_) = 0;
+  mutable std::mutex mu_;  // guards free_ and live_
+  std::vector<void*> free_;
+  size_t live_ = 0;
 };
 
 }  // namespace ssa
