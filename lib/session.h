@@ -5,6 +5,7 @@
 #include <stdint.h>
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -14,6 +15,10 @@
 #include "store/kv_layout.h"
 #include "store/layer_store.h"
 #include "store/page_pool.h"
+
+namespace ssa {
+struct SnapshotState;  // lib/snapshot/record.h
+}  // namespace ssa
 
 struct ssa_session {
   ssa_runtime* rt = nullptr;
@@ -26,6 +31,13 @@ struct ssa_session {
   std::vector<ssa::LayerStore> layers ABSL_GUARDED_BY(mu);
   // Serialises on-demand index training by concurrent decoders (under a reader lock).
   absl::Mutex train_mu;
+
+  // User metadata saved with the session's snapshots (ssa_session_set_metadata).
+  std::string metadata ABSL_GUARDED_BY(mu);
+  // What save/checkpoint/load last wrote to or read from which file, for
+  // incremental checkpoints (lib/snapshot/record.h). Taken before mu.
+  absl::Mutex snapshot_mu ABSL_ACQUIRED_BEFORE(mu);
+  std::shared_ptr<ssa::SnapshotState> snapshot ABSL_GUARDED_BY(snapshot_mu);
 };
 
 namespace ssa {
