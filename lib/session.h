@@ -29,9 +29,6 @@ struct ssa_session {
   // Readers (decode, fork, save) share it; append/update_index/truncate own it.
   mutable absl::Mutex mu;
   std::vector<ssa::LayerStore> layers ABSL_GUARDED_BY(mu);
-  // Serialises on-demand index training by concurrent decoders (under a reader lock).
-  absl::Mutex train_mu;
-
   // User metadata saved with the session's snapshots (ssa_session_set_metadata).
   std::string metadata ABSL_GUARDED_BY(mu);
   // What save/checkpoint/load last wrote to or read from which file, for
@@ -56,6 +53,8 @@ uint64_t session_length_locked(const ssa_session& s) ABSL_SHARED_LOCKS_REQUIRED(
 absl::Status session_append(ssa_session& s, uint32_t layer, const void* k, const void* v,
                             uint64_t n_tokens);
 absl::Status session_update_index(ssa_session& s);
+// Trains one layer's index if it has none (on-demand training by decode).
+absl::Status session_ensure_index(ssa_session& s, uint32_t layer);
 absl::Status session_truncate(ssa_session& s, uint64_t n_tokens);
 absl::StatusOr<std::unique_ptr<ssa_session>> session_fork(ssa_session& s);
 

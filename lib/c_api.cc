@@ -1,0 +1,299 @@
+// The ABI boundary: argument checks, a catch-all around every call, the mapping
+// from internal absl::Status to ssa_status, and the thread-local error message.
+#include <new>
+#include <string>
+#include <thread>
+
+#include "cpu/finite_check.h"
+#include "decode/decode.h"
+#include "runtime.h"
+#include "session.h"
+#include "ssa.h"
+#include "status.h"
+
+namespace {
+
+thread_local std::string g_last_error;
+
+ssa_status fail(ssa_status code, std::string message) {
+  g_last_error = std::move(message);
+  return code;
+}
+
+ssa_status report(const absl::Status& st) {
+  if (st.ok()) {
+    g_last_error.clear();
+    return SSA_OK;
+  }
+  return fail(ssa::status_code(st), std::string(st.message()));
+}
+
+// Runs fn (returning absl::Status) so that nothing thrown escapes the ABI.
+template <typename Fn>
+ssa_status guarded(Fn&& fn) {
+  try {
+    return report(fn());
+  } catch (const std::bad_alloc&) {
+    return fail(SSA_ERR_OUT_OF_MEMORY, "out of host memory");
+  } catch (const std::exception& e) {
+    return fail(SSA_ERR_INTERNAL, std::string("internal error: ") + e.what());
+  } catch (...) {
+    return fail(SSA_ERR_INTERNAL, "internal error: unknown exception");
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+uint32_t ssa_version(void) {
+  return SSA_VERSION_MAJOR * 10000u + SSA_VERSION_MINOR * 100u + SSA_VERSION_PATCH;
+}
+
+const char* ssa_status_string(ssa_status st) {
+  switch (st) {
+    case SSA_OK: return "SSA_OK";
+    case SSA_ERR_INVALID_ARGUMENT: return "SSA_ERR_INVALID_ARGUMENT";
+    case SSA_ERR_OUT_OF_MEMORY: return "SSA_ERR_OUT_OF_MEMORY";
+    case SSA_ERR_IO: return "SSA_ERR_IO";
+    case SSA_ERR_CORRUPT: return "SSA_ERR_CORRUPT";
+    case SSA_ERR_VERSION: return "SSA_ERR_VERSION";
+    case SSA_ERR_MISMATCH: return "SSA_ERR_MISMATCH";
+    case SSA_ERR_UNSUPPORTED: return "SSA_ERR_UNSUPPORTED";
+    case SSA_ERR_DEVICE: return "SSA_ERR_DEVICE";
+    case SSA_ERR_BUSY: return "SSA_ERR_BUSY";
+    case SSA_ERR_INTERNAL: return "SSA_ERR_INTERNAL";
+    default: return "SSA_ERR_UNKNOWN";
+  }
+}
+
+const char* ssa_last_error_message(void) { return g_last_error.c_str(); }
+
+/* ---- runtime ---- */
+
+void ssa_runtime_options_init(ssa_runtime_options* o) {
+  if (o == nullptr) return;
+  *o = ssa_runtime_options{};
+  o->struct_size = sizeof(ssa_runtime_options);
+  o->backend = SSA_BACKEND_AUTO;
+  o->device = 0;
+  o->num_threads = 0;
+  o->seed = 0x5EED;
+}
+
+ssa_status ssa_runtime_create(const ssa_runtime_options* opts, ssa_runtime** out) {
+  return guarded([&]() -> absl::Status {
+    if (out == nullptr) return ssa::invalid_argument("out is NULL");
+    ssa_runtime_options o;
+    ssa_runtime_options_init(&o);
+    if (opts != nullptr) {
+      if (opts->struct_size < sizeof(ssa_runtime_options)) {
+        return ssa::invalid_argument("runtime options struct_size ", opts->struct_size, " < ",
+                                     sizeof(ssa_runtime_options), " (call ssa_runtime_options_init)");
+      }
+      o = *opts;
+    }
+    if (static_cast<uint32_t>(o.backend) > SSA_BACKEND_CUDA) {
+      return ssa::invalid_argument("unknown backend ", static_cast<int>(o.backend));
+    }
+    if (o.num_threads < 0 || o.num_threads > 4096) {
+      return ssa::invalid_argument("num_threads ", o.num_threads, " must be in 0..4096");
+    }
+    if (o.backend == SSA_BACKEND_CUDA) {
+      return ssa::unsupported("the CUDA backend is not available in this build");
+    }
+    int threads = o.num_threads;
+    if (threads == 0) {
+      threads = static_cast<int>(std::thread::hardware_concurrency());
+      if (threads <= 0) threads = 1;
+    }
+    auto rt = std::make_unique<ssa_runtime>();
+    rt->backend = SSA_BACKEND_CPU;
+    rt->device = o.device;
+    rt->seed = o.seed;
+    rt->pool = std::make_unique<ssa::ThreadPool>(threads);
+    *out = rt.release();
+    return absl::OkStatus();
+  });
+}
+
+void ssa_runtime_destroy(ssa_runtime* rt) { delete rt; }
+
+ssa_backend ssa_runtime_backend(const ssa_runtime* rt) {
+  return rt == nullptr ? SSA_BACKEND_AUTO : rt->backend;
+}
+
+int32_t ssa_runtime_num_threads(const ssa_runtime* rt) {
+  return rt == nullptr ? 0 : rt->pool->num_threads();
+}
+
+/* ---- sessions ---- */
+
+void ssa_session_config_init(ssa_session_config* c) {
+  if (c == nullptr) return;
+  *c = ssa_session_config{};
+  c->struct_size = sizeof(ssa_session_config);
+  c->kv_dtype = SSA_DTYPE_F16;
+  c->pq_subspaces = 16;
+  c->pq_centroids = 256;
+  c->model_fingerprint = 0;
+  c->page_tokens = 256;
+  c->flags = 0;
+  c->index_min_tokens = 2048;
+  c->index_regrow_factor = 4.0f;
+  c->index_train_sample = 16384;
+  c->index_iterations = 8;
+}
+
+ssa_status ssa_session_create(ssa_runtime* rt, const ssa_session_config* cfg, ssa_session** out) {
+  return guarded([&]() -> absl::Status {
+    if (rt == nullptr || cfg == nullptr || out == nullptr) {
+      return ssa::invalid_argument("rt, cfg and out must not be NULL");
+    }
+    auto s = ssa::create_session(rt, *cfg);
+    if (!s.ok()) return s.status();
+    *out = s->release();
+    return absl::OkStatus();
+  });
+}
+
+void ssa_session_destroy(ssa_session* s) { delete s; }
+
+uint64_t ssa_session_length(const ssa_session* s) {
+  if (s == nullptr) return 0;
+  absl::ReaderMutexLock lock(&s->mu);
+  return ssa::session_length_locked(*s);
+}
+
+uint64_t ssa_session_layer_length(const ssa_session* s, uint32_t layer) {
+  if (s == nullptr) return 0;
+  absl::ReaderMutexLock lock(&s->mu);
+  return layer < s->layers.size() ? s->layers[layer].n_tokens : 0;
+}
+
+ssa_status ssa_session_get_config(const ssa_session* s, ssa_session_config* cfg) {
+  return guarded([&]() -> absl::Status {
+    if (s == nullptr || cfg == nullptr) return ssa::invalid_argument("s and cfg must not be NULL");
+    if (cfg->struct_size < sizeof(ssa_session_config)) {
+      return ssa::invalid_argument("config struct_size ", cfg->struct_size, " < ",
+                                   sizeof(ssa_session_config), " (call ssa_session_config_init)");
+    }
+    const uint32_t size = cfg->struct_size;
+    *cfg = s->config;
+    cfg->struct_size = size;
+    return absl::OkStatus();
+  });
+}
+
+ssa_status ssa_session_append(ssa_session* s, uint32_t layer, const void* k, const void* v,
+                              uint64_t n_tokens) {
+  return guarded([&]() -> absl::Status {
+    if (s == nullptr) return ssa::invalid_argument("session is NULL");
+    if (n_tokens == 0) return absl::OkStatus();
+    if (k == nullptr || v == nullptr) return ssa::invalid_argument("k and v must not be NULL");
+    if (layer >= s->layout.n_layers) {
+      return ssa::invalid_argument("layer ", layer, " >= n_layers ", s->layout.n_layers);
+    }
+    const uint64_t per_token = uint64_t{s->layout.n_kv_heads} * s->layout.head_dim;
+    if (n_tokens > (SIZE_MAX / 2) / (per_token * s->layout.elem_bytes())) {
+      return ssa::invalid_argument("n_tokens ", n_tokens, " overflows the size of K and V");
+    }
+    const size_t n = static_cast<size_t>(n_tokens * per_token);
+    size_t bad = ssa::first_non_finite(s->layout.dtype, k, n);
+    if (bad != n) return ssa::invalid_argument("k[", bad, "] is NaN or infinite");
+    bad = ssa::first_non_finite(s->layout.dtype, v, n);
+    if (bad != n) return ssa::invalid_argument("v[", bad, "] is NaN or infinite");
+    return ssa::session_append(*s, layer, k, v, n_tokens);
+  });
+}
+
+ssa_status ssa_session_update_index(ssa_session* s) {
+  return guarded([&]() -> absl::Status {
+    if (s == nullptr) return ssa::invalid_argument("session is NULL");
+    return ssa::session_update_index(*s);
+  });
+}
+
+ssa_status ssa_session_truncate(ssa_session* s, uint64_t n_tokens) {
+  return guarded([&]() -> absl::Status {
+    if (s == nullptr) return ssa::invalid_argument("session is NULL");
+    return ssa::session_truncate(*s, n_tokens);
+  });
+}
+
+ssa_status ssa_session_fork(ssa_session* s, ssa_session** out) {
+  return guarded([&]() -> absl::Status {
+    if (s == nullptr || out == nullptr) return ssa::invalid_argument("s and out must not be NULL");
+    auto f = ssa::session_fork(*s);
+    if (!f.ok()) return f.status();
+    *out = f->release();
+    return absl::OkStatus();
+  });
+}
+
+/* ---- decode ---- */
+
+void ssa_decode_params_init(ssa_decode_params* p) {
+  if (p == nullptr) return;
+  *p = ssa_decode_params{};
+  p->struct_size = sizeof(ssa_decode_params);
+  p->method = SSA_METHOD_SSA;
+  p->budget = 0;
+  p->sparsity = 50.0f;
+  p->heavy_fraction = 0.4f;
+  p->n_sink = 128;
+  p->n_local = 128;
+  p->pi_min = 1e-4f;
+  p->seed = 0;
+  p->step = 0;
+  p->stream = nullptr;
+}
+
+void ssa_decode_stats_init(ssa_decode_stats* st) {
+  if (st == nullptr) return;
+  *st = ssa_decode_stats{};
+  st->struct_size = sizeof(ssa_decode_stats);
+}
+
+ssa_status ssa_decode(ssa_session* s, uint32_t layer, const void* q, void* out,
+                      const ssa_decode_params* p, ssa_decode_stats* stats) {
+  return guarded([&]() -> absl::Status {
+    if (s == nullptr) return ssa::invalid_argument("session is NULL");
+    ssa_decode_params defaults;
+    ssa_decode_params_init(&defaults);
+    return ssa::decode(*s, layer, q, out, p != nullptr ? *p : defaults, stats);
+  });
+}
+
+ssa_status ssa_decode_batch(const ssa_decode_item* items, size_t n_items, uint32_t layer,
+                            const ssa_decode_params* p) {
+  return guarded([&]() -> absl::Status {
+    ssa_decode_params defaults;
+    ssa_decode_params_init(&defaults);
+    return ssa::decode_batch(items, n_items, layer, p != nullptr ? *p : defaults);
+  });
+}
+
+/* ---- snapshots (not in this build yet) ---- */
+
+ssa_status ssa_session_save(ssa_session* s, const char* path) {
+  (void)s;
+  (void)path;
+  return fail(SSA_ERR_UNSUPPORTED, "snapshots are not implemented in this build");
+}
+
+ssa_status ssa_session_checkpoint(ssa_session* s, const char* path) {
+  (void)s;
+  (void)path;
+  return fail(SSA_ERR_UNSUPPORTED, "snapshots are not implemented in this build");
+}
+
+ssa_status ssa_session_load(ssa_runtime* rt, const char* path, uint32_t flags, ssa_session** out) {
+  (void)rt;
+  (void)path;
+  (void)flags;
+  (void)out;
+  return fail(SSA_ERR_UNSUPPORTED, "snapshots are not implemented in this build");
+}
+
+}  // extern "C"

@@ -1,0 +1,99 @@
+#include "attention.h"
+
+#include <math.h>
+
+#include <algorithm>
+
+#include "common/online_softmax.h"
+#include "simd.h"
+
+namespace ssa {
+namespace {
+
+constexpr size_t kBlock = 16;  // tokens scored before one rescale of the accumulator
+
+// Folds a block of logits (with their V rows) into a partial: one rescale per block.
+inline void fold_block(const float* logits, const uint8_t* const* v_rows, size_t n,
+                       const KvLayout& layout, AttnPartial* part) {
+  float bm = -INFINITY;
+  for (size_t i = 0; i < n; ++i) bm = std::max(bm, logits[i]);
+  if (bm == -INFINITY) return;
+  const auto& k = simd::kernels();
+  if (bm > part->m) {
+    const float scale = part->m == -INFINITY ? 0.0f : expf(part->m - bm);
+    if (scale != 1.0f) {
+      for (float& a : part->acc) a *= scale;
+    }
+    part->l *= scale;
+    part->m = bm;
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const float w = expf(logits[i] - part->m);
+    part->l += w;
+    k.axpy(layout.dtype, v_rows[i], w, part->acc.data(), layout.head_dim);
+  }
+}
+
+}  // namespace
+
+void AttnPartial::merge(const AttnPartial& other) {
+  float fa, fb;
+  const SoftmaxScale s = lse_merge(SoftmaxScale{m, l}, SoftmaxScale{other.m, other.l}, &fa, &fb);
+  for (size_t i = 0; i < acc.size(); ++i) acc[i] = acc[i] * fa + other.acc[i] * fb;
+  m = s.m;
+  l = s.l;
+}
+
+void AttnPartial::finish(float* out) const {
+  const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+  for (size_t i = 0; i < acc.size(); ++i) out[i] = acc[i] * inv;
+}
+
+void attend_range(const KvLayout& layout, const LayerStore& layer, uint32_t kv_head,
+                  const float* q, uint32_t g, uint64_t t0, uint64_t t1, AttnPartial* parts) {
+  const auto& k = simd::kernels();
+  const uint32_t P = layout.page_tokens, d = layout.head_dim;
+  float logits[kBlock];
+  const uint8_t* v_rows[kBlock];
+  const uint8_t* k_rows[kBlock];
+  for (uint64_t t = t0; t < t1;) {
+    // A block never crosses a page, so its rows are contiguous.
+    const uint64_t page = t / P;
+    const uint64_t end = std::min<uint64_t>({t1, (page + 1) * P, t + kBlock});
+    const size_t n = static_cast<size_t>(end - t);
+    const uint8_t* base = layer.kv_pages[page]->data();
+    for (size_t i = 0; i < n; ++i) {
+      const uint32_t slot = static_cast<uint32_t>((t + i) % P);
+      k_rows[i] = base + layout.k_offset(kv_head, slot);
+      v_rows[i] = base + layout.v_offset(kv_head, slot);
+    }
+    for (uint32_t h = 0; h < g; ++h) {
+      for (size_t i = 0; i < n; ++i) logits[i] = k.dot(layout.dtype, k_rows[i], q + size_t{h} * d, d);
+      fold_block(logits, v_rows, n, layout, &parts[h]);
+    }
+    t = end;
+  }
+}
+
+void attend_list(const KvLayout& layout, const LayerStore& layer, uint32_t kv_head,
+                 const float* q, const uint32_t* tokens, const float* log_pi, size_t n,
+                 AttnPartial* part) {
+  const auto& k = simd::kernels();
+  const uint32_t P = layout.page_tokens, d = layout.head_dim;
+  float logits[kBlock];
+  const uint8_t* v_rows[kBlock];
+  for (size_t b = 0; b < n; b += kBlock) {
+    const size_t nb = std::min(kBlock, n - b);
+    for (size_t i = 0; i < nb; ++i) {
+      const uint32_t t = tokens[b + i];
+      const uint8_t* base = layer.kv_pages[t / P]->data();
+      const uint32_t slot = t % P;
+      logits[i] = k.dot(layout.dtype, base + layout.k_offset(kv_head, slot), q, d) -
+                  (log_pi != nullptr ? log_pi[b + i] : 0.0f);
+      v_rows[i] = base + layout.v_offset(kv_head, slot);
+    }
+    fold_block(logits, v_rows, nb, layout, part);
+  }
+}
+
+}  // namespace ssa

@@ -1,0 +1,43 @@
+// Exact attention over rows of the paged store, as online-softmax partials that
+// merge by log-sum-exp (common/online_softmax.h). Dense decode runs attend_range
+// over fixed splits of the context; sparse decode runs attend_list over the read
+// set with each logit lowered by log(pi) (Horvitz-Thompson weights w / pi).
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <vector>
+
+#include "store/kv_layout.h"
+#include "store/layer_store.h"
+
+namespace ssa {
+
+struct AttnPartial {
+  float m = -__builtin_inff();  // running max logit
+  float l = 0.0f;               // sum of exp(logit - m)
+  std::vector<float> acc;       // sum of exp(logit - m) * v
+
+  void reset(uint32_t head_dim) {
+    m = -__builtin_inff();
+    l = 0.0f;
+    acc.assign(head_dim, 0.0f);
+  }
+  void merge(const AttnPartial& other);
+  // out = acc / l (zeros if nothing was accumulated).
+  void finish(float* out) const;
+};
+
+// Tokens [t0, t1) of `kv_head`, for the g query heads q[g][head_dim] (already
+// multiplied by 1/sqrt(head_dim)), into parts[0..g).
+void attend_range(const KvLayout& layout, const LayerStore& layer, uint32_t kv_head,
+                  const float* q, uint32_t g, uint64_t t0, uint64_t t1, AttnPartial* parts);
+
+// Listed tokens of `kv_head` for one query head; logit_i = q.k_i - log_pi[i]
+// (log_pi may be null: all zero).
+void attend_list(const KvLayout& layout, const LayerStore& layer, uint32_t kv_head,
+                 const float* q, const uint32_t* tokens, const float* log_pi, size_t n,
+                 AttnPartial* part);
+
+}  // namespace ssa

@@ -1,0 +1,46 @@
+// Vectorised inner loops of the CPU backend. Each has a portable version and an
+// AVX2+FMA+F16C version; the best one the running CPU supports is chosen once at
+// start-up (no -march flags in the shipped build). Both give results within float
+// rounding of each other; the float64 reference in reference_attention.h is the
+// yardstick for both.
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/dtype.h"
+
+namespace ssa::simd {
+
+struct Kernels {
+  // dst[i] = float(src[i]) for n elements of dtype t.
+  void (*to_f32)(DType t, const void* src, float* dst, size_t n);
+  // sum_i q[i] * float(row[i]).
+  float (*dot)(DType t, const void* row, const float* q, size_t n);
+  // acc[i] += w * float(row[i]).
+  void (*axpy)(DType t, const void* row, float w, float* acc, size_t n);
+  // out[i] = sum_m lut[m * K + codes[m * stride + i]] for i < count; lut is
+  // [M][K] floats, codes holds M rows of `stride` bytes (subspace-major).
+  void (*pq_scores)(const float* lut, uint32_t K, uint32_t M, const uint8_t* codes,
+                    size_t stride, size_t count, float* out);
+  // out[i] = exp(x[i] - shift); returns sum of out. Relative error < 1e-6.
+  double (*exp_shifted)(const float* x, float shift, float* out, size_t n);
+  // argmin_c ||x - c||^2 over K centroids, computed as |c|^2 - 2 x.c with the
+  // centroids transposed (cent_t[j * K + c]) and their squared norms; ties go to
+  // the lower index. K must be a multiple of 8 or the generic path is used.
+  uint32_t (*nearest_centroid)(const float* x, const float* cent_t, const float* norms,
+                               uint32_t K, uint32_t dim);
+  const char* name;
+};
+
+uint32_t generic_nearest_centroid(const float* x, const float* cent_t, const float* norms,
+                                  uint32_t K, uint32_t dim);
+
+// The kernels for this CPU (AVX2 when available, unless SSA_SIMD=generic).
+const Kernels& kernels();
+// The portable kernels (for tests comparing both).
+const Kernels& generic_kernels();
+// The AVX2 kernels, or nullptr if the CPU lacks AVX2/FMA/F16C.
+const Kernels* avx2_kernels();
+
+}  // namespace ssa::simd

@@ -1,0 +1,162 @@
+// AVX2 + FMA + F16C versions of the kernels in simd.h. Compiled with target
+// attributes so the rest of the library stays baseline x86-64.
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#include <math.h>
+
+#include "simd.h"
+
+#define SSA_AVX2 __attribute__((target("avx2,fma,f16c")))
+
+namespace ssa::simd {
+namespace {
+
+SSA_AVX2 inline __m256 load8(DType t, const void* p, size_t i) {
+  switch (t) {
+    case DType::kF32: return _mm256_loadu_ps(static_cast<const float*>(p) + i);
+    case DType::kF16:
+      return _mm256_cvtph_ps(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(p) + i)));
+    default: {
+      const __m128i h =
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(p) + i));
+      return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    }
+  }
+}
+
+SSA_AVX2 inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+SSA_AVX2 void to_f32(DType t, const void* src, float* dst, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, load8(t, src, i));
+  for (; i < n; ++i) dst[i] = load_as_f32(src, t, i);
+}
+
+SSA_AVX2 float dot(DType t, const void* row, const float* q, size_t n) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), load8(t, row, i), a0);
+    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), load8(t, row, i + 8), a1);
+  }
+  for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), load8(t, row, i), a0);
+  float acc = hsum(_mm256_add_ps(a0, a1));
+  for (; i < n; ++i) acc += q[i] * load_as_f32(row, t, i);
+  return acc;
+}
+
+SSA_AVX2 void axpy(DType t, const void* row, float w, float* acc, size_t n) {
+  const __m256 wv = _mm256_set1_ps(w);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(acc + i, _mm256_fmadd_ps(wv, load8(t, row, i), _mm256_loadu_ps(acc + i)));
+  }
+  for (; i < n; ++i) acc[i] += w * load_as_f32(row, t, i);
+}
+
+SSA_AVX2 void pq_scores(const float* lut, uint32_t K, uint32_t M, const uint8_t* codes,
+                        size_t stride, size_t count, float* out) {
+  size_t i = 0;
+  for (; i + 8 <= count; i += 8) {
+    __m256 acc = _mm256_setzero_ps();
+    for (uint32_t m = 0; m < M; ++m) {
+      const __m256i idx = _mm256_cvtepu8_epi32(
+          _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + m * stride + i)));
+      acc = _mm256_add_ps(acc, _mm256_i32gather_ps(lut + size_t{m} * K, idx, 4));
+    }
+    _mm256_storeu_ps(out + i, acc);
+  }
+  for (; i < count; ++i) {
+    float s = 0.0f;
+    for (uint32_t m = 0; m < M; ++m) s += lut[size_t{m} * K + codes[m * stride + i]];
+    out[i] = s;
+  }
+}
+
+// exp(x) for x <= 0 (after the shift), by 2^(x*log2 e) = 2^n * 2^f with a degree-6
+// polynomial for 2^f on [-0.5, 0.5]; inputs below -87 flush to 0.
+SSA_AVX2 inline __m256 exp_nonpositive(__m256 x) {
+  const __m256 lo = _mm256_set1_ps(-87.0f);
+  const __m256 underflow = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+  x = _mm256_max_ps(x, lo);
+  const __m256 t = _mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f));
+  const __m256 n = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256 f = _mm256_sub_ps(t, n);  // [-0.5, 0.5]
+  // 2^f = exp(f ln2), Taylor/minimax-like coefficients of exp(y) with y = f ln 2.
+  const __m256 y = _mm256_mul_ps(f, _mm256_set1_ps(0.693147180559945309f));
+  __m256 p = _mm256_set1_ps(1.0f / 720.0f);
+  p = _mm256_fmadd_ps(p, y, _mm256_set1_ps(1.0f / 120.0f));
+  p = _mm256_fmadd_ps(p, y, _mm256_set1_ps(1.0f / 24.0f));
+  p = _mm256_fmadd_ps(p, y, _mm256_set1_ps(1.0f / 6.0f));
+  p = _mm256_fmadd_ps(p, y, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, y, _mm256_set1_ps(1.0f));
+  p = _mm256_fmadd_ps(p, y, _mm256_set1_ps(1.0f));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  const __m256 r = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+  return _mm256_andnot_ps(underflow, r);
+}
+
+SSA_AVX2 double exp_shifted(const float* x, float shift, float* out, size_t n) {
+  const __m256 s = _mm256_set1_ps(shift);
+  __m256d sum0 = _mm256_setzero_pd(), sum1 = _mm256_setzero_pd();
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(x + i), s));
+    _mm256_storeu_ps(out + i, e);
+    sum0 = _mm256_add_pd(sum0, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+    sum1 = _mm256_add_pd(sum1, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+  }
+  alignas(32) double lanes[4];
+  _mm256_store_pd(lanes, _mm256_add_pd(sum0, sum1));
+  double sum = lanes[0] + lanes[1] + lanes[2] + lanes[3];
+  for (; i < n; ++i) {
+    out[i] = expf(x[i] - shift);
+    sum += out[i];
+  }
+  return sum;
+}
+
+SSA_AVX2 uint32_t nearest_centroid(const float* x, const float* cent_t, const float* norms,
+                                   uint32_t K, uint32_t dim) {
+  if (K % 8 != 0 || K > 256) return generic_nearest_centroid(x, cent_t, norms, K, dim);
+  alignas(32) float dist[256];
+  for (uint32_t c = 0; c < K; c += 8) {
+    __m256 acc = _mm256_setzero_ps();
+    for (uint32_t j = 0; j < dim; ++j) {
+      acc = _mm256_fmadd_ps(_mm256_set1_ps(x[j]), _mm256_loadu_ps(cent_t + size_t{j} * K + c), acc);
+    }
+    _mm256_store_ps(dist + c, _mm256_fnmadd_ps(_mm256_set1_ps(2.0f), acc, _mm256_loadu_ps(norms + c)));
+  }
+  uint32_t best = 0;
+  float best_d = dist[0];
+  for (uint32_t c = 1; c < K; ++c) {
+    if (dist[c] < best_d) {
+      best_d = dist[c];
+      best = c;
+    }
+  }
+  return best;
+}
+
+}  // namespace
+
+const Kernels* avx2_kernels() {
+  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                         __builtin_cpu_supports("f16c");
+  static const Kernels k{to_f32, dot, axpy, pq_scores, exp_shifted, nearest_centroid, "avx2"};
+  return ok ? &k : nullptr;
+}
+
+}  // namespace ssa::simd
+#else
+#include "simd.h"
+namespace ssa::simd {
+const Kernels* avx2_kernels() { return nullptr; }
+}  // namespace ssa::simd
+#endif

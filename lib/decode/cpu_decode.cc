@@ -1,0 +1,182 @@
+#include "cpu_decode.h"
+
+#include <math.h>
+
+#include <algorithm>
+
+#include "common/dtype.h"
+#include "common/philox.h"
+#include "cpu/attention.h"
+#include "cpu/simd.h"
+#include "decode_plan.h"
+#include "select/selection.h"
+
+namespace ssa {
+namespace {
+
+// Tokens per dense split: fixed (not thread-dependent), so results are bitwise
+// reproducible whatever the thread count.
+constexpr uint64_t kDenseSplitTokens = 8192;
+
+struct HeadStats {
+  uint64_t read = 0, heavy = 0, draws = 0, unique = 0, scored = 0;
+  double residual = 0.0;
+};
+
+// Proxy scores of the candidate range with the PQ codes of `kv_head`.
+void pq_proxy_scores(const KvLayout& layout, const LayerStore& layer, uint32_t kv_head,
+                     const float* q, const DecodePlan& plan, std::vector<float>* lut,
+                     float* scores) {
+  const PqCodebooks& books = *layer.codebooks;
+  const uint32_t M = layout.pq_subspaces, K = layout.pq_centroids, dsub = layout.sub_dim();
+  lut->resize(size_t{M} * K);
+  for (uint32_t m = 0; m < M; ++m) {
+    const float* qm = q + m * dsub;
+    for (uint32_t c = 0; c < K; ++c) {
+      const float* cen = books.centroid(kv_head, m, c);
+      float s = 0.0f;
+      for (uint32_t j = 0; j < dsub; ++j) s += qm[j] * cen[j];
+      (*lut)[size_t{m} * K + c] = s;
+    }
+  }
+  const auto& kern = simd::kernels();
+  const uint32_t P = layout.page_tokens;
+  for (uint64_t t = plan.sink_end; t < plan.local_begin;) {
+    const uint64_t page = t / P;
+    const uint64_t end = std::min<uint64_t>(plan.local_begin, (page + 1) * P);
+    const uint8_t* codes = layer.code_pages[page]->data() + layout.code_offset(kv_head, 0) + t % P;
+    kern.pq_scores(lut->data(), K, M, codes, P, end - t, scores + (t - plan.sink_end));
+    t = end;
+  }
+}
+
+void exact_scores(const KvLayout& layout, const LayerStore& layer, uint32_t kv_head,
+                  const float* q, const DecodePlan& plan, float* scores) {
+  const auto& kern = simd::kernels();
+  const uint32_t P = layout.page_tokens;
+  for (uint64_t t = plan.sink_end; t < plan.local_begin; ++t) {
+    const uint8_t* row = layer.kv_pages[t / P]->data() +
+                         layout.k_offset(kv_head, static_cast<uint32_t>(t % P));
+    scores[t - plan.sink_end] = kern.dot(layout.dtype, row, q, layout.head_dim);
+  }
+}
+
+void append_range(uint64_t t0, uint64_t t1, HeadTrace* trace) {
+  for (uint64_t t = t0; t < t1; ++t) {
+    trace->tokens.push_back(static_cast<uint32_t>(t));
+    trace->log_pi.push_back(0.0f);
+  }
+}
+
+// Stages 1-4 for one query head.
+HeadStats sparse_head(const ssa_session& s, const LayerStore& layer, uint32_t layer_index,
+                      uint32_t q_head, const float* q, const DecodePlan& plan,
+                      const ssa_decode_params& p, uint64_t seed, AttnPartial* part,
+                      HeadTrace* trace) {
+  const KvLayout& layout = s.layout;
+  const uint32_t kv_head = q_head / layout.group_size();
+  thread_local std::vector<float> scores, lut;
+  thread_local SelectScratch scratch;
+  thread_local Selection sel;
+  HeadStats st;
+  sel.clear();
+  if (plan.kprime > 0) {
+    const uint64_t nc = plan.candidates();
+    scores.resize(nc);
+    if (p.method == SSA_METHOD_ORACLE_TOPK) {
+      exact_scores(layout, layer, kv_head, q, plan, scores.data());
+    } else {
+      pq_proxy_scores(layout, layer, kv_head, q, plan, &lut, scores.data());
+    }
+    const SelectParams sp{p.method, plan.kprime, p.heavy_fraction, p.pi_min};
+    select_tokens(sp, scores.data(), nc, static_cast<uint32_t>(plan.sink_end),
+                  make_rng_stream(seed, p.step, layer_index, q_head), scratch, &sel);
+    st.scored = nc;
+  }
+  part->reset(layout.head_dim);
+  attend_range(layout, layer, kv_head, q, 1, 0, plan.sink_end, part);
+  attend_range(layout, layer, kv_head, q, 1, plan.local_begin, plan.n, part);
+  attend_list(layout, layer, kv_head, q, sel.tokens.data(), sel.log_pi.data(), sel.tokens.size(),
+              part);
+  st.read = plan.sink_end + (plan.n - plan.local_begin) + sel.tokens.size();
+  st.heavy = sel.heavy;
+  st.draws = sel.draws;
+  st.unique = sel.unique;
+  st.residual = sel.residual_mass;
+  if (trace != nullptr) {
+    trace->tokens.clear();
+    trace->log_pi.clear();
+    append_range(0, plan.sink_end, trace);
+    append_range(plan.local_begin, plan.n, trace);
+    trace->tokens.insert(trace->tokens.end(), sel.tokens.begin(), sel.tokens.end());
+    trace->log_pi.insert(trace->log_pi.end(), sel.log_pi.begin(), sel.log_pi.end());
+  }
+  return st;
+}
+
+}  // namespace
+
+absl::Status cpu_decode_layer(const ssa_session& s, const LayerStore& layer, uint32_t layer_index,
+                              const void* q_in, void* out, const ssa_decode_params& p,
+                              uint64_t seed, ssa_decode_stats* stats,
+                              std::vector<HeadTrace>* traces) {
+  const KvLayout& layout = s.layout;
+  const uint32_t d = layout.head_dim, nq = layout.n_q_heads, g = layout.group_size();
+  ThreadPool& pool = *s.rt->pool;
+
+  // Queries as float, pre-multiplied by 1/sqrt(d): every score is then directly
+  // in attention-logit units (proxy and exact alike).
+  std::vector<float> q(size_t{nq} * d);
+  const float scale = 1.0f / sqrtf(static_cast<float>(d));
+  for (size_t i = 0; i < q.size(); ++i) q[i] = load_as_f32(q_in, layout.dtype, i) * scale;
+
+  const DecodePlan plan = plan_decode(layer.n_tokens, p);
+  std::vector<AttnPartial> heads(nq);
+  std::vector<HeadStats> hstats(nq);
+  if (traces != nullptr) traces->assign(nq, HeadTrace{});
+
+  if (plan.dense) {
+    const uint64_t n_splits = (plan.n + kDenseSplitTokens - 1) / kDenseSplitTokens;
+    std::vector<AttnPartial> parts(layout.n_kv_heads * n_splits * g);
+    pool.parallel_for(layout.n_kv_heads * n_splits, [&](size_t task) {
+      const uint32_t kv = static_cast<uint32_t>(task / n_splits);
+      const uint64_t sp = task % n_splits;
+      AttnPartial* mine = &parts[task * g];
+      for (uint32_t h = 0; h < g; ++h) mine[h].reset(d);
+      attend_range(layout, layer, kv, q.data() + size_t{kv} * g * d, g, sp * kDenseSplitTokens,
+                   std::min(plan.n, (sp + 1) * kDenseSplitTokens), mine);
+    });
+    for (uint32_t h = 0; h < nq; ++h) {
+      const uint32_t kv = h / g, j = h % g;
+      heads[h].reset(d);
+      for (uint64_t sp = 0; sp < n_splits; ++sp) heads[h].merge(parts[(kv * n_splits + sp) * g + j]);
+      hstats[h].read = plan.n;
+      if (traces != nullptr) append_range(0, plan.n, &(*traces)[h]);
+    }
+  } else {
+    pool.parallel_for(nq, [&](size_t h) {
+      hstats[h] = sparse_head(s, layer, layer_index, static_cast<uint32_t>(h), q.data() + h * d,
+                              plan, p, seed, &heads[h], traces != nullptr ? &(*traces)[h] : nullptr);
+    });
+  }
+
+  std::vector<float> o(d);
+  for (uint32_t h = 0; h < nq; ++h) {
+    heads[h].finish(o.data());
+    for (uint32_t i = 0; i < d; ++i) store_from_f32(out, layout.dtype, size_t{h} * d + i, o[i]);
+  }
+  if (stats != nullptr) {
+    stats->context_tokens += plan.n;
+    for (const HeadStats& hs : hstats) {
+      stats->tokens_read += hs.read;
+      stats->heavy_tokens += hs.heavy;
+      stats->draws += hs.draws;
+      stats->unique_samples += hs.unique;
+      stats->residual_proxy_mass += hs.residual;
+      stats->scored_tokens += hs.scored;
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace ssa

@@ -1,0 +1,126 @@
+#include "decode.h"
+
+#include <atomic>
+#include <mutex>
+
+#include "cpu/finite_check.h"
+#include "decode_plan.h"
+#include "status.h"
+
+namespace ssa {
+namespace {
+
+absl::Status check_item(const ssa_session* s, uint32_t layer, const void* q, const void* out) {
+  if (s == nullptr) return invalid_argument("session is NULL");
+  if (q == nullptr || out == nullptr) return invalid_argument("q and out must not be NULL");
+  if (layer >= s->layout.n_layers) {
+    return invalid_argument("layer ", layer, " >= n_layers ", s->layout.n_layers);
+  }
+  const size_t nq = size_t{s->layout.n_q_heads} * s->layout.head_dim;
+  const size_t bytes = nq * s->layout.elem_bytes();
+  const uint8_t* qb = static_cast<const uint8_t*>(q);
+  const uint8_t* ob = static_cast<const uint8_t*>(out);
+  if (qb < ob + bytes && ob < qb + bytes) return invalid_argument("q and out overlap");
+  const size_t bad = first_non_finite(s->layout.dtype, q, nq);
+  if (bad != nq) return invalid_argument("q[", bad, "] is NaN or infinite");
+  return absl::OkStatus();
+}
+
+// Runs the pipeline under a reader lock; a proxy method on a layer without an
+// index first trains it (exclusively) and then retries.
+absl::Status locked_decode(ssa_session& s, uint32_t layer, const void* q, void* out,
+                           const ssa_decode_params& p, uint64_t seed, ssa_decode_stats* stats,
+                           std::vector<HeadTrace>* traces) {
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    {
+      absl::ReaderMutexLock lock(&s.mu);
+      const LayerStore& l = s.layers[layer];
+      if (l.n_tokens == 0) return invalid_argument("layer ", layer, " holds no tokens");
+      const DecodePlan plan = plan_decode(l.n_tokens, p);
+      const bool needs_index = !plan.dense && plan.kprime > 0 && method_uses_pq(p.method);
+      if (!needs_index || l.codebooks != nullptr) {
+        return cpu_decode_layer(s, l, layer, q, out, p, seed, stats, traces);
+      }
+    }
+    SSA_RETURN_IF_ERROR(session_ensure_index(s, layer));
+  }
+  return make_error(SSA_ERR_BUSY, "layer index kept changing under decode");
+}
+
+uint64_t resolve_seed(const ssa_session& s, const ssa_decode_params& p) {
+  return p.seed != 0 ? p.seed : s.rt->seed;
+}
+
+}  // namespace
+
+absl::Status decode(ssa_session& s, uint32_t layer, const void* q, void* out,
+                    const ssa_decode_params& p, ssa_decode_stats* stats,
+                    std::vector<HeadTrace>* traces) {
+  SSA_RETURN_IF_ERROR(validate_decode_params(p));
+  SSA_RETURN_IF_ERROR(check_item(&s, layer, q, out));
+  if (stats != nullptr) {
+    const uint32_t size = stats->struct_size;
+    if (size < sizeof(ssa_decode_stats)) {
+      return invalid_argument("decode stats struct_size ", size, " < ", sizeof(ssa_decode_stats),
+                              " (call ssa_decode_stats_init)");
+    }
+    ssa_decode_stats fresh{};
+    fresh.struct_size = size;
+    SSA_RETURN_IF_ERROR(locked_decode(s, layer, q, out, p, resolve_seed(s, p), &fresh, traces));
+    *stats = fresh;
+    return absl::OkStatus();
+  }
+  return locked_decode(s, layer, q, out, p, resolve_seed(s, p), nullptr, traces);
+}
+
+absl::Status decode_batch(const ssa_decode_item* items, size_t n_items, uint32_t layer,
+                          const ssa_decode_params& p) {
+  if (n_items == 0) return absl::OkStatus();
+  if (items == nullptr) return invalid_argument("items is NULL");
+  SSA_RETURN_IF_ERROR(validate_decode_params(p));
+  const ssa_runtime* rt = items[0].session != nullptr ? items[0].session->rt : nullptr;
+  for (size_t i = 0; i < n_items; ++i) {
+    absl::Status st = check_item(items[i].session, layer, items[i].q, items[i].out);
+    if (st.ok() && items[i].session->rt != rt) {
+      st = invalid_argument("sessions of different runtimes");
+    }
+    if (!st.ok()) return make_error(status_code(st), absl::StrCat("item ", i, ": ", st.message()));
+  }
+  for (size_t i = 0; i < n_items; ++i) {
+    for (size_t j = 0; j < n_items; ++j) {
+      const ssa_decode_item& a = items[i];
+      const ssa_decode_item& b = items[j];
+      const size_t abytes = size_t{a.session->layout.n_q_heads} * a.session->layout.row_bytes();
+      const size_t bbytes = size_t{b.session->layout.n_q_heads} * b.session->layout.row_bytes();
+      const uint8_t* ao = static_cast<const uint8_t*>(a.out);
+      const uint8_t* bq = static_cast<const uint8_t*>(b.q);
+      const uint8_t* bo = static_cast<const uint8_t*>(b.out);
+      if ((ao < bq + bbytes && bq < ao + abytes) || (i != j && ao < bo + bbytes && bo < ao + abytes)) {
+        return invalid_argument("item ", i, ": out overlaps q or out of item ", j);
+      }
+    }
+  }
+  std::mutex mu;
+  absl::Status first = absl::OkStatus();
+  size_t first_index = n_items;
+  items[0].session->rt->pool->parallel_for(n_items, [&](size_t i) {
+    absl::Status st;
+    try {
+      st = decode(*items[i].session, layer, items[i].q, items[i].out, p, nullptr);
+    } catch (const std::bad_alloc&) {
+      st = make_error(SSA_ERR_OUT_OF_MEMORY, "out of memory");
+    } catch (const std::exception& e) {
+      st = make_error(SSA_ERR_INTERNAL, e.what());
+    }
+    if (!st.ok()) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (i < first_index) {
+        first_index = i;
+        first = make_error(status_code(st), absl::StrCat("item ", i, ": ", st.message()));
+      }
+    }
+  });
+  return first;
+}
+
+}  // namespace ssa

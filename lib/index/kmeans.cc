@@ -1,0 +1,137 @@
+#include "kmeans.h"
+
+#include <float.h>
+#include <string.h>
+
+#include <vector>
+
+#include "common/philox.h"
+#include "cpu/simd.h"
+
+namespace ssa {
+namespace {
+
+inline float sq_dist(const float* a, const float* b, uint32_t dim) {
+  float s = 0.0f;
+  for (uint32_t j = 0; j < dim; ++j) {
+    const float d = a[j] - b[j];
+    s += d * d;
+  }
+  return s;
+}
+
+// Sequential uniform stream for seeding (deterministic, independent of decode RNG).
+struct SeedRng {
+  RngStream s;
+  uint32_t n = 0;
+  double next() { return rng_uniform(rng_draw(s, n++).v[0]); }
+};
+
+}  // namespace
+
+CentroidSearch::CentroidSearch(const float* centroids, uint32_t k, uint32_t dim)
+    : k_(k), dim_(dim), cent_t_(size_t{k} * dim), norms_(k) {
+  for (uint32_t c = 0; c < k; ++c) {
+    float n = 0.0f;
+    for (uint32_t j = 0; j < dim; ++j) {
+      const float v = centroids[size_t{c} * dim + j];
+      cent_t_[size_t{j} * k + c] = v;
+      n += v * v;
+    }
+    norms_[c] = n;
+  }
+}
+
+uint32_t CentroidSearch::nearest(const float* x) const {
+  return simd::kernels().nearest_centroid(x, cent_t_.data(), norms_.data(), k_, dim_);
+}
+
+double kmeans_train(const float* points, size_t n, uint32_t dim, uint32_t k,
+                    uint32_t iterations, uint64_t seed, float* centroids) {
+  if (n == 0) {
+    memset(centroids, 0, sizeof(float) * k * dim);
+    return 0.0;
+  }
+  if (n <= k) {
+    for (uint32_t c = 0; c < k; ++c) {
+      const size_t src = c < n ? c : n - 1;
+      memcpy(centroids + size_t{c} * dim, points + src * dim, sizeof(float) * dim);
+    }
+    return 0.0;
+  }
+  SeedRng rng{make_rng_stream(seed, 0x6b6d65616e73ull /* "kmeans" */, 0, 0)};
+
+  // k-means++: first centroid uniform, then each next with probability ~ D(x)^2.
+  std::vector<float> d2(n);
+  size_t first = static_cast<size_t>(rng.next() * static_cast<double>(n));
+  if (first >= n) first = n - 1;
+  memcpy(centroids, points + first * dim, sizeof(float) * dim);
+  double total = 0.0;
+  for (size_t i = 0; i < n; ++i) {
+    d2[i] = sq_dist(points + i * dim, centroids, dim);
+    total += d2[i];
+  }
+  for (uint32_t c = 1; c < k; ++c) {
+    size_t pick = n - 1;
+    if (total > 0.0) {
+      const double target = rng.next() * total;
+      double run = 0.0;
+      for (size_t i = 0; i < n; ++i) {
+        run += d2[i];
+        if (run > target) {
+          pick = i;
+          break;
+        }
+      }
+    } else {
+      pick = static_cast<size_t>(rng.next() * static_cast<double>(n)) % n;
+    }
+    float* cen = centroids + size_t{c} * dim;
+    memcpy(cen, points + pick * dim, sizeof(float) * dim);
+    total = 0.0;
+    for (size_t i = 0; i < n; ++i) {
+      const float d = sq_dist(points + i * dim, cen, dim);
+      if (d < d2[i]) d2[i] = d;
+      total += d2[i];
+    }
+  }
+
+  // Lloyd iterations.
+  std::vector<uint32_t> assign(n);
+  std::vector<double> sums(size_t{k} * dim);
+  std::vector<uint32_t> counts(k);
+  double mse = 0.0;
+  for (uint32_t it = 0; it <= iterations; ++it) {
+    mse = 0.0;
+    const CentroidSearch search(centroids, k, dim);
+    for (size_t i = 0; i < n; ++i) {
+      const float* x = points + i * dim;
+      assign[i] = search.nearest(x);
+      mse += sq_dist(x, centroids + size_t{assign[i]} * dim, dim);
+    }
+    mse /= static_cast<double>(n);
+    if (it == iterations) break;
+    std::fill(sums.begin(), sums.end(), 0.0);
+    std::fill(counts.begin(), counts.end(), 0u);
+    for (size_t i = 0; i < n; ++i) {
+      double* s = sums.data() + size_t{assign[i]} * dim;
+      const float* x = points + i * dim;
+      for (uint32_t j = 0; j < dim; ++j) s[j] += x[j];
+      ++counts[assign[i]];
+    }
+    for (uint32_t c = 0; c < k; ++c) {
+      float* cen = centroids + size_t{c} * dim;
+      if (counts[c] == 0) {
+        // Empty cluster: restart it at a random point so no code is wasted.
+        const size_t pick = static_cast<size_t>(rng.next() * static_cast<double>(n)) % n;
+        memcpy(cen, points + pick * dim, sizeof(float) * dim);
+        continue;
+      }
+      const double inv = 1.0 / counts[c];
+      for (uint32_t j = 0; j < dim; ++j) cen[j] = static_cast<float>(sums[size_t{c} * dim + j] * inv);
+    }
+  }
+  return mse;
+}
+
+}  // namespace ssa

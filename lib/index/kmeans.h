@@ -1,0 +1,31 @@
+// k-means for one PQ subspace: k-means++ seeding (D^2 sampling) followed by Lloyd
+// iterations. Deterministic for a given seed: training the same keys twice gives
+// the same codebook, whatever the thread count.
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <vector>
+
+namespace ssa {
+
+// points: [n][dim] floats; centroids (out): [k][dim]. With n <= k every point is
+// its own centroid and the remaining centroids repeat the last point (codes stay
+// exact). Returns the mean squared quantisation error after the last iteration.
+double kmeans_train(const float* points, size_t n, uint32_t dim, uint32_t k,
+                    uint32_t iterations, uint64_t seed, float* centroids);
+
+// Nearest-centroid search over one codebook, with the centroids transposed and
+// their norms precomputed for the vectorised kernel.
+class CentroidSearch {
+ public:
+  CentroidSearch(const float* centroids, uint32_t k, uint32_t dim);
+  uint32_t nearest(const float* x) const;
+
+ private:
+  uint32_t k_, dim_;
+  std::vector<float> cent_t_, norms_;
+};
+
+}  // namespace ssa

@@ -1,0 +1,40 @@
+// The PQ index of one layer: training codebooks from the layer's keys, encoding
+// keys into codes, and the policy deciding when to (re)train.
+#pragma once
+
+#include <stdint.h>
+
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "cpu/thread_pool.h"
+#include "ssa.h"
+#include "store/kv_layout.h"
+#include "store/layer_store.h"
+#include "store/page_pool.h"
+
+namespace ssa {
+
+// Trains codebooks for every KV head of `layer` (k-means++ then Lloyd per
+// subspace) on up to `sample` keys per head, spread evenly over the layer.
+absl::StatusOr<CodebooksRef> train_codebooks(const KvLayout& layout, const LayerStore& layer,
+                                             uint32_t sample, uint32_t iterations,
+                                             ThreadPool& pool);
+
+// Encodes keys of tokens [begin, end) of `kv_pages` into the (writable) pages of
+// `code_pages`, which must cover those tokens.
+void encode_tokens(const KvLayout& layout, const PqCodebooks& books,
+                   const std::vector<PageRef>& kv_pages, std::vector<PageRef>& code_pages,
+                   uint64_t begin, uint64_t end, ThreadPool& pool);
+
+// Builds a full set of fresh code pages for all tokens of `layer` with `books`.
+absl::StatusOr<std::vector<PageRef>> encode_layer(const KvLayout& layout, const PqCodebooks& books,
+                                                  const LayerStore& layer, PagePool& code_pool,
+                                                  ThreadPool& pool);
+
+// The automatic policy: train once the layer holds index_min_tokens tokens, and
+// again when it has grown by index_regrow_factor since the last training.
+bool index_wants_training(const ssa_session_config& cfg, const LayerStore& layer,
+                          uint64_t new_length);
+
+}  // namespace ssa

@@ -1,0 +1,26 @@
+// Top-k selection without a full sort: a radix histogram over the order-preserving
+// bits of the float scores finds the bin holding the k-th largest value; only that
+// bin's members are then ordered. O(n) and two passes over the scores. Output is
+// unsorted (the estimator is order-free); among equal scores lower indices win,
+// so the result is deterministic.
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <vector>
+
+namespace ssa {
+
+// Order-preserving map of a float's bits to an unsigned key (larger float, larger key).
+inline uint32_t float_order_key(float f) {
+  uint32_t u;
+  __builtin_memcpy(&u, &f, 4);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// Appends to *out the indices (offset by `base`) of the k largest of x[0..n).
+// k >= n appends all.
+void topk_indices(const float* x, size_t n, size_t k, uint32_t base, std::vector<uint32_t>* out);
+
+}  // namespace ssa

@@ -1,0 +1,54 @@
+// Which middle-of-context tokens a query head reads, and with what inclusion
+// probability: the heavy set H (pi = 1) and the sampled residual S (pi < 1).
+// Sink and local tokens are not part of this; the decode pipeline adds them.
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <vector>
+
+#include "common/philox.h"
+#include "ssa.h"
+
+namespace ssa {
+
+struct Selection {
+  std::vector<uint32_t> tokens;  // absolute token indices, heavy first, then samples
+  std::vector<float> log_pi;     // log inclusion probability, same order (0 for heavy)
+  uint64_t heavy = 0;            // |H|
+  uint64_t draws = 0;            // m
+  uint64_t unique = 0;           // |S|
+  double residual_mass = 0.0;    // proxy softmax mass of the sampled residual R
+  void clear() {
+    tokens.clear();
+    log_pi.clear();
+    heavy = draws = unique = 0;
+    residual_mass = 0.0;
+  }
+};
+
+struct SelectParams {
+  ssa_method method;
+  uint64_t kprime;      // budget for the candidates (k minus sink and local)
+  float heavy_fraction; // h
+  float pi_min;
+};
+
+// Reusable per-thread buffers (context-sized).
+struct SelectScratch {
+  std::vector<float> weights;
+  std::vector<double> block_sums, chunk_sums, chunk_prefix;
+  std::vector<uint32_t> heavy, drawn;
+  std::vector<uint8_t> is_heavy;
+};
+
+// proxy: scores (attention-logit units) of the candidates, candidate j being token
+// `base + j`, n of them; requires 0 < kprime < n. Fills *out.
+void select_tokens(const SelectParams& p, const float* proxy, size_t n, uint32_t base,
+                   const RngStream& rng, SelectScratch& scratch, Selection* out);
+
+// |H| for the fixed-fraction methods: round(h * k'), never above k'.
+uint64_t fixed_heavy_count(ssa_method method, uint64_t kprime, float h);
+
+}  // namespace ssa
