@@ -5,6 +5,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <random>
@@ -113,6 +114,27 @@ class SectionWriter {
   SectionEntry cur_;
 };
 
+// A copy of a partial last page with the slots beyond the layer's length zeroed:
+// those slots hold whatever the page held before (fresh pool memory, truncated
+// rows), which must not reach the file.
+void copy_visible(const KvLayout& lay, SectionKind kind, const uint8_t* src, uint32_t valid,
+                  uint8_t* dst) {
+  if (kind == SectionKind::kKvPages) {
+    memset(dst, 0, lay.kv_page_bytes());
+    for (uint32_t h = 0; h < lay.n_kv_heads; ++h) {
+      memcpy(dst + lay.k_offset(h, 0), src + lay.k_offset(h, 0), valid * lay.row_bytes());
+      memcpy(dst + lay.v_offset(h, 0), src + lay.v_offset(h, 0), valid * lay.row_bytes());
+    }
+  } else {
+    memset(dst, 0, lay.code_page_bytes());
+    for (uint32_t h = 0; h < lay.n_kv_heads; ++h) {
+      for (uint32_t m = 0; m < lay.pq_subspaces; ++m) {
+        memcpy(dst + lay.code_offset(h, m), src + lay.code_offset(h, m), valid);
+      }
+    }
+  }
+}
+
 SnapshotState& state_of(ssa_session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.snapshot_mu) {
   if (!s.snapshot) s.snapshot = std::make_shared<SnapshotState>();
   return *s.snapshot;
@@ -183,10 +205,13 @@ absl::Status write_body(const ssa_session& s, const SnapshotState& st, const Sna
 
   // Writes the pages of `pages` in [0, needed) that prev does not hold, as runs of
   // consecutive indices.
+  std::unique_ptr<uint8_t[]> partial;  // the masked copy of a partial last page
   auto write_pages = [&](uint32_t layer, SectionKind kind, const std::vector<PageRef>& pages,
-                         uint64_t needed, size_t page_bytes, const std::vector<PageRef>* old,
+                         uint64_t n_tokens, size_t page_bytes, const std::vector<PageRef>* old,
                          const std::vector<uint32_t>* old_entry,
                          std::vector<int64_t>& refs) -> absl::Status {
+    const uint64_t needed = lay.pages_for(n_tokens);
+    const uint32_t tail = static_cast<uint32_t>(n_tokens % lay.page_tokens);
     refs.assign(needed, 0);
     uint64_t i = 0;
     while (i < needed) {
@@ -211,7 +236,13 @@ absl::Status write_body(const ssa_session& s, const SnapshotState& st, const Sna
                                 static_cast<uint32_t>(kind)), " page ", k, " is missing or short"));
         }
         SSA_RETURN_IF_ERROR(snap::verify_mapped_page(st, page->data()));
-        SSA_RETURN_IF_ERROR(w.write(page->data(), page_bytes));
+        if (k + 1 == needed && tail != 0) {
+          if (!partial) partial.reset(new uint8_t[std::max(kv_bytes, code_bytes)]);
+          copy_visible(lay, kind, page->data(), tail, partial.get());
+          SSA_RETURN_IF_ERROR(w.write(partial.get(), page_bytes));
+        } else {
+          SSA_RETURN_IF_ERROR(w.write(page->data(), page_bytes));
+        }
         refs[k] = ref;
       }
       w.end();
@@ -260,12 +291,12 @@ absl::Status write_body(const ssa_session& s, const SnapshotState& st, const Sna
       }
     }
     rl.kv.assign(L.kv_pages.begin(), L.kv_pages.begin() + needed);
-    SSA_RETURN_IF_ERROR(write_pages(l, SectionKind::kKvPages, L.kv_pages, needed, kv_bytes,
+    SSA_RETURN_IF_ERROR(write_pages(l, SectionKind::kKvPages, L.kv_pages, L.n_tokens, kv_bytes,
                                     pl ? &pl->kv : nullptr, pl ? &pl->kv_entry : nullptr,
                                     kv_refs[l]));
     if (L.codebooks) {
       rl.code.assign(L.code_pages.begin(), L.code_pages.begin() + needed);
-      SSA_RETURN_IF_ERROR(write_pages(l, SectionKind::kCodePages, L.code_pages, needed,
+      SSA_RETURN_IF_ERROR(write_pages(l, SectionKind::kCodePages, L.code_pages, L.n_tokens,
                                       code_bytes, pl ? &pl->code : nullptr,
                                       pl ? &pl->code_entry : nullptr, code_refs[l]));
     }
