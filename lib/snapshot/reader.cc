@@ -477,6 +477,9 @@ absl::StatusOr<std::unique_ptr<ssa_session>> load(ssa_runtime* rt, const char* p
   if (mmap_kv) {
     void* base = io.mmap(nullptr, static_cast<size_t>(p.file_size), PROT_READ, MAP_SHARED, *fd, 0);
     if (base == MAP_FAILED) return snap::io_error("cannot map snapshot", path, errno);
+    // Sparse decodes touch scattered rows: fault in only the OS pages they read,
+    // no readahead around them, so the resident set follows the rows read.
+    madvise(base, static_cast<size_t>(p.file_size), MADV_RANDOM);
     mapping = std::make_shared<MappedSnapshot>();
     mapping->path = path;
     mapping->base = static_cast<uint8_t*>(base);
@@ -490,9 +493,9 @@ absl::StatusOr<std::unique_ptr<ssa_session>> load(ssa_runtime* rt, const char* p
     layers[l].kv_pages.resize(p.layers[l].kv_src.size());
     layers[l].code_pages.resize(p.layers[l].code_src.size());
   }
-  std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> hash(XXH3_createState(), XXH3_freeState);
-  if (!hash) return make_error(SSA_ERR_OUT_OF_MEMORY, "cannot allocate a hash state");
-  std::unique_ptr<uint8_t[]> kv_scratch, code_scratch;
+  // Page runs that are read (not mapped) are read and hashed on the runtime's
+  // threads, one run per task; the rest is done here.
+  std::vector<size_t> runs;
   std::string body;
   for (size_t i = 0; i < p.entries.size(); ++i) {
     const SectionEntry& e = p.entries[i];
@@ -524,13 +527,8 @@ absl::StatusOr<std::unique_ptr<ssa_session>> load(ssa_runtime* rt, const char* p
         dst[j] = std::make_shared<Page>(mapping->base + e.offset + k * p.kv_bytes, p.kv_bytes,
                                         false, keeper);
       }
-    } else if (kind == SectionKind::kKvPages) {
-      SSA_RETURN_IF_ERROR(read_page_run(p, i, p.kv_bytes, *s.kv_pool, p.layers[e.layer].kv_src,
-                                        layers[e.layer].kv_pages, hash.get(), kv_scratch));
-    } else if (kind == SectionKind::kCodePages) {
-      SSA_RETURN_IF_ERROR(read_page_run(p, i, p.code_bytes, *s.code_pool,
-                                        p.layers[e.layer].code_src, layers[e.layer].code_pages,
-                                        hash.get(), code_scratch));
+    } else if (kind == SectionKind::kKvPages || kind == SectionKind::kCodePages) {
+      runs.push_back(i);
     } else if (kind == SectionKind::kCodebooks) {
       SSA_RETURN_IF_ERROR(read_section(p, i, &body));
       const uint8_t* b = reinterpret_cast<const uint8_t*>(body.data());
@@ -549,6 +547,31 @@ absl::StatusOr<std::unique_ptr<ssa_session>> load(ssa_runtime* rt, const char* p
       layers[e.layer].codebooks = std::move(cb);
     }
   }
+  // Each task writes only the page slots its run wins, so tasks never share a slot.
+  std::vector<absl::Status> run_status(runs.size());
+  rt->pool->parallel_for(runs.size(), [&](size_t t) {
+    const size_t i = runs[t];
+    const SectionEntry& e = p.entries[i];
+    const bool kv = e.kind == static_cast<uint32_t>(SectionKind::kKvPages);
+    try {
+      std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> hash(XXH3_createState(),
+                                                                    XXH3_freeState);
+      if (!hash) {
+        run_status[t] = make_error(SSA_ERR_OUT_OF_MEMORY, "cannot allocate a hash state");
+        return;
+      }
+      std::unique_ptr<uint8_t[]> scratch;
+      run_status[t] = read_page_run(p, i, kv ? p.kv_bytes : p.code_bytes,
+                                    kv ? *s.kv_pool : *s.code_pool,
+                                    kv ? p.layers[e.layer].kv_src : p.layers[e.layer].code_src,
+                                    kv ? layers[e.layer].kv_pages : layers[e.layer].code_pages,
+                                    hash.get(), scratch);
+    } catch (const std::bad_alloc&) {
+      run_status[t] = make_error(SSA_ERR_OUT_OF_MEMORY, "out of host memory reading a page run");
+    }
+  });
+  for (const absl::Status& st : run_status) SSA_RETURN_IF_ERROR(st);  // first in file order
+
   if (mapping) {
     std::sort(mapping->sections.begin(), mapping->sections.end(),
               [](const MappedSnapshot::Section& a, const MappedSnapshot::Section& b) {
