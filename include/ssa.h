@@ -307,20 +307,40 @@ SSA_API ssa_status ssa_decode_batch(const ssa_decode_item *items, size_t n_items
 
 /* Writes the whole session to path atomically (temp file, fsync, rename, fsync
    of the directory): after a crash at any moment path holds the old or the new
-   snapshot. Returns SSA_OK, SSA_ERR_INVALID_ARGUMENT, SSA_ERR_IO,
+   snapshot. On failure path is unchanged, except that a failing fsync of the
+   directory after the rename reports SSA_ERR_IO with the new file in place.
+   path: borrowed. Reads the session (runs beside decodes; waits for mutations);
+   saves of one session are serialised. Returns SSA_OK, SSA_ERR_INVALID_ARGUMENT, SSA_ERR_IO,
    SSA_ERR_OUT_OF_MEMORY, SSA_ERR_UNSUPPORTED (this build has no snapshots). */
 SSA_API ssa_status ssa_session_save(ssa_session *s, const char *path);
 
 /* Appends to path only what changed since this session was last saved or
-   checkpointed to path, then commits atomically; falls back to a full save
-   when path holds no snapshot of this session. Statuses as ssa_session_save. */
+   checkpointed to (or loaded from) path - new and changed pages, new codes,
+   retrained codebooks, changed metadata - plus a new section table, then commits
+   by rewriting one of two superblock slots: after a crash or failure at any
+   moment path holds the previous or the new state. Falls back to a full save
+   when path holds no snapshot of this session (another session saved there, the
+   file was replaced) or when superseded bytes outweigh live ones. Locking as
+   ssa_session_save. Statuses as ssa_session_save. */
 SSA_API ssa_status ssa_session_checkpoint(ssa_session *s, const char *path);
 
 #define SSA_LOAD_VERIFY 1u /* verify every checksum up front (default: on read) */
 #define SSA_LOAD_MMAP 2u   /* map the file instead of reading it (CPU sessions) */
 
 /* Restores a session saved by ssa_session_save/checkpoint onto rt's backend.
-   out: receives the session, owned by the caller.
+   What is verified (docs/SNAPSHOT_FORMAT.md has the details): the superblocks,
+   section table, config, layer and metadata sections always; every section that
+   is read is checked against its XXH3-64 as it is read, so a plain load (flags 0)
+   and SSA_LOAD_VERIFY verify everything. With SSA_LOAD_MMAP the KV pages are
+   mapped read-only from the file instead of read (codes and codebooks are still
+   read and verified): the load takes constant time and memory, and the mapped KV
+   pages are hashed only with SSA_LOAD_VERIFY, or else the first time a save or
+   checkpoint of the session copies them into another file. The file must not be
+   truncated by anyone while a session maps it. A restore never retrains the index.
+   The loaded session remembers path, so ssa_session_checkpoint(s, path) appends.
+   flags: SSA_LOAD_* bits. path: borrowed. out: receives the session, owned by the
+   caller; written only on success (no partly restored session is ever returned).
+   Thread-safe; several loads may run at once.
    Returns SSA_OK, SSA_ERR_INVALID_ARGUMENT, SSA_ERR_IO, SSA_ERR_CORRUPT,
    SSA_ERR_VERSION, SSA_ERR_MISMATCH, SSA_ERR_OUT_OF_MEMORY, SSA_ERR_UNSUPPORTED. */
 SSA_API ssa_status ssa_session_load(ssa_runtime *rt, const char *path, uint32_t flags,
