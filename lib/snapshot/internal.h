@@ -22,4 +22,7 @@ absl::Status read_superblock(int fd, uint64_t file_size, const std::string& path
 // another snapshot, so a damaged mapping never silently propagates.
 absl::Status verify_mapped_page(const SnapshotState& st, const uint8_t* data);
 
+// SSA_ERR_INVALID_ARGUMENT unless path is a non-empty string.
+absl::Status check_path(const char* path);
+
 }  // namespace ssa::snap

@@ -125,6 +125,11 @@ absl::Status read_superblock(int fd, uint64_t file_size, const std::string& path
   return absl::OkStatus();
 }
 
+absl::Status check_path(const char* path) {
+  if (path == nullptr || path[0] == '\0') return invalid_argument("snapshot path is NULL or empty");
+  return absl::OkStatus();
+}
+
 absl::Status verify_mapped_page(const SnapshotState& st, const uint8_t* data) {
   for (const auto& m : st.mappings) {
     if (data < m->base || data >= m->base + m->bytes) continue;
@@ -183,6 +188,11 @@ std::string describe(const SectionEntry& e, size_t idx) {
   std::string s = absl::StrCat(snap::section_kind_name(e.kind), " section #", idx);
   if (e.layer != snap::kNoLayer) absl::StrAppend(&s, " (layer ", e.layer, ")");
   return s;
+}
+
+absl::Status run_checksum_error(const std::string& path, const SectionEntry& e, size_t idx) {
+  return corrupt(path, describe(e, idx), " (pages ", e.first, "..", e.first + e.count - 1,
+                 ") fails its checksum");
 }
 
 // Reads a whole section into memory and checks its hash.
@@ -433,10 +443,7 @@ absl::Status read_page_run(const Parsed& p, size_t idx, size_t page_bytes, PageP
     SSA_RETURN_IF_ERROR(snap::pread_exact(p.fd, target, page_bytes, off, p.path));
     XXH3_64bits_update(hash, target, page_bytes);
   }
-  if (XXH3_64bits_digest(hash) != e.xxh3) {
-    return corrupt(p.path, describe(e, idx), " (pages ", e.first, "..", e.first + e.count - 1,
-                   ") fails its checksum");
-  }
+  if (XXH3_64bits_digest(hash) != e.xxh3) return run_checksum_error(p.path, e, idx);
   return absl::OkStatus();
 }
 
@@ -444,7 +451,7 @@ absl::StatusOr<std::unique_ptr<ssa_session>> load(ssa_runtime* rt, const char* p
                                                    uint32_t flags,
                                                    const ssa_session_config* expected) {
   if (rt == nullptr) return invalid_argument("runtime is NULL");
-  if (path_c == nullptr || path_c[0] == '\0') return invalid_argument("snapshot path is NULL or empty");
+  SSA_RETURN_IF_ERROR(snap::check_path(path_c));
   if ((flags & ~(SSA_LOAD_VERIFY | SSA_LOAD_MMAP)) != 0) {
     return invalid_argument("unknown load flags 0x", absl::Hex(flags & ~(SSA_LOAD_VERIFY | SSA_LOAD_MMAP)));
   }
@@ -508,10 +515,7 @@ absl::StatusOr<std::unique_ptr<ssa_session>> load(ssa_runtime* rt, const char* p
       ms.xxh3 = e.xxh3;
       if (verify_all) {
         const uint8_t* base = mapping->base + e.offset;
-        if (XXH3_64bits(base, e.length) != e.xxh3) {
-          return corrupt(path, describe(e, i), " (pages ", e.first, "..", e.first + e.count - 1,
-                         ") fails its checksum");
-        }
+        if (XXH3_64bits(base, e.length) != e.xxh3) return run_checksum_error(path, e, i);
         ms.verified.store(true);
         // The hash read the pages in; give them back so verifying costs no RSS.
         const uint64_t os_page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
@@ -630,7 +634,7 @@ absl::StatusOr<std::unique_ptr<ssa_session>> snapshot_load_checked(
 }
 
 absl::Status snapshot_inspect(const char* path_c, ssa_snapshot_info* info) {
-  if (path_c == nullptr || path_c[0] == '\0') return invalid_argument("snapshot path is NULL or empty");
+  SSA_RETURN_IF_ERROR(snap::check_path(path_c));
   if (info == nullptr) return invalid_argument("info is NULL");
   if (info->struct_size < offsetof(ssa_snapshot_info, generation)) {
     return invalid_argument("info struct_size ", info->struct_size, " is too small");

@@ -486,22 +486,17 @@ absl::Status checkpoint_locked(ssa_session& s, const std::string& path)
   return absl::OkStatus();
 }
 
-absl::Status check_path(const char* path) {
-  if (path == nullptr || path[0] == '\0') return invalid_argument("snapshot path is NULL or empty");
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 absl::Status snapshot_save(ssa_session& s, const char* path) {
-  SSA_RETURN_IF_ERROR(check_path(path));
+  SSA_RETURN_IF_ERROR(snap::check_path(path));
   absl::MutexLock snap_lock(&s.snapshot_mu);
   absl::ReaderMutexLock lock(&s.mu);
   return save_locked(s, path);
 }
 
 absl::Status snapshot_checkpoint(ssa_session& s, const char* path) {
-  SSA_RETURN_IF_ERROR(check_path(path));
+  SSA_RETURN_IF_ERROR(snap::check_path(path));
   absl::MutexLock snap_lock(&s.snapshot_mu);
   absl::ReaderMutexLock lock(&s.mu);
   return checkpoint_locked(s, path);
