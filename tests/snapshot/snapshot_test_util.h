@@ -191,6 +191,11 @@ inline std::vector<uint8_t> decode_fingerprint(ssa_session& s, uint64_t seed) {
   return all;
 }
 
+inline uint64_t session_length(const ssa_session& s) {
+  absl::ReaderMutexLock lock(&s.mu);
+  return session_length_locked(s);
+}
+
 inline std::string temp_dir() {
   char tmpl[] = "/tmp/ssa_snapshot_test.XXXXXX";
   const char* d = mkdtemp(tmpl);

@@ -9,6 +9,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <set>
 #include <thread>
@@ -821,4 +822,50 @@ TEST_CASE("the fuzz corpus replays through the loader without harm") {
   MESSAGE("corpus files: " << files.size() << ", loads ok: " << ok << ", rejected: " << rejected);
   CHECK(ok > 0);
   CHECK(rejected > 0);
+}
+
+TEST_CASE("checkpoints run beside decodes and appends and capture committed states") {
+  auto rt = make_runtime(2);
+  const std::string path = temp_dir() + "/t.snap";
+  ssa_session_config cfg = small_config();
+  cfg.n_layers = 1;
+  auto s = make_session(rt.get(), cfg, 96, 31);
+  REQUIRE(s);
+  std::atomic<bool> stop{false};
+  std::atomic<int> failures{0};
+  std::thread decoder([&]() {
+    std::vector<uint16_t> q(size_t{cfg.n_q_heads} * cfg.head_dim, f32_to_f16(0.25f)), out(q.size());
+    ssa_decode_params p{};
+    p.struct_size = sizeof p;
+    p.method = SSA_METHOD_DENSE;
+    p.sparsity = 1.0f;
+    p.pi_min = 1e-4f;
+    while (!stop) {
+      if (!decode(*s, 0, q.data(), out.data(), p, nullptr).ok()) ++failures;
+    }
+  });
+  std::thread appender([&]() {
+    std::mt19937_64 rng(32);
+    for (int i = 0; i < 40 && !stop; ++i) {
+      if (!append_random(*s, 0, 8, rng).ok()) ++failures;
+    }
+  });
+  std::set<uint64_t> lengths;
+  for (int i = 0; i < 15; ++i) {
+    REQUIRE(snapshot_checkpoint(*s, path.c_str()).ok());
+    auto back = load_ok(rt.get(), path, SSA_LOAD_VERIFY);
+    REQUIRE(back);
+    const uint64_t n = ssa::test::session_length(*back);
+    CHECK((n - 96) % 8 == 0);  // whole appends only
+    lengths.insert(n);
+  }
+  appender.join();
+  stop = true;
+  decoder.join();
+  CHECK(failures == 0);
+  REQUIRE(snapshot_checkpoint(*s, path.c_str()).ok());
+  auto last = load_ok(rt.get(), path, 0);
+  REQUIRE(last);
+  CHECK(store_diff(*s, *last) == "");
+  MESSAGE("distinct lengths captured while appending: " << lengths.size());
 }
