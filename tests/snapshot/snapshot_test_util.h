@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <memory>
 #include <random>
 #include <string>
@@ -196,10 +197,24 @@ inline uint64_t session_length(const ssa_session& s) {
   return session_length_locked(s);
 }
 
+// A fresh directory under /tmp, removed with its contents when the process exits
+// normally (children that _exit leave it to the parent).
 inline std::string temp_dir() {
+  static std::vector<std::string>* dirs = [] {
+    auto* v = new std::vector<std::string>;
+    atexit([] {
+      for (const std::string& d : *dirs) {
+        std::error_code ec;
+        std::filesystem::remove_all(d, ec);
+      }
+    });
+    return v;
+  }();
   char tmpl[] = "/tmp/ssa_snapshot_test.XXXXXX";
   const char* d = mkdtemp(tmpl);
-  return d ? std::string(d) : std::string("/tmp");
+  if (d == nullptr) return "/tmp";
+  dirs->push_back(d);
+  return d;
 }
 
 inline std::vector<uint8_t> read_file(const std::string& path) {

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <random>
 #include <string>
 #include <vector>
@@ -43,6 +44,8 @@ struct Fixture {
   ~Fixture() {
     ssa_session_destroy(s);
     ssa_runtime_destroy(rt);
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
   }
 };
 
