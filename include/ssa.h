@@ -307,24 +307,111 @@ SSA_API ssa_status ssa_decode_batch(const ssa_decode_item *items, size_t n_items
 
 /* Writes the whole session to path atomically (temp file, fsync, rename, fsync
    of the directory): after a crash at any moment path holds the old or the new
-   snapshot. Returns SSA_OK, SSA_ERR_INVALID_ARGUMENT, SSA_ERR_IO,
+   snapshot. On failure path is unchanged, except that a failing fsync of the
+   directory after the rename reports SSA_ERR_IO with the new file in place.
+   path: borrowed. Reads the session (runs beside decodes; waits for mutations);
+   saves of one session are serialised. Returns SSA_OK, SSA_ERR_INVALID_ARGUMENT, SSA_ERR_IO,
    SSA_ERR_OUT_OF_MEMORY, SSA_ERR_UNSUPPORTED (this build has no snapshots). */
 SSA_API ssa_status ssa_session_save(ssa_session *s, const char *path);
 
 /* Appends to path only what changed since this session was last saved or
-   checkpointed to path, then commits atomically; falls back to a full save
-   when path holds no snapshot of this session. Statuses as ssa_session_save. */
+   checkpointed to (or loaded from) path - new and changed pages, new codes,
+   retrained codebooks, changed metadata - plus a new section table, then commits
+   by rewriting one of two superblock slots: after a crash or failure at any
+   moment path holds the previous or the new state. Falls back to a full save
+   when path holds no snapshot of this session (another session saved there, the
+   file was replaced) or when superseded bytes outweigh live ones. Locking as
+   ssa_session_save. Statuses as ssa_session_save. */
 SSA_API ssa_status ssa_session_checkpoint(ssa_session *s, const char *path);
 
 #define SSA_LOAD_VERIFY 1u /* verify every checksum up front (default: on read) */
 #define SSA_LOAD_MMAP 2u   /* map the file instead of reading it (CPU sessions) */
 
 /* Restores a session saved by ssa_session_save/checkpoint onto rt's backend.
-   out: receives the session, owned by the caller.
+   What is verified (docs/SNAPSHOT_FORMAT.md has the details): the superblocks,
+   section table, config, layer and metadata sections always; every section that
+   is read is checked against its XXH3-64 as it is read, so a plain load (flags 0)
+   and SSA_LOAD_VERIFY verify everything. With SSA_LOAD_MMAP the KV pages are
+   mapped read-only from the file instead of read (codes and codebooks are still
+   read and verified): the load takes constant time and memory, and the mapped KV
+   pages are hashed only with SSA_LOAD_VERIFY, or else the first time a save or
+   checkpoint of the session copies them into another file. The file must not be
+   truncated by anyone while a session maps it. A restore never retrains the index.
+   The loaded session remembers path, so ssa_session_checkpoint(s, path) appends.
+   flags: SSA_LOAD_* bits. path: borrowed. out: receives the session, owned by the
+   caller; written only on success (no partly restored session is ever returned).
+   Thread-safe; several loads may run at once.
    Returns SSA_OK, SSA_ERR_INVALID_ARGUMENT, SSA_ERR_IO, SSA_ERR_CORRUPT,
    SSA_ERR_VERSION, SSA_ERR_MISMATCH, SSA_ERR_OUT_OF_MEMORY, SSA_ERR_UNSUPPORTED. */
 SSA_API ssa_status ssa_session_load(ssa_runtime *rt, const char *path, uint32_t flags,
                                     ssa_session **out);
+
+/* As ssa_session_load, but first checks the snapshot against the shape the
+   caller expects: n_layers, n_q_heads, n_kv_heads, head_dim, kv_dtype,
+   pq_subspaces, pq_centroids and model_fingerprint must all equal those of
+   *expected (page_tokens, flags and the index policy are storage settings and are
+   taken from the snapshot). The check happens after the small sections are read
+   and verified and before any page is read. expected: borrowed; NULL = no check
+   (then this is ssa_session_load). out: receives the session, owned by the caller.
+   Thread-safe; never touches other sessions.
+   Returns as ssa_session_load; SSA_ERR_MISMATCH names the first field that
+   differs; SSA_ERR_INVALID_ARGUMENT for a bad expected->struct_size. */
+SSA_API ssa_status ssa_session_load_checked(ssa_runtime *rt, const char *path, uint32_t flags,
+                                            const ssa_session_config *expected,
+                                            ssa_session **out);
+
+/* What a snapshot file holds, read without loading it (ssa_snapshot_inspect). */
+typedef struct ssa_snapshot_info {
+  uint32_t struct_size;
+  uint32_t format_version;    /* format version of the committed superblock      */
+  uint64_t generation;        /* 1 after a full save, +1 per checkpoint          */
+  uint64_t file_bytes;        /* bytes the committed snapshot spans in the file   */
+  uint64_t live_bytes;        /* bytes of sections the snapshot still uses; the
+                                 rest are superseded by later checkpoints        */
+  uint32_t n_sections;        /* entries in the committed section table          */
+  uint32_t n_layers;
+  uint32_t n_q_heads;
+  uint32_t n_kv_heads;
+  uint32_t head_dim;
+  ssa_dtype kv_dtype;
+  uint32_t pq_subspaces;
+  uint32_t pq_centroids;
+  uint32_t page_tokens;
+  uint32_t indexed_layers;    /* layers saved with trained PQ codebooks          */
+  uint64_t model_fingerprint;
+  uint64_t length;            /* tokens present in every layer (min over layers)  */
+  uint64_t max_layer_length;  /* tokens of the longest layer                      */
+  uint64_t metadata_bytes;    /* size of the user metadata saved                  */
+} ssa_snapshot_info;
+
+/* Zeroes *info and sets struct_size. info must not be NULL. */
+SSA_API void ssa_snapshot_info_init(ssa_snapshot_info *info);
+
+/* Describes the snapshot at path without loading it: reads the superblocks, the
+   section table and the config, layer and metadata sections, verifying their
+   checksums (KV pages, codes and codebooks are not read). info: its struct_size
+   must be set (ssa_snapshot_info_init); fields beyond it are not written; the
+   rest is written only on success. Thread-safe.
+   Returns SSA_OK, SSA_ERR_INVALID_ARGUMENT (NULL path/info, struct_size too
+   small), SSA_ERR_IO (cannot open or read), SSA_ERR_CORRUPT, SSA_ERR_VERSION. */
+SSA_API ssa_status ssa_snapshot_inspect(const char *path, ssa_snapshot_info *info);
+
+/* Replaces the session's user metadata (opaque bytes, at most 64 MiB) with a copy
+   of bytes[0..n); n 0 clears it (bytes may then be NULL). The metadata is saved
+   in every snapshot of the session and restored by load. bytes: borrowed.
+   Takes the session exclusively (waits for running decodes and saves).
+   Returns SSA_OK, SSA_ERR_INVALID_ARGUMENT (s NULL, bytes NULL with n > 0,
+   n too large), SSA_ERR_OUT_OF_MEMORY. */
+SSA_API ssa_status ssa_session_set_metadata(ssa_session *s, const void *bytes, size_t n);
+
+/* Copies the session's user metadata into buf[0..cap) and its full size into
+   *n_out. A buf too small (including NULL with cap 0) gets nothing written and
+   is not an error: check *n_out > cap and call again with a larger buffer.
+   buf: caller-owned, host memory. n_out must not be NULL. Reads the session
+   (runs beside decodes and saves).
+   Returns SSA_OK, SSA_ERR_INVALID_ARGUMENT (s or n_out NULL, buf NULL with cap > 0). */
+SSA_API ssa_status ssa_session_get_metadata(const ssa_session *s, void *buf, size_t cap,
+                                            size_t *n_out);
 
 #ifdef __cplusplus
 } /* extern "C" */

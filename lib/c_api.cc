@@ -1,5 +1,6 @@
 // The ABI boundary: argument checks, a catch-all around every call, the mapping
 // from internal absl::Status to ssa_status, and the thread-local error message.
+#include <functional>
 #include <new>
 #include <string>
 #include <thread>
@@ -8,6 +9,7 @@
 #include "decode/decode.h"
 #include "runtime.h"
 #include "session.h"
+#include "snapshot/snapshot.h"
 #include "ssa.h"
 #include "status.h"
 
@@ -43,6 +45,11 @@ ssa_status guarded(Fn&& fn) {
 }
 
 }  // namespace
+
+namespace ssa {
+// The same boundary for C entry points defined in other files of the library.
+ssa_status c_api_guarded(const std::function<absl::Status()>& fn) { return guarded(fn); }
+}  // namespace ssa
 
 extern "C" {
 
@@ -274,26 +281,30 @@ ssa_status ssa_decode_batch(const ssa_decode_item* items, size_t n_items, uint32
   });
 }
 
-/* ---- snapshots (not in this build yet) ---- */
+/* ---- snapshots (lib/snapshot; more entry points in lib/snapshot/snapshot_c_api.cc) ---- */
 
 ssa_status ssa_session_save(ssa_session* s, const char* path) {
-  (void)s;
-  (void)path;
-  return fail(SSA_ERR_UNSUPPORTED, "snapshots are not implemented in this build");
+  return guarded([&]() -> absl::Status {
+    if (s == nullptr) return ssa::invalid_argument("session is NULL");
+    return ssa::snapshot_save(*s, path);
+  });
 }
 
 ssa_status ssa_session_checkpoint(ssa_session* s, const char* path) {
-  (void)s;
-  (void)path;
-  return fail(SSA_ERR_UNSUPPORTED, "snapshots are not implemented in this build");
+  return guarded([&]() -> absl::Status {
+    if (s == nullptr) return ssa::invalid_argument("session is NULL");
+    return ssa::snapshot_checkpoint(*s, path);
+  });
 }
 
 ssa_status ssa_session_load(ssa_runtime* rt, const char* path, uint32_t flags, ssa_session** out) {
-  (void)rt;
-  (void)path;
-  (void)flags;
-  (void)out;
-  return fail(SSA_ERR_UNSUPPORTED, "snapshots are not implemented in this build");
+  return guarded([&]() -> absl::Status {
+    if (out == nullptr) return ssa::invalid_argument("out is NULL");
+    absl::StatusOr<std::unique_ptr<ssa_session>> s = ssa::snapshot_load(rt, path, flags);
+    if (!s.ok()) return s.status();
+    *out = s->release();
+    return absl::OkStatus();
+  });
 }
 
 }  // extern "C"

@@ -232,6 +232,7 @@ absl::StatusOr<std::unique_ptr<ssa_session>> session_fork(ssa_session& s) {
   std::shared_lock lock(s.mu);
   std::lock_guard flock(f->mu);
   f->layers = s.layers;
+  f->metadata = s.metadata;
   return f;
 }
 

@@ -7,6 +7,7 @@
 #include <memory>
 #include <mutex>
 #include <shared_mutex>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -15,6 +16,10 @@
 #include "store/kv_layout.h"
 #include "store/layer_store.h"
 #include "store/page_pool.h"
+
+namespace ssa {
+struct SnapshotState;  // lib/snapshot/record.h
+}  // namespace ssa
 
 struct ssa_session {
   ssa_runtime* rt = nullptr;
@@ -27,6 +32,12 @@ struct ssa_session {
   // sees its synchronisation even when Abseil comes prebuilt without TSan.
   mutable std::shared_mutex mu;
   std::vector<ssa::LayerStore> layers;  // guarded by mu
+  // User metadata saved with the session's snapshots (ssa_session_set_metadata).
+  std::string metadata;  // guarded by mu
+  // What save/checkpoint/load last wrote to or read from which file, for
+  // incremental checkpoints (lib/snapshot/record.h). Taken before mu.
+  std::mutex snapshot_mu;
+  std::shared_ptr<ssa::SnapshotState> snapshot;  // guarded by snapshot_mu
 };
 
 namespace ssa {

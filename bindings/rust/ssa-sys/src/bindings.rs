@@ -999,3 +999,394 @@ extern "C" {
         out: *mut *mut ssa_session,
     ) -> ssa_status;
 }
+extern "C" {
+    pub fn ssa_session_load_checked(
+        rt: *mut ssa_runtime,
+        path: *const ::std::os::raw::c_char,
+        flags: u32,
+        expected: *const ssa_session_config,
+        out: *mut *mut ssa_session,
+    ) -> ssa_status;
+}
+#[repr(C)]
+pub struct ssa_snapshot_info {
+    pub struct_size: u32,
+    pub format_version: u32,
+    pub generation: u64,
+    pub file_bytes: u64,
+    pub live_bytes: u64,
+    pub n_sections: u32,
+    pub n_layers: u32,
+    pub n_q_heads: u32,
+    pub n_kv_heads: u32,
+    pub head_dim: u32,
+    pub kv_dtype: ssa_dtype,
+    pub pq_subspaces: u32,
+    pub pq_centroids: u32,
+    pub page_tokens: u32,
+    pub indexed_layers: u32,
+    pub model_fingerprint: u64,
+    pub length: u64,
+    pub max_layer_length: u64,
+    pub metadata_bytes: u64,
+}
+#[test]
+fn bindgen_test_layout_ssa_snapshot_info() {
+    assert_eq!(
+        ::std::mem::size_of::<ssa_snapshot_info>(),
+        104usize,
+        concat!("Size of: ", stringify!(ssa_snapshot_info))
+    );
+    assert_eq!(
+        ::std::mem::align_of::<ssa_snapshot_info>(),
+        8usize,
+        concat!("Alignment of ", stringify!(ssa_snapshot_info))
+    );
+    fn test_field_struct_size() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<ssa_snapshot_info>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).struct_size) as usize - ptr as usize
+            },
+            0usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(ssa_snapshot_info),
+                "::",
+                stringify!(struct_size)
+            )
+        );
+    }
+    test_field_struct_size();
+    fn test_field_format_version() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<ssa_snapshot_info>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).format_version) as usize - ptr as usize
+            },
+            4usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(ssa_snapshot_info),
+                "::",
+                stringify!(format_version)
+            )
+        );
+    }
+    test_field_format_version();
+    fn test_field_generation() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<ssa_snapshot_info>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).generation) as usize - ptr as usize
+            },
+            8usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(ssa_snapshot_info),
+                "::",
+                stringify!(generation)
+            )
+        );
+    }
+    test_field_generation();
+    fn test_field_file_bytes() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<ssa_snapshot_info>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).file_bytes) as usize - ptr as usize
+            },
+            16usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(ssa_snapshot_info),
+                "::",
+                stringify!(file_bytes)
+            )
+        );
+    }
+    test_field_file_bytes();
+    fn test_field_live_bytes() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<ssa_snapshot_info>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).live_bytes) as usize - ptr as usize
+            },
+            24usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(ssa_snapshot_info),
+                "::",
+                stringify!(live_bytes)
+            )
+        );
+    }
+    test_field_live_bytes();
+    fn test_field_n_sections() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<ssa_snapshot_info>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).n_sections) as usize - ptr as usize
+            },
+            32usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(ssa_snapshot_info),
+                "::",
+                stringify!(n_sections)
+            )
+        );
+    }
+    test_field_n_sections();
+    fn test_field_n_layers() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<ssa_snapshot_info>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).n_layers) as usize - ptr as usize
+            },
+            36usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(ssa_snapshot_info),
+                "::",
+                stringify!(n_layers)
+            )
+        );
+    }
+    test_field_n_layers();
+    fn test_field_n_q_heads() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<ssa_snapshot_info>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).n_q_heads) as usize - ptr as usize
+            },
+            40usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(ssa_snapshot_info),
+                "::",
+                stringify!(n_q_heads)
+            )
+        );
+    }
+    test_field_n_q_heads();
+    fn test_field_n_kv_heads() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<ssa_snapshot_info>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).n_kv_heads) as usize - ptr as usize
+            },
+            44usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(ssa_snapshot_info),
+                "::",
+                stringify!(n_kv_heads)
+            )
+        );
+    }
+    test_field_n_kv_heads();
+    fn test_field_head_dim() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<ssa_snapshot_info>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).head_dim) as usize - ptr as usize
+            },
+            48usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(ssa_snapshot_info),
+                "::",
+                stringify!(head_dim)
+            )
+        );
+    }
+    test_field_head_dim();
+    fn test_field_kv_dtype() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<ssa_snapshot_info>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).kv_dtype) as usize - ptr as usize
+            },
+            52usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(ssa_snapshot_info),
+                "::",
+                stringify!(kv_dtype)
+            )
+        );
+    }
+    test_field_kv_dtype();
+    fn test_field_pq_subspaces() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<ssa_snapshot_info>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).pq_subspaces) as usize - ptr as usize
+            },
+            56usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(ssa_snapshot_info),
+                "::",
+                stringify!(pq_subspaces)
+            )
+        );
+    }
+    test_field_pq_subspaces();
+    fn test_field_pq_centroids() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<ssa_snapshot_info>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).pq_centroids) as usize - ptr as usize
+            },
+            60usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(ssa_snapshot_info),
+                "::",
+                stringify!(pq_centroids)
+            )
+        );
+    }
+    test_field_pq_centroids();
+    fn test_field_page_tokens() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<ssa_snapshot_info>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).page_tokens) as usize - ptr as usize
+            },
+            64usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(ssa_snapshot_info),
+                "::",
+                stringify!(page_tokens)
+            )
+        );
+    }
+    test_field_page_tokens();
+    fn test_field_indexed_layers() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<ssa_snapshot_info>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).indexed_layers) as usize - ptr as usize
+            },
+            68usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(ssa_snapshot_info),
+                "::",
+                stringify!(indexed_layers)
+            )
+        );
+    }
+    test_field_indexed_layers();
+    fn test_field_model_fingerprint() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<ssa_snapshot_info>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).model_fingerprint) as usize - ptr as usize
+            },
+            72usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(ssa_snapshot_info),
+                "::",
+                stringify!(model_fingerprint)
+            )
+        );
+    }
+    test_field_model_fingerprint();
+    fn test_field_length() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<ssa_snapshot_info>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).length) as usize - ptr as usize
+            },
+            80usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(ssa_snapshot_info),
+                "::",
+                stringify!(length)
+            )
+        );
+    }
+    test_field_length();
+    fn test_field_max_layer_length() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<ssa_snapshot_info>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).max_layer_length) as usize - ptr as usize
+            },
+            88usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(ssa_snapshot_info),
+                "::",
+                stringify!(max_layer_length)
+            )
+        );
+    }
+    test_field_max_layer_length();
+    fn test_field_metadata_bytes() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<ssa_snapshot_info>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).metadata_bytes) as usize - ptr as usize
+            },
+            96usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(ssa_snapshot_info),
+                "::",
+                stringify!(metadata_bytes)
+            )
+        );
+    }
+    test_field_metadata_bytes();
+}
+extern "C" {
+    pub fn ssa_snapshot_info_init(info: *mut ssa_snapshot_info);
+}
+extern "C" {
+    pub fn ssa_snapshot_inspect(
+        path: *const ::std::os::raw::c_char,
+        info: *mut ssa_snapshot_info,
+    ) -> ssa_status;
+}
+extern "C" {
+    pub fn ssa_session_set_metadata(
+        s: *mut ssa_session,
+        bytes: *const ::std::os::raw::c_void,
+        n: usize,
+    ) -> ssa_status;
+}
+extern "C" {
+    pub fn ssa_session_get_metadata(
+        s: *const ssa_session,
+        buf: *mut ::std::os::raw::c_void,
+        cap: usize,
+        n_out: *mut usize,
+    ) -> ssa_status;
+}

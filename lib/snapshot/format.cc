@@ -1,0 +1,117 @@
+#include "snapshot/format.h"
+
+#include <xxhash.h>
+
+namespace ssa::snap {
+
+const char* section_kind_name(uint32_t kind) {
+  switch (static_cast<SectionKind>(kind)) {
+    case SectionKind::kConfig: return "config";
+    case SectionKind::kLayers: return "layers";
+    case SectionKind::kKvPages: return "kv-pages";
+    case SectionKind::kCodePages: return "code-pages";
+    case SectionKind::kCodebooks: return "codebooks";
+    case SectionKind::kMetadata: return "metadata";
+  }
+  return "unknown";
+}
+
+void encode_superblock(const Superblock& sb, uint8_t out[kSuperblockBytes]) {
+  memset(out, 0, kSuperblockBytes);
+  memcpy(out, kMagic, 8);
+  put_u32(out + kSbVersionOff, sb.format_version);
+  put_u32(out + kSbHeaderLenOff, kSuperblockBytes);
+  put_u32(out + kSbFlagsOff, sb.flags);
+  put_u32(out + kSbSlotOff, sb.slot);
+  put_u64(out + kSbGenerationOff, sb.generation);
+  put_u64(out + kSbTableOffsetOff, sb.table_offset);
+  put_u64(out + kSbTableLengthOff, sb.table_length);
+  put_u64(out + kSbTableHashOff, sb.table_xxh3);
+  put_u64(out + kSbFileLengthOff, sb.file_length);
+  put_u64(out + kSbFileIdOff, sb.file_id);
+  put_u64(out + kSuperblockBytes - 8, XXH3_64bits(out, kSuperblockBytes - 8));
+}
+
+std::string encode_table(const std::vector<SectionEntry>& entries, uint64_t generation,
+                         uint64_t file_id) {
+  std::string out(kTableHeaderBytes + entries.size() * size_t{kEntryBytes}, '\0');
+  uint8_t* p = reinterpret_cast<uint8_t*>(out.data());
+  memcpy(p, kTableMagic, 8);
+  put_u32(p + 8, static_cast<uint32_t>(entries.size()));
+  put_u32(p + 12, kEntryBytes);
+  put_u64(p + 16, generation);
+  put_u64(p + 24, file_id);
+  p += kTableHeaderBytes;
+  for (const SectionEntry& e : entries) {
+    put_u32(p + 0, e.kind);
+    put_u32(p + 4, e.layer);
+    put_u64(p + 8, e.offset);
+    put_u64(p + 16, e.length);
+    put_u32(p + 24, e.alignment);
+    put_u32(p + 28, e.flags);
+    put_u64(p + 32, e.xxh3);
+    put_u64(p + 40, e.first);
+    put_u64(p + 48, e.count);
+    p += kEntryBytes;
+  }
+  return out;
+}
+
+void encode_config(const ssa_session_config& cfg, uint64_t kv_page_bytes,
+                   uint64_t code_page_bytes, uint8_t out[kConfigBytes]) {
+  memset(out, 0, kConfigBytes);
+  put_u32(out + 0, cfg.n_layers);
+  put_u32(out + 4, cfg.n_q_heads);
+  put_u32(out + 8, cfg.n_kv_heads);
+  put_u32(out + 12, cfg.head_dim);
+  put_u32(out + 16, static_cast<uint32_t>(cfg.kv_dtype));
+  put_u32(out + 20, cfg.pq_subspaces);
+  put_u32(out + 24, cfg.pq_centroids);
+  put_u32(out + 28, cfg.page_tokens);
+  put_u32(out + 32, cfg.flags);
+  put_u32(out + 36, cfg.index_min_tokens);
+  memcpy(out + 40, &cfg.index_regrow_factor, 4);
+  put_u32(out + 44, cfg.index_train_sample);
+  put_u32(out + 48, cfg.index_iterations);
+  put_u64(out + 56, cfg.model_fingerprint);
+  put_u64(out + 64, kv_page_bytes);
+  put_u64(out + 72, code_page_bytes);
+}
+
+void decode_config(const uint8_t in[kConfigBytes], ssa_session_config* cfg,
+                   uint64_t* kv_page_bytes, uint64_t* code_page_bytes) {
+  *cfg = ssa_session_config{};
+  cfg->struct_size = sizeof(ssa_session_config);
+  cfg->n_layers = get_u32(in + 0);
+  cfg->n_q_heads = get_u32(in + 4);
+  cfg->n_kv_heads = get_u32(in + 8);
+  cfg->head_dim = get_u32(in + 12);
+  cfg->kv_dtype = static_cast<ssa_dtype>(get_u32(in + 16));
+  cfg->pq_subspaces = get_u32(in + 20);
+  cfg->pq_centroids = get_u32(in + 24);
+  cfg->page_tokens = get_u32(in + 28);
+  cfg->flags = get_u32(in + 32);
+  cfg->index_min_tokens = get_u32(in + 36);
+  memcpy(&cfg->index_regrow_factor, in + 40, 4);
+  cfg->index_train_sample = get_u32(in + 44);
+  cfg->index_iterations = get_u32(in + 48);
+  cfg->model_fingerprint = get_u64(in + 56);
+  *kv_page_bytes = get_u64(in + 64);
+  *code_page_bytes = get_u64(in + 72);
+}
+
+SectionEntry decode_entry(const uint8_t* p) {
+  SectionEntry e;
+  e.kind = get_u32(p + 0);
+  e.layer = get_u32(p + 4);
+  e.offset = get_u64(p + 8);
+  e.length = get_u64(p + 16);
+  e.alignment = get_u32(p + 24);
+  e.flags = get_u32(p + 28);
+  e.xxh3 = get_u64(p + 32);
+  e.first = get_u64(p + 40);
+  e.count = get_u64(p + 48);
+  return e;
+}
+
+}  // namespace ssa::snap

@@ -1,0 +1,678 @@
+// Loading and inspecting snapshots. Every length and offset read from the file is
+// checked against the file size before anything is allocated from it, and a
+// session is handed out only once every part of it has been read and checked.
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <mutex>
+#include <shared_mutex>
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "snapshot/file_io.h"
+#include "snapshot/format.h"
+#include "snapshot/internal.h"
+#include "snapshot/record.h"
+#include "snapshot/snapshot.h"
+#include "status.h"
+
+namespace ssa {
+
+MappedSnapshot::~MappedSnapshot() {
+  if (base != nullptr) snap::file_io().munmap(base, bytes);
+}
+
+namespace snap {
+namespace {
+
+template <typename... Args>
+absl::Status corrupt(const std::string& path, const Args&... args) {
+  return make_error(SSA_ERR_CORRUPT, absl::StrCat("snapshot '", path, "': ", args...));
+}
+
+}  // namespace
+
+absl::Status read_superblock(int fd, uint64_t file_size, const std::string& path,
+                             Superblock* out) {
+  if (file_size == 0) return corrupt(path, "file is empty (0 bytes), not a snapshot");
+  uint8_t area[kHeaderAreaBytes] = {};
+  const size_t n = static_cast<size_t>(std::min<uint64_t>(file_size, kHeaderAreaBytes));
+  SSA_RETURN_IF_ERROR(pread_exact(fd, area, n, 0, path));
+
+  struct Candidate {
+    bool valid = false;
+    const uint8_t* p = nullptr;
+    uint32_t header_length = 0;
+  } cand[2];
+  bool any_magic = false;
+  std::string why[2];
+  for (int i = 0; i < 2; ++i) {
+    const uint64_t off = kSlotOffset[i];
+    if (off + 16 > n) {
+      why[i] = "lies beyond the end of the file";
+      continue;
+    }
+    const uint8_t* p = area + off;
+    if (memcmp(p, kMagic, sizeof kMagic) != 0) {
+      why[i] = "has no magic";
+      continue;
+    }
+    any_magic = true;
+    const uint32_t hl = get_u32(p + kSbHeaderLenOff);
+    if (hl < kSbFileIdOff + 16 || hl > kMaxHeaderBytes || off + hl > n) {
+      why[i] = absl::StrCat("has an impossible header length ", hl);
+      continue;
+    }
+    if (get_u64(p + hl - 8) != XXH3_64bits(p, hl - 8)) {
+      why[i] = "fails its checksum";
+      continue;
+    }
+    cand[i] = {true, p, hl};
+  }
+  if (!any_magic) {
+    return corrupt(path, "not a libssa snapshot (bad magic; file is ", file_size, " bytes)");
+  }
+  int best = -1;
+  for (int i = 0; i < 2; ++i) {
+    if (!cand[i].valid) continue;
+    if (best < 0 || get_u64(cand[i].p + kSbGenerationOff) > get_u64(cand[best].p + kSbGenerationOff))
+      best = i;
+  }
+  if (best < 0) {
+    return corrupt(path, "no valid superblock (slot 0 ", why[0], "; slot 1 ", why[1], ")");
+  }
+  const uint8_t* p = cand[best].p;
+  Superblock sb;
+  sb.format_version = get_u32(p + kSbVersionOff);
+  sb.header_length = cand[best].header_length;
+  sb.flags = get_u32(p + kSbFlagsOff);
+  if (sb.format_version == 0 || sb.format_version > kFormatVersion) {
+    return make_error(SSA_ERR_VERSION,
+                      absl::StrCat("snapshot '", path, "' has format version ", sb.format_version,
+                                   "; this library reads versions 1 to ", kFormatVersion));
+  }
+  if ((sb.flags & kIncompatibleFlagsMask) != 0) {
+    return make_error(SSA_ERR_VERSION,
+                      absl::StrCat("snapshot '", path, "' needs features (flags 0x",
+                                   absl::Hex(sb.flags & kIncompatibleFlagsMask),
+                                   ") this library does not know"));
+  }
+  if (sb.header_length != kSuperblockBytes) {
+    return corrupt(path, "version 1 superblock has length ", sb.header_length);
+  }
+  sb.slot = get_u32(p + kSbSlotOff);
+  sb.generation = get_u64(p + kSbGenerationOff);
+  sb.table_offset = get_u64(p + kSbTableOffsetOff);
+  sb.table_length = get_u64(p + kSbTableLengthOff);
+  sb.table_xxh3 = get_u64(p + kSbTableHashOff);
+  sb.file_length = get_u64(p + kSbFileLengthOff);
+  sb.file_id = get_u64(p + kSbFileIdOff);
+  if (sb.slot != static_cast<uint32_t>(best)) {
+    return corrupt(path, "superblock in slot ", best, " says it belongs in slot ", sb.slot);
+  }
+  if (sb.file_length > file_size) {
+    return corrupt(path, "truncated: the snapshot spans ", sb.file_length,
+                   " bytes but the file has ", file_size);
+  }
+  if (sb.table_offset < kHeaderAreaBytes || sb.table_offset % kSectionAlign != 0 ||
+      sb.table_offset > sb.file_length || sb.table_length < kTableHeaderBytes ||
+      sb.table_length > sb.file_length - sb.table_offset) {
+    return corrupt(path, "section table at offset ", sb.table_offset, " length ",
+                   sb.table_length, " does not fit the snapshot's ", sb.file_length, " bytes");
+  }
+  *out = sb;
+  return absl::OkStatus();
+}
+
+absl::Status check_path(const char* path) {
+  if (path == nullptr || path[0] == '\0') return invalid_argument("snapshot path is NULL or empty");
+  return absl::OkStatus();
+}
+
+absl::Status verify_mapped_page(const SnapshotState& st, const uint8_t* data) {
+  for (const auto& m : st.mappings) {
+    if (data < m->base || data >= m->base + m->bytes) continue;
+    const uint64_t off = static_cast<uint64_t>(data - m->base);
+    auto it = std::upper_bound(m->sections.begin(), m->sections.end(), off,
+                               [](uint64_t o, const MappedSnapshot::Section& s) { return o < s.offset; });
+    if (it == m->sections.begin()) break;
+    MappedSnapshot::Section& sec = *std::prev(it);
+    if (off >= sec.offset + sec.length) break;
+    if (sec.verified.load(std::memory_order_acquire)) return absl::OkStatus();
+    if (XXH3_64bits(m->base + sec.offset, sec.length) != sec.xxh3) {
+      return corrupt(m->path, "mapped KV section at offset ", sec.offset,
+                     " fails its checksum (the file was damaged or changed after loading)");
+    }
+    sec.verified.store(true, std::memory_order_release);
+    return absl::OkStatus();
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace snap
+
+namespace {
+
+using snap::SectionEntry;
+using snap::SectionKind;
+using snap::corrupt;
+
+constexpr uint32_t kNoSource = 0xffffffffu;
+
+// Everything but the page contents, read and checked.
+struct Parsed {
+  std::string path;
+  int fd = -1;
+  uint64_t file_size = 0;
+  dev_t dev = 0;
+  ino_t ino = 0;
+  snap::Superblock sb;
+  std::vector<SectionEntry> entries;
+  ssa_session_config cfg{};
+  KvLayout layout;
+  uint64_t kv_bytes = 0, code_bytes = 0;
+  struct Layer {
+    uint64_t n_tokens = 0, trained_at = 0;
+    bool has_codebooks = false;
+    int64_t codebooks_entry = -1;
+    std::vector<uint32_t> kv_src, code_src;  // winning entry per page
+  };
+  std::vector<Layer> layers;
+  std::string metadata;
+  int64_t config_entry = -1, layers_entry = -1, metadata_entry = -1;
+  uint64_t live_bytes = 0;
+};
+
+std::string describe(const SectionEntry& e, size_t idx) {
+  std::string s = absl::StrCat(snap::section_kind_name(e.kind), " section #", idx);
+  if (e.layer != snap::kNoLayer) absl::StrAppend(&s, " (layer ", e.layer, ")");
+  return s;
+}
+
+absl::Status run_checksum_error(const std::string& path, const SectionEntry& e, size_t idx) {
+  return corrupt(path, describe(e, idx), " (pages ", e.first, "..", e.first + e.count - 1,
+                 ") fails its checksum");
+}
+
+// Reads a whole section into memory and checks its hash.
+absl::Status read_section(const Parsed& p, size_t idx, std::string* out) {
+  const SectionEntry& e = p.entries[idx];
+  out->resize(static_cast<size_t>(e.length));
+  SSA_RETURN_IF_ERROR(snap::pread_exact(p.fd, out->data(), out->size(), e.offset, p.path));
+  if (XXH3_64bits(out->data(), out->size()) != e.xxh3) {
+    return corrupt(p.path, describe(e, idx), " fails its checksum");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status check_expected(const Parsed& p, const ssa_session_config& x) {
+  const ssa_session_config& c = p.cfg;
+  auto mismatch = [&](const char* field, uint64_t want, uint64_t have) {
+    return make_error(SSA_ERR_MISMATCH,
+                      absl::StrCat("snapshot '", p.path, "' has ", field, " ", have,
+                                   ", expected ", want));
+  };
+  if (c.model_fingerprint != x.model_fingerprint) {
+    return make_error(SSA_ERR_MISMATCH,
+                      absl::StrCat("snapshot '", p.path, "' has model fingerprint 0x",
+                                   absl::Hex(c.model_fingerprint), ", expected 0x",
+                                   absl::Hex(x.model_fingerprint)));
+  }
+  if (c.n_layers != x.n_layers) return mismatch("n_layers", x.n_layers, c.n_layers);
+  if (c.n_q_heads != x.n_q_heads) return mismatch("n_q_heads", x.n_q_heads, c.n_q_heads);
+  if (c.n_kv_heads != x.n_kv_heads) return mismatch("n_kv_heads", x.n_kv_heads, c.n_kv_heads);
+  if (c.head_dim != x.head_dim) return mismatch("head_dim", x.head_dim, c.head_dim);
+  if (c.kv_dtype != x.kv_dtype) return mismatch("kv_dtype", x.kv_dtype, c.kv_dtype);
+  if (c.pq_subspaces != x.pq_subspaces)
+    return mismatch("pq_subspaces", x.pq_subspaces, c.pq_subspaces);
+  if (c.pq_centroids != x.pq_centroids)
+    return mismatch("pq_centroids", x.pq_centroids, c.pq_centroids);
+  return absl::OkStatus();
+}
+
+// Maps the pages of a page-run section onto a layer's page sources.
+absl::Status add_page_run(Parsed& p, size_t idx, size_t page_bytes,
+                          std::vector<uint32_t> Parsed::Layer::*src) {
+  const SectionEntry& e = p.entries[idx];
+  if (e.count == 0 || e.length / page_bytes != e.count || e.length % page_bytes != 0) {
+    return corrupt(p.path, describe(e, idx), " holds ", e.length, " bytes, not ", e.count,
+                   " pages of ", page_bytes);
+  }
+  if (e.first > UINT64_MAX - e.count) {
+    return corrupt(p.path, describe(e, idx), " has an impossible first page ", e.first);
+  }
+  std::vector<uint32_t>& dst = p.layers[e.layer].*src;
+  const uint64_t end = std::min<uint64_t>(e.first + e.count, dst.size());
+  for (uint64_t j = e.first; j < end; ++j) dst[j] = static_cast<uint32_t>(idx);
+  return absl::OkStatus();
+}
+
+absl::Status parse(const std::string& path, int fd, Parsed* p) {
+  const snap::FileIo& io = snap::file_io();
+  p->path = path;
+  p->fd = fd;
+  struct stat st;
+  if (io.fstat(fd, &st) != 0) return snap::io_error("cannot stat", path, errno);
+  if (!S_ISREG(st.st_mode)) {
+    return make_error(SSA_ERR_IO, absl::StrCat("'", path, "' is not a regular file"));
+  }
+  p->file_size = static_cast<uint64_t>(st.st_size);
+  p->dev = st.st_dev;
+  p->ino = st.st_ino;
+  SSA_RETURN_IF_ERROR(snap::read_superblock(fd, p->file_size, path, &p->sb));
+  const snap::Superblock& sb = p->sb;
+
+  // Section table (its length was checked against the file by read_superblock).
+  std::string table(static_cast<size_t>(sb.table_length), '\0');
+  SSA_RETURN_IF_ERROR(snap::pread_exact(fd, table.data(), table.size(), sb.table_offset, path));
+  if (XXH3_64bits(table.data(), table.size()) != sb.table_xxh3) {
+    return corrupt(path, "section table fails its checksum");
+  }
+  const uint8_t* t = reinterpret_cast<const uint8_t*>(table.data());
+  const uint32_t n_sections = snap::get_u32(t + 8), entry_bytes = snap::get_u32(t + 12);
+  if (memcmp(t, snap::kTableMagic, 8) != 0 || entry_bytes != snap::kEntryBytes ||
+      (sb.table_length - snap::kTableHeaderBytes) / snap::kEntryBytes != n_sections ||
+      (sb.table_length - snap::kTableHeaderBytes) % snap::kEntryBytes != 0 ||
+      snap::get_u64(t + 16) != sb.generation || snap::get_u64(t + 24) != sb.file_id) {
+    return corrupt(path, "section table header does not match its superblock");
+  }
+  p->live_bytes = snap::kHeaderAreaBytes + sb.table_length;
+  for (uint32_t i = 0; i < n_sections; ++i) {
+    const SectionEntry e =
+        snap::decode_entry(t + snap::kTableHeaderBytes + size_t{i} * snap::kEntryBytes);
+    if (e.kind < static_cast<uint32_t>(SectionKind::kConfig) ||
+        e.kind > static_cast<uint32_t>(SectionKind::kMetadata)) {
+      if (e.flags & snap::kSectionOptional) continue;
+      return make_error(SSA_ERR_VERSION,
+                        absl::StrCat("snapshot '", path, "' holds a section of kind ", e.kind,
+                                     " that this library does not know"));
+    }
+    const size_t idx = p->entries.size();
+    if (e.alignment < snap::kSectionAlign || (e.alignment & (e.alignment - 1)) != 0 ||
+        e.offset % e.alignment != 0 || e.offset < snap::kHeaderAreaBytes ||
+        e.offset > sb.table_offset || e.length > sb.table_offset - e.offset) {
+      return corrupt(path, describe(e, idx), " at offset ", e.offset, " length ", e.length,
+                     " alignment ", e.alignment, " lies outside the section area");
+    }
+    p->live_bytes += e.length;
+    p->entries.push_back(e);
+  }
+
+  // Config.
+  for (size_t i = 0; i < p->entries.size(); ++i) {
+    const uint32_t k = p->entries[i].kind;
+    int64_t* slot = k == uint32_t(SectionKind::kConfig)     ? &p->config_entry
+                    : k == uint32_t(SectionKind::kLayers)   ? &p->layers_entry
+                    : k == uint32_t(SectionKind::kMetadata) ? &p->metadata_entry
+                                                            : nullptr;
+    if (slot == nullptr) continue;
+    if (*slot >= 0) return corrupt(path, "more than one ", snap::section_kind_name(k), " section");
+    *slot = static_cast<int64_t>(i);
+  }
+  if (p->config_entry < 0 || p->layers_entry < 0) {
+    return corrupt(path, "no ", p->config_entry < 0 ? "config" : "layers", " section");
+  }
+  std::string body;
+  if (p->entries[p->config_entry].length != snap::kConfigBytes) {
+    return corrupt(path, "config section has ", p->entries[p->config_entry].length,
+                   " bytes, not ", snap::kConfigBytes);
+  }
+  SSA_RETURN_IF_ERROR(read_section(*p, static_cast<size_t>(p->config_entry), &body));
+  snap::decode_config(reinterpret_cast<const uint8_t*>(body.data()), &p->cfg, &p->kv_bytes,
+                      &p->code_bytes);
+  absl::Status valid = validate_session_config(p->cfg, &p->layout);
+  if (!valid.ok()) return corrupt(path, "invalid session config: ", valid.message());
+  if (p->layout.kv_page_bytes() != p->kv_bytes || p->layout.code_page_bytes() != p->code_bytes) {
+    return corrupt(path, "config says pages of ", p->kv_bytes, "/", p->code_bytes,
+                   " bytes, its shape gives ", p->layout.kv_page_bytes(), "/",
+                   p->layout.code_page_bytes());
+  }
+
+  // Layers.
+  const SectionEntry& le = p->entries[p->layers_entry];
+  if (le.length != uint64_t{p->cfg.n_layers} * snap::kLayerRecordBytes) {
+    return corrupt(path, "layers section has ", le.length, " bytes for ", p->cfg.n_layers,
+                   " layers");
+  }
+  SSA_RETURN_IF_ERROR(read_section(*p, static_cast<size_t>(p->layers_entry), &body));
+  p->layers.resize(p->cfg.n_layers);
+  for (uint32_t l = 0; l < p->cfg.n_layers; ++l) {
+    const uint8_t* r = reinterpret_cast<const uint8_t*>(body.data()) + l * snap::kLayerRecordBytes;
+    Parsed::Layer& L = p->layers[l];
+    L.n_tokens = snap::get_u64(r);
+    L.trained_at = snap::get_u64(r + 8);
+    const uint32_t flags = snap::get_u32(r + 16);
+    if ((flags & ~snap::kLayerHasCodebooks) != 0) {
+      return corrupt(path, "layer ", l, " has unknown flags 0x", absl::Hex(flags));
+    }
+    L.has_codebooks = flags & snap::kLayerHasCodebooks;
+    // Every page must lie in the file, which bounds what is allocated below.
+    const uint64_t pages = L.n_tokens / p->layout.page_tokens + 1;
+    if (pages > p->file_size / p->kv_bytes + 1) {
+      return corrupt(path, "layer ", l, " claims ", L.n_tokens,
+                     " tokens, more than the file can hold");
+    }
+    L.kv_src.assign(p->layout.pages_for(L.n_tokens), kNoSource);
+    if (L.has_codebooks) L.code_src.assign(L.kv_src.size(), kNoSource);
+  }
+
+  // Pages and codebooks: later runs win for a page several runs hold.
+  for (size_t i = 0; i < p->entries.size(); ++i) {
+    const SectionEntry& e = p->entries[i];
+    const auto kind = static_cast<SectionKind>(e.kind);
+    if (kind != SectionKind::kKvPages && kind != SectionKind::kCodePages &&
+        kind != SectionKind::kCodebooks) {
+      continue;
+    }
+    if (e.layer >= p->cfg.n_layers) {
+      return corrupt(path, describe(e, i), " names layer ", e.layer, " of ", p->cfg.n_layers);
+    }
+    Parsed::Layer& L = p->layers[e.layer];
+    if (kind == SectionKind::kKvPages) {
+      SSA_RETURN_IF_ERROR(add_page_run(*p, i, p->kv_bytes, &Parsed::Layer::kv_src));
+    } else if (kind == SectionKind::kCodePages) {
+      if (!L.has_codebooks) return corrupt(path, describe(e, i), " belongs to a layer without codebooks");
+      SSA_RETURN_IF_ERROR(add_page_run(*p, i, p->code_bytes, &Parsed::Layer::code_src));
+    } else {
+      if (!L.has_codebooks || L.codebooks_entry >= 0) {
+        return corrupt(path, describe(e, i), L.has_codebooks ? " is a second one for its layer"
+                                                             : " belongs to a layer without codebooks");
+      }
+      const uint64_t floats = uint64_t{p->cfg.n_kv_heads} * p->cfg.pq_subspaces *
+                              p->cfg.pq_centroids * p->layout.sub_dim();
+      if (e.length != snap::kCodebooksHeaderBytes + floats * sizeof(float)) {
+        return corrupt(path, describe(e, i), " has ", e.length, " bytes, expected ",
+                       snap::kCodebooksHeaderBytes + floats * sizeof(float));
+      }
+      L.codebooks_entry = static_cast<int64_t>(i);
+    }
+  }
+  for (uint32_t l = 0; l < p->cfg.n_layers; ++l) {
+    const Parsed::Layer& L = p->layers[l];
+    if (L.has_codebooks && L.codebooks_entry < 0) {
+      return corrupt(path, "layer ", l, " is marked indexed but has no codebooks section");
+    }
+    for (size_t j = 0; j < L.kv_src.size(); ++j) {
+      if (L.kv_src[j] == kNoSource) return corrupt(path, "layer ", l, " KV page ", j, " is missing");
+    }
+    for (size_t j = 0; j < L.code_src.size(); ++j) {
+      if (L.code_src[j] == kNoSource) return corrupt(path, "layer ", l, " code page ", j, " is missing");
+    }
+  }
+
+  if (p->metadata_entry >= 0) {
+    if (p->entries[p->metadata_entry].length > kMaxMetadataBytes) {
+      return corrupt(path, "metadata section of ", p->entries[p->metadata_entry].length,
+                     " bytes exceeds the limit");
+    }
+    SSA_RETURN_IF_ERROR(read_section(*p, static_cast<size_t>(p->metadata_entry), &p->metadata));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int> open_snapshot(const std::string& path) {
+  const int fd = snap::file_io().open(path.c_str(), O_RDONLY | O_CLOEXEC, 0);
+  if (fd < 0) return snap::io_error("cannot open snapshot", path, errno);
+  return fd;
+}
+
+// Reads the pages of one run section: the ones that win are read into new pages
+// of `pool`, the rest only hashed. Checks the section's hash.
+absl::Status read_page_run(const Parsed& p, size_t idx, size_t page_bytes, PagePool& pool,
+                           const std::vector<uint32_t>& src, std::vector<PageRef>& dst,
+                           XXH3_state_t* hash, std::unique_ptr<uint8_t[]>& scratch) {
+  const SectionEntry& e = p.entries[idx];
+  XXH3_64bits_reset(hash);
+  for (uint64_t k = 0; k < e.count; ++k) {
+    const uint64_t j = e.first + k;
+    const uint64_t off = e.offset + k * page_bytes;
+    uint8_t* target;
+    if (j < src.size() && src[j] == idx) {
+      absl::StatusOr<PageRef> page = pool.allocate();
+      if (!page.ok()) return page.status();
+      if ((*page)->bytes() < page_bytes || (*page)->mutable_data() == nullptr) {
+        return make_error(SSA_ERR_INTERNAL, "page pool returned an unusable page");
+      }
+      target = (*page)->mutable_data();
+      dst[j] = *std::move(page);
+    } else {
+      if (!scratch) scratch.reset(new uint8_t[page_bytes]);
+      target = scratch.get();
+    }
+    SSA_RETURN_IF_ERROR(snap::pread_exact(p.fd, target, page_bytes, off, p.path));
+    XXH3_64bits_update(hash, target, page_bytes);
+  }
+  if (XXH3_64bits_digest(hash) != e.xxh3) return run_checksum_error(p.path, e, idx);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<ssa_session>> load(ssa_runtime* rt, const char* path_c,
+                                                   uint32_t flags,
+                                                   const ssa_session_config* expected) {
+  if (rt == nullptr) return invalid_argument("runtime is NULL");
+  SSA_RETURN_IF_ERROR(snap::check_path(path_c));
+  if ((flags & ~(SSA_LOAD_VERIFY | SSA_LOAD_MMAP)) != 0) {
+    return invalid_argument("unknown load flags 0x", absl::Hex(flags & ~(SSA_LOAD_VERIFY | SSA_LOAD_MMAP)));
+  }
+  if (expected != nullptr &&
+      expected->struct_size < offsetof(ssa_session_config, model_fingerprint) + sizeof(uint64_t)) {
+    return invalid_argument("expected config struct_size ", expected->struct_size, " is too small");
+  }
+  const bool mmap_kv = flags & SSA_LOAD_MMAP;
+  const bool verify_all = flags & SSA_LOAD_VERIFY;
+  if (mmap_kv && rt->backend != SSA_BACKEND_CPU) {
+    return unsupported("SSA_LOAD_MMAP needs a CPU runtime");
+  }
+  const std::string path(path_c);
+  const snap::FileIo& io = snap::file_io();
+  absl::StatusOr<int> fd = open_snapshot(path);
+  if (!fd.ok()) return fd.status();
+  snap::FdGuard guard(*fd);
+  Parsed p;
+  SSA_RETURN_IF_ERROR(parse(path, *fd, &p));
+  if (expected != nullptr) SSA_RETURN_IF_ERROR(check_expected(p, *expected));
+
+  absl::StatusOr<std::unique_ptr<ssa_session>> made = create_session(rt, p.cfg);
+  if (!made.ok()) return made.status();
+  ssa_session& s = **made;
+  if (s.layout.kv_page_bytes() != p.kv_bytes || s.layout.code_page_bytes() != p.code_bytes) {
+    return make_error(SSA_ERR_INTERNAL, "session created from a snapshot config has another layout");
+  }
+
+  std::shared_ptr<MappedSnapshot> mapping;
+  if (mmap_kv) {
+    void* base = io.mmap(nullptr, static_cast<size_t>(p.file_size), PROT_READ, MAP_SHARED, *fd, 0);
+    if (base == MAP_FAILED) return snap::io_error("cannot map snapshot", path, errno);
+    // Sparse decodes touch scattered rows: fault in only the OS pages they read,
+    // no readahead around them, so the resident set follows the rows read.
+    madvise(base, static_cast<size_t>(p.file_size), MADV_RANDOM);
+    mapping = std::make_shared<MappedSnapshot>();
+    mapping->path = path;
+    mapping->base = static_cast<uint8_t*>(base);
+    mapping->bytes = static_cast<size_t>(p.file_size);
+  }
+
+  std::vector<LayerStore> layers(p.cfg.n_layers);
+  for (uint32_t l = 0; l < p.cfg.n_layers; ++l) {
+    layers[l].n_tokens = p.layers[l].n_tokens;
+    layers[l].trained_at_tokens = p.layers[l].trained_at;
+    layers[l].kv_pages.resize(p.layers[l].kv_src.size());
+    layers[l].code_pages.resize(p.layers[l].code_src.size());
+  }
+  // Page runs that are read (not mapped) are read and hashed on the runtime's
+  // threads, one run per task; the rest is done here.
+  std::vector<size_t> runs;
+  std::string body;
+  for (size_t i = 0; i < p.entries.size(); ++i) {
+    const SectionEntry& e = p.entries[i];
+    const auto kind = static_cast<SectionKind>(e.kind);
+    if (kind == SectionKind::kKvPages && mapping) {
+      mapping->sections.emplace_back();
+      MappedSnapshot::Section& ms = mapping->sections.back();
+      ms.offset = e.offset;
+      ms.length = e.length;
+      ms.xxh3 = e.xxh3;
+      if (verify_all) {
+        const uint8_t* base = mapping->base + e.offset;
+        if (XXH3_64bits(base, e.length) != e.xxh3) return run_checksum_error(path, e, i);
+        ms.verified.store(true);
+        // The hash read the pages in; give them back so verifying costs no RSS.
+        const uint64_t os_page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+        madvise(mapping->base + e.offset / os_page * os_page,
+                static_cast<size_t>(e.offset % os_page + e.length), MADV_DONTNEED);
+      }
+      const std::vector<uint32_t>& src = p.layers[e.layer].kv_src;
+      std::vector<PageRef>& dst = layers[e.layer].kv_pages;
+      const std::shared_ptr<void> keeper = mapping;
+      for (uint64_t k = 0; k < e.count; ++k) {
+        const uint64_t j = e.first + k;
+        if (j >= src.size() || src[j] != i) continue;
+        dst[j] = std::make_shared<Page>(mapping->base + e.offset + k * p.kv_bytes, p.kv_bytes,
+                                        false, keeper);
+      }
+    } else if (kind == SectionKind::kKvPages || kind == SectionKind::kCodePages) {
+      runs.push_back(i);
+    } else if (kind == SectionKind::kCodebooks) {
+      SSA_RETURN_IF_ERROR(read_section(p, i, &body));
+      const uint8_t* b = reinterpret_cast<const uint8_t*>(body.data());
+      auto cb = std::make_shared<PqCodebooks>();
+      cb->n_kv_heads = snap::get_u32(b);
+      cb->subspaces = snap::get_u32(b + 4);
+      cb->centroids = snap::get_u32(b + 8);
+      cb->sub_dim = snap::get_u32(b + 12);
+      if (cb->n_kv_heads != p.cfg.n_kv_heads || cb->subspaces != p.cfg.pq_subspaces ||
+          cb->centroids != p.cfg.pq_centroids || cb->sub_dim != p.layout.sub_dim()) {
+        return corrupt(path, describe(e, i), " has shape ", cb->n_kv_heads, "x", cb->subspaces,
+                       "x", cb->centroids, "x", cb->sub_dim, " that does not fit the config");
+      }
+      cb->data.resize((body.size() - snap::kCodebooksHeaderBytes) / sizeof(float));
+      memcpy(cb->data.data(), b + snap::kCodebooksHeaderBytes, cb->data.size() * sizeof(float));
+      layers[e.layer].codebooks = std::move(cb);
+    }
+  }
+  // Each task writes only the page slots its run wins, so tasks never share a slot.
+  std::vector<absl::Status> run_status(runs.size());
+  rt->pool->parallel_for(runs.size(), [&](size_t t) {
+    const size_t i = runs[t];
+    const SectionEntry& e = p.entries[i];
+    const bool kv = e.kind == static_cast<uint32_t>(SectionKind::kKvPages);
+    try {
+      std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> hash(XXH3_createState(),
+                                                                    XXH3_freeState);
+      if (!hash) {
+        run_status[t] = make_error(SSA_ERR_OUT_OF_MEMORY, "cannot allocate a hash state");
+        return;
+      }
+      std::unique_ptr<uint8_t[]> scratch;
+      run_status[t] = read_page_run(p, i, kv ? p.kv_bytes : p.code_bytes,
+                                    kv ? *s.kv_pool : *s.code_pool,
+                                    kv ? p.layers[e.layer].kv_src : p.layers[e.layer].code_src,
+                                    kv ? layers[e.layer].kv_pages : layers[e.layer].code_pages,
+                                    hash.get(), scratch);
+    } catch (const std::bad_alloc&) {
+      run_status[t] = make_error(SSA_ERR_OUT_OF_MEMORY, "out of host memory reading a page run");
+    }
+  });
+  for (const absl::Status& st : run_status) SSA_RETURN_IF_ERROR(st);  // first in file order
+
+  if (mapping) {
+    std::sort(mapping->sections.begin(), mapping->sections.end(),
+              [](const MappedSnapshot::Section& a, const MappedSnapshot::Section& b) {
+                return a.offset < b.offset;
+              });
+  }
+
+  // The record: the session's pages are exactly what the file holds, so a
+  // checkpoint to the same path can append to it.
+  auto rec = std::make_shared<SnapshotRecord>();
+  rec->path = path;
+  rec->dev = p.dev;
+  rec->ino = p.ino;
+  rec->file_id = p.sb.file_id;
+  rec->generation = p.sb.generation;
+  rec->file_length = p.sb.file_length;
+  rec->sections = p.entries;
+  rec->config_entry = p.config_entry;
+  rec->layers_entry = p.layers_entry;
+  rec->metadata_entry = p.metadata_entry;
+  rec->metadata = p.metadata;
+  rec->layers.resize(p.cfg.n_layers);
+  for (uint32_t l = 0; l < p.cfg.n_layers; ++l) {
+    SnapshotRecord::Layer& rl = rec->layers[l];
+    rl.n_tokens = layers[l].n_tokens;
+    rl.trained_at_tokens = layers[l].trained_at_tokens;
+    rl.kv = layers[l].kv_pages;
+    rl.code = layers[l].code_pages;
+    rl.kv_entry = p.layers[l].kv_src;
+    rl.code_entry = p.layers[l].code_src;
+    rl.codebooks = layers[l].codebooks;
+    rl.codebooks_entry = p.layers[l].codebooks_entry;
+  }
+  {
+    std::lock_guard snap_lock(s.snapshot_mu);
+    s.snapshot = std::make_shared<SnapshotState>();
+    s.snapshot->record = std::move(rec);
+    if (mapping) s.snapshot->mappings.push_back(std::move(mapping));
+    std::unique_lock lock(s.mu);
+    s.layers = std::move(layers);
+    s.metadata = std::move(p.metadata);
+  }
+  return made;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ssa_session>> snapshot_load(ssa_runtime* rt, const char* path,
+                                                           uint32_t flags) {
+  return load(rt, path, flags, nullptr);
+}
+
+absl::StatusOr<std::unique_ptr<ssa_session>> snapshot_load_checked(
+    ssa_runtime* rt, const char* path, uint32_t flags, const ssa_session_config* expected) {
+  return load(rt, path, flags, expected);
+}
+
+absl::Status snapshot_inspect(const char* path_c, ssa_snapshot_info* info) {
+  SSA_RETURN_IF_ERROR(snap::check_path(path_c));
+  if (info == nullptr) return invalid_argument("info is NULL");
+  if (info->struct_size < offsetof(ssa_snapshot_info, generation)) {
+    return invalid_argument("info struct_size ", info->struct_size, " is too small");
+  }
+  const std::string path(path_c);
+  absl::StatusOr<int> fd = open_snapshot(path);
+  if (!fd.ok()) return fd.status();
+  snap::FdGuard guard(*fd);
+  Parsed p;
+  SSA_RETURN_IF_ERROR(parse(path, *fd, &p));
+
+  ssa_snapshot_info full{};
+  full.struct_size = info->struct_size;
+  full.format_version = p.sb.format_version;
+  full.generation = p.sb.generation;
+  full.file_bytes = p.sb.file_length;
+  full.live_bytes = p.live_bytes;
+  full.n_sections = static_cast<uint32_t>(p.entries.size());
+  full.n_layers = p.cfg.n_layers;
+  full.n_q_heads = p.cfg.n_q_heads;
+  full.n_kv_heads = p.cfg.n_kv_heads;
+  full.head_dim = p.cfg.head_dim;
+  full.kv_dtype = p.cfg.kv_dtype;
+  full.pq_subspaces = p.cfg.pq_subspaces;
+  full.pq_centroids = p.cfg.pq_centroids;
+  full.page_tokens = p.cfg.page_tokens;
+  full.model_fingerprint = p.cfg.model_fingerprint;
+  full.length = p.layers.empty() ? 0 : UINT64_MAX;
+  for (const Parsed::Layer& L : p.layers) {
+    full.length = std::min(full.length, L.n_tokens);
+    full.max_layer_length = std::max(full.max_layer_length, L.n_tokens);
+    full.indexed_layers += L.has_codebooks ? 1 : 0;
+  }
+  full.metadata_bytes = p.metadata.size();
+  memcpy(info, &full, std::min<size_t>(info->struct_size, sizeof full));
+  return absl::OkStatus();
+}
+
+}  // namespace ssa

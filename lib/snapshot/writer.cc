@@ -1,0 +1,527 @@
+// Full saves (temp file + rename) and incremental checkpoints (append + table +
+// superblock slot) of a session.
+#include <errno.h>
+#include <fcntl.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <mutex>
+#include <shared_mutex>
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "snapshot/file_io.h"
+#include "snapshot/format.h"
+#include "snapshot/internal.h"
+#include "snapshot/record.h"
+#include "snapshot/snapshot.h"
+#include "status.h"
+
+namespace ssa {
+namespace {
+
+using snap::SectionEntry;
+using snap::SectionKind;
+
+constexpr size_t kBufferBytes = size_t{8} << 20;
+constexpr size_t kDirectBytes = size_t{1} << 20;  // pieces this large skip the buffer
+// A checkpoint rewrites the file in full once superseded bytes exceed the live
+// ones (and this floor), so a file never grows beyond about twice its content.
+constexpr uint64_t kCompactFloorBytes = uint64_t{16} << 20;
+
+uint64_t random_u64() {
+  static std::atomic<uint64_t> counter{0};
+  std::random_device rd;
+  uint64_t x = (uint64_t{rd()} << 32) ^ rd();
+  x ^= static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  x ^= counter.fetch_add(0x9E3779B97F4A7C15ull) + static_cast<uint64_t>(getpid());
+  return x == 0 ? 1 : x;
+}
+
+// Writes sections one after another from a start offset, hashing each section
+// and batching small pieces into few large writes.
+class SectionWriter {
+ public:
+  SectionWriter(int fd, std::string path, uint64_t start)
+      : fd_(fd), path_(std::move(path)), pos_(start), state_(XXH3_createState()),
+        buf_(new uint8_t[kBufferBytes]) {}
+  ~SectionWriter() { XXH3_freeState(state_); }
+
+  bool ok() const { return state_ != nullptr; }
+  uint64_t pos() const { return pos_; }
+
+  absl::Status begin(SectionKind kind, uint32_t layer, uint32_t alignment, uint64_t first = 0,
+                     uint64_t count = 0) {
+    SSA_RETURN_IF_ERROR(pad_to(alignment));
+    cur_ = SectionEntry{};
+    cur_.kind = static_cast<uint32_t>(kind);
+    cur_.layer = layer;
+    cur_.alignment = alignment;
+    cur_.offset = pos_;
+    cur_.first = first;
+    cur_.count = count;
+    XXH3_64bits_reset(state_);
+    return absl::OkStatus();
+  }
+  absl::Status write(const void* p, size_t n) {
+    XXH3_64bits_update(state_, p, n);
+    return emit(p, n);
+  }
+  void end() {
+    cur_.length = pos_ - cur_.offset;
+    cur_.xxh3 = XXH3_64bits_digest(state_);
+    entries.push_back(cur_);
+  }
+  // Bytes outside any section (the table).
+  absl::Status write_raw(const void* p, size_t n) { return emit(p, n); }
+  absl::Status pad_to(uint64_t alignment) {
+    static const uint8_t kZeros[snap::kKvAlign] = {};
+    const uint64_t target = snap::align_up(pos_, alignment);
+    return emit(kZeros, static_cast<size_t>(target - pos_));
+  }
+  absl::Status flush() {
+    if (len_ == 0) return absl::OkStatus();
+    absl::Status st = snap::pwrite_all(fd_, buf_.get(), len_, pos_ - len_, path_);
+    len_ = 0;
+    return st;
+  }
+
+  std::vector<SectionEntry> entries;
+
+ private:
+  absl::Status emit(const void* p, size_t n) {
+    if (n == 0) return absl::OkStatus();
+    if (n >= kDirectBytes) {
+      SSA_RETURN_IF_ERROR(flush());
+      SSA_RETURN_IF_ERROR(snap::pwrite_all(fd_, p, n, pos_, path_));
+      pos_ += n;
+      return absl::OkStatus();
+    }
+    if (len_ + n > kBufferBytes) SSA_RETURN_IF_ERROR(flush());
+    memcpy(buf_.get() + len_, p, n);
+    len_ += n;
+    pos_ += n;
+    return absl::OkStatus();
+  }
+
+  int fd_;
+  std::string path_;
+  uint64_t pos_;  // file offset of the next byte (buffered bytes included)
+  XXH3_state_t* state_;
+  std::unique_ptr<uint8_t[]> buf_;
+  size_t len_ = 0;
+  SectionEntry cur_;
+};
+
+// A copy of a partial last page with the slots beyond the layer's length zeroed:
+// those slots hold whatever the page held before (fresh pool memory, truncated
+// rows), which must not reach the file.
+void copy_visible(const KvLayout& lay, SectionKind kind, const uint8_t* src, uint32_t valid,
+                  uint8_t* dst) {
+  if (kind == SectionKind::kKvPages) {
+    memset(dst, 0, lay.kv_page_bytes());
+    for (uint32_t h = 0; h < lay.n_kv_heads; ++h) {
+      memcpy(dst + lay.k_offset(h, 0), src + lay.k_offset(h, 0), valid * lay.row_bytes());
+      memcpy(dst + lay.v_offset(h, 0), src + lay.v_offset(h, 0), valid * lay.row_bytes());
+    }
+  } else {
+    memset(dst, 0, lay.code_page_bytes());
+    for (uint32_t h = 0; h < lay.n_kv_heads; ++h) {
+      for (uint32_t m = 0; m < lay.pq_subspaces; ++m) {
+        memcpy(dst + lay.code_offset(h, m), src + lay.code_offset(h, m), valid);
+      }
+    }
+  }
+}
+
+SnapshotState& state_of(ssa_session& s) {
+  if (!s.snapshot) s.snapshot = std::make_shared<SnapshotState>();
+  return *s.snapshot;
+}
+
+// Sections of the session that `prev` (the file's committed state; null for a
+// full save) does not hold yet are written through w; the rest are kept. Builds
+// the new table and record. Entry references are encoded while writing as
+// >= 0: index into prev->sections, < 0: -(1 + index into w.entries).
+struct BodyResult {
+  std::vector<SectionEntry> table;
+  std::shared_ptr<SnapshotRecord> record;
+};
+
+absl::Status write_body(const ssa_session& s, const SnapshotState& st, const SnapshotRecord* prev,
+                        SectionWriter& w, BodyResult* out) {
+  const KvLayout& lay = s.layout;
+  const size_t kv_bytes = lay.kv_page_bytes(), code_bytes = lay.code_page_bytes();
+  auto rec = std::make_shared<SnapshotRecord>();
+  auto new_ref = [&w]() { return -1 - static_cast<int64_t>(w.entries.size()); };
+  constexpr int64_t kNone = INT64_MIN;
+  int64_t config_ref = kNone, layers_ref = kNone, meta_ref = kNone;
+
+  // Config: fixed for the life of the session.
+  if (prev != nullptr && prev->config_entry >= 0) {
+    config_ref = prev->config_entry;
+  } else {
+    uint8_t cfg[snap::kConfigBytes];
+    snap::encode_config(s.config, kv_bytes, code_bytes, cfg);
+    config_ref = new_ref();
+    SSA_RETURN_IF_ERROR(w.begin(SectionKind::kConfig, snap::kNoLayer, snap::kSectionAlign));
+    SSA_RETURN_IF_ERROR(w.write(cfg, sizeof cfg));
+    w.end();
+  }
+
+  // Layers: token counts and index state, rewritten every time (32 B per layer).
+  {
+    std::string body(s.layers.size() * size_t{snap::kLayerRecordBytes}, '\0');
+    uint8_t* p = reinterpret_cast<uint8_t*>(body.data());
+    for (const LayerStore& L : s.layers) {
+      snap::put_u64(p + 0, L.n_tokens);
+      snap::put_u64(p + 8, L.trained_at_tokens);
+      snap::put_u32(p + 16, L.codebooks ? snap::kLayerHasCodebooks : 0u);
+      p += snap::kLayerRecordBytes;
+    }
+    layers_ref = new_ref();
+    SSA_RETURN_IF_ERROR(w.begin(SectionKind::kLayers, snap::kNoLayer, snap::kSectionAlign));
+    SSA_RETURN_IF_ERROR(w.write(body.data(), body.size()));
+    w.end();
+  }
+
+  rec->metadata = s.metadata;
+  if (!s.metadata.empty()) {
+    if (prev != nullptr && prev->metadata_entry >= 0 && prev->metadata == s.metadata) {
+      meta_ref = prev->metadata_entry;
+    } else {
+      meta_ref = new_ref();
+      SSA_RETURN_IF_ERROR(w.begin(SectionKind::kMetadata, snap::kNoLayer, snap::kSectionAlign));
+      SSA_RETURN_IF_ERROR(w.write(s.metadata.data(), s.metadata.size()));
+      w.end();
+    }
+  }
+
+  // Refs are int64 while writing; remapped to final table indices below.
+  std::vector<std::vector<int64_t>> kv_refs(s.layers.size()), code_refs(s.layers.size());
+  std::vector<int64_t> cb_refs(s.layers.size(), kNone);
+  rec->layers.resize(s.layers.size());
+
+  // Writes the pages of `pages` in [0, needed) that prev does not hold, as runs of
+  // consecutive indices.
+  std::unique_ptr<uint8_t[]> partial;  // the masked copy of a partial last page
+  auto write_pages = [&](uint32_t layer, SectionKind kind, const std::vector<PageRef>& pages,
+                         uint64_t n_tokens, size_t page_bytes, const std::vector<PageRef>* old,
+                         const std::vector<uint32_t>* old_entry,
+                         std::vector<int64_t>& refs) -> absl::Status {
+    const uint64_t needed = lay.pages_for(n_tokens);
+    const uint32_t tail = static_cast<uint32_t>(n_tokens % lay.page_tokens);
+    refs.assign(needed, 0);
+    uint64_t i = 0;
+    while (i < needed) {
+      auto unchanged = [&](uint64_t j) {
+        return old != nullptr && j < old->size() && (*old)[j].get() == pages[j].get();
+      };
+      if (unchanged(i)) {
+        refs[i] = (*old_entry)[i];
+        ++i;
+        continue;
+      }
+      uint64_t j = i;
+      while (j < needed && !unchanged(j)) ++j;
+      const uint32_t align = kind == SectionKind::kKvPages ? snap::kKvAlign : snap::kSectionAlign;
+      const int64_t ref = new_ref();
+      SSA_RETURN_IF_ERROR(w.begin(kind, layer, align, i, j - i));
+      for (uint64_t k = i; k < j; ++k) {
+        const Page* page = pages[k].get();
+        if (page == nullptr || page->bytes() < page_bytes) {
+          return make_error(SSA_ERR_INTERNAL,
+                            absl::StrCat("layer ", layer, " ", snap::section_kind_name(
+                                static_cast<uint32_t>(kind)), " page ", k, " is missing or short"));
+        }
+        SSA_RETURN_IF_ERROR(snap::verify_mapped_page(st, page->data()));
+        if (k + 1 == needed && tail != 0) {
+          if (!partial) partial.reset(new uint8_t[std::max(kv_bytes, code_bytes)]);
+          copy_visible(lay, kind, page->data(), tail, partial.get());
+          SSA_RETURN_IF_ERROR(w.write(partial.get(), page_bytes));
+        } else {
+          SSA_RETURN_IF_ERROR(w.write(page->data(), page_bytes));
+        }
+        refs[k] = ref;
+      }
+      w.end();
+      i = j;
+    }
+    return absl::OkStatus();
+  };
+
+  for (uint32_t l = 0; l < s.layers.size(); ++l) {
+    const LayerStore& L = s.layers[l];
+    const SnapshotRecord::Layer* pl =
+        prev != nullptr && l < prev->layers.size() ? &prev->layers[l] : nullptr;
+    SnapshotRecord::Layer& rl = rec->layers[l];
+    const uint64_t needed = lay.pages_for(L.n_tokens);
+    if (L.kv_pages.size() < needed || (L.codebooks && L.code_pages.size() < needed)) {
+      return make_error(SSA_ERR_INTERNAL,
+                        absl::StrCat("layer ", l, " holds ", L.kv_pages.size(), " KV and ",
+                                     L.code_pages.size(), " code pages for ", L.n_tokens,
+                                     " tokens (", needed, " needed)"));
+    }
+    rl.n_tokens = L.n_tokens;
+    rl.trained_at_tokens = L.trained_at_tokens;
+    if (L.codebooks) {
+      rl.codebooks = L.codebooks;
+      if (pl != nullptr && pl->codebooks.get() == L.codebooks.get() && pl->codebooks_entry >= 0) {
+        cb_refs[l] = pl->codebooks_entry;
+      } else {
+        const PqCodebooks& cb = *L.codebooks;
+        const size_t floats =
+            size_t{cb.n_kv_heads} * cb.subspaces * cb.centroids * cb.sub_dim;
+        if (cb.data.size() != floats) {
+          return make_error(SSA_ERR_INTERNAL,
+                            absl::StrCat("layer ", l, " codebooks hold ", cb.data.size(),
+                                         " floats, their shape says ", floats));
+        }
+        uint8_t hdr[snap::kCodebooksHeaderBytes];
+        snap::put_u32(hdr + 0, cb.n_kv_heads);
+        snap::put_u32(hdr + 4, cb.subspaces);
+        snap::put_u32(hdr + 8, cb.centroids);
+        snap::put_u32(hdr + 12, cb.sub_dim);
+        cb_refs[l] = new_ref();
+        SSA_RETURN_IF_ERROR(w.begin(SectionKind::kCodebooks, l, snap::kSectionAlign));
+        SSA_RETURN_IF_ERROR(w.write(hdr, sizeof hdr));
+        SSA_RETURN_IF_ERROR(w.write(cb.data.data(), floats * sizeof(float)));
+        w.end();
+      }
+    }
+    rl.kv.assign(L.kv_pages.begin(), L.kv_pages.begin() + needed);
+    SSA_RETURN_IF_ERROR(write_pages(l, SectionKind::kKvPages, L.kv_pages, L.n_tokens, kv_bytes,
+                                    pl ? &pl->kv : nullptr, pl ? &pl->kv_entry : nullptr,
+                                    kv_refs[l]));
+    if (L.codebooks) {
+      rl.code.assign(L.code_pages.begin(), L.code_pages.begin() + needed);
+      SSA_RETURN_IF_ERROR(write_pages(l, SectionKind::kCodePages, L.code_pages, L.n_tokens,
+                                      code_bytes, pl ? &pl->code : nullptr,
+                                      pl ? &pl->code_entry : nullptr, code_refs[l]));
+    }
+  }
+
+  // Final table: the kept entries of prev in their order, then the new ones, so a
+  // later entry still wins for a page that several runs hold.
+  std::vector<int64_t> old_to_new(prev ? prev->sections.size() : 0, -1);
+  auto mark = [&](int64_t ref) {
+    if (ref >= 0) old_to_new[static_cast<size_t>(ref)] = 0;
+  };
+  mark(config_ref);
+  mark(meta_ref);
+  for (size_t l = 0; l < s.layers.size(); ++l) {
+    mark(cb_refs[l]);
+    for (int64_t r : kv_refs[l]) mark(r);
+    for (int64_t r : code_refs[l]) mark(r);
+  }
+  std::vector<SectionEntry>& table = out->table;
+  table.clear();
+  for (size_t j = 0; j < old_to_new.size(); ++j) {
+    if (old_to_new[j] < 0) continue;
+    old_to_new[j] = static_cast<int64_t>(table.size());
+    table.push_back(prev->sections[j]);
+  }
+  const int64_t first_new = static_cast<int64_t>(table.size());
+  table.insert(table.end(), w.entries.begin(), w.entries.end());
+  auto remap = [&](int64_t ref) -> int64_t {
+    if (ref == kNone) return -1;
+    return ref >= 0 ? old_to_new[static_cast<size_t>(ref)] : first_new + (-1 - ref);
+  };
+  rec->config_entry = remap(config_ref);
+  rec->layers_entry = remap(layers_ref);
+  rec->metadata_entry = remap(meta_ref);
+  for (size_t l = 0; l < s.layers.size(); ++l) {
+    SnapshotRecord::Layer& rl = rec->layers[l];
+    rl.codebooks_entry = remap(cb_refs[l]);
+    rl.kv_entry.resize(kv_refs[l].size());
+    for (size_t i = 0; i < kv_refs[l].size(); ++i)
+      rl.kv_entry[i] = static_cast<uint32_t>(remap(kv_refs[l][i]));
+    rl.code_entry.resize(code_refs[l].size());
+    for (size_t i = 0; i < code_refs[l].size(); ++i)
+      rl.code_entry[i] = static_cast<uint32_t>(remap(code_refs[l][i]));
+  }
+  rec->sections = table;
+  out->record = std::move(rec);
+  return absl::OkStatus();
+}
+
+// Writes the table after the sections and returns the superblock for it.
+absl::Status finish_file(SectionWriter& w, const std::vector<SectionEntry>& table,
+                         uint64_t generation, uint64_t file_id, snap::Superblock* sb) {
+  SSA_RETURN_IF_ERROR(w.pad_to(snap::kSectionAlign));
+  const std::string bytes = snap::encode_table(table, generation, file_id);
+  sb->table_offset = w.pos();
+  sb->table_length = bytes.size();
+  sb->table_xxh3 = XXH3_64bits(bytes.data(), bytes.size());
+  SSA_RETURN_IF_ERROR(w.write_raw(bytes.data(), bytes.size()));
+  SSA_RETURN_IF_ERROR(w.flush());
+  sb->generation = generation;
+  sb->slot = static_cast<uint32_t>((generation + 1) % 2);
+  sb->file_length = w.pos();
+  sb->file_id = file_id;
+  return absl::OkStatus();
+}
+
+// Callers hold s.snapshot_mu and s.mu (shared).
+absl::Status save_locked(ssa_session& s, const std::string& path) {
+  static std::atomic<uint64_t> tmp_counter{0};
+  const snap::FileIo& io = snap::file_io();
+  SnapshotState& st = state_of(s);
+  const std::string tmp = absl::StrCat(path, ".tmp.", getpid(), ".", tmp_counter.fetch_add(1));
+  const int fd = io.open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) return snap::io_error("cannot create temporary snapshot file", tmp, errno);
+  snap::FdGuard guard(fd);
+  bool renamed = false;
+  struct Unlinker {
+    const std::string& tmp;
+    bool& renamed;
+    snap::FdGuard& guard;
+    ~Unlinker() {
+      if (!renamed) {
+        guard.reset();
+        snap::file_io().unlink(tmp.c_str());
+      }
+    }
+  } unlinker{tmp, renamed, guard};
+
+  struct stat stbuf;
+  if (io.fstat(fd, &stbuf) != 0) return snap::io_error("cannot stat", tmp, errno);
+
+  SectionWriter w(fd, tmp, snap::kHeaderAreaBytes);
+  if (!w.ok()) return make_error(SSA_ERR_OUT_OF_MEMORY, "cannot allocate a hash state");
+  BodyResult body;
+  SSA_RETURN_IF_ERROR(write_body(s, st, nullptr, w, &body));
+  snap::Superblock sb;
+  const uint64_t file_id = random_u64();
+  SSA_RETURN_IF_ERROR(finish_file(w, body.table, 1, file_id, &sb));
+  // Header area: slot 0 holds generation 1; slot 1 stays zero (invalid) until
+  // the first checkpoint.
+  std::unique_ptr<uint8_t[]> header(new uint8_t[snap::kHeaderAreaBytes]());
+  snap::encode_superblock(sb, header.get() + snap::kSlotOffset[0]);
+  SSA_RETURN_IF_ERROR(snap::pwrite_all(fd, header.get(), snap::kHeaderAreaBytes, 0, tmp));
+  SSA_RETURN_IF_ERROR(snap::fsync_fd(fd, tmp));
+  guard.reset();
+  if (io.rename(tmp.c_str(), path.c_str()) != 0) {
+    return make_error(SSA_ERR_IO, absl::StrCat("cannot rename '", tmp, "' to '", path,
+                                               "': ", strerror(errno)));
+  }
+  renamed = true;
+  // From here path holds the new snapshot; only its durability is in question.
+  SSA_RETURN_IF_ERROR(snap::fsync_parent_dir(path));
+
+  SnapshotRecord& rec = *body.record;
+  rec.path = path;
+  rec.dev = stbuf.st_dev;
+  rec.ino = stbuf.st_ino;
+  rec.file_id = file_id;
+  rec.generation = 1;
+  rec.file_length = sb.file_length;
+  st.record = std::move(body.record);
+  return absl::OkStatus();
+}
+
+// Callers hold s.snapshot_mu and s.mu (shared).
+absl::Status checkpoint_locked(ssa_session& s, const std::string& path) {
+  const snap::FileIo& io = snap::file_io();
+  SnapshotState& st = state_of(s);
+  const std::shared_ptr<SnapshotRecord> prev = st.record;
+  if (!prev || prev->path != path) return save_locked(s, path);
+
+  const int fd = io.open(path.c_str(), O_RDWR | O_CLOEXEC, 0);
+  if (fd < 0) {
+    if (errno == ENOENT) return save_locked(s, path);
+    return snap::io_error("cannot open snapshot for a checkpoint", path, errno);
+  }
+  snap::FdGuard guard(fd);
+  struct stat stbuf;
+  if (io.fstat(fd, &stbuf) != 0) return snap::io_error("cannot stat", path, errno);
+  snap::Superblock cur;
+  const bool same_file =
+      stbuf.st_dev == prev->dev && stbuf.st_ino == prev->ino &&
+      static_cast<uint64_t>(stbuf.st_size) >= prev->file_length &&
+      snap::read_superblock(fd, static_cast<uint64_t>(stbuf.st_size), path, &cur).ok() &&
+      cur.generation == prev->generation && cur.file_id == prev->file_id &&
+      cur.file_length == prev->file_length;
+  uint64_t live = snap::kHeaderAreaBytes;
+  for (const SectionEntry& e : prev->sections) live += e.length;
+  const uint64_t dead = prev->file_length > live ? prev->file_length - live : 0;
+  if (!same_file || (dead > live && dead > kCompactFloorBytes)) {
+    guard.reset();
+    return save_locked(s, path);
+  }
+
+  SectionWriter w(fd, path, snap::align_up(prev->file_length, snap::kSectionAlign));
+  if (!w.ok()) return make_error(SSA_ERR_OUT_OF_MEMORY, "cannot allocate a hash state");
+  BodyResult body;
+  SSA_RETURN_IF_ERROR(write_body(s, st, prev.get(), w, &body));
+  snap::Superblock sb;
+  SSA_RETURN_IF_ERROR(finish_file(w, body.table, prev->generation + 1, prev->file_id, &sb));
+  // New sections and table must be durable before the superblock points at them.
+  SSA_RETURN_IF_ERROR(snap::fsync_fd(fd, path));
+
+  uint8_t old_slot[snap::kSuperblockBytes];
+  const uint64_t slot_off = snap::kSlotOffset[sb.slot];
+  SSA_RETURN_IF_ERROR(snap::pread_exact(fd, old_slot, sizeof old_slot, slot_off, path));
+  uint8_t slot[snap::kSuperblockBytes];
+  snap::encode_superblock(sb, slot);
+  absl::Status commit = snap::pwrite_all(fd, slot, sizeof slot, slot_off, path);
+  if (commit.ok()) commit = snap::fsync_fd(fd, path);
+  if (!commit.ok()) {
+    // Put the slot back so the file keeps saying what the session's record says;
+    // the other slot still holds the previous generation either way.
+    (void)snap::pwrite_all(fd, old_slot, sizeof old_slot, slot_off, path);
+    (void)io.fsync(fd);
+    return commit;
+  }
+
+  SnapshotRecord& rec = *body.record;
+  rec.path = path;
+  rec.dev = prev->dev;
+  rec.ino = prev->ino;
+  rec.file_id = prev->file_id;
+  rec.generation = sb.generation;
+  rec.file_length = sb.file_length;
+  st.record = std::move(body.record);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status snapshot_save(ssa_session& s, const char* path) {
+  SSA_RETURN_IF_ERROR(snap::check_path(path));
+  std::lock_guard snap_lock(s.snapshot_mu);
+  std::shared_lock lock(s.mu);
+  return save_locked(s, path);
+}
+
+absl::Status snapshot_checkpoint(ssa_session& s, const char* path) {
+  SSA_RETURN_IF_ERROR(snap::check_path(path));
+  std::lock_guard snap_lock(s.snapshot_mu);
+  std::shared_lock lock(s.mu);
+  return checkpoint_locked(s, path);
+}
+
+absl::Status session_set_metadata(ssa_session& s, const void* bytes, size_t n) {
+  if (bytes == nullptr && n > 0) return invalid_argument("metadata bytes are NULL but n is ", n);
+  if (n > kMaxMetadataBytes) {
+    return invalid_argument("metadata of ", n, " bytes exceeds the limit of ", kMaxMetadataBytes);
+  }
+  std::string copy = n > 0 ? std::string(static_cast<const char*>(bytes), n) : std::string();
+  std::unique_lock lock(s.mu);
+  s.metadata.swap(copy);
+  return absl::OkStatus();
+}
+
+absl::Status session_get_metadata(const ssa_session& s, void* buf, size_t cap, size_t* n_out) {
+  if (n_out == nullptr) return invalid_argument("n_out is NULL");
+  if (buf == nullptr && cap > 0) return invalid_argument("buf is NULL but cap is ", cap);
+  std::shared_lock lock(s.mu);
+  *n_out = s.metadata.size();
+  if (s.metadata.size() <= cap && !s.metadata.empty()) memcpy(buf, s.metadata.data(), s.metadata.size());
+  return absl::OkStatus();
+}
+
+}  // namespace ssa
