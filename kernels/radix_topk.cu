@@ -1,0 +1,181 @@
+// Radix top-k of each row's candidate scores: histograms of the order-preserving
+// score bits, 8 bits a pass from the high end, each narrowing the bucket that holds
+// the k-th largest value, until its exact bits (the threshold) and the number of
+// threshold-equal values still needed are known. No sort. The selection is then
+// compacted in token order (values above the threshold, then the first needed
+// equal ones), so the output is deterministic and independent of thread timing.
+// Several blocks share a row; the per-pass histograms live in global memory and
+// every block re-derives the narrowed prefix from them (256 bins per pass).
+#include <cub/block/block_scan.cuh>
+
+#include "device_util.cuh"
+#include "stages.h"
+
+namespace ssa::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+struct RowSpan {
+  const float* scores;
+  uint32_t begin, end;  // this block's token range
+  uint32_t k;
+  uint32_t* out;
+};
+
+__device__ RowSpan row_span(const DecodeBatch& b, const Workspace& ws, uint32_t nblk) {
+  const uint32_t item = blockIdx.z, h = blockIdx.y;
+  const DecodeItem& it = b.items[item];
+  const uint32_t row = row_of(item, h, b.shape.n_q_heads);
+  RowSpan r;
+  r.scores = ws.scores + it.score_base + size_t{h} * it.n_pad;
+  r.k = ws.rows[row].topk_k;
+  const uint32_t range = (it.n_tokens + nblk - 1) / nblk;
+  r.begin = min(it.n_tokens, blockIdx.x * range);
+  r.end = min(it.n_tokens, r.begin + range);
+  r.out = ws.heavy + it.select_base + size_t{h} * it.select_cap;
+  return r;
+}
+
+// Threshold prefix after `passes` resolved passes, and how many values inside the
+// narrowed bucket are still needed. Run by one thread.
+__device__ void resolve(const uint32_t* hist_row, int passes, uint32_t k, uint32_t* prefix,
+                        uint32_t* remaining) {
+  uint32_t pre = 0, kr = k;
+  for (int p = 0; p < passes; ++p) {
+    const uint32_t* h = hist_row + p * 256;
+    uint32_t cum = 0;
+    for (int bin = 255; bin >= 0; --bin) {
+      const uint32_t c = h[bin];
+      if (cum + c >= kr) {
+        pre |= static_cast<uint32_t>(bin) << (24 - 8 * p);
+        kr -= cum;
+        break;
+      }
+      cum += c;
+    }
+  }
+  *prefix = pre;
+  *remaining = kr;
+}
+
+__global__ void __launch_bounds__(kThreads) radix_hist_kernel(DecodeBatch b, Workspace ws,
+                                                              uint32_t nblk, int pass) {
+  const RowSpan r = row_span(b, ws, nblk);
+  if (r.k == 0 || r.begin >= r.end) return;
+  const uint32_t row = row_of(blockIdx.z, blockIdx.y, b.shape.n_q_heads);
+  uint32_t* hist_row = ws.hist + size_t{row} * 4 * 256;
+  __shared__ uint32_t hist_s[256];
+  __shared__ uint32_t prefix_s;
+  hist_s[threadIdx.x] = 0;
+  if (threadIdx.x == 0) {
+    uint32_t rem;
+    resolve(hist_row, pass, r.k, &prefix_s, &rem);
+  }
+  __syncthreads();
+  const uint32_t prefix = prefix_s;
+  const uint32_t mask = pass == 0 ? 0u : (0xffffffffu << (32 - 8 * pass));
+  const int shift = 24 - 8 * pass;
+  for (uint32_t t = r.begin + threadIdx.x; t < r.end; t += kThreads) {
+    const uint32_t key = float_key(r.scores[t]);
+    if ((key & mask) == prefix) atomicAdd(&hist_s[(key >> shift) & 255u], 1u);
+  }
+  __syncthreads();
+  const uint32_t c = hist_s[threadIdx.x];
+  if (c) atomicAdd(&hist_row[pass * 256 + threadIdx.x], c);
+}
+
+__global__ void __launch_bounds__(kThreads) radix_count_kernel(DecodeBatch b, Workspace ws,
+                                                               uint32_t nblk) {
+  const RowSpan r = row_span(b, ws, nblk);
+  if (r.k == 0) return;
+  const uint32_t row = row_of(blockIdx.z, blockIdx.y, b.shape.n_q_heads);
+  __shared__ uint32_t thr_s, gt_s, eq_s;
+  if (threadIdx.x == 0) {
+    uint32_t rem;
+    resolve(ws.hist + size_t{row} * 4 * 256, 4, r.k, &thr_s, &rem);
+    gt_s = 0;
+    eq_s = 0;
+  }
+  __syncthreads();
+  const uint32_t thr = thr_s;
+  uint32_t gt = 0, eq = 0;
+  for (uint32_t t = r.begin + threadIdx.x; t < r.end; t += kThreads) {
+    const uint32_t key = float_key(r.scores[t]);
+    gt += key > thr;
+    eq += key == thr;
+  }
+  gt = __reduce_add_sync(0xffffffffu, gt);
+  eq = __reduce_add_sync(0xffffffffu, eq);
+  if ((threadIdx.x & 31) == 0) {
+    atomicAdd(&gt_s, gt);
+    atomicAdd(&eq_s, eq);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    uint32_t* c = ws.blkcnt + (size_t{row} * kMaxRadixBlocks + blockIdx.x) * 2;
+    c[0] = gt_s;
+    c[1] = eq_s;
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) radix_write_kernel(DecodeBatch b, Workspace ws,
+                                                               uint32_t nblk) {
+  const RowSpan r = row_span(b, ws, nblk);
+  if (r.k == 0 || r.begin >= r.end) return;
+  const uint32_t row = row_of(blockIdx.z, blockIdx.y, b.shape.n_q_heads);
+  using Scan = cub::BlockScan<uint32_t, kThreads>;
+  __shared__ typename Scan::TempStorage scan_tmp;
+  __shared__ uint32_t thr_s, rem_s, og_s, oe_s;
+  if (threadIdx.x == 0) {
+    resolve(ws.hist + size_t{row} * 4 * 256, 4, r.k, &thr_s, &rem_s);
+    const uint32_t* c = ws.blkcnt + size_t{row} * kMaxRadixBlocks * 2;
+    uint32_t og = 0, oe = 0;
+    for (uint32_t i = 0; i < blockIdx.x; ++i) {
+      og += c[2 * i];
+      oe += c[2 * i + 1];
+    }
+    og_s = og;
+    oe_s = oe;
+  }
+  __syncthreads();
+  const uint32_t thr = thr_s, need_eq = rem_s, gt_total = r.k - rem_s;
+  uint32_t og = og_s, oe = oe_s;
+  for (uint32_t base = r.begin; base < r.end; base += kThreads) {
+    const uint32_t t = base + threadIdx.x;
+    uint32_t key = 0;
+    if (t < r.end) key = float_key(r.scores[t]);
+    const bool is_gt = t < r.end && key > thr;
+    const bool is_eq = t < r.end && key == thr;
+    const uint32_t packed = (is_gt ? 1u << 16 : 0u) | (is_eq ? 1u : 0u);
+    uint32_t rank, total;
+    Scan(scan_tmp).ExclusiveSum(packed, rank, total);
+    if (is_gt) r.out[og + (rank >> 16)] = t;
+    if (is_eq) {
+      const uint32_t e = oe + (rank & 0xffffu);
+      if (e < need_eq) r.out[gt_total + e] = t;
+    }
+    og += total >> 16;
+    oe += total & 0xffffu;
+    __syncthreads();
+  }
+}
+
+}  // namespace
+
+cudaError_t launch_radix_topk(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
+                              cudaStream_t st) {
+  const dim3 grid(plan.radix_blocks, b.shape.n_q_heads, b.n_items);
+  cudaError_t e = cudaMemsetAsync(ws.hist, 0, size_t{plan.rows} * 4 * 256 * sizeof(uint32_t), st);
+  if (e != cudaSuccess) return e;
+  for (int pass = 0; pass < 4; ++pass) {
+    radix_hist_kernel<<<grid, kThreads, 0, st>>>(b, ws, plan.radix_blocks, pass);
+    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+  }
+  radix_count_kernel<<<grid, kThreads, 0, st>>>(b, ws, plan.radix_blocks);
+  if ((e = cudaGetLastError()) != cudaSuccess) return e;
+  radix_write_kernel<<<grid, kThreads, 0, st>>>(b, ws, plan.radix_blocks);
+  return cudaGetLastError();
+}
+
+}  // namespace ssa::cuda
