@@ -103,6 +103,10 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(DecodeBatch b
           bias[u] = static_cast<float>(
               log(inclusion_probability(p_i, draws, static_cast<double>(b.pi_min))));
         }
+      } else {
+        // Past the end: zero rows, so 0-weight terms stay 0 (never 0 * garbage).
+#pragma unroll
+        for (int e = 0; e < kEpt; ++e) kr[u][e] = vr[u][e] = 0.f;
       }
       if constexpr (kSparse) bias[u] = __shfl_sync(0xffffffffu, bias[u], 0, kTpr);
     }
