@@ -13,8 +13,8 @@ namespace {
 constexpr size_t kBlock = 16;  // tokens scored before one rescale of the accumulator
 
 // Folds a block of logits (with their V rows) into a partial: one rescale per block.
-inline void fold_block(const float* logits, const uint8_t* const* v_rows, size_t n,
-                       const KvLayout& layout, AttnPartial* part) {
+inline void fold_block(const float* logits, const uint8_t* const* v_rows, size_t n, DType v_type,
+                       uint32_t d, AttnPartial* part) {
   float bm = -INFINITY;
   for (size_t i = 0; i < n; ++i) bm = std::max(bm, logits[i]);
   if (bm == -INFINITY) return;
@@ -30,7 +30,7 @@ inline void fold_block(const float* logits, const uint8_t* const* v_rows, size_t
   for (size_t i = 0; i < n; ++i) {
     const float w = expf(logits[i] - part->m);
     part->l += w;
-    k.axpy(layout.dtype, v_rows[i], w, part->acc.data(), layout.head_dim);
+    k.axpy(v_type, v_rows[i], w, part->acc.data(), d);
   }
 }
 
@@ -53,23 +53,26 @@ void attend_range(const KvLayout& layout, const LayerStore& layer, uint32_t kv_h
                   const float* q, uint32_t g, uint64_t t0, uint64_t t1, AttnPartial* parts) {
   const auto& k = simd::kernels();
   const uint32_t P = layout.page_tokens, d = layout.head_dim;
+  // Rows are widened to float once per block and reused by all g query heads of
+  // the group: the conversion is then paid once per row, not once per head.
+  thread_local std::vector<float> kf, vf;
+  kf.resize(kBlock * d);
+  vf.resize(kBlock * d);
   float logits[kBlock];
   const uint8_t* v_rows[kBlock];
-  const uint8_t* k_rows[kBlock];
   for (uint64_t t = t0; t < t1;) {
-    // A block never crosses a page, so its rows are contiguous.
+    // A block never crosses a page, so its rows are contiguous per head.
     const uint64_t page = t / P;
     const uint64_t end = std::min<uint64_t>({t1, (page + 1) * P, t + kBlock});
     const size_t n = static_cast<size_t>(end - t);
     const uint8_t* base = layer.kv_pages[page]->data();
-    for (size_t i = 0; i < n; ++i) {
-      const uint32_t slot = static_cast<uint32_t>((t + i) % P);
-      k_rows[i] = base + layout.k_offset(kv_head, slot);
-      v_rows[i] = base + layout.v_offset(kv_head, slot);
-    }
+    const uint32_t slot = static_cast<uint32_t>(t % P);
+    k.to_f32(layout.dtype, base + layout.k_offset(kv_head, slot), kf.data(), n * d);
+    k.to_f32(layout.dtype, base + layout.v_offset(kv_head, slot), vf.data(), n * d);
+    for (size_t i = 0; i < n; ++i) v_rows[i] = reinterpret_cast<const uint8_t*>(vf.data() + i * d);
     for (uint32_t h = 0; h < g; ++h) {
-      for (size_t i = 0; i < n; ++i) logits[i] = k.dot(layout.dtype, k_rows[i], q + size_t{h} * d, d);
-      fold_block(logits, v_rows, n, layout, &parts[h]);
+      for (size_t i = 0; i < n; ++i) logits[i] = k.dot(DType::kF32, kf.data() + i * d, q + size_t{h} * d, d);
+      fold_block(logits, v_rows, n, DType::kF32, d, &parts[h]);
     }
     t = end;
   }
@@ -92,7 +95,7 @@ void attend_list(const KvLayout& layout, const LayerStore& layer, uint32_t kv_he
                   (log_pi != nullptr ? log_pi[b + i] : 0.0f);
       v_rows[i] = base + layout.v_offset(kv_head, slot);
     }
-    fold_block(logits, v_rows, nb, layout, part);
+    fold_block(logits, v_rows, nb, layout.dtype, layout.head_dim, part);
   }
 }
 

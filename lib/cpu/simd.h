@@ -27,7 +27,7 @@ struct Kernels {
   double (*exp_shifted)(const float* x, float shift, float* out, size_t n);
   // argmin_c ||x - c||^2 over K centroids, computed as |c|^2 - 2 x.c with the
   // centroids transposed (cent_t[j * K + c]) and their squared norms; ties go to
-  // the lower index. K must be a multiple of 8 or the generic path is used.
+  // the lower index. The AVX2 path takes K a multiple of 64 (else generic).
   uint32_t (*nearest_centroid)(const float* x, const float* cent_t, const float* norms,
                                uint32_t K, uint32_t dim);
   const char* name;

@@ -124,24 +124,50 @@ SSA_AVX2 double exp_shifted(const float* x, float shift, float* out, size_t n) {
 
 SSA_AVX2 uint32_t nearest_centroid(const float* x, const float* cent_t, const float* norms,
                                    uint32_t K, uint32_t dim) {
-  if (K % 8 != 0 || K > 256) return generic_nearest_centroid(x, cent_t, norms, K, dim);
-  alignas(32) float dist[256];
-  for (uint32_t c = 0; c < K; c += 8) {
-    __m256 acc = _mm256_setzero_ps();
+  if (K % 64 != 0) return generic_nearest_centroid(x, cent_t, norms, K, dim);
+  // 64 centroids per pass in 8 independent accumulators (hides FMA latency);
+  // a per-lane running minimum with its index, reduced once at the end.
+  __m256 best = _mm256_set1_ps(INFINITY);
+  __m256i best_idx = _mm256_setzero_si256();
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  for (uint32_t c0 = 0; c0 < K; c0 += 64) {
+    // Eight named accumulators so they stay in registers.
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
     for (uint32_t j = 0; j < dim; ++j) {
-      acc = _mm256_fmadd_ps(_mm256_set1_ps(x[j]), _mm256_loadu_ps(cent_t + size_t{j} * K + c), acc);
+      const __m256 xj = _mm256_set1_ps(x[j]);
+      const float* row = cent_t + size_t{j} * K + c0;
+      a0 = _mm256_fmadd_ps(xj, _mm256_loadu_ps(row), a0);
+      a1 = _mm256_fmadd_ps(xj, _mm256_loadu_ps(row + 8), a1);
+      a2 = _mm256_fmadd_ps(xj, _mm256_loadu_ps(row + 16), a2);
+      a3 = _mm256_fmadd_ps(xj, _mm256_loadu_ps(row + 24), a3);
+      a4 = _mm256_fmadd_ps(xj, _mm256_loadu_ps(row + 32), a4);
+      a5 = _mm256_fmadd_ps(xj, _mm256_loadu_ps(row + 40), a5);
+      a6 = _mm256_fmadd_ps(xj, _mm256_loadu_ps(row + 48), a6);
+      a7 = _mm256_fmadd_ps(xj, _mm256_loadu_ps(row + 56), a7);
     }
-    _mm256_store_ps(dist + c, _mm256_fnmadd_ps(_mm256_set1_ps(2.0f), acc, _mm256_loadu_ps(norms + c)));
-  }
-  uint32_t best = 0;
-  float best_d = dist[0];
-  for (uint32_t c = 1; c < K; ++c) {
-    if (dist[c] < best_d) {
-      best_d = dist[c];
-      best = c;
+    const __m256 acc[8] = {a0, a1, a2, a3, a4, a5, a6, a7};
+    for (int a = 0; a < 8; ++a) {
+      const __m256 dist = _mm256_fnmadd_ps(_mm256_set1_ps(2.0f), acc[a], _mm256_loadu_ps(norms + c0 + 8 * a));
+      const __m256 lt = _mm256_cmp_ps(dist, best, _CMP_LT_OQ);  // strict: earlier index wins ties
+      best = _mm256_blendv_ps(best, dist, lt);
+      const __m256i idx = _mm256_add_epi32(lane, _mm256_set1_epi32(static_cast<int>(c0 + 8 * a)));
+      best_idx = _mm256_castps_si256(
+          _mm256_blendv_ps(_mm256_castsi256_ps(best_idx), _mm256_castsi256_ps(idx), lt));
     }
   }
-  return best;
+  alignas(32) float bv[8];
+  alignas(32) int32_t bi[8];
+  _mm256_store_ps(bv, best);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(bi), best_idx);
+  uint32_t out = static_cast<uint32_t>(bi[0]);
+  float out_d = bv[0];
+  for (int l = 1; l < 8; ++l) {
+    if (bv[l] < out_d || (bv[l] == out_d && static_cast<uint32_t>(bi[l]) < out)) {
+      out_d = bv[l];
+      out = static_cast<uint32_t>(bi[l]);
+    }
+  }
+  return out;
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <math.h>
 
 #include <algorithm>
+#include <chrono>
 
 #include "common/dtype.h"
 #include "common/philox.h"
@@ -21,7 +22,13 @@ constexpr uint64_t kDenseSplitTokens = 8192;
 struct HeadStats {
   uint64_t read = 0, heavy = 0, draws = 0, unique = 0, scored = 0;
   double residual = 0.0;
+  DecodeProfile time;
 };
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
 
 // Proxy scores of the candidate range with the PQ codes of `kv_head`.
 void pq_proxy_scores(const KvLayout& layout, const LayerStore& layer, uint32_t kv_head,
@@ -81,6 +88,7 @@ HeadStats sparse_head(const ssa_session& s, const LayerStore& layer, uint32_t la
   HeadStats st;
   sel.clear();
   if (plan.kprime > 0) {
+    const auto t_score = Clock::now();
     const uint64_t nc = plan.candidates();
     scores.resize(nc);
     if (p.method == SSA_METHOD_ORACLE_TOPK) {
@@ -88,16 +96,21 @@ HeadStats sparse_head(const ssa_session& s, const LayerStore& layer, uint32_t la
     } else {
       pq_proxy_scores(layout, layer, kv_head, q, plan, &lut, scores.data());
     }
+    st.time.scoring = seconds_since(t_score);
     const SelectParams sp{p.method, plan.kprime, p.heavy_fraction, p.pi_min};
     select_tokens(sp, scores.data(), nc, static_cast<uint32_t>(plan.sink_end),
                   make_rng_stream(seed, p.step, layer_index, q_head), scratch, &sel);
     st.scored = nc;
+    st.time.heavy = sel.heavy_seconds;
+    st.time.sampling = sel.sampling_seconds;
   }
+  const auto t_attn = Clock::now();
   part->reset(layout.head_dim);
   attend_range(layout, layer, kv_head, q, 1, 0, plan.sink_end, part);
   attend_range(layout, layer, kv_head, q, 1, plan.local_begin, plan.n, part);
   attend_list(layout, layer, kv_head, q, sel.tokens.data(), sel.log_pi.data(), sel.tokens.size(),
               part);
+  st.time.attention = seconds_since(t_attn);
   st.read = plan.sink_end + (plan.n - plan.local_begin) + sel.tokens.size();
   st.heavy = sel.heavy;
   st.draws = sel.draws;
@@ -119,7 +132,7 @@ HeadStats sparse_head(const ssa_session& s, const LayerStore& layer, uint32_t la
 absl::Status cpu_decode_layer(const ssa_session& s, const LayerStore& layer, uint32_t layer_index,
                               const void* q_in, void* out, const ssa_decode_params& p,
                               uint64_t seed, ssa_decode_stats* stats,
-                              std::vector<HeadTrace>* traces) {
+                              std::vector<HeadTrace>* traces, DecodeProfile* profile) {
   const KvLayout& layout = s.layout;
   const uint32_t d = layout.head_dim, nq = layout.n_q_heads, g = layout.group_size();
   ThreadPool& pool = *s.rt->pool;
@@ -135,6 +148,7 @@ absl::Status cpu_decode_layer(const ssa_session& s, const LayerStore& layer, uin
   std::vector<HeadStats> hstats(nq);
   if (traces != nullptr) traces->assign(nq, HeadTrace{});
 
+  const auto t_start = Clock::now();
   if (plan.dense) {
     const uint64_t n_splits = (plan.n + kDenseSplitTokens - 1) / kDenseSplitTokens;
     std::vector<AttnPartial> parts(layout.n_kv_heads * n_splits * g);
@@ -153,6 +167,7 @@ absl::Status cpu_decode_layer(const ssa_session& s, const LayerStore& layer, uin
       hstats[h].read = plan.n;
       if (traces != nullptr) append_range(0, plan.n, &(*traces)[h]);
     }
+    if (profile != nullptr) profile->attention += seconds_since(t_start);
   } else {
     pool.parallel_for(nq, [&](size_t h) {
       hstats[h] = sparse_head(s, layer, layer_index, static_cast<uint32_t>(h), q.data() + h * d,
@@ -164,6 +179,14 @@ absl::Status cpu_decode_layer(const ssa_session& s, const LayerStore& layer, uin
   for (uint32_t h = 0; h < nq; ++h) {
     heads[h].finish(o.data());
     for (uint32_t i = 0; i < d; ++i) store_from_f32(out, layout.dtype, size_t{h} * d + i, o[i]);
+  }
+  if (profile != nullptr && !plan.dense) {
+    for (const HeadStats& hs : hstats) {
+      profile->scoring += hs.time.scoring;
+      profile->heavy += hs.time.heavy;
+      profile->sampling += hs.time.sampling;
+      profile->attention += hs.time.attention;
+    }
   }
   if (stats != nullptr) {
     stats->context_tokens += plan.n;

@@ -21,11 +21,17 @@ struct HeadTrace {
   std::vector<float> log_pi;
 };
 
+// Seconds spent per stage, summed over query heads (thread time, not wall time).
+struct DecodeProfile {
+  double scoring = 0, heavy = 0, sampling = 0, attention = 0;
+};
+
 // Decodes one layer of a session whose lock the caller holds (reader) and whose
 // layer has a PQ index when the method needs one. q/out in the session's dtype.
 // stats accumulates (is added to); traces, when not null, receives n_q_heads traces.
 absl::Status cpu_decode_layer(const ssa_session& s, const LayerStore& layer, uint32_t layer_index,
                               const void* q, void* out, const ssa_decode_params& p, uint64_t seed,
-                              ssa_decode_stats* stats, std::vector<HeadTrace>* traces);
+                              ssa_decode_stats* stats, std::vector<HeadTrace>* traces,
+                              DecodeProfile* profile = nullptr);
 
 }  // namespace ssa

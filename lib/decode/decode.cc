@@ -30,7 +30,7 @@ absl::Status check_item(const ssa_session* s, uint32_t layer, const void* q, con
 // index first trains it (exclusively) and then retries.
 absl::Status locked_decode(ssa_session& s, uint32_t layer, const void* q, void* out,
                            const ssa_decode_params& p, uint64_t seed, ssa_decode_stats* stats,
-                           std::vector<HeadTrace>* traces) {
+                           std::vector<HeadTrace>* traces, DecodeProfile* profile) {
   for (int attempt = 0; attempt < 3; ++attempt) {
     {
       absl::ReaderMutexLock lock(&s.mu);
@@ -39,7 +39,7 @@ absl::Status locked_decode(ssa_session& s, uint32_t layer, const void* q, void* 
       const DecodePlan plan = plan_decode(l.n_tokens, p);
       const bool needs_index = !plan.dense && plan.kprime > 0 && method_uses_pq(p.method);
       if (!needs_index || l.codebooks != nullptr) {
-        return cpu_decode_layer(s, l, layer, q, out, p, seed, stats, traces);
+        return cpu_decode_layer(s, l, layer, q, out, p, seed, stats, traces, profile);
       }
     }
     SSA_RETURN_IF_ERROR(session_ensure_index(s, layer));
@@ -55,7 +55,7 @@ uint64_t resolve_seed(const ssa_session& s, const ssa_decode_params& p) {
 
 absl::Status decode(ssa_session& s, uint32_t layer, const void* q, void* out,
                     const ssa_decode_params& p, ssa_decode_stats* stats,
-                    std::vector<HeadTrace>* traces) {
+                    std::vector<HeadTrace>* traces, DecodeProfile* profile) {
   SSA_RETURN_IF_ERROR(validate_decode_params(p));
   SSA_RETURN_IF_ERROR(check_item(&s, layer, q, out));
   if (stats != nullptr) {
@@ -66,11 +66,11 @@ absl::Status decode(ssa_session& s, uint32_t layer, const void* q, void* out,
     }
     ssa_decode_stats fresh{};
     fresh.struct_size = size;
-    SSA_RETURN_IF_ERROR(locked_decode(s, layer, q, out, p, resolve_seed(s, p), &fresh, traces));
+    SSA_RETURN_IF_ERROR(locked_decode(s, layer, q, out, p, resolve_seed(s, p), &fresh, traces, profile));
     *stats = fresh;
     return absl::OkStatus();
   }
-  return locked_decode(s, layer, q, out, p, resolve_seed(s, p), nullptr, traces);
+  return locked_decode(s, layer, q, out, p, resolve_seed(s, p), nullptr, traces, profile);
 }
 
 absl::Status decode_batch(const ssa_decode_item* items, size_t n_items, uint32_t layer,

@@ -17,7 +17,7 @@ namespace ssa {
 
 absl::Status decode(ssa_session& s, uint32_t layer, const void* q, void* out,
                     const ssa_decode_params& p, ssa_decode_stats* stats,
-                    std::vector<HeadTrace>* traces = nullptr);
+                    std::vector<HeadTrace>* traces = nullptr, DecodeProfile* profile = nullptr);
 
 absl::Status decode_batch(const ssa_decode_item* items, size_t n_items, uint32_t layer,
                           const ssa_decode_params& p);

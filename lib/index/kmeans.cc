@@ -61,7 +61,21 @@ double kmeans_train(const float* points, size_t n, uint32_t dim, uint32_t k,
   }
   SeedRng rng{make_rng_stream(seed, 0x6b6d65616e73ull /* "kmeans" */, 0, 0)};
 
-  // k-means++: first centroid uniform, then each next with probability ~ D(x)^2.
+  // k-means++ (first centroid uniform, each next with probability ~ D(x)^2) on an
+  // evenly spread subset of at most kSeedPoints: O(n k dim) seeding would
+  // otherwise cost more than all Lloyd iterations together.
+  const size_t n_all = n;
+  const float* all_points = points;
+  std::vector<float> subset;
+  constexpr size_t kSeedPoints = 16 * 256;
+  if (n > kSeedPoints) {
+    subset.resize(kSeedPoints * dim);
+    for (size_t i = 0; i < kSeedPoints; ++i) {
+      memcpy(&subset[i * dim], points + (i * n / kSeedPoints) * dim, sizeof(float) * dim);
+    }
+    points = subset.data();
+    n = kSeedPoints;
+  }
   std::vector<float> d2(n);
   size_t first = static_cast<size_t>(rng.next() * static_cast<double>(n));
   if (first >= n) first = n - 1;
@@ -96,7 +110,9 @@ double kmeans_train(const float* points, size_t n, uint32_t dim, uint32_t k,
     }
   }
 
-  // Lloyd iterations.
+  // Lloyd iterations over all points.
+  points = all_points;
+  n = n_all;
   std::vector<uint32_t> assign(n);
   std::vector<double> sums(size_t{k} * dim);
   std::vector<uint32_t> counts(k);

@@ -16,6 +16,7 @@ namespace ssa {
 inline uint32_t float_order_key(float f) {
   uint32_t u;
   __builtin_memcpy(&u, &f, 4);
+  if (u == 0x80000000u) u = 0;  // -0.0 == +0.0: one key, so ties break by index
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 

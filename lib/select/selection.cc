@@ -3,6 +3,7 @@
 #include <math.h>
 
 #include <algorithm>
+#include <chrono>
 
 #include "common/water_filling.h"
 #include "cpu/simd.h"
@@ -49,6 +50,8 @@ uint64_t fixed_heavy_count(ssa_method method, uint64_t kprime, float h) {
 void select_tokens(const SelectParams& p, const float* proxy, size_t n, uint32_t base,
                    const RngStream& rng, SelectScratch& scratch, Selection* out) {
   out->clear();
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
   auto& heavy = scratch.heavy;
   heavy.clear();
   auto& w = scratch.weights;
@@ -71,6 +74,8 @@ void select_tokens(const SelectParams& p, const float* proxy, size_t n, uint32_t
     out->log_pi.push_back(0.0f);
   }
   out->heavy = heavy.size();
+  const auto t1 = Clock::now();
+  out->heavy_seconds = std::chrono::duration<double>(t1 - t0).count();
   if (!samples_residual(p.method)) return;
 
   const uint64_t m = p.kprime - heavy.size();
@@ -86,6 +91,7 @@ void select_tokens(const SelectParams& p, const float* proxy, size_t n, uint32_t
     for (uint32_t j : heavy) w[j] = 0.0f;
   }
   sample_residual(w.data(), n, base, m, p.pi_min, rng, scratch, out);
+  out->sampling_seconds = std::chrono::duration<double>(Clock::now() - t1).count();
 }
 
 }  // namespace ssa

@@ -20,11 +20,14 @@ struct Selection {
   uint64_t draws = 0;            // m
   uint64_t unique = 0;           // |S|
   double residual_mass = 0.0;    // proxy softmax mass of the sampled residual R
+  double heavy_seconds = 0.0;    // time spent choosing H (profiling)
+  double sampling_seconds = 0.0; // time spent drawing S (profiling)
   void clear() {
     tokens.clear();
     log_pi.clear();
     heavy = draws = unique = 0;
     residual_mass = 0.0;
+    heavy_seconds = sampling_seconds = 0.0;
   }
 };
 

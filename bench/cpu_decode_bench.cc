@@ -1,0 +1,187 @@
+// CPU decode benchmark: dense and every method at sparsity 10/20/50/100x, for the
+// paper's head config (16 q, 4 KV, d 256, f16) and Llama-3.1-8B's (32 q, 8 KV,
+// d 128, bf16), batch 1, contexts growing 64K -> 256K -> 1M in one session per
+// config. Reports medians, ratios against our dense decode measured in the same
+// run, the stage split, the machine's memcpy bandwidth and the cost of a fork.
+//
+//   cpu_decode_bench [--contexts 65536,262144,1048576] [--reps 5] [--configs paper,llama]
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <algorithm>
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "bench_workload.h"
+#include "decode/decode.h"
+#include "ssa.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double now_s() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+double copy_bandwidth_gbs() {
+  const size_t bytes = size_t{1} << 29;
+  std::vector<char> a(bytes, 1), b(bytes, 2);
+  double best = 1e9;
+  for (int i = 0; i < 5; ++i) {
+    const double t0 = now_s();
+    memcpy(b.data(), a.data(), bytes);
+    best = std::min(best, now_s() - t0);
+    a[i] = b[bytes - 1 - i];
+  }
+  return 2.0 * bytes / best / 1e9;  // read + write
+}
+
+struct Config {
+  const char* name;
+  uint32_t nq, nkv, d;
+  ssa_dtype dtype;
+};
+
+const char* method_name(ssa_method m) {
+  switch (m) {
+    case SSA_METHOD_DENSE: return "dense";
+    case SSA_METHOD_ORACLE_TOPK: return "oracle_topk";
+    case SSA_METHOD_PQ_TOPK: return "pq_topk";
+    case SSA_METHOD_HYBRID_UNIFORM: return "hybrid_uniform";
+    case SSA_METHOD_SAMPLING: return "sampling";
+    case SSA_METHOD_SSA: return "ssa";
+    default: return "ssa_adaptive";
+  }
+}
+
+void check(ssa_status st, const char* what) {
+  if (st != SSA_OK) {
+    fprintf(stderr, "%s: %s: %s\n", what, ssa_status_string(st), ssa_last_error_message());
+    exit(1);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<uint64_t> contexts = {65536, 262144, 1048576};
+  int reps = 5;
+  std::string configs = "paper,llama";
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (!strcmp(argv[i], "--contexts")) {
+      contexts.clear();
+      for (char* tok = strtok(argv[i + 1], ","); tok; tok = strtok(nullptr, ",")) contexts.push_back(strtoull(tok, nullptr, 10));
+    } else if (!strcmp(argv[i], "--reps")) {
+      reps = atoi(argv[i + 1]);
+    } else if (!strcmp(argv[i], "--configs")) {
+      configs = argv[i + 1];
+    }
+  }
+  const double copy_gbs = copy_bandwidth_gbs();
+  ssa_runtime* rt = nullptr;
+  check(ssa_runtime_create(nullptr, &rt), "runtime");
+  printf("# CPU decode benchmark\n\nthreads: %d, memcpy bandwidth (read+write): %.1f GB/s, reps: %d (median)\n\n",
+         ssa_runtime_num_threads(rt), copy_gbs, reps);
+
+  const Config all[] = {{"paper 16q/4kv/d256/f16", 16, 4, 256, SSA_DTYPE_F16},
+                        {"llama3-8b 32q/8kv/d128/bf16", 32, 8, 128, SSA_DTYPE_BF16}};
+  const ssa_method methods[] = {SSA_METHOD_ORACLE_TOPK, SSA_METHOD_PQ_TOPK, SSA_METHOD_HYBRID_UNIFORM,
+                                SSA_METHOD_SAMPLING, SSA_METHOD_SSA, SSA_METHOD_SSA_ADAPTIVE};
+  const float sparsities[] = {10, 20, 50, 100};
+
+  for (const Config& c : all) {
+    if (configs.find(std::string(c.name).substr(0, 5)) == std::string::npos) continue;
+    ssa_session_config cfg;
+    ssa_session_config_init(&cfg);
+    cfg.n_layers = 1;
+    cfg.n_q_heads = c.nq;
+    cfg.n_kv_heads = c.nkv;
+    cfg.head_dim = c.d;
+    cfg.kv_dtype = c.dtype;
+    ssa_session* s = nullptr;
+    check(ssa_session_create(rt, &cfg, &s), "session");
+    ssa_bench::StructuredKv gen(c.nkv, c.d, 42);
+    const auto qf = gen.query(c.nq);
+    std::vector<uint8_t> qb(qf.size() * 2), out(qf.size() * 2);
+    for (size_t i = 0; i < qf.size(); ++i) ssa::store_from_f32(qb.data(), static_cast<ssa::DType>(c.dtype), i, qf[i]);
+    std::vector<uint8_t> K, V;
+    uint64_t have = 0;
+    printf("## %s\n\n", c.name);
+    printf("| N | method | sparsity | median ms | vs dense | rows read/head | eff. GB/s | scoring | heavy | sampling | attention |\n");
+    printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for (uint64_t N : contexts) {
+      const double t_app = now_s();
+      while (have < N) {
+        const uint64_t n = std::min<uint64_t>(65536, N - have);
+        gen.next(n, static_cast<ssa::DType>(c.dtype), &K, &V);
+        check(ssa_session_append(s, 0, K.data(), V.data(), n), "append");
+        have += n;
+      }
+      const double append_s = now_s() - t_app;
+      const double kv_bytes = double(N) * c.nkv * c.d * 2 * 2;
+      auto run = [&](ssa_method m, float sparsity, ssa::DecodeProfile* prof, ssa_decode_stats* st) {
+        ssa_decode_params p;
+        ssa_decode_params_init(&p);
+        p.method = m;
+        p.sparsity = sparsity;
+        std::vector<double> times;
+        for (int r = 0; r < reps + 1; ++r) {
+          p.step = r;
+          ssa::DecodeProfile one;
+          ssa_decode_stats_init(st);
+          const double t0 = now_s();
+          absl::Status status = ssa::decode(*s, 0, qb.data(), out.data(), p, st, nullptr, &one);
+          const double t = now_s() - t0;
+          if (!status.ok()) {
+            fprintf(stderr, "decode: %s\n", std::string(status.message()).c_str());
+            exit(1);
+          }
+          if (r == 0) continue;  // warm-up
+          times.push_back(t);
+          prof->scoring += one.scoring;
+          prof->heavy += one.heavy;
+          prof->sampling += one.sampling;
+          prof->attention += one.attention;
+        }
+        return median(times);
+      };
+      ssa::DecodeProfile dprof;
+      ssa_decode_stats st;
+      const double dense_s = run(SSA_METHOD_DENSE, 1, &dprof, &st);
+      printf("| %llu | dense | 1 | %.2f | 1.00 | %llu | %.1f | | | | |\n", (unsigned long long)N, dense_s * 1e3,
+             (unsigned long long)N, kv_bytes / dense_s / 1e9);
+      for (float sp : sparsities) {
+        for (ssa_method m : methods) {
+          ssa::DecodeProfile prof;
+          const double t = run(m, sp, &prof, &st);
+          const double total = prof.scoring + prof.heavy + prof.sampling + prof.attention;
+          const double rows = double(st.tokens_read) / c.nq;
+          const double bytes = rows * c.nq / (c.nq / c.nkv) * c.d * 2 * 2 + double(N) * c.nkv * 16;
+          printf("| %llu | %s | %.0f | %.2f | %.2fx | %.0f | %.1f | %.0f%% | %.0f%% | %.0f%% | %.0f%% |\n",
+                 (unsigned long long)N, method_name(m), sp, t * 1e3, dense_s / t, rows, bytes / t / 1e9,
+                 100 * prof.scoring / total, 100 * prof.heavy / total, 100 * prof.sampling / total,
+                 100 * prof.attention / total);
+        }
+      }
+      const double t_fork = now_s();
+      ssa_session* f = nullptr;
+      check(ssa_session_fork(s, &f), "fork");
+      const double fork_s = now_s() - t_fork;
+      ssa_session_destroy(f);
+      printf("\nN = %llu: dense reads %.2f GB at %.1f GB/s = %.0f%% of memcpy bandwidth; fork %.3f ms; "
+             "append+index of the last %llu tokens %.1f s\n\n",
+             (unsigned long long)N, kv_bytes / 1e9, kv_bytes / dense_s / 1e9, 100 * kv_bytes / dense_s / 1e9 / copy_gbs,
+             fork_s * 1e3, (unsigned long long)N, append_s);
+      fflush(stdout);
+    }
+    ssa_session_destroy(s);
+  }
+  ssa_runtime_destroy(rt);
+  return 0;
+}

@@ -1,0 +1,3 @@
+module libssa/ssa
+
+go 1.19

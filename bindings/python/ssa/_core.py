@@ -1,0 +1,618 @@
+"""Runtime and Session: the Python face of libssa's handles."""
+import enum
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any, Iterable, List, Optional, Sequence, Tuple, Union
+
+from . import _arrays
+from ._errors import check, invalid
+from ._ssa_cffi import ffi, lib
+
+PathLike = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
+
+
+class Status(enum.IntEnum):
+    """ssa_status values."""
+
+    OK = lib.SSA_OK
+    INVALID_ARGUMENT = lib.SSA_ERR_INVALID_ARGUMENT
+    OUT_OF_MEMORY = lib.SSA_ERR_OUT_OF_MEMORY
+    IO = lib.SSA_ERR_IO
+    CORRUPT = lib.SSA_ERR_CORRUPT
+    VERSION = lib.SSA_ERR_VERSION
+    MISMATCH = lib.SSA_ERR_MISMATCH
+    UNSUPPORTED = lib.SSA_ERR_UNSUPPORTED
+    DEVICE = lib.SSA_ERR_DEVICE
+    BUSY = lib.SSA_ERR_BUSY
+    INTERNAL = lib.SSA_ERR_INTERNAL
+
+
+class Backend(enum.IntEnum):
+    """ssa_backend values."""
+
+    AUTO = lib.SSA_BACKEND_AUTO
+    CPU = lib.SSA_BACKEND_CPU
+    CUDA = lib.SSA_BACKEND_CUDA
+
+
+class DType(enum.IntEnum):
+    """ssa_dtype values: the element type of K, V, q and out of a session."""
+
+    FLOAT32 = lib.SSA_DTYPE_F32
+    FLOAT16 = lib.SSA_DTYPE_F16
+    BFLOAT16 = lib.SSA_DTYPE_BF16
+
+
+class Method(enum.IntEnum):
+    """ssa_method values: how a decode spends its budget (see ssa.h)."""
+
+    DENSE = lib.SSA_METHOD_DENSE
+    ORACLE_TOPK = lib.SSA_METHOD_ORACLE_TOPK
+    PQ_TOPK = lib.SSA_METHOD_PQ_TOPK
+    HYBRID_UNIFORM = lib.SSA_METHOD_HYBRID_UNIFORM
+    SAMPLING = lib.SSA_METHOD_SAMPLING
+    SSA = lib.SSA_METHOD_SSA
+    SSA_ADAPTIVE = lib.SSA_METHOD_SSA_ADAPTIVE
+
+
+METHODS = tuple(m.name.lower() for m in Method)
+
+_U32 = (1 << 32) - 1
+_U64 = (1 << 64) - 1
+
+
+def version() -> Tuple[int, int, int]:
+    """(major, minor, patch) of the libssa actually loaded."""
+    v = int(lib.ssa_version())
+    return v // 10000, (v // 100) % 100, v % 100
+
+
+def header_version() -> Tuple[int, int, int]:
+    """(major, minor, patch) of the ssa.h this binding was built against."""
+    return int(lib.SSA_VERSION_MAJOR), int(lib.SSA_VERSION_MINOR), int(lib.SSA_VERSION_PATCH)
+
+
+def _int(name: str, value: Any, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int,)) and not hasattr(value, "__index__"):
+        raise invalid("%s must be an integer, got %r" % (name, value))
+    v = int(value.__index__()) if not isinstance(value, int) else value
+    if v < lo or v > hi:
+        raise invalid("%s=%d is out of range [%d, %d]" % (name, v, lo, hi))
+    return v
+
+
+def _float(name: str, value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise invalid("%s must be a number, got %r" % (name, value)) from None
+
+
+def _enum(name: str, value: Any, cls, aliases=None) -> int:
+    if isinstance(value, cls):
+        return int(value)
+    if isinstance(value, str):
+        key = value.strip().lower()
+        if aliases and key in aliases:
+            return int(aliases[key])
+        for m in cls:
+            if m.name.lower() == key:
+                return int(m)
+        choices = sorted(set([m.name.lower() for m in cls] + list(aliases or {})))
+        raise invalid("unknown %s %r; expected one of %s" % (name, value, ", ".join(choices)))
+    if isinstance(value, int) and not isinstance(value, bool):
+        return int(value)  # raw value: the library validates it
+    raise invalid("%s must be a string or ssa.%s, got %r" % (name, cls.__name__, value))
+
+
+_DTYPE_ALIASES = {"f32": DType.FLOAT32, "fp32": DType.FLOAT32, "f16": DType.FLOAT16,
+                  "fp16": DType.FLOAT16, "half": DType.FLOAT16, "bf16": DType.BFLOAT16}
+
+
+def _dtype(value: Any) -> int:
+    if not isinstance(value, (str, DType, int)):
+        # numpy / ml_dtypes dtype objects and scalar types
+        try:
+            import numpy as np
+
+            name = np.dtype(value).name
+        except TypeError:
+            raise invalid("dtype must be 'float16', 'bfloat16' or 'float32', got %r" % (value,)) from None
+        value = name
+    return _enum("dtype", value, DType, _DTYPE_ALIASES)
+
+
+def _path(path: PathLike) -> bytes:
+    try:
+        p = os.fsencode(path)
+    except TypeError:
+        raise invalid("path must be str, bytes or os.PathLike, got %r" % (path,)) from None
+    if b"\0" in p:
+        raise invalid("path contains a NUL byte")
+    return p
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    """A session's configuration as the library resolved it (ssa_session_config)."""
+
+    n_layers: int
+    n_q_heads: int
+    n_kv_heads: int
+    head_dim: int
+    dtype: DType
+    pq_subspaces: int
+    pq_centroids: int
+    model_fingerprint: int
+    page_tokens: int
+    flags: int
+    index_min_tokens: int
+    index_regrow_factor: float
+    index_train_sample: int
+    index_iterations: int
+
+    @classmethod
+    def _from_c(cls, c) -> "SessionConfig":
+        return cls(c.n_layers, c.n_q_heads, c.n_kv_heads, c.head_dim, DType(c.kv_dtype), c.pq_subspaces,
+                   c.pq_centroids, c.model_fingerprint, c.page_tokens, c.flags, c.index_min_tokens,
+                   float(c.index_regrow_factor), c.index_train_sample, c.index_iterations)
+
+
+@dataclass(frozen=True)
+class DecodeStats:
+    """What a decode did (ssa_decode_stats); sums are over query heads."""
+
+    context_tokens: int
+    tokens_read: int
+    heavy_tokens: int
+    draws: int
+    unique_samples: int
+    residual_proxy_mass: float
+    scored_tokens: int
+
+    @classmethod
+    def _from_c(cls, s) -> "DecodeStats":
+        return cls(s.context_tokens, s.tokens_read, s.heavy_tokens, s.draws, s.unique_samples,
+                   float(s.residual_proxy_mass), s.scored_tokens)
+
+
+def _stream_ptr(stream: Any):
+    if stream is None:
+        return ffi.NULL
+    handle = getattr(stream, "cuda_stream", stream)  # torch.cuda.Stream has .cuda_stream
+    return ffi.cast("void *", _int("stream", handle, 0, _U64))
+
+
+def _decode_params(method: Any = "ssa", sparsity: float = 50.0, budget: Optional[int] = None,
+                   heavy_fraction: float = 0.4, n_sink: int = 128, n_local: int = 128,
+                   seed: Optional[int] = None, step: int = 0, pi_min: Optional[float] = None,
+                   stream: Any = None):
+    p = ffi.new("ssa_decode_params *")
+    lib.ssa_decode_params_init(p)
+    p.method = _enum("method", method, Method)
+    p.budget = 0 if budget is None else _int("budget", budget, 1, _U32)
+    p.sparsity = _float("sparsity", sparsity)
+    p.heavy_fraction = _float("heavy_fraction", heavy_fraction)
+    p.n_sink = _int("n_sink", n_sink, 0, _U32)
+    p.n_local = _int("n_local", n_local, 0, _U32)
+    if pi_min is not None:
+        p.pi_min = _float("pi_min", pi_min)
+    p.seed = 0 if seed is None else _int("seed", seed, 0, _U64)
+    p.step = _int("step", step, 0, _U64)
+    p.stream = _stream_ptr(stream)
+    return p
+
+
+class Runtime:
+    """A libssa runtime: backend choice, CPU worker threads and the default sampling seed.
+
+    Args:
+        backend: "auto" (CUDA if built and a device exists, else CPU), "cpu" or "cuda".
+        threads: CPU worker threads; 0 means the hardware concurrency.
+        seed: default seed for sampling decodes that pass no seed (None: library default).
+        device: CUDA device ordinal.
+
+    A runtime may be used from any number of threads. It is freed by close() (or by
+    leaving a ``with`` block) once every session made from it is closed; sessions
+    keep their runtime alive, so closing the runtime first is safe.
+    """
+
+    def __init__(self, backend: Union[str, Backend] = "auto", threads: int = 0, seed: Optional[int] = None,
+                 device: int = 0):
+        opts = ffi.new("ssa_runtime_options *")
+        lib.ssa_runtime_options_init(opts)
+        opts.backend = _enum("backend", backend, Backend)
+        opts.num_threads = _int("threads", threads, 0, (1 << 31) - 1)
+        opts.device = _int("device", device, 0, (1 << 31) - 1)
+        if seed is not None:
+            opts.seed = _int("seed", seed, 0, _U64)
+        out = ffi.new("ssa_runtime **")
+        self._lock = threading.Lock()
+        self._sessions = 0
+        self._close_requested = False
+        self._ptr = ffi.NULL
+        check(lib.ssa_runtime_create(opts, out), "ssa_runtime_create")
+        self._ptr = out[0]
+        self._device = opts.device
+
+    # -- lifetime
+    def _acquire(self) -> None:
+        with self._lock:
+            if self._ptr == ffi.NULL or self._close_requested:
+                raise invalid("runtime is closed")
+            self._sessions += 1
+
+    def _release(self) -> None:
+        with self._lock:
+            self._sessions -= 1
+            destroy = self._close_requested and self._sessions == 0
+        if destroy:
+            self._destroy()
+
+    def _destroy(self) -> None:
+        with self._lock:
+            ptr, self._ptr = self._ptr, ffi.NULL
+        if ptr != ffi.NULL:
+            lib.ssa_runtime_destroy(ptr)
+
+    def close(self) -> None:
+        """Frees the runtime now, or as soon as its last session is closed. Idempotent."""
+        with self._lock:
+            self._close_requested = True
+            destroy = self._sessions == 0
+        if destroy:
+            self._destroy()
+
+    @property
+    def closed(self) -> bool:
+        """True once close() was called."""
+        return self._close_requested or self._ptr == ffi.NULL
+
+    def __enter__(self) -> "Runtime":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            if getattr(self, "_ptr", ffi.NULL) != ffi.NULL and self._sessions == 0:
+                self._destroy()
+        except Exception:
+            pass
+
+    def _handle(self):
+        if self._ptr == ffi.NULL or self._close_requested:
+            raise invalid("runtime is closed")
+        return self._ptr
+
+    # -- properties
+    @property
+    def backend(self) -> str:
+        """The backend actually used: "cpu" or "cuda"."""
+        return Backend(lib.ssa_runtime_backend(self._handle())).name.lower()
+
+    @property
+    def threads(self) -> int:
+        """Number of CPU worker threads (>= 1)."""
+        return int(lib.ssa_runtime_num_threads(self._handle()))
+
+    @property
+    def device(self) -> int:
+        """CUDA device ordinal the runtime was created for."""
+        return self._device
+
+    def __repr__(self) -> str:
+        if self.closed:
+            return "<ssa.Runtime closed>"
+        return "<ssa.Runtime backend=%s threads=%d>" % (self.backend, self.threads)
+
+    # -- sessions
+    def create_session(self, n_layers: int, n_q_heads: int, n_kv_heads: int, head_dim: int,
+                       dtype: Any = "float16", *, pq_subspaces: Optional[int] = None,
+                       pq_centroids: Optional[int] = None, model_fingerprint: int = 0,
+                       page_tokens: Optional[int] = None, host_pointers: bool = False,
+                       index_min_tokens: Optional[int] = None, index_regrow_factor: Optional[float] = None,
+                       index_train_sample: Optional[int] = None,
+                       index_iterations: Optional[int] = None) -> "Session":
+        """Creates an empty session (one sequence, all layers of a model) on this runtime.
+
+        Args:
+            n_layers, n_q_heads, n_kv_heads, head_dim: the model's attention shape
+                (n_q_heads a multiple of n_kv_heads; head_dim 32..512, a multiple of 8).
+            dtype: "float16" (default), "bfloat16" or "float32" (also numpy dtypes);
+                the dtype of K, V, q and out.
+            pq_subspaces, pq_centroids: PQ index shape (library defaults 16 and 256).
+            model_fingerprint: opaque 64-bit value checked when a snapshot is loaded.
+            page_tokens: tokens per KV page (power of two 16..4096; default 256).
+            host_pointers: for CUDA sessions, take host arrays instead of device arrays.
+            index_*: PQ index policy (see ssa_session_config in ssa.h).
+        """
+        cfg = ffi.new("ssa_session_config *")
+        lib.ssa_session_config_init(cfg)
+        cfg.n_layers = _int("n_layers", n_layers, 0, _U32)
+        cfg.n_q_heads = _int("n_q_heads", n_q_heads, 0, _U32)
+        cfg.n_kv_heads = _int("n_kv_heads", n_kv_heads, 0, _U32)
+        cfg.head_dim = _int("head_dim", head_dim, 0, _U32)
+        cfg.kv_dtype = _dtype(dtype)
+        if pq_subspaces is not None:
+            cfg.pq_subspaces = _int("pq_subspaces", pq_subspaces, 0, _U32)
+        if pq_centroids is not None:
+            cfg.pq_centroids = _int("pq_centroids", pq_centroids, 0, _U32)
+        cfg.model_fingerprint = _int("model_fingerprint", model_fingerprint, 0, _U64)
+        if page_tokens is not None:
+            cfg.page_tokens = _int("page_tokens", page_tokens, 0, _U32)
+        if host_pointers:
+            cfg.flags |= lib.SSA_SESSION_HOST_POINTERS
+        if index_min_tokens is not None:
+            cfg.index_min_tokens = _int("index_min_tokens", index_min_tokens, 0, _U32)
+        if index_regrow_factor is not None:
+            cfg.index_regrow_factor = _float("index_regrow_factor", index_regrow_factor)
+        if index_train_sample is not None:
+            cfg.index_train_sample = _int("index_train_sample", index_train_sample, 0, _U32)
+        if index_iterations is not None:
+            cfg.index_iterations = _int("index_iterations", index_iterations, 0, _U32)
+        out = ffi.new("ssa_session **")
+        check(lib.ssa_session_create(self._handle(), cfg, out), "ssa_session_create")
+        return Session._adopt(self, out[0])
+
+    def load(self, path: PathLike, verify: bool = False, mmap: bool = False) -> "Session":
+        """Restores a session saved with Session.save/checkpoint onto this runtime.
+
+        Args:
+            path: the snapshot file.
+            verify: verify every checksum up front (default: on read).
+            mmap: map the file instead of reading it (CPU sessions).
+        Raises ssa.IOError, ssa.Corrupt, ssa.Version, ssa.Mismatch, ssa.Unsupported, ...
+        """
+        flags = (lib.SSA_LOAD_VERIFY if verify else 0) | (lib.SSA_LOAD_MMAP if mmap else 0)
+        out = ffi.new("ssa_session **")
+        check(lib.ssa_session_load(self._handle(), _path(path), flags, out), "ssa_session_load")
+        return Session._adopt(self, out[0])
+
+    def decode_batch(self, items: Iterable[Sequence[Any]], layer: int, method: Any = "ssa",
+                     sparsity: float = 50.0, budget: Optional[int] = None, heavy_fraction: float = 0.4,
+                     n_sink: int = 128, n_local: int = 128, seed: Optional[int] = None, step: int = 0,
+                     pi_min: Optional[float] = None, stream: Any = None) -> List[Any]:
+        """Decodes many sessions of this runtime at one layer in one call.
+
+        Args:
+            items: (session, q) or (session, q, out) tuples; q and out are
+                [n_q_heads, head_dim] arrays of that session's dtype. A session may
+                appear more than once.
+            layer and the rest: as Session.decode.
+        Returns the list of outputs, in item order (the given `out` arrays, or new ones).
+        """
+        items = list(items)
+        layer = _int("layer", layer, 0, _U32)
+        params = _decode_params(method, sparsity, budget, heavy_fraction, n_sink, n_local, seed, step,
+                                pi_min, stream)
+        c_items = ffi.new("ssa_decode_item[]", max(len(items), 1))
+        refs, outs = [], []
+        for i, item in enumerate(items):
+            if not isinstance(item, (tuple, list)) or len(item) not in (2, 3):
+                raise invalid("items[%d] must be (session, q) or (session, q, out)" % i)
+            session, q = item[0], item[1]
+            out = item[2] if len(item) == 3 else None
+            if not isinstance(session, Session):
+                raise invalid("items[%d][0] must be an ssa.Session, got %s" % (i, type(session).__name__))
+            if session._runtime is not self:
+                raise invalid("items[%d]: session belongs to another runtime" % i)
+            qr, outr = session._decode_arrays("items[%d]" % i, q, out)
+            c_items[i].session = session._handle()
+            c_items[i].q = qr.ptr
+            c_items[i].out = outr.ptr
+            refs.append((qr, outr))
+            outs.append(outr.obj)
+        check(lib.ssa_decode_batch(c_items, len(items), layer, params), "ssa_decode_batch")
+        return outs
+
+
+class Session:
+    """One long-lived KV store: one sequence, all layers of a model.
+
+    Create with Runtime.create_session, Runtime.load or Session.fork. Decodes may run
+    from many threads at once; append/update_index/truncate take the session
+    exclusively (the library waits for running decodes). close() must not race with
+    other calls on the same session. ``len(session)`` is the number of tokens present
+    in every layer.
+    """
+
+    def __init__(self, *a, **k):
+        raise TypeError("use Runtime.create_session, Runtime.load or Session.fork")
+
+    @classmethod
+    def _adopt(cls, runtime: Runtime, ptr) -> "Session":
+        self = object.__new__(cls)
+        self._ptr = ffi.NULL
+        try:
+            runtime._acquire()
+        except Exception:
+            lib.ssa_session_destroy(ptr)
+            raise
+        self._runtime = runtime
+        self._ptr = ptr
+        cfg = ffi.new("ssa_session_config *")
+        lib.ssa_session_config_init(cfg)
+        check(lib.ssa_session_get_config(ptr, cfg), "ssa_session_get_config")
+        self._config = SessionConfig._from_c(cfg)
+        device_ptrs = (runtime.backend == "cuda" and not (cfg.flags & lib.SSA_SESSION_HOST_POINTERS))
+        self._device_ptrs = device_ptrs
+        return self
+
+    # -- lifetime
+    def close(self) -> None:
+        """Frees the session (and, if the runtime was closed, the runtime once unused). Idempotent."""
+        ptr = getattr(self, "_ptr", ffi.NULL)
+        if ptr != ffi.NULL:
+            self._ptr = ffi.NULL
+            lib.ssa_session_destroy(ptr)
+            self._runtime._release()
+
+    @property
+    def closed(self) -> bool:
+        return self._ptr == ffi.NULL
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def _handle(self):
+        if self._ptr == ffi.NULL:
+            raise invalid("session is closed")
+        return self._ptr
+
+    # -- shape
+    @property
+    def runtime(self) -> Runtime:
+        """The runtime this session lives on (kept alive by the session)."""
+        return self._runtime
+
+    @property
+    def config(self) -> SessionConfig:
+        """The configuration as the library resolved it."""
+        return self._config
+
+    @property
+    def dtype(self) -> str:
+        """"float16", "bfloat16" or "float32"."""
+        return _arrays.DTYPE_NAMES[int(self._config.dtype)]
+
+    @property
+    def device_pointers(self) -> bool:
+        """True when arrays must be device memory (CUDA session without host_pointers)."""
+        return self._device_ptrs
+
+    def __len__(self) -> int:
+        return int(lib.ssa_session_length(self._handle()))
+
+    def layer_length(self, layer: int) -> int:
+        """Tokens present in one layer."""
+        layer = _int("layer", layer, 0, _U32)
+        if layer >= self._config.n_layers:
+            raise invalid("layer %d >= n_layers %d" % (layer, self._config.n_layers))
+        return int(lib.ssa_session_layer_length(self._handle(), layer))
+
+    def __repr__(self) -> str:
+        if self.closed:
+            return "<ssa.Session closed>"
+        c = self._config
+        return "<ssa.Session %d tokens, %d layers, %dq/%dkv heads x %d, %s>" % (
+            len(self), c.n_layers, c.n_q_heads, c.n_kv_heads, c.head_dim, self.dtype)
+
+    def _array(self, name: str, x: Any, shape, writable: bool):
+        dt = int(self._config.dtype)
+        if self._device_ptrs:
+            return _arrays.device_array(name, x, dt, shape, writable, self._runtime.device)
+        return _arrays.host_array(name, x, dt, shape, writable)
+
+    def _check_layer(self, layer: Any) -> int:
+        layer = _int("layer", layer, 0, _U32)
+        return layer
+
+    # -- mutations
+    def append(self, layer: int, k: Any, v: Any) -> None:
+        """Appends tokens to one layer.
+
+        Args:
+            layer: 0 <= layer < n_layers.
+            k, v: arrays of shape [n_tokens, n_kv_heads, head_dim] in the session's
+                dtype, C-contiguous; numpy for host sessions, device arrays for CUDA ones.
+        All-or-nothing; takes the session exclusively.
+        """
+        c = self._config
+        layer = self._check_layer(layer)
+        kr = self._array("k", k, (None, c.n_kv_heads, c.head_dim), False)
+        n = int(kr.obj.shape[0])
+        vr = self._array("v", v, (n, c.n_kv_heads, c.head_dim), False)
+        if n == 0:
+            return
+        check(lib.ssa_session_append(self._handle(), layer, kr.ptr, vr.ptr, n), "ssa_session_append")
+
+    def update_index(self) -> None:
+        """(Re)trains the PQ codebooks of every non-empty layer and re-encodes all codes."""
+        check(lib.ssa_session_update_index(self._handle()), "ssa_session_update_index")
+
+    def truncate(self, n_tokens: int) -> None:
+        """Keeps the first n_tokens tokens of every layer (agent rollback)."""
+        n = _int("n_tokens", n_tokens, 0, _U64)
+        check(lib.ssa_session_truncate(self._handle(), n), "ssa_session_truncate")
+
+    def fork(self) -> "Session":
+        """An independent copy sharing pages copy-on-write (cheap)."""
+        out = ffi.new("ssa_session **")
+        check(lib.ssa_session_fork(self._handle(), out), "ssa_session_fork")
+        return Session._adopt(self._runtime, out[0])
+
+    # -- decode
+    def _decode_arrays(self, prefix: str, q: Any, out: Any):
+        c = self._config
+        shape = (c.n_q_heads, c.head_dim)
+        qr = self._array(prefix + "q" if not prefix else prefix + " q", q, shape, False)
+        if out is None:
+            if self._device_ptrs:
+                out = _arrays.new_device("out", q, shape)
+            else:
+                out = _arrays.new_host(int(c.dtype), shape, like=q)
+        outr = self._array(prefix + "out" if not prefix else prefix + " out", out, shape, True)
+        if _arrays.overlaps(q, out):
+            raise invalid("q and out must not overlap")
+        if not self._device_ptrs and isinstance(q, _arrays.np.ndarray) and isinstance(out, _arrays.np.ndarray) \
+                and q.dtype != out.dtype:
+            raise invalid("out has dtype %s but q has %s" % (out.dtype, q.dtype))
+        return qr, outr
+
+    def decode(self, layer: int, q: Any, method: Any = "ssa", sparsity: float = 50.0,
+               budget: Optional[int] = None, heavy_fraction: float = 0.4, n_sink: int = 128,
+               n_local: int = 128, seed: Optional[int] = None, step: int = 0, out: Any = None,
+               stats: bool = False, pi_min: Optional[float] = None, stream: Any = None):
+        """Attention output of one layer for one new query.
+
+        Args:
+            layer: the layer to attend over (all of its tokens).
+            q: [n_q_heads, head_dim] in the session's dtype.
+            method: "dense", "oracle_topk", "pq_topk", "hybrid_uniform", "sampling",
+                "ssa" (default) or "ssa_adaptive" (or ssa.Method).
+            sparsity: N / budget when budget is None (>= 1).
+            budget: tokens read per query head including sink and local tokens.
+            heavy_fraction: h for "ssa" and "hybrid_uniform", in [0, 1].
+            n_sink, n_local: tokens always read at the start and the end.
+            seed: sampling seed (None: the runtime's seed); step: RNG counter.
+                The same (seed, step, inputs) give bitwise the same output.
+            out: optional [n_q_heads, head_dim] array to write; allocated if None.
+            stats: also return an ssa.DecodeStats.
+            pi_min: lower clamp of inclusion probabilities (None: library default).
+            stream: CUDA stream (int handle or torch.cuda.Stream) for CUDA sessions.
+        Returns out, or (out, DecodeStats) when stats is true.
+        """
+        layer = self._check_layer(layer)
+        params = _decode_params(method, sparsity, budget, heavy_fraction, n_sink, n_local, seed, step,
+                                pi_min, stream)
+        qr, outr = self._decode_arrays("", q, out)
+        st = ffi.NULL
+        if stats:
+            st = ffi.new("ssa_decode_stats *")
+            lib.ssa_decode_stats_init(st)
+        check(lib.ssa_decode(self._handle(), layer, qr.ptr, outr.ptr, params, st), "ssa_decode")
+        if stats:
+            return outr.obj, DecodeStats._from_c(st)
+        return outr.obj
+
+    # -- snapshots
+    def save(self, path: PathLike) -> None:
+        """Writes the whole session to path atomically (runs beside decodes)."""
+        check(lib.ssa_session_save(self._handle(), _path(path)), "ssa_session_save")
+
+    def checkpoint(self, path: PathLike) -> None:
+        """Appends only what changed since the last save/checkpoint to path, atomically
+        (a full save when path holds no snapshot of this session)."""
+        check(lib.ssa_session_checkpoint(self._handle(), _path(path)), "ssa_session_checkpoint")

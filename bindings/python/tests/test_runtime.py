@@ -1,0 +1,84 @@
+import numpy as np
+import pytest
+
+import ssa
+from ssa._ssa_cffi import ffi, lib
+
+
+def test_version_matches_header():
+    major, minor, patch = ssa.version()
+    assert (major, minor) == ssa.header_version()[:2]
+    assert int(lib.ssa_version()) == major * 10000 + minor * 100 + patch
+
+
+def test_cpu_runtime_properties():
+    with ssa.Runtime(backend="cpu", threads=3, seed=9) as rt:
+        assert rt.backend == "cpu"
+        assert rt.threads == 3
+        assert not rt.closed
+        assert "cpu" in repr(rt)
+    assert rt.closed
+
+
+def test_default_threads_is_at_least_one():
+    with ssa.Runtime(backend="cpu") as rt:
+        assert rt.threads >= 1
+
+
+def test_auto_backend_resolves():
+    with ssa.Runtime() as rt:
+        assert rt.backend in ("cpu", "cuda")
+
+
+def test_cuda_request_without_cuda_raises_or_works():
+    try:
+        rt = ssa.Runtime(backend="cuda")
+    except (ssa.Unsupported, ssa.Device) as e:
+        assert e.status in (ssa.Status.UNSUPPORTED, ssa.Status.DEVICE)
+        assert e.message
+        assert e.function == "ssa_runtime_create"
+    else:
+        with rt:
+            assert rt.backend == "cuda"
+
+
+def test_unknown_backend_name_is_value_error():
+    with pytest.raises(ValueError, match="backend"):
+        ssa.Runtime(backend="tpu")
+
+
+def test_negative_threads_rejected():
+    with pytest.raises(ssa.InvalidArgument):
+        ssa.Runtime(backend="cpu", threads=-1)
+
+
+def test_unknown_backend_value_rejected_by_library():
+    with pytest.raises(ssa.InvalidArgument) as ei:
+        ssa.Runtime(backend=17)
+    assert ei.value.function == "ssa_runtime_create"
+    assert ei.value.message
+
+
+def test_session_keeps_runtime_alive():
+    rt = ssa.Runtime(backend="cpu", threads=1)
+    s = rt.create_session(1, 4, 2, 32, "float32")
+    rt.close()  # deferred: the session still uses it
+    assert rt.closed
+    assert rt._ptr != ffi.NULL
+    k = np.random.default_rng(1).standard_normal((5, 2, 32)).astype(np.float32)
+    s.append(0, k, k + 1)
+    assert len(s) == 5
+    with pytest.raises(ValueError, match="closed"):
+        rt.create_session(1, 4, 2, 32, "float32")
+    s.close()
+    assert rt._ptr == ffi.NULL  # freed with its last session
+    s.close()  # idempotent
+
+
+def test_dropping_runtime_reference_is_safe():
+    s = ssa.Runtime(backend="cpu", threads=1).create_session(1, 4, 2, 32, "float32")
+    k = np.random.default_rng(2).standard_normal((3, 2, 32)).astype(np.float32)
+    s.append(0, k, k)
+    out = s.decode(0, np.ones((4, 32), np.float32) * 0.1, method="dense")
+    assert out.shape == (4, 32) and np.isfinite(out).all()
+    s.close()

@@ -1,0 +1,425 @@
+//! Plain value types: enums, options, session config, decode params and stats.
+use std::os::raw::c_void;
+
+use ssa_sys as sys;
+
+/// Where a runtime computes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Backend {
+    /// CUDA if built and a device exists, else CPU.
+    #[default]
+    Auto,
+    /// The CPU backend (the reference).
+    Cpu,
+    /// The CUDA backend.
+    Cuda,
+}
+
+impl Backend {
+    pub(crate) fn raw(self) -> sys::ssa_backend {
+        match self {
+            Backend::Auto => sys::SSA_BACKEND_AUTO,
+            Backend::Cpu => sys::SSA_BACKEND_CPU,
+            Backend::Cuda => sys::SSA_BACKEND_CUDA,
+        }
+    }
+    pub(crate) fn from_raw(raw: sys::ssa_backend) -> Backend {
+        match raw {
+            sys::SSA_BACKEND_CPU => Backend::Cpu,
+            sys::SSA_BACKEND_CUDA => Backend::Cuda,
+            _ => Backend::Auto,
+        }
+    }
+}
+
+/// Element type of K, V, q and out of a session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DType {
+    /// `f32`.
+    F32,
+    /// IEEE binary16, passed as raw `u16` bits.
+    F16,
+    /// bfloat16, passed as raw `u16` bits.
+    BF16,
+}
+
+impl DType {
+    pub(crate) fn raw(self) -> sys::ssa_dtype {
+        match self {
+            DType::F32 => sys::SSA_DTYPE_F32,
+            DType::F16 => sys::SSA_DTYPE_F16,
+            DType::BF16 => sys::SSA_DTYPE_BF16,
+        }
+    }
+    pub(crate) fn from_raw(raw: sys::ssa_dtype) -> Option<DType> {
+        match raw {
+            sys::SSA_DTYPE_F32 => Some(DType::F32),
+            sys::SSA_DTYPE_F16 => Some(DType::F16),
+            sys::SSA_DTYPE_BF16 => Some(DType::BF16),
+            _ => None,
+        }
+    }
+}
+
+/// How a decode spends its budget (see `ssa_method` in ssa.h).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Method {
+    /// Exact attention over all tokens.
+    Dense,
+    /// Top-k' by exact scores (quality ceiling, no speedup).
+    OracleTopK,
+    /// PQCache: top-k' by PQ proxy scores.
+    PqTopK,
+    /// Proxy top h*k' plus uniform samples of the rest.
+    HybridUniform,
+    /// Proxy-proportional sampling only (h = 0).
+    Sampling,
+    /// Stratified: proxy top h*k' plus proxy sampling.
+    Ssa,
+    /// Stratified with the lambda water-filling heavy set.
+    SsaAdaptive,
+}
+
+impl Method {
+    /// Every method, in the header's order.
+    pub const ALL: [Method; 7] = [
+        Method::Dense,
+        Method::OracleTopK,
+        Method::PqTopK,
+        Method::HybridUniform,
+        Method::Sampling,
+        Method::Ssa,
+        Method::SsaAdaptive,
+    ];
+
+    pub(crate) fn raw(self) -> sys::ssa_method {
+        match self {
+            Method::Dense => sys::SSA_METHOD_DENSE,
+            Method::OracleTopK => sys::SSA_METHOD_ORACLE_TOPK,
+            Method::PqTopK => sys::SSA_METHOD_PQ_TOPK,
+            Method::HybridUniform => sys::SSA_METHOD_HYBRID_UNIFORM,
+            Method::Sampling => sys::SSA_METHOD_SAMPLING,
+            Method::Ssa => sys::SSA_METHOD_SSA,
+            Method::SsaAdaptive => sys::SSA_METHOD_SSA_ADAPTIVE,
+        }
+    }
+}
+
+/// Options of [`crate::Runtime::new`]. `Default` gives the library's defaults.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RuntimeOptions {
+    /// Backend; default `Auto`.
+    pub backend: Backend,
+    /// CUDA device ordinal; default 0.
+    pub device: i32,
+    /// CPU worker threads; 0 = hardware concurrency.
+    pub threads: i32,
+    /// Default sampling seed for decodes that pass none; `None` = the library's default.
+    pub seed: Option<u64>,
+}
+
+impl Default for RuntimeOptions {
+    fn default() -> Self {
+        RuntimeOptions { backend: Backend::Auto, device: 0, threads: 0, seed: None }
+    }
+}
+
+impl RuntimeOptions {
+    /// CPU runtime with the given number of threads (0 = all cores).
+    pub fn cpu(threads: i32) -> Self {
+        RuntimeOptions { backend: Backend::Cpu, threads, ..Default::default() }
+    }
+    /// Sets the default sampling seed.
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = Some(seed);
+        self
+    }
+    pub(crate) fn to_raw(&self) -> sys::ssa_runtime_options {
+        let mut o = std::mem::MaybeUninit::<sys::ssa_runtime_options>::uninit();
+        // SAFETY: init writes every field.
+        let mut o = unsafe {
+            sys::ssa_runtime_options_init(o.as_mut_ptr());
+            o.assume_init()
+        };
+        o.backend = self.backend.raw();
+        o.device = self.device;
+        o.num_threads = self.threads;
+        if let Some(seed) = self.seed {
+            o.seed = seed;
+        }
+        o
+    }
+}
+
+/// A session's configuration. [`SessionConfig::new`] fills the library's defaults.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SessionConfig {
+    /// Layers (>= 1).
+    pub n_layers: u32,
+    /// Query heads (a multiple of `n_kv_heads`).
+    pub n_q_heads: u32,
+    /// KV heads.
+    pub n_kv_heads: u32,
+    /// Head dimension: 32..512, a multiple of 8.
+    pub head_dim: u32,
+    /// Element type of K, V, q and out.
+    pub dtype: DType,
+    /// PQ subspaces M (must divide head_dim); default 16.
+    pub pq_subspaces: u32,
+    /// PQ centroids K, 2..256; default 256.
+    pub pq_centroids: u32,
+    /// Opaque value checked when a snapshot is loaded.
+    pub model_fingerprint: u64,
+    /// Tokens per KV page (power of two 16..4096); default 256.
+    pub page_tokens: u32,
+    /// CUDA sessions only: take host pointers (staged through the library).
+    pub host_pointers: bool,
+    /// Train the PQ index once a layer holds this many tokens; default 2048.
+    pub index_min_tokens: u32,
+    /// Retrain when the layer grew by this factor (0 = never); default 4.
+    pub index_regrow_factor: f32,
+    /// Keys sampled per KV head for training; default 16384.
+    pub index_train_sample: u32,
+    /// Lloyd iterations; default 8.
+    pub index_iterations: u32,
+}
+
+impl SessionConfig {
+    /// A config with the given shape and dtype and every other field at the library's default.
+    pub fn new(n_layers: u32, n_q_heads: u32, n_kv_heads: u32, head_dim: u32, dtype: DType) -> Self {
+        let mut c = std::mem::MaybeUninit::<sys::ssa_session_config>::uninit();
+        // SAFETY: init writes every field.
+        let c = unsafe {
+            sys::ssa_session_config_init(c.as_mut_ptr());
+            c.assume_init()
+        };
+        let mut cfg = SessionConfig::from_raw(&c).expect("library default dtype is known");
+        cfg.n_layers = n_layers;
+        cfg.n_q_heads = n_q_heads;
+        cfg.n_kv_heads = n_kv_heads;
+        cfg.head_dim = head_dim;
+        cfg.dtype = dtype;
+        cfg
+    }
+
+    pub(crate) fn from_raw(c: &sys::ssa_session_config) -> Option<Self> {
+        Some(SessionConfig {
+            n_layers: c.n_layers,
+            n_q_heads: c.n_q_heads,
+            n_kv_heads: c.n_kv_heads,
+            head_dim: c.head_dim,
+            dtype: DType::from_raw(c.kv_dtype)?,
+            pq_subspaces: c.pq_subspaces,
+            pq_centroids: c.pq_centroids,
+            model_fingerprint: c.model_fingerprint,
+            page_tokens: c.page_tokens,
+            host_pointers: c.flags & sys::SSA_SESSION_HOST_POINTERS != 0,
+            index_min_tokens: c.index_min_tokens,
+            index_regrow_factor: c.index_regrow_factor,
+            index_train_sample: c.index_train_sample,
+            index_iterations: c.index_iterations,
+        })
+    }
+
+    pub(crate) fn to_raw(&self) -> sys::ssa_session_config {
+        let mut c = std::mem::MaybeUninit::<sys::ssa_session_config>::uninit();
+        // SAFETY: init writes every field.
+        let mut c = unsafe {
+            sys::ssa_session_config_init(c.as_mut_ptr());
+            c.assume_init()
+        };
+        c.n_layers = self.n_layers;
+        c.n_q_heads = self.n_q_heads;
+        c.n_kv_heads = self.n_kv_heads;
+        c.head_dim = self.head_dim;
+        c.kv_dtype = self.dtype.raw();
+        c.pq_subspaces = self.pq_subspaces;
+        c.pq_centroids = self.pq_centroids;
+        c.model_fingerprint = self.model_fingerprint;
+        c.page_tokens = self.page_tokens;
+        c.flags = if self.host_pointers { sys::SSA_SESSION_HOST_POINTERS } else { 0 };
+        c.index_min_tokens = self.index_min_tokens;
+        c.index_regrow_factor = self.index_regrow_factor;
+        c.index_train_sample = self.index_train_sample;
+        c.index_iterations = self.index_iterations;
+        c
+    }
+
+    /// Elements in one token's K (or V): n_kv_heads * head_dim.
+    pub fn kv_row_len(&self) -> usize {
+        self.n_kv_heads as usize * self.head_dim as usize
+    }
+    /// Elements in q and out: n_q_heads * head_dim.
+    pub fn q_len(&self) -> usize {
+        self.n_q_heads as usize * self.head_dim as usize
+    }
+}
+
+/// Parameters of a decode. `Default` gives the library's defaults (SSA, sparsity 50).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DecodeParams {
+    /// Method; default `Ssa`.
+    pub method: Method,
+    /// Tokens read per query head incl. sink+local; `None` = ceil(N / sparsity).
+    pub budget: Option<u32>,
+    /// N / budget when `budget` is `None`; >= 1; default 50.
+    pub sparsity: f32,
+    /// h for `Ssa` and `HybridUniform`, in [0, 1]; default 0.4.
+    pub heavy_fraction: f32,
+    /// Tokens always read at the start; default 128.
+    pub n_sink: u32,
+    /// Tokens always read at the end; default 128.
+    pub n_local: u32,
+    /// Lower clamp of inclusion probabilities, in (0, 1]; default 1e-4.
+    pub pi_min: f32,
+    /// Sampling seed; `None` = the runtime's seed.
+    pub seed: Option<u64>,
+    /// RNG counter: the same (seed, step, inputs) give the same output.
+    pub step: u64,
+    /// `cudaStream_t` (as an address) for CUDA sessions; 0 = default stream.
+    pub stream: usize,
+}
+
+impl Default for DecodeParams {
+    fn default() -> Self {
+        let mut p = std::mem::MaybeUninit::<sys::ssa_decode_params>::uninit();
+        // SAFETY: init writes every field.
+        let p = unsafe {
+            sys::ssa_decode_params_init(p.as_mut_ptr());
+            p.assume_init()
+        };
+        DecodeParams {
+            method: Method::Ssa,
+            budget: if p.budget == 0 { None } else { Some(p.budget) },
+            sparsity: p.sparsity,
+            heavy_fraction: p.heavy_fraction,
+            n_sink: p.n_sink,
+            n_local: p.n_local,
+            pi_min: p.pi_min,
+            seed: if p.seed == 0 { None } else { Some(p.seed) },
+            step: p.step,
+            stream: p.stream as usize,
+        }
+    }
+}
+
+impl DecodeParams {
+    /// Defaults with another method.
+    pub fn method(method: Method) -> Self {
+        DecodeParams { method, ..Default::default() }
+    }
+    /// Sets an explicit budget.
+    pub fn with_budget(mut self, budget: u32) -> Self {
+        self.budget = Some(budget);
+        self
+    }
+    /// Sets the sink and local counts.
+    pub fn with_window(mut self, n_sink: u32, n_local: u32) -> Self {
+        self.n_sink = n_sink;
+        self.n_local = n_local;
+        self
+    }
+    /// Sets seed and step.
+    pub fn with_seed(mut self, seed: u64, step: u64) -> Self {
+        self.seed = Some(seed);
+        self.step = step;
+        self
+    }
+
+    pub(crate) fn to_raw(&self) -> sys::ssa_decode_params {
+        let mut p = std::mem::MaybeUninit::<sys::ssa_decode_params>::uninit();
+        // SAFETY: init writes every field.
+        let mut p = unsafe {
+            sys::ssa_decode_params_init(p.as_mut_ptr());
+            p.assume_init()
+        };
+        p.method = self.method.raw();
+        p.budget = self.budget.unwrap_or(0);
+        p.sparsity = self.sparsity;
+        p.heavy_fraction = self.heavy_fraction;
+        p.n_sink = self.n_sink;
+        p.n_local = self.n_local;
+        p.pi_min = self.pi_min;
+        p.seed = self.seed.unwrap_or(0);
+        p.step = self.step;
+        p.stream = self.stream as *mut c_void;
+        p
+    }
+}
+
+/// What a decode did; sums are over query heads.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct DecodeStats {
+    /// N of the layer decoded.
+    pub context_tokens: u64,
+    /// Rows of K/V read.
+    pub tokens_read: u64,
+    /// |H|.
+    pub heavy_tokens: u64,
+    /// Draws m.
+    pub draws: u64,
+    /// Unique sampled tokens |S|.
+    pub unique_samples: u64,
+    /// Proxy softmax mass of the sampled residual.
+    pub residual_proxy_mass: f64,
+    /// Proxy scores computed.
+    pub scored_tokens: u64,
+}
+
+impl DecodeStats {
+    pub(crate) fn from_raw(s: &sys::ssa_decode_stats) -> Self {
+        DecodeStats {
+            context_tokens: s.context_tokens,
+            tokens_read: s.tokens_read,
+            heavy_tokens: s.heavy_tokens,
+            draws: s.draws,
+            unique_samples: s.unique_samples,
+            residual_proxy_mass: s.residual_proxy_mass,
+            scored_tokens: s.scored_tokens,
+        }
+    }
+}
+
+/// Flags of [`crate::Runtime::load`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LoadOptions {
+    /// Verify every checksum up front (default: on read).
+    pub verify: bool,
+    /// Map the file instead of reading it (CPU sessions).
+    pub mmap: bool,
+}
+
+impl LoadOptions {
+    pub(crate) fn raw(self) -> u32 {
+        (if self.verify { sys::SSA_LOAD_VERIFY } else { 0 }) | (if self.mmap { sys::SSA_LOAD_MMAP } else { 0 })
+    }
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for u16 {}
+}
+
+/// Element types that can cross the API: `f32` for F32 sessions, `u16` (raw bits)
+/// for F16 and BF16 sessions.
+pub trait Element: sealed::Sealed + Copy + Default + 'static {
+    /// Whether a session of `dtype` takes this element type.
+    fn fits(dtype: DType) -> bool;
+    /// A name for messages.
+    const NAME: &'static str;
+}
+
+impl Element for f32 {
+    fn fits(dtype: DType) -> bool {
+        dtype == DType::F32
+    }
+    const NAME: &'static str = "f32";
+}
+
+impl Element for u16 {
+    fn fits(dtype: DType) -> bool {
+        dtype == DType::F16 || dtype == DType::BF16
+    }
+    const NAME: &'static str = "u16";
+}

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Checks and tests every language binding against a built libssa.
+#
+#   bindings/test_all.sh [BUILD_DIR]        (default: $SSA_BUILD_DIR, else build)
+#
+# BUILD_DIR is a CMake build directory of this repository holding libssa.so, e.g.
+#   cmake -S . -B build -DSSA_ENABLE_CUDA=OFF && cmake --build build -j2
+# Installs what it needs (pip: cffi numpy pytest setuptools wheel; apt: golang-go
+# bindgen), then runs: bindings/generate --check, pytest, cargo test (offline),
+# go vet + go test, and the three examples. Any failure stops it with a non-zero exit.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BUILD="${1:-${SSA_BUILD_DIR:-build}}"
+case "$BUILD" in /*) ;; *) BUILD="$ROOT/$BUILD" ;; esac
+step() { printf '\n==== %s\n' "$*"; }
+fail() { printf 'bindings/test_all.sh: %s\n' "$*" >&2; exit 1; }
+
+[ -e "$BUILD/libssa.so" ] || fail "no libssa.so in $BUILD (build libssa first or pass its build dir)"
+BUILD="$(cd "$BUILD" && pwd)"
+PY="${PYTHON:-python3}"
+
+step "tools"
+need_pip=()
+for mod in cffi numpy pytest setuptools wheel; do
+  "$PY" -c "import $mod" 2>/dev/null || need_pip+=("$mod")
+done
+if [ "${#need_pip[@]}" -gt 0 ]; then
+  "$PY" -m pip install -q "${need_pip[@]}"
+fi
+need_apt=()
+command -v go >/dev/null || need_apt+=(golang-go)
+command -v bindgen >/dev/null || need_apt+=(bindgen)
+if [ "${#need_apt[@]}" -gt 0 ]; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+command -v cargo >/dev/null || fail "cargo is missing (a Rust toolchain is required)"
+go version; bindgen --version; cargo --version; "$PY" --version
+
+step "generated bindings are up to date"
+"$ROOT/bindings/generate" --check
+
+step "python"
+export SSA_LIB_DIR="$BUILD" SSA_INCLUDE_DIR="$ROOT/include"
+"$PY" -m pip install -q --no-build-isolation --force-reinstall --no-deps "$ROOT/bindings/python"
+# Run from the repository root so the source tree's ssa/ (without the compiled
+# extension) does not shadow the installed package.
+(cd "$ROOT" && "$PY" -m pytest -q -p no:cacheprovider bindings/python/tests)
+(cd "$ROOT" && "$PY" examples/python/agent_session.py)
+
+step "rust"
+(cd "$ROOT/bindings/rust" && cargo test --offline -q)
+(cd "$ROOT/examples/rust" && cargo run --offline -q)
+
+step "go"
+PREFIX="$(mktemp -d)"
+trap 'rm -rf "$PREFIX"' EXIT
+cmake --install "$BUILD" --prefix "$PREFIX" >/dev/null
+PC="$(find "$PREFIX" -name ssa.pc | head -n1)"
+[ -n "$PC" ] || fail "cmake --install put no ssa.pc under $PREFIX"
+# ssa.pc carries the prefix chosen at configure time; point it at the temp prefix.
+sed -i "s|^prefix=.*|prefix=$PREFIX|" "$PC"
+LIBDIR="$(PKG_CONFIG_PATH="$(dirname "$PC")" pkg-config --variable=libdir ssa)"
+export PKG_CONFIG_PATH="$(dirname "$PC")${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
+export CGO_LDFLAGS="-Wl,-rpath,$LIBDIR" GOPROXY=off GOFLAGS=-mod=mod
+(cd "$ROOT/bindings/go" && go vet ./... && go test -count=1 ./...)
+(cd "$ROOT/examples/go" && go vet . && go run .)
+
+step "all binding checks passed"

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Every test: installs dependencies, builds (CUDA backend compiled when nvcc
+# exists; GPU tests skip without a device), runs the C++/C suites, the bindings'
+# suites, then the whole C++ suite again under AddressSanitizer + UBSan.
+# Fails on the first failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export SSA_WITH_BINDINGS=1
+bash scripts/install_deps.sh
+jobs=$(nproc)
+
+echo "== build and test (release with debug info)"
+cmake -S . -B build >/dev/null
+cmake --build build -j"$jobs"
+ctest --test-dir build --output-on-failure
+
+if [ -x bindings/test_all.sh ]; then
+  echo "== bindings (Python, Rust, Go)"
+  bash bindings/test_all.sh build
+fi
+
+echo "== AddressSanitizer + UndefinedBehaviorSanitizer"
+cmake -S . -B build-asan -DSSA_SANITIZE=ON -DSSA_ENABLE_CUDA=OFF -DSSA_BUILD_BENCH=OFF \
+  -DSSA_BUILD_EXAMPLES=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake --build build-asan -j"$jobs"
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  ctest --test-dir build-asan --output-on-failure
+echo "== all tests passed"

@@ -1,0 +1,257 @@
+/* The C API from C99: every function with bad arguments returns the documented
+   status with a message and changes nothing; a small good path end to end. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ssa.h"
+
+static int failures = 0;
+
+#define EXPECT(cond)                                                    \
+  do {                                                                  \
+    if (!(cond)) {                                                      \
+      fprintf(stderr, "%s:%d: expectation failed: %s\n", __FILE__, __LINE__, #cond); \
+      ++failures;                                                       \
+    }                                                                   \
+  } while (0)
+
+/* The call fails with `want` and leaves a non-empty message. */
+#define EXPECT_STATUS(call, want)                                         \
+  do {                                                                    \
+    ssa_status got_ = (call);                                             \
+    if (got_ != (want)) {                                                 \
+      fprintf(stderr, "%s:%d: %s returned %s, want %s (%s)\n", __FILE__, __LINE__, #call, \
+              ssa_status_string(got_), ssa_status_string(want), ssa_last_error_message()); \
+      ++failures;                                                         \
+    } else if ((want) != SSA_OK && ssa_last_error_message()[0] == '\0') { \
+      fprintf(stderr, "%s:%d: %s gave no message\n", __FILE__, __LINE__, #call); \
+      ++failures;                                                         \
+    }                                                                     \
+  } while (0)
+
+static float frand(uint32_t *state) {
+  *state = *state * 1664525u + 1013904223u;
+  return ((float)(*state >> 8) / 16777216.0f) * 2.0f - 1.0f;
+}
+
+int main(void) {
+  ssa_runtime *rt = NULL;
+  ssa_runtime_options ro;
+  ssa_session_config cfg;
+  ssa_session *s = NULL, *fork = NULL;
+  ssa_decode_params p;
+  ssa_decode_stats st;
+  float *k, *v, q[4 * 64], out[4 * 64], out2[4 * 64], ref[4 * 64];
+  const uint64_t n = 3000;
+  uint32_t rng = 12345u;
+  size_t i;
+
+  EXPECT(ssa_version() == SSA_VERSION_MAJOR * 10000u + SSA_VERSION_MINOR * 100u + SSA_VERSION_PATCH);
+  EXPECT(strcmp(ssa_status_string(SSA_ERR_CORRUPT), "SSA_ERR_CORRUPT") == 0);
+  EXPECT(ssa_status_string((ssa_status)12345) != NULL);
+  EXPECT(sizeof(ssa_status) == 4);
+
+  /* runtime */
+  ssa_runtime_options_init(&ro);
+  EXPECT_STATUS(ssa_runtime_create(&ro, NULL), SSA_ERR_INVALID_ARGUMENT);
+  ro.struct_size = 4;
+  EXPECT_STATUS(ssa_runtime_create(&ro, &rt), SSA_ERR_INVALID_ARGUMENT);
+  ssa_runtime_options_init(&ro);
+  ro.num_threads = -1;
+  EXPECT_STATUS(ssa_runtime_create(&ro, &rt), SSA_ERR_INVALID_ARGUMENT);
+  ssa_runtime_options_init(&ro);
+  ro.backend = (ssa_backend)9;
+  EXPECT_STATUS(ssa_runtime_create(&ro, &rt), SSA_ERR_INVALID_ARGUMENT);
+  EXPECT(rt == NULL);
+  ssa_runtime_options_init(&ro);
+  ro.backend = SSA_BACKEND_CPU;
+  ro.num_threads = 2;
+  EXPECT_STATUS(ssa_runtime_create(&ro, &rt), SSA_OK);
+  EXPECT(ssa_last_error_message()[0] == '\0');
+  EXPECT(ssa_runtime_backend(rt) == SSA_BACKEND_CPU);
+  EXPECT(ssa_runtime_num_threads(rt) == 2);
+  ssa_runtime_destroy(NULL);
+  ssa_session_destroy(NULL);
+
+  /* session config */
+  ssa_session_config_init(&cfg);
+  EXPECT_STATUS(ssa_session_create(rt, &cfg, &s), SSA_ERR_INVALID_ARGUMENT); /* shape unset */
+  cfg.n_layers = 2;
+  cfg.n_q_heads = 4;
+  cfg.n_kv_heads = 3; /* 4 % 3 != 0 */
+  cfg.head_dim = 64;
+  EXPECT_STATUS(ssa_session_create(rt, &cfg, &s), SSA_ERR_INVALID_ARGUMENT);
+  cfg.n_kv_heads = 2;
+  cfg.head_dim = 0;
+  EXPECT_STATUS(ssa_session_create(rt, &cfg, &s), SSA_ERR_INVALID_ARGUMENT);
+  cfg.head_dim = 60; /* not a multiple of 8 */
+  EXPECT_STATUS(ssa_session_create(rt, &cfg, &s), SSA_ERR_INVALID_ARGUMENT);
+  cfg.head_dim = 64;
+  cfg.pq_subspaces = 7;
+  EXPECT_STATUS(ssa_session_create(rt, &cfg, &s), SSA_ERR_INVALID_ARGUMENT);
+  cfg.pq_subspaces = 16;
+  cfg.pq_centroids = 1000;
+  EXPECT_STATUS(ssa_session_create(rt, &cfg, &s), SSA_ERR_INVALID_ARGUMENT);
+  cfg.pq_centroids = 256;
+  cfg.page_tokens = 100;
+  EXPECT_STATUS(ssa_session_create(rt, &cfg, &s), SSA_ERR_INVALID_ARGUMENT);
+  cfg.page_tokens = 128;
+  cfg.kv_dtype = (ssa_dtype)7;
+  EXPECT_STATUS(ssa_session_create(rt, &cfg, &s), SSA_ERR_INVALID_ARGUMENT);
+  cfg.kv_dtype = SSA_DTYPE_F32;
+  cfg.index_regrow_factor = 0.5f;
+  EXPECT_STATUS(ssa_session_create(rt, &cfg, &s), SSA_ERR_INVALID_ARGUMENT);
+  cfg.index_regrow_factor = 4.0f;
+  cfg.index_min_tokens = 1000;
+  EXPECT_STATUS(ssa_session_create(NULL, &cfg, &s), SSA_ERR_INVALID_ARGUMENT);
+  EXPECT_STATUS(ssa_session_create(rt, NULL, &s), SSA_ERR_INVALID_ARGUMENT);
+  EXPECT_STATUS(ssa_session_create(rt, &cfg, NULL), SSA_ERR_INVALID_ARGUMENT);
+  EXPECT(s == NULL);
+  EXPECT_STATUS(ssa_session_create(rt, &cfg, &s), SSA_OK);
+
+  /* append */
+  k = (float *)malloc(sizeof(float) * n * 2 * 64);
+  v = (float *)malloc(sizeof(float) * n * 2 * 64);
+  for (i = 0; i < n * 2 * 64; ++i) {
+    k[i] = frand(&rng);
+    v[i] = frand(&rng);
+  }
+  for (i = 0; i < 4 * 64; ++i) q[i] = 3.0f * frand(&rng);
+  EXPECT_STATUS(ssa_session_append(NULL, 0, k, v, n), SSA_ERR_INVALID_ARGUMENT);
+  EXPECT_STATUS(ssa_session_append(s, 2, k, v, n), SSA_ERR_INVALID_ARGUMENT); /* layer 2 >= 2 */
+  EXPECT(strstr(ssa_last_error_message(), "layer 2") != NULL);
+  EXPECT_STATUS(ssa_session_append(s, 0, NULL, v, n), SSA_ERR_INVALID_ARGUMENT);
+  EXPECT_STATUS(ssa_session_append(s, 0, k, NULL, n), SSA_ERR_INVALID_ARGUMENT);
+  EXPECT_STATUS(ssa_session_append(s, 0, k, v, UINT64_MAX), SSA_ERR_INVALID_ARGUMENT);
+  k[100] = NAN;
+  EXPECT_STATUS(ssa_session_append(s, 0, k, v, n), SSA_ERR_INVALID_ARGUMENT);
+  k[100] = 0.25f;
+  v[7] = INFINITY;
+  EXPECT_STATUS(ssa_session_append(s, 0, k, v, n), SSA_ERR_INVALID_ARGUMENT);
+  v[7] = 0.5f;
+  EXPECT(ssa_session_layer_length(s, 0) == 0); /* every failure changed nothing */
+  EXPECT_STATUS(ssa_session_append(s, 0, k, v, 0), SSA_OK);
+  EXPECT_STATUS(ssa_session_append(s, 0, k, v, n), SSA_OK);
+  EXPECT_STATUS(ssa_session_append(s, 1, k, v, n / 2), SSA_OK);
+  EXPECT(ssa_session_layer_length(s, 0) == n);
+  EXPECT(ssa_session_layer_length(s, 5) == 0);
+  EXPECT(ssa_session_length(s) == n / 2);
+  EXPECT(ssa_session_length(NULL) == 0);
+
+  /* decode */
+  ssa_decode_params_init(&p);
+  ssa_decode_stats_init(&st);
+  p.method = SSA_METHOD_DENSE;
+  EXPECT_STATUS(ssa_decode(s, 0, q, ref, &p, &st), SSA_OK);
+  EXPECT(st.tokens_read == n * 4);
+  EXPECT_STATUS(ssa_decode(NULL, 0, q, out, &p, NULL), SSA_ERR_INVALID_ARGUMENT);
+  EXPECT_STATUS(ssa_decode(s, 9, q, out, &p, NULL), SSA_ERR_INVALID_ARGUMENT);
+  EXPECT_STATUS(ssa_decode(s, 0, NULL, out, &p, NULL), SSA_ERR_INVALID_ARGUMENT);
+  EXPECT_STATUS(ssa_decode(s, 0, q, NULL, &p, NULL), SSA_ERR_INVALID_ARGUMENT);
+  EXPECT_STATUS(ssa_decode(s, 0, q, q, &p, NULL), SSA_ERR_INVALID_ARGUMENT); /* overlap */
+  p.method = (ssa_method)42;
+  EXPECT_STATUS(ssa_decode(s, 0, q, out, &p, NULL), SSA_ERR_INVALID_ARGUMENT);
+  ssa_decode_params_init(&p);
+  p.sparsity = 0.5f;
+  EXPECT_STATUS(ssa_decode(s, 0, q, out, &p, NULL), SSA_ERR_INVALID_ARGUMENT);
+  p.sparsity = NAN;
+  EXPECT_STATUS(ssa_decode(s, 0, q, out, &p, NULL), SSA_ERR_INVALID_ARGUMENT);
+  ssa_decode_params_init(&p);
+  p.heavy_fraction = 1.5f;
+  EXPECT_STATUS(ssa_decode(s, 0, q, out, &p, NULL), SSA_ERR_INVALID_ARGUMENT);
+  ssa_decode_params_init(&p);
+  p.pi_min = 0.0f;
+  EXPECT_STATUS(ssa_decode(s, 0, q, out, &p, NULL), SSA_ERR_INVALID_ARGUMENT);
+  ssa_decode_params_init(&p);
+  p.struct_size = 8;
+  EXPECT_STATUS(ssa_decode(s, 0, q, out, &p, NULL), SSA_ERR_INVALID_ARGUMENT);
+  ssa_decode_params_init(&p);
+  st.struct_size = 3;
+  EXPECT_STATUS(ssa_decode(s, 0, q, out, &p, &st), SSA_ERR_INVALID_ARGUMENT);
+  ssa_decode_stats_init(&st);
+  {
+    const float keep = q[3];
+    q[3] = NAN;
+    EXPECT_STATUS(ssa_decode(s, 0, q, out, &p, NULL), SSA_ERR_INVALID_ARGUMENT);
+    q[3] = keep;
+  }
+  {
+    ssa_session *empty = NULL;
+    EXPECT_STATUS(ssa_session_create(rt, &cfg, &empty), SSA_OK);
+    EXPECT_STATUS(ssa_decode(empty, 0, q, out, &p, NULL), SSA_ERR_INVALID_ARGUMENT);
+    ssa_session_destroy(empty);
+  }
+
+  /* NULL params = defaults (SSA at 50x); deterministic for equal step */
+  p.step = 0;
+  EXPECT_STATUS(ssa_decode(s, 0, q, out, NULL, &st), SSA_OK);
+  EXPECT(st.tokens_read <= 4 * ((n + 49) / 50 + 256));
+  EXPECT_STATUS(ssa_decode(s, 0, q, out2, &p, NULL), SSA_OK);
+  EXPECT(memcmp(out, out2, sizeof(out)) == 0);
+  /* budget >= N: exactly dense */
+  p.budget = (uint32_t)n;
+  EXPECT_STATUS(ssa_decode(s, 0, q, out, &p, NULL), SSA_OK);
+  EXPECT(memcmp(out, ref, sizeof(out)) == 0);
+
+  /* batch */
+  {
+    ssa_decode_item items[2];
+    items[0].session = s;
+    items[0].q = q;
+    items[0].out = out;
+    items[1].session = s;
+    items[1].q = q;
+    items[1].out = out2;
+    ssa_decode_params_init(&p);
+    p.method = SSA_METHOD_DENSE;
+    EXPECT_STATUS(ssa_decode_batch(items, 2, 0, &p), SSA_OK);
+    EXPECT(memcmp(out, ref, sizeof(out)) == 0 && memcmp(out2, ref, sizeof(out)) == 0);
+    EXPECT_STATUS(ssa_decode_batch(NULL, 2, 0, &p), SSA_ERR_INVALID_ARGUMENT);
+    EXPECT_STATUS(ssa_decode_batch(items, 0, 0, &p), SSA_OK);
+    items[1].out = out; /* two items write the same output */
+    EXPECT_STATUS(ssa_decode_batch(items, 2, 0, &p), SSA_ERR_INVALID_ARGUMENT);
+    items[1].out = out2;
+    items[1].session = NULL;
+    EXPECT_STATUS(ssa_decode_batch(items, 2, 0, &p), SSA_ERR_INVALID_ARGUMENT);
+    EXPECT(strstr(ssa_last_error_message(), "item 1") != NULL);
+  }
+
+  /* fork, truncate, config, index */
+  EXPECT_STATUS(ssa_session_fork(NULL, &fork), SSA_ERR_INVALID_ARGUMENT);
+  EXPECT_STATUS(ssa_session_fork(s, NULL), SSA_ERR_INVALID_ARGUMENT);
+  EXPECT_STATUS(ssa_session_fork(s, &fork), SSA_OK);
+  EXPECT_STATUS(ssa_session_truncate(fork, n), SSA_ERR_INVALID_ARGUMENT); /* > length n/2 */
+  EXPECT_STATUS(ssa_session_truncate(NULL, 1), SSA_ERR_INVALID_ARGUMENT);
+  EXPECT_STATUS(ssa_session_truncate(fork, 100), SSA_OK);
+  EXPECT(ssa_session_length(fork) == 100 && ssa_session_length(s) == n / 2);
+  EXPECT_STATUS(ssa_session_update_index(NULL), SSA_ERR_INVALID_ARGUMENT);
+  EXPECT_STATUS(ssa_session_update_index(fork), SSA_OK);
+  {
+    ssa_session_config got;
+    ssa_session_config_init(&got);
+    EXPECT_STATUS(ssa_session_get_config(s, &got), SSA_OK);
+    EXPECT(got.n_q_heads == 4 && got.head_dim == 64 && got.kv_dtype == SSA_DTYPE_F32);
+    EXPECT_STATUS(ssa_session_get_config(s, NULL), SSA_ERR_INVALID_ARGUMENT);
+    got.struct_size = 1;
+    EXPECT_STATUS(ssa_session_get_config(s, &got), SSA_ERR_INVALID_ARGUMENT);
+  }
+
+  /* snapshot arguments */
+  EXPECT(ssa_session_save(NULL, "/tmp/x.ssa") != SSA_OK);
+  EXPECT(ssa_session_load(rt, NULL, 0, &fork) != SSA_OK);
+
+  ssa_session_destroy(fork);
+  ssa_session_destroy(s);
+  ssa_runtime_destroy(rt);
+  free(k);
+  free(v);
+  if (failures != 0) {
+    fprintf(stderr, "%d failures\n", failures);
+    return 1;
+  }
+  printf("c api test: all expectations met\n");
+  return 0;
+}

@@ -1,0 +1,106 @@
+// The vectorised kernels against the portable ones (and the portable dtype
+// conversions against exhaustive expectations).
+#include <doctest/doctest.h>
+
+#include <math.h>
+#include <string.h>
+
+#include <random>
+#include <vector>
+
+#include "common/dtype.h"
+#include "cpu/simd.h"
+
+TEST_CASE("f16 conversion round-trips every half value and matches F16C") {
+  const ssa::simd::Kernels* avx2 = ssa::simd::avx2_kernels();
+  std::vector<uint16_t> all(65536);
+  for (uint32_t i = 0; i < 65536; ++i) all[i] = static_cast<uint16_t>(i);
+  std::vector<float> gen(65536), vec(65536);
+  ssa::simd::generic_kernels().to_f32(ssa::DType::kF16, all.data(), gen.data(), all.size());
+  if (avx2 != nullptr) avx2->to_f32(ssa::DType::kF16, all.data(), vec.data(), all.size());
+  for (uint32_t i = 0; i < 65536; ++i) {
+    const float f = gen[i];
+    if (isnan(f)) {
+      CHECK(isnan(ssa::f16_to_f32(ssa::f32_to_f16(f))));
+      continue;
+    }
+    REQUIRE(ssa::f32_to_f16(f) == all[i]);
+    if (avx2 != nullptr) REQUIRE(memcmp(&vec[i], &f, 4) == 0);
+  }
+}
+
+TEST_CASE("f32 -> f16 rounds to nearest even") {
+  CHECK(ssa::f32_to_f16(1.0f) == 0x3c00);
+  CHECK(ssa::f32_to_f16(65504.0f) == 0x7bff);
+  CHECK(ssa::f32_to_f16(65520.0f) == 0x7c00);  // rounds up to infinity
+  CHECK(ssa::f32_to_f16(1.0f + 1.0f / 2048.0f) == 0x3c00);  // tie -> even
+  CHECK(ssa::f32_to_f16(1.0f + 3.0f / 2048.0f) == 0x3c02);  // tie -> even (up)
+  CHECK(ssa::f32_to_f16(5.9604645e-08f) == 0x0001);         // smallest subnormal
+  CHECK(ssa::f32_to_bf16(1.0f + 1.0f / 256.0f) == 0x3f80);  // tie -> even
+}
+
+TEST_CASE("AVX2 kernels agree with the portable ones") {
+  const ssa::simd::Kernels* avx2 = ssa::simd::avx2_kernels();
+  if (avx2 == nullptr) {
+    MESSAGE("skipped: this CPU has no AVX2/FMA/F16C");
+    return;
+  }
+  const auto& gen = ssa::simd::generic_kernels();
+  std::mt19937 rng(4);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  for (ssa::DType t : {ssa::DType::kF32, ssa::DType::kF16, ssa::DType::kBF16}) {
+    for (size_t n : {1u, 7u, 64u, 100u, 256u}) {
+      std::vector<uint8_t> row(n * 4);
+      std::vector<float> q(n), acc_a(n, 0.5f), acc_b(n, 0.5f);
+      for (size_t i = 0; i < n; ++i) {
+        ssa::store_from_f32(row.data(), t, i, g(rng));
+        q[i] = g(rng);
+      }
+      CHECK(avx2->dot(t, row.data(), q.data(), n) ==
+            doctest::Approx(gen.dot(t, row.data(), q.data(), n)).epsilon(1e-5));
+      avx2->axpy(t, row.data(), 0.7f, acc_a.data(), n);
+      gen.axpy(t, row.data(), 0.7f, acc_b.data(), n);
+      for (size_t i = 0; i < n; ++i) CHECK(acc_a[i] == doctest::Approx(acc_b[i]).epsilon(1e-6));
+    }
+  }
+  // PQ scores: gathers from a [M][K] table.
+  const uint32_t M = 16, K = 256, P = 64;
+  std::vector<float> lut(M * K);
+  for (auto& x : lut) x = g(rng);
+  std::vector<uint8_t> codes(M * P);
+  for (auto& c : codes) c = static_cast<uint8_t>(rng());
+  std::vector<float> a(P - 3), b(P - 3);
+  avx2->pq_scores(lut.data(), K, M, codes.data() + 3, P, P - 3, a.data());
+  gen.pq_scores(lut.data(), K, M, codes.data() + 3, P, P - 3, b.data());
+  for (size_t i = 0; i < a.size(); ++i) CHECK(a[i] == doctest::Approx(b[i]).epsilon(1e-6));
+  // exp: relative error against libm.
+  std::vector<float> x(1000), ea(1000), eb(1000);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = -100.0f + 0.1f * static_cast<float>(i);
+  const double sa = avx2->exp_shifted(x.data(), 0.0f, ea.data(), x.size());
+  const double sb = gen.exp_shifted(x.data(), 0.0f, eb.data(), x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (x[i] < -87.0f) continue;
+    CHECK(ea[i] == doctest::Approx(eb[i]).epsilon(1e-6));
+  }
+  CHECK(sa == doctest::Approx(sb).epsilon(1e-6));
+  // Nearest centroid: same argmin up to ties.
+  std::vector<float> cent_t(16 * K), norms(K), xq(16);
+  for (auto& v : cent_t) v = g(rng);
+  for (uint32_t c = 0; c < K; ++c) {
+    norms[c] = 0;
+    for (uint32_t j = 0; j < 16; ++j) norms[c] += cent_t[j * K + c] * cent_t[j * K + c];
+  }
+  for (int trial = 0; trial < 100; ++trial) {
+    for (auto& v : xq) v = g(rng);
+    const uint32_t ia = avx2->nearest_centroid(xq.data(), cent_t.data(), norms.data(), K, 16);
+    const uint32_t ib = gen.nearest_centroid(xq.data(), cent_t.data(), norms.data(), K, 16);
+    if (ia != ib) {
+      auto dist = [&](uint32_t c) {
+        double s = 0;
+        for (uint32_t j = 0; j < 16; ++j) s += (xq[j] - cent_t[j * K + c]) * (xq[j] - cent_t[j * K + c]);
+        return s;
+      };
+      CHECK(dist(ia) == doctest::Approx(dist(ib)).epsilon(1e-5));
+    }
+  }
+}
