@@ -97,6 +97,7 @@ cudaError_t plan_workspace(DecodeBatch* b, int sm_count, WorkspacePlan* plan) {
   p.off_heavy = take(sel * 4);
   p.off_uniq = take(sel * 4);
   p.off_uniq_sorted = take(sel * 4);
+  p.off_log_pi = take(sel * 4);
   const bool adaptive = b->heavy == HeavyRule::kAdaptive;
   p.off_sort_keys = take(adaptive ? sel * 4 : 0);
   p.off_sort_keys2 = take(adaptive ? sel * 4 : 0);
@@ -127,6 +128,7 @@ Workspace bind_workspace(void* base, const WorkspacePlan& p) {
   w.heavy = reinterpret_cast<uint32_t*>(c + p.off_heavy);
   w.uniq = reinterpret_cast<uint32_t*>(c + p.off_uniq);
   w.uniq_sorted = reinterpret_cast<uint32_t*>(c + p.off_uniq_sorted);
+  w.log_pi = reinterpret_cast<float*>(c + p.off_log_pi);
   w.sort_keys = reinterpret_cast<uint32_t*>(c + p.off_sort_keys);
   w.sort_keys2 = reinterpret_cast<uint32_t*>(c + p.off_sort_keys2);
   w.sort_vals2 = reinterpret_cast<uint32_t*>(c + p.off_sort_vals2);

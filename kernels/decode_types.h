@@ -93,6 +93,7 @@ struct Workspace {
   uint32_t* heavy = nullptr;       // per-row heavy lists (select_base layout)
   uint32_t* uniq = nullptr;        // per-row unique samples, insertion order
   uint32_t* uniq_sorted = nullptr; // the same, sorted by token index
+  float* log_pi = nullptr;         // log inclusion probability of each sorted sample
   uint32_t* hash = nullptr;        // per-row open-addressing tables (hash_base layout)
   uint32_t* sort_keys = nullptr;   // adaptive: score keys of the top-k' candidates
   uint32_t* sort_keys2 = nullptr;
@@ -109,7 +110,7 @@ struct Workspace {
 struct WorkspacePlan {
   size_t total_bytes = 0;
   size_t off_lut = 0, off_scores = 0, off_bsum = 0, off_csum = 0, off_cprefix = 0;
-  size_t off_hist = 0, off_blkcnt = 0, off_heavy = 0, off_uniq = 0, off_uniq_sorted = 0;
+  size_t off_hist = 0, off_blkcnt = 0, off_heavy = 0, off_uniq = 0, off_uniq_sorted = 0, off_log_pi = 0;
   size_t off_hash = 0, off_sort_keys = 0, off_sort_keys2 = 0, off_sort_vals2 = 0;
   size_t off_probs = 0, off_seg_begin = 0, off_seg_end = 0, off_rows = 0, off_partial = 0;
   size_t off_sort_temp = 0, sort_temp_bytes = 0;

@@ -75,16 +75,17 @@ struct ReadSet {
   uint32_t n_sink, local_begin, n_local, n_heavy, n_unique;
   const uint32_t* heavy;
   const uint32_t* sampled;
+  const float* sampled_log_pi;
   __device__ uint32_t size() const { return n_sink + n_local + n_heavy + n_unique; }
-  __device__ uint32_t token(uint32_t p, bool* is_sampled) const {
-    *is_sampled = false;
+  __device__ uint32_t token(uint32_t p, float* log_pi) const {
+    *log_pi = 0.f;
     if (p < n_sink) return p;
     p -= n_sink;
     if (p < n_local) return local_begin + p;
     p -= n_local;
     if (p < n_heavy) return heavy[p];
     p -= n_heavy;
-    *is_sampled = true;
+    *log_pi = sampled_log_pi[p];
     return sampled[p];
   }
 };

@@ -76,9 +76,20 @@ __global__ void __launch_bounds__(kThreads) radix_hist_kernel(DecodeBatch b, Wor
   const uint32_t prefix = prefix_s;
   const uint32_t mask = pass == 0 ? 0u : (0xffffffffu << (32 - 8 * pass));
   const int shift = 24 - 8 * pass;
-  for (uint32_t t = r.begin + threadIdx.x; t < r.end; t += kThreads) {
-    const uint32_t key = float_key(r.scores[t]);
-    if ((key & mask) == prefix) atomicAdd(&hist_s[(key >> shift) & 255u], 1u);
+  // Scores cluster in few bins (high passes): lanes of a warp with the same bin
+  // add once, by their leader. Trip count uniform per warp.
+  const uint32_t lane = threadIdx.x & 31;
+  for (uint32_t base = r.begin; base < r.end; base += kThreads) {
+    const uint32_t t = base + threadIdx.x;
+    uint32_t bin = 0xffffffffu;
+    if (t < r.end) {
+      const uint32_t key = float_key(r.scores[t]);
+      if ((key & mask) == prefix) bin = (key >> shift) & 255u;
+    }
+    const uint32_t peers = __match_any_sync(0xffffffffu, bin);
+    if (bin != 0xffffffffu && lane == static_cast<uint32_t>(__ffs(peers) - 1)) {
+      atomicAdd(&hist_s[bin], static_cast<uint32_t>(__popc(peers)));
+    }
   }
   __syncthreads();
   const uint32_t c = hist_s[threadIdx.x];

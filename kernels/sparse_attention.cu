@@ -6,11 +6,10 @@
 // block and then the splits of a row merge by log-sum-exp (common/online_softmax.h
 // semantics), so the result does not depend on how the work was cut.
 //   sparse rows (GH = 1): read set = sink, local, heavy list, sorted unique samples;
-//     a sampled token's logit has log(pi) subtracted, pi = 1 - (1 - p)^m from its
-//     own proxy weight p (common/inclusion_probability.h), clamped at pi_min.
+//     a sampled token's logit has log(pi) subtracted (log pi computed per unique
+//     sample by the sampler, kernels/stratified_sample.cu).
 //   dense (GH q heads of one KV head per block): every token, each K/V row read
 //     once for all GH heads of the GQA group.
-#include "common/inclusion_probability.h"
 #include "device_util.cuh"
 #include "head_dim.cuh"
 #include "stages.h"
@@ -25,7 +24,7 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(DecodeBatch b
                                                                    uint32_t n_splits) {
   using RS = RowSplit<D>;
   constexpr int kEpt = RS::kEpt, kTpr = RS::kTpr, kGroups = kThreads / kTpr;
-  constexpr int kUnroll = GH >= 4 ? 2 : 4;
+  constexpr int kUnroll = GH >= 8 ? 2 : 4;
   extern __shared__ float smem[];  // [kGroups][GH][D + 2]
 
   const uint32_t item = blockIdx.z, split = blockIdx.x;
@@ -42,19 +41,12 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(DecodeBatch b
   }
   const uint32_t row0 = row_of(item, h0, b.shape.n_q_heads);
 
-  ReadSet rs{it.n_tokens, it.n_tokens, 0, 0, 0, nullptr, nullptr};
-  float mx = 0.f;
-  double w_total = 1.0, draws = 0.0;
-  const float* scores = nullptr;
+  ReadSet rs{it.n_tokens, it.n_tokens, 0, 0, 0, nullptr, nullptr, nullptr};
   if (kSparse && it.sink_end < it.local_begin) {
     const RowState& st = ws.rows[row0];
     const size_t sel = it.select_base + size_t{h0} * it.select_cap;
     rs = ReadSet{it.sink_end, it.local_begin, it.n_tokens - it.local_begin, st.n_heavy,
-                 st.n_unique, ws.heavy + sel, ws.uniq_sorted + sel};
-    mx = key_float(st.max_key);
-    w_total = st.w_total;
-    draws = static_cast<double>(st.n_draws);
-    scores = ws.scores + it.score_base + size_t{h0} * it.n_pad;
+                 st.n_unique, ws.heavy + sel, ws.uniq_sorted + sel, ws.log_pi + sel};
   }
   const uint32_t P = rs.size();
   const uint32_t per = (P + n_splits - 1) / n_splits;
@@ -74,7 +66,6 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(DecodeBatch b
     m[g] = -INFINITY;
     l[g] = 0.f;
   }
-  const bool uniform = b.sampling == Sampling::kUniform;
   const uint32_t page_mask = b.shape.page_tokens - 1;
   const size_t v_off = size_t{b.shape.page_tokens} * b.shape.n_kv_heads * D;
 
@@ -88,8 +79,7 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(DecodeBatch b
       valid[u] = p < p1;
       bias[u] = 0.f;
       if (valid[u]) {
-        bool sampled;
-        const uint32_t t = rs.token(p, &sampled);
+        const uint32_t t = rs.token(p, &bias[u]);
         const T* kp = reinterpret_cast<const T*>(it.kv_pages[t >> b.shape.page_shift]) +
                       (size_t{kvh} * b.shape.page_tokens + (t & page_mask)) * D + lane * kEpt;
 #pragma unroll
@@ -97,18 +87,11 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(DecodeBatch b
           load8(kp + e, kr[u] + e);
           load8(kp + v_off + e, vr[u] + e);
         }
-        if (kSparse && sampled && lane == 0) {
-          const float w = uniform ? 1.0f : expf(scores[t] - mx);
-          const double p_i = static_cast<double>(w) / w_total;
-          bias[u] = static_cast<float>(
-              log(inclusion_probability(p_i, draws, static_cast<double>(b.pi_min))));
-        }
       } else {
         // Past the end: zero rows, so 0-weight terms stay 0 (never 0 * garbage).
 #pragma unroll
         for (int e = 0; e < kEpt; ++e) kr[u][e] = vr[u][e] = 0.f;
       }
-      if constexpr (kSparse) bias[u] = __shfl_sync(0xffffffffu, bias[u], 0, kTpr);
     }
 #pragma unroll
     for (int g = 0; g < GH; ++g) {

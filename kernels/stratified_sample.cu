@@ -15,6 +15,7 @@
 #include <cub/block/block_scan.cuh>
 #include <cub/device/device_segmented_radix_sort.cuh>
 
+#include "common/inclusion_probability.h"
 #include "common/philox.h"
 #include "common/sampling_hierarchy.h"
 #include "common/water_filling.h"
@@ -189,6 +190,22 @@ __global__ void sample_kernel(DecodeBatch b, Workspace ws) {
   }
 }
 
+// pi of each unique sample, recomputed from its own proxy weight:
+// p = w / W_R, pi = 1 - (1 - p)^m (common/inclusion_probability.h), as log(pi).
+__global__ void log_pi_kernel(DecodeBatch b, Workspace ws) {
+  const RowRef r = row_ref(b);
+  const RowState& st = ws.rows[r.row];
+  const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= st.n_unique) return;
+  const size_t base = row_select(r);
+  const uint32_t t = ws.uniq_sorted[base + i];
+  const float w = residual_weight(row_scores(ws, r)[t], key_float(st.max_key),
+                                  b.sampling == Sampling::kUniform);
+  const double p = static_cast<double>(w) / st.w_total;
+  ws.log_pi[base + i] = static_cast<float>(
+      log(inclusion_probability(p, static_cast<double>(st.n_draws), static_cast<double>(b.pi_min))));
+}
+
 __global__ void segments_kernel(DecodeBatch b, Workspace ws, int which) {
   const uint32_t item = blockIdx.x, h = threadIdx.x;
   if (h >= b.shape.n_q_heads) return;
@@ -300,10 +317,13 @@ cudaError_t launch_sampling(const DecodeBatch& b, const WorkspacePlan& plan, con
   uint32_t bits = 1;
   while (bits < 32 && (uint64_t{1} << bits) < plan.n_pad_max) ++bits;
   size_t bytes = ws.sort_temp_bytes;
-  return cub::DeviceSegmentedRadixSort::SortKeys(ws.sort_temp, bytes, ws.uniq, ws.uniq_sorted,
-                                                 static_cast<int>(plan.select_entries),
-                                                 static_cast<int>(plan.rows), ws.seg_begin,
-                                                 ws.seg_end, 0, static_cast<int>(bits), st);
+  e = cub::DeviceSegmentedRadixSort::SortKeys(ws.sort_temp, bytes, ws.uniq, ws.uniq_sorted,
+                                              static_cast<int>(plan.select_entries),
+                                              static_cast<int>(plan.rows), ws.seg_begin, ws.seg_end, 0,
+                                              static_cast<int>(bits), st);
+  if (e != cudaSuccess) return e;
+  log_pi_kernel<<<grid, 256, 0, st>>>(b, ws);
+  return cudaGetLastError();
 }
 
 }  // namespace ssa::cuda
