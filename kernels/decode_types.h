@@ -74,6 +74,8 @@ struct RowState {
   uint32_t n_heavy;    // |H|
   uint32_t n_draws;    // m
   uint32_t n_unique;   // |S|
+  uint32_t radix_prefix;     // radix top-k: high bits of the k-th largest key found so far
+  uint32_t radix_remaining;  // radix top-k: values still needed inside that prefix
   uint32_t pad_;
   double w_total;      // sum over the residual R of exp(s~ - max) (uniform: |R|)
   double w_heavy;      // sum over H of exp(s~ - max) (statistics only)

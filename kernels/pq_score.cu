@@ -16,7 +16,9 @@ namespace {
 
 constexpr int kScoreThreads = 256;
 constexpr int kTokensPerThread = 4;
-constexpr int kScoreTile = kScoreThreads * kTokensPerThread;  // 1024 tokens per block
+constexpr int kSubTile = kScoreThreads * kTokensPerThread;  // 1024 tokens per pass
+constexpr int kSubTiles = 4;                                 // passes per block (LUT load amortised)
+constexpr int kScoreTile = kSubTile * kSubTiles;
 constexpr size_t kLutSmemLimit = 192 * 1024;
 
 __global__ void init_rows_kernel(DecodeBatch b, RowState* rows) {
@@ -30,6 +32,8 @@ __global__ void init_rows_kernel(DecodeBatch b, RowState* rows) {
   r.n_heavy = heavy;
   r.topk_k = b.heavy == HeavyRule::kAdaptive ? it.n_select : heavy;
   r.n_draws = b.sampling == Sampling::kNone ? 0u : it.n_select - heavy;
+  r.radix_prefix = 0u;
+  r.radix_remaining = r.topk_k;
   rows[row_of(item, h, b.shape.n_q_heads)] = r;
 }
 
@@ -60,9 +64,26 @@ __global__ void build_lut_kernel(DecodeBatch b, float* lut) {
   }
 }
 
+// The GH table entries of one code, stored together: one vector load.
+template <int GH>
+__device__ __forceinline__ void lut_entries(const float* p, float* v) {
+  if constexpr (GH == 1) {
+    v[0] = p[0];
+  } else if constexpr (GH == 2) {
+    const float2 a = *reinterpret_cast<const float2*>(p);
+    v[0] = a.x; v[1] = a.y;
+  } else {
+#pragma unroll
+    for (int i = 0; i < GH; i += 4) {
+      const float4 a = *reinterpret_cast<const float4*>(p + i);
+      v[i] = a.x; v[i + 1] = a.y; v[i + 2] = a.z; v[i + 3] = a.w;
+    }
+  }
+}
+
 template <int GH>
 __global__ void __launch_bounds__(kScoreThreads) pq_score_kernel(DecodeBatch b, Workspace ws) {
-  extern __shared__ float lut_s[];  // [GH][M][K]
+  extern __shared__ float lut_s[];  // [M][K][GH]: the GH heads' entries of a code side by side
   __shared__ uint32_t smax[GH];
   const uint32_t item = blockIdx.z;
   const DecodeItem& it = b.items[item];
@@ -75,15 +96,19 @@ __global__ void __launch_bounds__(kScoreThreads) pq_score_kernel(DecodeBatch b, 
   const uint32_t h0 = kvh * G + (blockIdx.y % chunks) * GH;
   const uint32_t row0 = row_of(item, h0, b.shape.n_q_heads);
   const float* lut = ws.lut + size_t{row0} * M * K;
-  for (uint32_t i = threadIdx.x; i < GH * M * K; i += kScoreThreads) lut_s[i] = lut[i];
+  for (uint32_t i = threadIdx.x; i < M * K; i += kScoreThreads) {
+#pragma unroll
+    for (int g = 0; g < GH; ++g) lut_s[i * GH + g] = lut[static_cast<size_t>(g) * M * K + i];
+  }
   if (threadIdx.x < GH) smax[threadIdx.x] = 0u;
   __syncthreads();
 
-  const uint32_t t0 = tile0 + threadIdx.x * kTokensPerThread;
   uint32_t local_max[GH];
 #pragma unroll
   for (int g = 0; g < GH; ++g) local_max[g] = 0u;
-  if (t0 < it.n_tokens) {
+  for (int sub_tile = 0; sub_tile < kSubTiles; ++sub_tile) {
+    const uint32_t t0 = tile0 + sub_tile * kSubTile + threadIdx.x * kTokensPerThread;
+    if (t0 >= it.n_tokens) break;
     const uint32_t page = t0 >> b.shape.page_shift;
     const uint32_t slot = t0 & (b.shape.page_tokens - 1);
     const uint8_t* codes = it.code_pages[page] + size_t{kvh} * M * b.shape.page_tokens + slot;
@@ -95,16 +120,18 @@ __global__ void __launch_bounds__(kScoreThreads) pq_score_kernel(DecodeBatch b, 
     for (uint32_t m = 0; m < M; ++m) {
       const uchar4 c = *reinterpret_cast<const uchar4*>(codes + size_t{m} * b.shape.page_tokens);
       const uint32_t cc[4] = {c.x, c.y, c.z, c.w};
+      const float* l = lut_s + size_t{m} * K * GH;
 #pragma unroll
-      for (int g = 0; g < GH; ++g) {
-        const float* l = lut_s + (static_cast<size_t>(g) * M + m) * K;
+      for (int j = 0; j < kTokensPerThread; ++j) {
+        float v[GH];
+        lut_entries<GH>(l + cc[j] * GH, v);
 #pragma unroll
-        for (int j = 0; j < kTokensPerThread; ++j) acc[g][j] += l[cc[j]];
+        for (int g = 0; g < GH; ++g) acc[g][j] += v[g];
       }
     }
 #pragma unroll
     for (int g = 0; g < GH; ++g) {
-      float* out = ws.scores + it.score_base + size_t{h0 + g} * it.n_pad;
+      float* out = ws.scores + it.score_base + static_cast<size_t>(h0 + g) * it.n_pad;
 #pragma unroll
       for (int j = 0; j < kTokensPerThread; ++j) {
         const uint32_t t = t0 + j;

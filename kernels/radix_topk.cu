@@ -4,8 +4,8 @@
 // threshold-equal values still needed are known. No sort. The selection is then
 // compacted in token order (values above the threshold, then the first needed
 // equal ones), so the output is deterministic and independent of thread timing.
-// Several blocks share a row; the per-pass histograms live in global memory and
-// every block re-derives the narrowed prefix from them (256 bins per pass).
+// Several blocks share a row; the per-pass histograms live in global memory and a
+// one-block-per-row step after each pass narrows the prefix (kept in RowState).
 #include <cub/block/block_scan.cuh>
 
 #include "device_util.cuh"
@@ -37,26 +37,26 @@ __device__ RowSpan row_span(const DecodeBatch& b, const Workspace& ws, uint32_t 
   return r;
 }
 
-// Threshold prefix after `passes` resolved passes, and how many values inside the
-// narrowed bucket are still needed. Run by one thread.
-__device__ void resolve(const uint32_t* hist_row, int passes, uint32_t k, uint32_t* prefix,
-                        uint32_t* remaining) {
-  uint32_t pre = 0, kr = k;
-  for (int p = 0; p < passes; ++p) {
-    const uint32_t* h = hist_row + p * 256;
-    uint32_t cum = 0;
-    for (int bin = 255; bin >= 0; --bin) {
-      const uint32_t c = h[bin];
-      if (cum + c >= kr) {
-        pre |= static_cast<uint32_t>(bin) << (24 - 8 * p);
-        kr -= cum;
-        break;
-      }
-      cum += c;
-    }
+// After histogram pass `pass` of a row: the bin holding the k-th largest value
+// (counting down from the top bin) extends the prefix; the values above that bin
+// leave the count still needed. One block per row, one thread per bin.
+__global__ void __launch_bounds__(256) radix_resolve_kernel(DecodeBatch b, Workspace ws, int pass) {
+  const uint32_t row = row_of(blockIdx.z, blockIdx.y, b.shape.n_q_heads);
+  RowState& st = ws.rows[row];
+  if (st.topk_k == 0) return;
+  using Scan = cub::BlockScan<uint32_t, 256>;
+  __shared__ typename Scan::TempStorage tmp;
+  const uint32_t bin = 255u - threadIdx.x;  // thread 0 holds the top bin
+  const uint32_t c = ws.hist[(size_t{row} * 4 + pass) * 256 + bin];
+  const uint32_t kr = st.radix_remaining;
+  uint32_t incl;
+  Scan(tmp).InclusiveSum(c, incl);
+  const uint32_t excl = incl - c;
+  __syncthreads();
+  if (excl < kr && kr <= incl) {
+    st.radix_prefix |= bin << (24 - 8 * pass);
+    st.radix_remaining = kr - excl;
   }
-  *prefix = pre;
-  *remaining = kr;
 }
 
 __global__ void __launch_bounds__(kThreads) radix_hist_kernel(DecodeBatch b, Workspace ws,
@@ -66,14 +66,9 @@ __global__ void __launch_bounds__(kThreads) radix_hist_kernel(DecodeBatch b, Wor
   const uint32_t row = row_of(blockIdx.z, blockIdx.y, b.shape.n_q_heads);
   uint32_t* hist_row = ws.hist + size_t{row} * 4 * 256;
   __shared__ uint32_t hist_s[256];
-  __shared__ uint32_t prefix_s;
   hist_s[threadIdx.x] = 0;
-  if (threadIdx.x == 0) {
-    uint32_t rem;
-    resolve(hist_row, pass, r.k, &prefix_s, &rem);
-  }
   __syncthreads();
-  const uint32_t prefix = prefix_s;
+  const uint32_t prefix = ws.rows[row].radix_prefix;
   const uint32_t mask = pass == 0 ? 0u : (0xffffffffu << (32 - 8 * pass));
   const int shift = 24 - 8 * pass;
   // Scores cluster in few bins (high passes): lanes of a warp with the same bin
@@ -101,15 +96,13 @@ __global__ void __launch_bounds__(kThreads) radix_count_kernel(DecodeBatch b, Wo
   const RowSpan r = row_span(b, ws, nblk);
   if (r.k == 0) return;
   const uint32_t row = row_of(blockIdx.z, blockIdx.y, b.shape.n_q_heads);
-  __shared__ uint32_t thr_s, gt_s, eq_s;
+  __shared__ uint32_t gt_s, eq_s;
   if (threadIdx.x == 0) {
-    uint32_t rem;
-    resolve(ws.hist + size_t{row} * 4 * 256, 4, r.k, &thr_s, &rem);
     gt_s = 0;
     eq_s = 0;
   }
   __syncthreads();
-  const uint32_t thr = thr_s;
+  const uint32_t thr = ws.rows[row].radix_prefix;
   uint32_t gt = 0, eq = 0;
   for (uint32_t t = r.begin + threadIdx.x; t < r.end; t += kThreads) {
     const uint32_t key = float_key(r.scores[t]);
@@ -137,9 +130,8 @@ __global__ void __launch_bounds__(kThreads) radix_write_kernel(DecodeBatch b, Wo
   const uint32_t row = row_of(blockIdx.z, blockIdx.y, b.shape.n_q_heads);
   using Scan = cub::BlockScan<uint32_t, kThreads>;
   __shared__ typename Scan::TempStorage scan_tmp;
-  __shared__ uint32_t thr_s, rem_s, og_s, oe_s;
+  __shared__ uint32_t og_s, oe_s;
   if (threadIdx.x == 0) {
-    resolve(ws.hist + size_t{row} * 4 * 256, 4, r.k, &thr_s, &rem_s);
     const uint32_t* c = ws.blkcnt + size_t{row} * kMaxRadixBlocks * 2;
     uint32_t og = 0, oe = 0;
     for (uint32_t i = 0; i < blockIdx.x; ++i) {
@@ -150,7 +142,8 @@ __global__ void __launch_bounds__(kThreads) radix_write_kernel(DecodeBatch b, Wo
     oe_s = oe;
   }
   __syncthreads();
-  const uint32_t thr = thr_s, need_eq = rem_s, gt_total = r.k - rem_s;
+  const uint32_t thr = ws.rows[row].radix_prefix, need_eq = ws.rows[row].radix_remaining;
+  const uint32_t gt_total = r.k - need_eq;
   uint32_t og = og_s, oe = oe_s;
   for (uint32_t base = r.begin; base < r.end; base += kThreads) {
     const uint32_t t = base + threadIdx.x;
@@ -181,6 +174,7 @@ cudaError_t launch_radix_topk(const DecodeBatch& b, const WorkspacePlan& plan, c
   if (e != cudaSuccess) return e;
   for (int pass = 0; pass < 4; ++pass) {
     radix_hist_kernel<<<grid, kThreads, 0, st>>>(b, ws, plan.radix_blocks, pass);
+    radix_resolve_kernel<<<dim3(1, b.shape.n_q_heads, b.n_items), 256, 0, st>>>(b, ws, pass);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
   }
   radix_count_kernel<<<grid, kThreads, 0, st>>>(b, ws, plan.radix_blocks);

@@ -24,7 +24,7 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(DecodeBatch b
                                                                    uint32_t n_splits) {
   using RS = RowSplit<D>;
   constexpr int kEpt = RS::kEpt, kTpr = RS::kTpr, kGroups = kThreads / kTpr;
-  constexpr int kUnroll = GH >= 8 ? 2 : 4;
+  constexpr int kUnroll = GH >= 4 ? 2 : 4;
   extern __shared__ float smem[];  // [kGroups][GH][D + 2]
 
   const uint32_t item = blockIdx.z, split = blockIdx.x;
