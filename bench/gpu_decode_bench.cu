@@ -77,12 +77,16 @@ float time_ms(const std::function<void()>& f, int warm = 5, int reps = 30) {
 }
 
 int main() {
+  // SSA_BENCH_PROFILE=1: one decode of each 1M configuration, no timing loops
+  // (for a profiler that records every kernel).
+  const bool profile = getenv("SSA_BENCH_PROFILE") != nullptr;
   const uint32_t nq = 16, nkv = 4, d = 256, M = 16, K = 256, P = 256;
   int sms = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   printf("| context | method | budget k | total ms | stages (ms) | KV+code bytes read | effective GB/s |\n");
   printf("|---|---|---|---|---|---|---|\n");
   for (uint32_t n : {131072u, 1048576u}) {
+    if (profile && n != 1048576u) continue;
     const uint32_t pages = n / P;
     const size_t kv_page = size_t{2} * P * nkv * d * 2, code_page = size_t{nkv} * M * P;
     uint8_t *kv = nullptr, *codes = nullptr;
@@ -139,6 +143,12 @@ int main() {
       CK(cudaMalloc(&blob, plan.total_bytes));
       const Workspace ws = bind_workspace(blob, plan);
       uint64_t step = 0;
+      if (profile) {
+        CK(run_decode(b, plan, ws, nullptr));
+        CK(cudaDeviceSynchronize());
+        CK(cudaFree(blob));
+        continue;
+      }
       const float total = time_ms([&] {
         b.step = step++;
         CK(run_decode(b, plan, ws, nullptr));

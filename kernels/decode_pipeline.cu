@@ -4,6 +4,8 @@
 //            set (fixed |H|, or top-k' then lambda water-filling) -> residual
 //            sampling with dedup -> attention over sink, local, H and the samples.
 #include <algorithm>
+#include <map>
+#include <mutex>
 
 #include "common/sampling_hierarchy.h"
 #include "cuda_decode.h"
@@ -11,6 +13,21 @@
 #include "stages.h"
 
 namespace ssa::cuda {
+cudaError_t ensure_dynamic_smem(const void* kernel, size_t bytes) {
+  if (bytes <= 48 * 1024) return cudaSuccess;
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
+  static std::mutex mu;
+  static std::map<std::pair<int, const void*>, size_t> granted;
+  std::lock_guard<std::mutex> lock(mu);
+  size_t& g = granted[{dev, kernel}];
+  if (g >= bytes) return cudaSuccess;
+  e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  if (e == cudaSuccess) g = bytes;
+  return e;
+}
+
 namespace {
 
 size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }

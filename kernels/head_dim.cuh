@@ -37,6 +37,11 @@ bool dispatch_head_dim(uint32_t d, F&& f) {
   }
 }
 
+// Raises a kernel's dynamic shared memory limit to `bytes`, calling the runtime
+// only the first time a (device, kernel) needs more: steady-state launches, also
+// those recorded by CUDA graph capture, make no configuration calls.
+cudaError_t ensure_dynamic_smem(const void* kernel, size_t bytes);
+
 template <typename F>
 bool dispatch_dtype(DType t, F&& f) {
   switch (t) {

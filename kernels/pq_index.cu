@@ -118,8 +118,7 @@ cudaError_t pq_encode(const PqIndexShape& s, const uint8_t* const* kv_pages, uin
   const size_t smem = size_t{s.centroids} * (s.head_dim / s.subspaces) * sizeof(float);
   return with_dtype(s.dtype, [&](auto v) {
     using T = decltype(v);
-    cudaError_t e = cudaFuncSetAttribute(encode_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(smem));
+    cudaError_t e = ensure_dynamic_smem(reinterpret_cast<const void*>(encode_kernel<T>), smem);
     if (e != cudaSuccess) return e;
     const dim3 grid((end - begin + kThreads - 1) / kThreads, s.subspaces, s.n_kv_heads);
     encode_kernel<T><<<grid, kThreads, smem, st>>>(s, kv_pages, code_pages, books, begin, end);
@@ -149,8 +148,7 @@ cudaError_t pq_train(const PqIndexShape& s, const uint8_t* const* kv_pages, uint
   seed_kernel<<<dim3(s.centroids, s.subspaces, s.n_kv_heads), 64, 0, st>>>(s, x, n, books);
   if ((e = cudaGetLastError()) != cudaSuccess) return e;
   const size_t smem = size_t{s.centroids} * sub * sizeof(float);
-  if ((e = cudaFuncSetAttribute(assign_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                static_cast<int>(smem))) != cudaSuccess)
+  if ((e = ensure_dynamic_smem(reinterpret_cast<const void*>(assign_kernel), smem)) != cudaSuccess)
     return e;
   for (uint32_t it = 0; it < iterations; ++it) {
     if ((e = cudaMemsetAsync(sums, 0, nc * sub * 4 + nc * 4, st)) != cudaSuccess) return e;

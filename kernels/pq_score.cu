@@ -224,9 +224,7 @@ template <int GH>
 cudaError_t launch_pq_score_gh(const DecodeBatch& b, const WorkspacePlan& plan,
                                const Workspace& ws, cudaStream_t st) {
   const size_t smem = size_t{GH} * b.shape.pq_subspaces * b.shape.pq_centroids * sizeof(float);
-  cudaError_t e = cudaFuncSetAttribute(pq_score_kernel<GH>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(smem));
+  cudaError_t e = ensure_dynamic_smem(reinterpret_cast<const void*>(pq_score_kernel<GH>), smem);
   if (e != cudaSuccess) return e;
   const dim3 grid((plan.n_pad_max + kScoreTile - 1) / kScoreTile,
                   b.shape.n_kv_heads * (b.shape.group() / GH), b.n_items);
@@ -275,11 +273,8 @@ cudaError_t launch_exact_scores(const DecodeBatch& b, const WorkspacePlan& plan,
     constexpr int D = decltype(dc)::value;
     dispatch_dtype(b.shape.dtype, [&](auto t) {
       using T = decltype(t);
-      if (smem > 48 * 1024) {
-        e = cudaFuncSetAttribute(exact_score_kernel<D, T>,
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-        if (e != cudaSuccess) return;
-      }
+      e = ensure_dynamic_smem(reinterpret_cast<const void*>(exact_score_kernel<D, T>), smem);
+      if (e != cudaSuccess) return;
       const dim3 grid((plan.n_pad_max + 255) / 256, b.shape.n_kv_heads, b.n_items);
       exact_score_kernel<D, T><<<grid, 128, smem, st>>>(b, ws);
       e = cudaGetLastError();

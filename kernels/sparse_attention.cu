@@ -190,11 +190,8 @@ cudaError_t launch_split(const DecodeBatch& b, const WorkspacePlan& plan, const 
   constexpr int kGroups = kThreads / RowSplit<D>::kTpr;
   const size_t smem = size_t{kGroups} * GH * (D + 2) * sizeof(float);
   auto kernel = attention_split_kernel<D, T, GH, kSparse>;
-  if (smem > 48 * 1024) {
-    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(smem));
-    if (e != cudaSuccess) return e;
-  }
+  cudaError_t e = ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), smem);
+  if (e != cudaSuccess) return e;
   const uint32_t ys = kSparse ? b.shape.n_q_heads : b.shape.n_kv_heads * (b.shape.group() / GH);
   kernel<<<dim3(plan.n_splits, ys, b.n_items), kThreads, smem, st>>>(b, ws, plan.n_splits);
   return cudaGetLastError();

@@ -37,7 +37,8 @@ if has test; then
   log "gpu tests"
   (cd "$BUILD" && ctest -L gpu --output-on-failure) >"$OUT/tests.log" 2>&1 || rc=1
   tail -25 "$OUT/tests.log"
-  grep -E "test cases|assertions" "$OUT/tests.log" | tee -a "$OUT/summary.txt"
+  "$TESTS" >"$OUT/tests_direct.log" 2>&1 || rc=1
+  grep -E "test cases|assertions" "$OUT/tests_direct.log" | tee -a "$OUT/summary.txt"
 fi
 if has sanitize; then
   for tool in memcheck racecheck; do
@@ -53,6 +54,12 @@ if has bench && [ -x "$BUILD/bench/gpu_decode_bench" ]; then
   if [ -f bench/gpu_sdpa_bench.py ]; then
     PYTHONUNBUFFERED=1 python3 bench/gpu_sdpa_bench.py | tee -a "$OUT/bench.md" || rc=1
   fi
+fi
+if has profile && command -v ncu >/dev/null; then
+  log "ncu kernel times of one 1M-token SSA decode and one dense decode"
+  SSA_BENCH_PROFILE=1 ncu --clock-control none --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active \
+    "$BUILD/bench/gpu_decode_bench" >"$OUT/ncu.log" 2>&1 || rc=1
+  grep -E "^  [a-z_]+.*\(|gpu__time|dram__|warps_active" "$OUT/ncu.log" | head -150 > "$OUT/ncu_summary.log"
 fi
 log "exit $rc"
 exit $rc

@@ -8,6 +8,7 @@
 #include <math.h>
 
 #include <random>
+#include <string>
 #include <vector>
 
 #include "common/dtype.h"
@@ -244,6 +245,46 @@ TEST_CASE("gpu backend: decode_batch over sessions of different lengths equals s
     }
   }
   for (auto* s : ss) ssa_session_destroy(s);
+  ssa_runtime_destroy(gpu);
+}
+
+TEST_CASE("gpu backend: ssa_decode on a stream is captured into a CUDA graph and replays") {
+  SSA_GPU_TEST_OR_SKIP();
+  ssa_runtime* gpu = runtime(SSA_BACKEND_CUDA);
+  const Data d = make_data(6000, 77);
+  ssa_session* s = session(gpu, 0);
+  fill(s, d, true);
+  cudaStream_t st;
+  REQUIRE(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) == cudaSuccess);
+  DevBuf<uint16_t> q(d.q.size()), out(kNq * kD);
+  q.upload(d.q);
+  for (ssa_method m : {SSA_METHOD_DENSE, SSA_METHOD_SSA, SSA_METHOD_SSA_ADAPTIVE}) {
+    ssa_decode_params p = params(m, 700, 11);
+    p.stream = st;
+    // A first decode uploads the page tables and codebooks; later ones only enqueue.
+    REQUIRE(ssa_decode(s, 0, q.p, out.p, &p, nullptr) == SSA_OK);
+    REQUIRE(cudaStreamSynchronize(st) == cudaSuccess);
+    const auto ref = out.download(out.n);
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    REQUIRE(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal) == cudaSuccess);
+    const ssa_status captured = ssa_decode(s, 0, q.p, out.p, &p, nullptr);
+    const std::string msg = ssa_last_error_message();
+    REQUIRE(cudaStreamEndCapture(st, &graph) == cudaSuccess);
+    INFO("method ", m, ": ", msg);
+    REQUIRE(captured == SSA_OK);
+    REQUIRE(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
+    for (int rep = 0; rep < 3; ++rep) {
+      REQUIRE(cudaMemsetAsync(out.p, 0xff, out.n * 2, st) == cudaSuccess);
+      REQUIRE(cudaGraphLaunch(exec, st) == cudaSuccess);
+      REQUIRE(cudaStreamSynchronize(st) == cudaSuccess);
+      CHECK(out.download(out.n) == ref);
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+  }
+  cudaStreamDestroy(st);
+  ssa_session_destroy(s);
   ssa_runtime_destroy(gpu);
 }
 
