@@ -71,6 +71,21 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(DecodeBatch b
 
   // The loop bounds are the same for every lane of a warp (shuffles below).
   for (uint32_t pb = p0; pb < p1; pb += kGroups * kUnroll) {
+    if constexpr (!kSparse) {
+      // Dense rows are contiguous: ask L2 for the rows kPrefetch iterations ahead,
+      // more bytes in flight than the registers alone can hold.
+      constexpr uint32_t kPrefetch = 4;
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const uint32_t t = pb + kPrefetch * kGroups * kUnroll + grp + u * kGroups;
+        if (t < p1) {
+          const T* kp = reinterpret_cast<const T*>(it.kv_pages[t >> b.shape.page_shift]) +
+                        (size_t{kvh} * b.shape.page_tokens + (t & page_mask)) * D + lane * kEpt;
+          asm volatile("prefetch.global.L2 [%0];" ::"l"(kp));
+          asm volatile("prefetch.global.L2 [%0];" ::"l"(kp + v_off));
+        }
+      }
+    }
     float kr[kUnroll][kEpt], vr[kUnroll][kEpt], bias[kUnroll];
     bool valid[kUnroll];
 #pragma unroll
@@ -159,28 +174,48 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(DecodeBatch b
   }
 }
 
+// Merges the n_splits partials of a row: one block per row; the per-split scale
+// exp(m_s - M) / L is computed once into shared memory, then each thread sums
+// its dimensions over the splits (independent, coalesced loads).
 template <typename T>
-__global__ void merge_splits_kernel(DecodeBatch b, Workspace ws, uint32_t n_splits) {
+__global__ void __launch_bounds__(256) merge_splits_kernel(DecodeBatch b, Workspace ws, uint32_t n_splits) {
+  __shared__ float scale[kMaxSplits];
+  __shared__ float red[256 / 32];
   const uint32_t item = blockIdx.y, h = blockIdx.x;
   const DecodeItem& it = b.items[item];
   const uint32_t D = b.shape.head_dim;
   const uint32_t row = row_of(item, h, b.shape.n_q_heads);
   const float* part = ws.partial + size_t{row} * n_splits * (D + 2);
+  const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+  // M = max over splits.
+  float mx = -INFINITY;
+  for (uint32_t s = threadIdx.x; s < n_splits; s += blockDim.x) mx = fmaxf(mx, part[size_t{s} * (D + 2)]);
+  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  if (lane == 0) red[warp] = mx;
+  __syncthreads();
   float M = -INFINITY;
-  for (uint32_t s = 0; s < n_splits; ++s) M = fmaxf(M, part[size_t{s} * (D + 2)]);
-  float L = 0.f;
-  for (uint32_t s = 0; s < n_splits; ++s) {
+  for (uint32_t w = 0; w < blockDim.x / 32; ++w) M = fmaxf(M, red[w]);
+  __syncthreads();
+  // L = sum l_s exp(m_s - M); scale_s = exp(m_s - M).
+  float l = 0.f;
+  for (uint32_t s = threadIdx.x; s < n_splits; s += blockDim.x) {
     const float ms = part[size_t{s} * (D + 2)];
-    if (ms != -INFINITY) L += part[size_t{s} * (D + 2) + 1] * __expf(ms - M);
+    const float f = ms == -INFINITY ? 0.f : __expf(ms - M);
+    scale[s] = f;
+    l += f * part[size_t{s} * (D + 2) + 1];
   }
+  for (int o = 16; o > 0; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
+  if (lane == 0) red[warp] = l;
+  __syncthreads();
+  float L = 0.f;
+  for (uint32_t w = 0; w < blockDim.x / 32; ++w) L += red[w];
+  const float inv = L > 0.f ? 1.f / L : 0.f;
   T* out = static_cast<T*>(it.out) + size_t{h} * D;
   for (uint32_t d = threadIdx.x; d < D; d += blockDim.x) {
     float A = 0.f;
-    for (uint32_t s = 0; s < n_splits; ++s) {
-      const float ms = part[size_t{s} * (D + 2)];
-      if (ms != -INFINITY) A += part[size_t{s} * (D + 2) + 2 + d] * __expf(ms - M);
-    }
-    Elem<T>::store(out + d, L > 0.f ? A / L : 0.f);
+#pragma unroll 8
+    for (uint32_t s = 0; s < n_splits; ++s) A = fmaf(part[size_t{s} * (D + 2) + 2 + d], scale[s], A);
+    Elem<T>::store(out + d, A * inv);
   }
 }
 
@@ -225,7 +260,7 @@ cudaError_t launch_attention(const DecodeBatch& b, const WorkspacePlan& plan, co
   if (e != cudaSuccess) return e;
   dispatch_dtype(b.shape.dtype, [&](auto t) {
     using T = decltype(t);
-    merge_splits_kernel<T><<<dim3(b.shape.n_q_heads, b.n_items), 128, 0, st>>>(b, ws, plan.n_splits);
+    merge_splits_kernel<T><<<dim3(b.shape.n_q_heads, b.n_items), 256, 0, st>>>(b, ws, plan.n_splits);
     e = cudaGetLastError();
   });
   return e;
