@@ -60,8 +60,7 @@ trap 'rm -rf "$PREFIX"' EXIT
 cmake --install "$BUILD" --prefix "$PREFIX" >/dev/null
 PC="$(find "$PREFIX" -name ssa.pc | head -n1)"
 [ -n "$PC" ] || fail "cmake --install put no ssa.pc under $PREFIX"
-# ssa.pc carries the prefix chosen at configure time; point it at the temp prefix.
-sed -i "s|^prefix=.*|prefix=$PREFIX|" "$PC"
+# ssa.pc is relocatable (prefix=${pcfiledir}/../..): no rewriting needed.
 LIBDIR="$(PKG_CONFIG_PATH="$(dirname "$PC")" pkg-config --variable=libdir ssa)"
 export PKG_CONFIG_PATH="$(dirname "$PC")${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
 export CGO_LDFLAGS="-Wl,-rpath,$LIBDIR" GOPROXY=off GOFLAGS=-mod=mod

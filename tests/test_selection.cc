@@ -49,6 +49,7 @@ TEST_CASE("three-level sampler: inclusion frequencies match pi = 1-(1-p)^m") {
   std::vector<int> hits(n, 0);
   ssa::SelectScratch scratch;
   ssa::Selection sel;
+  ssa::compute_block_sums(w.data(), n, scratch);
   for (int t = 0; t < trials; ++t) {
     sel.clear();
     ssa::sample_residual(w.data(), n, 0, m, 1e-12f, ssa::make_rng_stream(99, t, 3, 1), scratch, &sel);

@@ -5,6 +5,7 @@
 #include <math.h>
 #include <string.h>
 
+#include <algorithm>
 #include <random>
 #include <vector>
 
@@ -39,6 +40,24 @@ TEST_CASE("f32 -> f16 rounds to nearest even") {
   CHECK(ssa::f32_to_bf16(1.0f + 1.0f / 256.0f) == 0x3f80);  // tie -> even
 }
 
+TEST_CASE("PQ scores equal a direct sum of table entries") {
+  std::mt19937 rng(9);
+  const uint32_t M = 16, K = 256, P = 64;
+  std::vector<float> lut(M * K);
+  for (auto& x : lut) x = static_cast<float>(static_cast<int>(rng() % 2001) - 1000) / 64.0f;
+  std::vector<uint8_t> codes(M * P);
+  for (auto& c : codes) c = static_cast<uint8_t>(rng());
+  for (size_t count : {size_t{P - 3}, size_t{1}, size_t{4}}) {
+    std::vector<float> got(count);
+    ssa::simd::kernels().pq_scores(lut.data(), K, M, codes.data() + 3, P, count, got.data());
+    for (size_t i = 0; i < count; ++i) {
+      double want = 0;
+      for (uint32_t m = 0; m < M; ++m) want += lut[m * K + codes[m * P + 3 + i]];
+      CHECK(got[i] == doctest::Approx(want).epsilon(1e-6));
+    }
+  }
+}
+
 TEST_CASE("AVX2 kernels agree with the portable ones") {
   const ssa::simd::Kernels* avx2 = ssa::simd::avx2_kernels();
   if (avx2 == nullptr) {
@@ -63,27 +82,27 @@ TEST_CASE("AVX2 kernels agree with the portable ones") {
       for (size_t i = 0; i < n; ++i) CHECK(acc_a[i] == doctest::Approx(acc_b[i]).epsilon(1e-6));
     }
   }
-  // PQ scores: gathers from a [M][K] table.
-  const uint32_t M = 16, K = 256, P = 64;
-  std::vector<float> lut(M * K);
-  for (auto& x : lut) x = g(rng);
-  std::vector<uint8_t> codes(M * P);
-  for (auto& c : codes) c = static_cast<uint8_t>(rng());
-  std::vector<float> a(P - 3), b(P - 3);
-  avx2->pq_scores(lut.data(), K, M, codes.data() + 3, P, P - 3, a.data());
-  gen.pq_scores(lut.data(), K, M, codes.data() + 3, P, P - 3, b.data());
-  for (size_t i = 0; i < a.size(); ++i) CHECK(a[i] == doctest::Approx(b[i]).epsilon(1e-6));
   // exp: relative error against libm.
   std::vector<float> x(1000), ea(1000), eb(1000);
   for (size_t i = 0; i < x.size(); ++i) x[i] = -100.0f + 0.1f * static_cast<float>(i);
-  const double sa = avx2->exp_shifted(x.data(), 0.0f, ea.data(), x.size());
-  const double sb = gen.exp_shifted(x.data(), 0.0f, eb.data(), x.size());
+  std::vector<double> ba(32), bb(32);
+  const double sa = avx2->exp_shifted(x.data(), 0.0f, ea.data(), x.size(), ba.data());
+  const double sb = gen.exp_shifted(x.data(), 0.0f, eb.data(), x.size(), bb.data());
+  for (size_t b = 0; b < 32; ++b) {
+    double want = 0;
+    for (size_t i = b * 32; i < std::min(x.size(), b * 32 + 32); ++i) want += eb[i];
+    CHECK(bb[b] == doctest::Approx(want).epsilon(1e-12));
+    CHECK(ba[b] == doctest::Approx(want).epsilon(1e-6));
+  }
+  CHECK(avx2->max_value(x.data(), x.size()) == x.back());
+  CHECK(gen.max_value(x.data(), 999) == x[998]);
   for (size_t i = 0; i < x.size(); ++i) {
     if (x[i] < -87.0f) continue;
     CHECK(ea[i] == doctest::Approx(eb[i]).epsilon(1e-6));
   }
   CHECK(sa == doctest::Approx(sb).epsilon(1e-6));
   // Nearest centroid: same argmin up to ties.
+  const uint32_t K = 256;
   std::vector<float> cent_t(16 * K), norms(K), xq(16);
   for (auto& v : cent_t) v = g(rng);
   for (uint32_t c = 0; c < K; ++c) {

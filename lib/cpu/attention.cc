@@ -78,24 +78,38 @@ void attend_range(const KvLayout& layout, const LayerStore& layer, uint32_t kv_h
   }
 }
 
-void attend_list(const KvLayout& layout, const LayerStore& layer, uint32_t kv_head,
-                 const float* q, const uint32_t* tokens, const float* log_pi, size_t n,
-                 AttnPartial* part) {
+void attend_group_entries(const KvLayout& layout, const LayerStore& layer, uint32_t kv_head,
+                          const float* q, const GroupEntry* entries, size_t n, AttnPartial* parts) {
   const auto& k = simd::kernels();
   const uint32_t P = layout.page_tokens, d = layout.head_dim;
-  float logits[kBlock];
-  const uint8_t* v_rows[kBlock];
-  for (size_t b = 0; b < n; b += kBlock) {
-    const size_t nb = std::min(kBlock, n - b);
-    for (size_t i = 0; i < nb; ++i) {
-      const uint32_t t = tokens[b + i];
-      const uint8_t* base = layer.kv_pages[t / P]->data();
-      const uint32_t slot = t % P;
-      logits[i] = k.dot(layout.dtype, base + layout.k_offset(kv_head, slot), q, d) -
-                  (log_pi != nullptr ? log_pi[b + i] : 0.0f);
-      v_rows[i] = base + layout.v_offset(kv_head, slot);
+  thread_local std::vector<float> kf, vf;
+  kf.resize(d);
+  vf.resize(d);
+  for (size_t i = 0; i < n;) {
+    const uint32_t t = entries[i].token;
+    if (i + 8 < n) {  // the gather is latency-bound: start the next rows early
+      const uint32_t nt = entries[i + 8].token;
+      const uint8_t* nb = layer.kv_pages[nt / P]->data();
+      __builtin_prefetch(nb + layout.k_offset(kv_head, nt % P));
+      __builtin_prefetch(nb + layout.v_offset(kv_head, nt % P));
     }
-    fold_block(logits, v_rows, nb, layout.dtype, layout.head_dim, part);
+    const uint8_t* base = layer.kv_pages[t / P]->data();
+    k.to_f32(layout.dtype, base + layout.k_offset(kv_head, t % P), kf.data(), d);
+    k.to_f32(layout.dtype, base + layout.v_offset(kv_head, t % P), vf.data(), d);
+    for (; i < n && entries[i].token == t; ++i) {
+      AttnPartial& part = parts[entries[i].head];
+      const float logit =
+          k.dot(DType::kF32, kf.data(), q + size_t{entries[i].head} * d, d) - entries[i].log_pi;
+      if (logit > part.m) {
+        const float scale = part.m == -INFINITY ? 0.0f : expf(part.m - logit);
+        for (float& a : part.acc) a *= scale;
+        part.l *= scale;
+        part.m = logit;
+      }
+      const float w = expf(logit - part.m);
+      part.l += w;
+      k.axpy(DType::kF32, vf.data(), w, part.acc.data(), d);
+    }
   }
 }
 

@@ -1,7 +1,8 @@
 // Exact attention over rows of the paged store, as online-softmax partials that
 // merge by log-sum-exp (common/online_softmax.h). Dense decode runs attend_range
-// over fixed splits of the context; sparse decode runs attend_list over the read
-// set with each logit lowered by log(pi) (Horvitz-Thompson weights w / pi).
+// over fixed splits of the context; sparse decode runs attend_range over sink and
+// local rows and attend_group_entries over the selected rows, each logit lowered
+// by log(pi) (Horvitz-Thompson weights w / pi).
 #pragma once
 
 #include <stddef.h>
@@ -34,10 +35,18 @@ struct AttnPartial {
 void attend_range(const KvLayout& layout, const LayerStore& layer, uint32_t kv_head,
                   const float* q, uint32_t g, uint64_t t0, uint64_t t1, AttnPartial* parts);
 
-// Listed tokens of `kv_head` for one query head; logit_i = q.k_i - log_pi[i]
-// (log_pi may be null: all zero).
-void attend_list(const KvLayout& layout, const LayerStore& layer, uint32_t kv_head,
-                 const float* q, const uint32_t* tokens, const float* log_pi, size_t n,
-                 AttnPartial* part);
+// One selected row of a KV group: which query head (0..g-1 within the group)
+// selected `token`, with what log inclusion probability.
+struct GroupEntry {
+  uint32_t token;
+  uint32_t head;
+  float log_pi;
+};
+
+// Entries sorted by token (then head): each distinct row is read and widened once
+// and serves every head of the group that selected it; the sorted order also
+// turns random gathers into a forward sweep through the pages.
+void attend_group_entries(const KvLayout& layout, const LayerStore& layer, uint32_t kv_head,
+                          const float* q, const GroupEntry* entries, size_t n, AttnPartial* parts);
 
 }  // namespace ssa

@@ -24,7 +24,11 @@ struct Kernels {
   void (*pq_scores)(const float* lut, uint32_t K, uint32_t M, const uint8_t* codes,
                     size_t stride, size_t count, float* out);
   // out[i] = exp(x[i] - shift); returns sum of out. Relative error < 1e-6.
-  double (*exp_shifted)(const float* x, float shift, float* out, size_t n);
+  // When block_sums is not null it also receives the sum of every 32 outputs
+  // (the last block may be partial): the sampler's block level for free.
+  double (*exp_shifted)(const float* x, float shift, float* out, size_t n, double* block_sums);
+  // max_i x[i] (-inf for n = 0); x holds no NaN.
+  float (*max_value)(const float* x, size_t n);
   // argmin_c ||x - c||^2 over K centroids, computed as |c|^2 - 2 x.c with the
   // centroids transposed (cent_t[j * K + c]) and their squared norms; ties go to
   // the lower index. The AVX2 path takes K a multiple of 64 (else generic).
@@ -33,6 +37,8 @@ struct Kernels {
   const char* name;
 };
 
+void pq_scores_scalar(const float* lut, uint32_t K, uint32_t M, const uint8_t* codes, size_t stride,
+                      size_t count, float* out);
 uint32_t generic_nearest_centroid(const float* x, const float* cent_t, const float* norms,
                                   uint32_t K, uint32_t dim);
 

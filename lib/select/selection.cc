@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "common/sampling_hierarchy.h"
 #include "common/water_filling.h"
 #include "cpu/simd.h"
 #include "radix_topk.h"
@@ -57,11 +58,12 @@ void select_tokens(const SelectParams& p, const float* proxy, size_t n, uint32_t
   auto& w = scratch.weights;
   double total = 0.0;
   if (samples_residual(p.method)) {
-    // Proposal weights exp(s~ - max): the unnormalised softmax of the proxy.
-    float mx = -INFINITY;
-    for (size_t i = 0; i < n; ++i) mx = std::max(mx, proxy[i]);
+    // Proposal weights exp(s~ - max): the unnormalised softmax of the proxy,
+    // with the sampler's 32-token block sums from the same pass.
+    const auto& kern = simd::kernels();
     w.resize(n);
-    total = simd::kernels().exp_shifted(proxy, mx, w.data(), n);
+    scratch.block_sums.resize((n + kBlockTokens - 1) / kBlockTokens);
+    total = kern.exp_shifted(proxy, kern.max_value(proxy, n), w.data(), n, scratch.block_sums.data());
   }
 
   if (p.method == SSA_METHOD_SSA_ADAPTIVE) {
@@ -89,6 +91,15 @@ void select_tokens(const SelectParams& p, const float* proxy, size_t n, uint32_t
     // Uniform over the residual: unit weight for every non-heavy candidate.
     std::fill(w.begin(), w.end(), 1.0f);
     for (uint32_t j : heavy) w[j] = 0.0f;
+    compute_block_sums(w.data(), n, scratch);
+  } else {
+    // Blocks that lost heavy tokens are summed again, exactly.
+    for (uint32_t j : heavy) {
+      const size_t b = j / kBlockTokens, t0 = b * kBlockTokens, t1 = std::min(n, t0 + kBlockTokens);
+      double sum = 0.0;
+      for (size_t t = t0; t < t1; ++t) sum += w[t];
+      scratch.block_sums[b] = sum;
+    }
   }
   sample_residual(w.data(), n, base, m, p.pi_min, rng, scratch, out);
   out->sampling_seconds = std::chrono::duration<double>(Clock::now() - t1).count();
