@@ -246,9 +246,7 @@ cudaError_t launch_attention(const DecodeBatch& b, const WorkspacePlan& plan, co
                              bool all_dense, cudaStream_t st) {
   cudaError_t e = cudaErrorInvalidValue;
   const uint32_t gh = all_dense ? dense_heads_per_block(b.shape.group()) : 1;
-  const bool streamed = all_dense && dense_stream_supported(b.shape);
-  if (streamed) e = launch_dense_stream(b, plan, ws, st);
-  if (!streamed) dispatch_head_dim(b.shape.head_dim, [&](auto dc) {
+  dispatch_head_dim(b.shape.head_dim, [&](auto dc) {
     constexpr int D = decltype(dc)::value;
     dispatch_dtype(b.shape.dtype, [&](auto t) {
       using T = decltype(t);

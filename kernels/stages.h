@@ -23,9 +23,6 @@ cudaError_t launch_sampling(const DecodeBatch& b, const WorkspacePlan& plan, con
 cudaError_t launch_attention(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
                              bool all_dense, cudaStream_t st);
 uint32_t dense_heads_per_block(uint32_t group);
-bool dense_stream_supported(const DecodeShape& s);
-cudaError_t launch_dense_stream(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
-                                cudaStream_t st);
 const char* pq_shape_unsupported(const DecodeShape& s);
 size_t segmented_sort_temp_bytes(uint32_t rows, uint64_t entries);
 
