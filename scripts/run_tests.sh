@@ -25,4 +25,9 @@ cmake -S . -B build-asan -DSSA_SANITIZE=ON -DSSA_ENABLE_CUDA=OFF -DSSA_BUILD_BEN
 cmake --build build-asan -j"$jobs"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir build-asan --output-on-failure
+echo "== ThreadSanitizer: concurrent decodes beside appends, truncates and forks"
+cmake -S . -B build-tsan -DSSA_TSAN=ON -DSSA_ENABLE_CUDA=OFF -DSSA_BUILD_BENCH=OFF \
+  -DSSA_BUILD_EXAMPLES=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake --build build-tsan -j"$jobs" --target ssa_tests
+TSAN_OPTIONS=halt_on_error=1 ./build-tsan/tests/ssa_tests -tc="*committed*,*thread count*"
 echo "== all tests passed"

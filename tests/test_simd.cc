@@ -101,6 +101,27 @@ TEST_CASE("AVX2 kernels agree with the portable ones") {
     CHECK(ea[i] == doctest::Approx(eb[i]).epsilon(1e-6));
   }
   CHECK(sa == doctest::Approx(sb).epsilon(1e-6));
+  // Attention block: same softmax state and accumulator as the portable fold.
+  for (uint32_t d : {64u, 40u}) {
+    const uint32_t heads = 3;
+    const size_t n = 13;
+    std::vector<float> kf(n * d), vf(n * d), q(heads * d), off(n);
+    for (auto& v : kf) v = g(rng);
+    for (auto& v : vf) v = g(rng);
+    for (auto& v : q) v = 0.2f * g(rng);
+    for (auto& v : off) v = g(rng);
+    std::vector<float> ma(heads, 0.5f), la(heads, 2.0f), acc_a(heads * d, 0.1f);
+    std::vector<float> mb = ma, lb = la, acc_b = acc_a;
+    avx2->attend_block(kf.data(), vf.data(), n, d, q.data(), heads, off.data(), ma.data(), la.data(),
+                       acc_a.data());
+    ssa::simd::generic_attend_block(kf.data(), vf.data(), n, d, q.data(), heads, off.data(), mb.data(),
+                                    lb.data(), acc_b.data());
+    for (uint32_t h = 0; h < heads; ++h) {
+      CHECK(ma[h] == doctest::Approx(mb[h]).epsilon(1e-5));
+      CHECK(la[h] == doctest::Approx(lb[h]).epsilon(1e-5));
+    }
+    for (size_t i = 0; i < acc_a.size(); ++i) CHECK(acc_a[i] == doctest::Approx(acc_b[i]).epsilon(1e-4));
+  }
   // Nearest centroid: same argmin up to ties.
   const uint32_t K = 256;
   std::vector<float> cent_t(16 * K), norms(K), xq(16);

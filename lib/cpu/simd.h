@@ -34,11 +34,18 @@ struct Kernels {
   // the lower index. The AVX2 path takes K a multiple of 64 (else generic).
   uint32_t (*nearest_centroid)(const float* x, const float* cent_t, const float* norms,
                                uint32_t K, uint32_t dim);
+  // Folds n <= 32 rows (kf, vf: [n][d] floats) into the online-softmax states
+  // (m[h], l[h], acc[h * d]) of g query heads q[g][d]: logit = q_h . k_t -
+  // offset[t] (offset may be null: 0). One rescale per head per block.
+  void (*attend_block)(const float* kf, const float* vf, size_t n, uint32_t d, const float* q,
+                       uint32_t g, const float* offset, float* m, float* l, float* acc);
   const char* name;
 };
 
 void pq_scores_scalar(const float* lut, uint32_t K, uint32_t M, const uint8_t* codes, size_t stride,
                       size_t count, float* out);
+void generic_attend_block(const float* kf, const float* vf, size_t n, uint32_t d, const float* q,
+                          uint32_t g, const float* offset, float* m, float* l, float* acc);
 uint32_t generic_nearest_centroid(const float* x, const float* cent_t, const float* norms,
                                   uint32_t K, uint32_t dim);
 

@@ -178,13 +178,66 @@ SSA_AVX2 uint32_t nearest_centroid(const float* x, const float* cent_t, const fl
   return out;
 }
 
+// Scores of the block per head with four independent accumulators, then the V
+// update with acc held in a register across all rows (8 floats at a time), so
+// each accumulator element is loaded and stored once per block, not per row.
+SSA_AVX2 void attend_block(const float* kf, const float* vf, size_t n, uint32_t d, const float* q,
+                           uint32_t g, const float* offset, float* m, float* l, float* acc) {
+  if (d % 32 != 0 || n > 32) {
+    generic_attend_block(kf, vf, n, d, q, g, offset, m, l, acc);
+    return;
+  }
+  alignas(32) float logits[32], w[32];
+  for (uint32_t h = 0; h < g; ++h) {
+    const float* qh = q + size_t{h} * d;
+    float bm = -INFINITY;
+    for (size_t t = 0; t < n; ++t) {
+      const float* kr = kf + t * d;
+      __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+      for (uint32_t j = 0; j < d; j += 32) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + j), _mm256_loadu_ps(kr + j), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + j + 8), _mm256_loadu_ps(kr + j + 8), s1);
+        s2 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + j + 16), _mm256_loadu_ps(kr + j + 16), s2);
+        s3 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + j + 24), _mm256_loadu_ps(kr + j + 24), s3);
+      }
+      logits[t] = hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3))) -
+                  (offset != nullptr ? offset[t] : 0.0f);
+      bm = logits[t] > bm ? logits[t] : bm;
+    }
+    float* a = acc + size_t{h} * d;
+    if (bm > m[h]) {
+      const float scale = m[h] == -INFINITY ? 0.0f : expf(m[h] - bm);
+      const __m256 sv = _mm256_set1_ps(scale);
+      for (uint32_t j = 0; j < d; j += 8) _mm256_storeu_ps(a + j, _mm256_mul_ps(sv, _mm256_loadu_ps(a + j)));
+      l[h] *= scale;
+      m[h] = bm;
+    }
+    float lsum = 0.0f;
+    for (size_t t = 0; t < n; ++t) {
+      w[t] = expf(logits[t] - m[h]);
+      lsum += w[t];
+    }
+    l[h] += lsum;
+    for (uint32_t j = 0; j < d; j += 16) {
+      __m256 a0 = _mm256_loadu_ps(a + j), a1 = _mm256_loadu_ps(a + j + 8);
+      for (size_t t = 0; t < n; ++t) {
+        const __m256 wt = _mm256_set1_ps(w[t]);
+        a0 = _mm256_fmadd_ps(wt, _mm256_loadu_ps(vf + t * d + j), a0);
+        a1 = _mm256_fmadd_ps(wt, _mm256_loadu_ps(vf + t * d + j + 8), a1);
+      }
+      _mm256_storeu_ps(a + j, a0);
+      _mm256_storeu_ps(a + j + 8, a1);
+    }
+  }
+}
+
 }  // namespace
 
 const Kernels* avx2_kernels() {
   static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
                          __builtin_cpu_supports("f16c");
   static const Kernels k{to_f32, dot, axpy, pq_scores_scalar, exp_shifted, max_value, nearest_centroid,
-                         "avx2"};
+                         attend_block, "avx2"};
   return ok ? &k : nullptr;
 }
 

@@ -70,6 +70,32 @@ void pq_scores_scalar(const float* lut, uint32_t K, uint32_t M, const uint8_t* c
   }
 }
 
+void generic_attend_block(const float* kf, const float* vf, size_t n, uint32_t d, const float* q,
+                          uint32_t g, const float* offset, float* m, float* l, float* acc) {
+  float logits[32];
+  for (uint32_t h = 0; h < g; ++h) {
+    float bm = -INFINITY;
+    for (size_t t = 0; t < n; ++t) {
+      float s = 0.0f;
+      for (uint32_t j = 0; j < d; ++j) s += q[size_t{h} * d + j] * kf[t * d + j];
+      logits[t] = s - (offset != nullptr ? offset[t] : 0.0f);
+      bm = logits[t] > bm ? logits[t] : bm;
+    }
+    float* a = acc + size_t{h} * d;
+    if (bm > m[h]) {
+      const float scale = m[h] == -INFINITY ? 0.0f : expf(m[h] - bm);
+      for (uint32_t j = 0; j < d; ++j) a[j] *= scale;
+      l[h] *= scale;
+      m[h] = bm;
+    }
+    for (size_t t = 0; t < n; ++t) {
+      const float w = expf(logits[t] - m[h]);
+      l[h] += w;
+      for (uint32_t j = 0; j < d; ++j) a[j] += w * vf[t * d + j];
+    }
+  }
+}
+
 uint32_t generic_nearest_centroid(const float* x, const float* cent_t, const float* norms,
                                   uint32_t K, uint32_t dim) {
   uint32_t best = 0;
@@ -88,7 +114,7 @@ uint32_t generic_nearest_centroid(const float* x, const float* cent_t, const flo
 
 const Kernels& generic_kernels() {
   static const Kernels k{to_f32, dot, axpy, pq_scores_scalar, exp_shifted, max_value, generic_nearest_centroid,
-                         "generic"};
+                         generic_attend_block, "generic"};
   return k;
 }
 
