@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "cpu/finite_check.h"
+#include "cuda/cuda_backend.h"
 #include "decode/decode.h"
 #include "runtime.h"
 #include "session.h"
@@ -106,8 +107,18 @@ ssa_status ssa_runtime_create(const ssa_runtime_options* opts, ssa_runtime** out
     if (o.num_threads < 0 || o.num_threads > 4096) {
       return ssa::invalid_argument("num_threads ", o.num_threads, " must be in 0..4096");
     }
+    // CUDA backend hook: CUDA when asked for (and usable); AUTO picks it when a
+    // device exists in a CUDA build.
+    ssa_backend chosen = SSA_BACKEND_CPU;
     if (o.backend == SSA_BACKEND_CUDA) {
+#if defined(SSA_HAVE_CUDA)
+      SSA_RETURN_IF_ERROR(ssa::cuda::check_device(o.device));
+      chosen = SSA_BACKEND_CUDA;
+#else
       return ssa::unsupported("the CUDA backend is not available in this build");
+#endif
+    } else if (o.backend == SSA_BACKEND_AUTO && ssa::cuda::device_available(o.device)) {
+      chosen = SSA_BACKEND_CUDA;
     }
     int threads = o.num_threads;
     if (threads == 0) {
@@ -115,7 +126,7 @@ ssa_status ssa_runtime_create(const ssa_runtime_options* opts, ssa_runtime** out
       if (threads <= 0) threads = 1;
     }
     auto rt = std::make_unique<ssa_runtime>();
-    rt->backend = SSA_BACKEND_CPU;
+    rt->backend = chosen;
     rt->device = o.device;
     rt->seed = o.seed;
     rt->pool = std::make_unique<ssa::ThreadPool>(threads);
@@ -206,10 +217,13 @@ ssa_status ssa_session_append(ssa_session* s, uint32_t layer, const void* k, con
       return ssa::invalid_argument("n_tokens ", n_tokens, " overflows the size of K and V");
     }
     const size_t n = static_cast<size_t>(n_tokens * per_token);
-    size_t bad = ssa::first_non_finite(s->layout.dtype, k, n);
-    if (bad != n) return ssa::invalid_argument("k[", bad, "] is NaN or infinite");
-    bad = ssa::first_non_finite(s->layout.dtype, v, n);
-    if (bad != n) return ssa::invalid_argument("v[", bad, "] is NaN or infinite");
+    // CUDA backend hook: K and V in device memory are not scanned on the host.
+    if (s->cuda == nullptr || (s->config.flags & SSA_SESSION_HOST_POINTERS) != 0) {
+      size_t bad = ssa::first_non_finite(s->layout.dtype, k, n);
+      if (bad != n) return ssa::invalid_argument("k[", bad, "] is NaN or infinite");
+      bad = ssa::first_non_finite(s->layout.dtype, v, n);
+      if (bad != n) return ssa::invalid_argument("v[", bad, "] is NaN or infinite");
+    }
     return ssa::session_append(*s, layer, k, v, n_tokens);
   });
 }

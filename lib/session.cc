@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "cuda/cuda_backend.h"
 #include "index/pq_index.h"
 #include "status.h"
 
@@ -18,6 +19,7 @@ bool is_pow2(uint32_t v) { return v != 0 && (v & (v - 1)) == 0; }
 // Trains codebooks on `layer` and re-encodes all its codes; commits into `layer`
 // only when everything succeeded.
 absl::Status retrain_layer(ssa_session& s, LayerStore& layer) {
+  if (s.cuda != nullptr) return cuda::retrain_layer(s, layer);  // CUDA backend hook
   absl::StatusOr<CodebooksRef> books =
       train_codebooks(s.layout, layer, s.config.index_train_sample, s.config.index_iterations,
                       *s.rt->pool);
@@ -99,7 +101,7 @@ absl::StatusOr<std::unique_ptr<ssa_session>> create_session(ssa_runtime* rt,
                                                             const ssa_session_config& cfg) {
   KvLayout layout;
   SSA_RETURN_IF_ERROR(validate_session_config(cfg, &layout));
-  if (rt->backend != SSA_BACKEND_CPU) {
+  if (rt->backend != SSA_BACKEND_CPU && rt->backend != SSA_BACKEND_CUDA) {
     return unsupported("sessions on backend ", static_cast<int>(rt->backend),
                        " are not available in this build");
   }
@@ -110,6 +112,7 @@ absl::StatusOr<std::unique_ptr<ssa_session>> create_session(ssa_runtime* rt,
   s->layout = layout;
   s->kv_pool = PagePool::create(layout.kv_page_bytes());
   s->code_pool = PagePool::create(layout.code_page_bytes());
+  if (rt->backend == SSA_BACKEND_CUDA) SSA_RETURN_IF_ERROR(cuda::init_session(*s));  // CUDA backend hook
   std::lock_guard lock(s->mu);
   s->layers.resize(cfg.n_layers);
   return s;
@@ -128,6 +131,7 @@ absl::Status session_append(ssa_session& s, uint32_t layer_index, const void* k,
     return invalid_argument("layer ", layer_index, " >= n_layers ", L.n_layers);
   }
   if (n_tokens == 0) return absl::OkStatus();
+  if (s.cuda != nullptr) return cuda::session_append(s, layer_index, k, v, n_tokens);  // CUDA backend hook
   std::unique_lock lock(s.mu);
   const LayerStore& cur = s.layers[layer_index];
   if (n_tokens > kMaxTokensPerLayer - cur.n_tokens) {
@@ -229,6 +233,7 @@ absl::StatusOr<std::unique_ptr<ssa_session>> session_fork(ssa_session& s) {
   f->layout = s.layout;
   f->kv_pool = s.kv_pool;
   f->code_pool = s.code_pool;
+  if (s.cuda != nullptr) f->cuda = cuda::fork_state(*s.cuda);  // CUDA backend hook
   std::shared_lock lock(s.mu);
   std::lock_guard flock(f->mu);
   f->layers = s.layers;

@@ -20,12 +20,17 @@
 namespace ssa {
 struct SnapshotState;  // lib/snapshot/record.h
 }  // namespace ssa
+namespace ssa::cuda {
+struct SessionState;  // CUDA backend hook: device state (lib/cuda/cuda_backend.h)
+}
 
 struct ssa_session {
   ssa_runtime* rt = nullptr;
   ssa_session_config config{};  // as given at create, defaults resolved
   ssa::KvLayout layout;
   std::shared_ptr<ssa::PagePool> kv_pool, code_pool;
+  // CUDA backend hook: set for sessions of a CUDA runtime (pages in device memory).
+  std::shared_ptr<ssa::cuda::SessionState> cuda;
 
   // Readers (decode, fork, save) share it; append/update_index/truncate own it.
   // A std::shared_mutex (pthread rwlock) rather than absl::Mutex: ThreadSanitizer

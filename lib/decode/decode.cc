@@ -4,6 +4,7 @@
 #include <mutex>
 
 #include "cpu/finite_check.h"
+#include "cuda/cuda_backend.h"
 #include "decode_plan.h"
 #include "status.h"
 
@@ -21,7 +22,9 @@ absl::Status check_item(const ssa_session* s, uint32_t layer, const void* q, con
   const uint8_t* qb = static_cast<const uint8_t*>(q);
   const uint8_t* ob = static_cast<const uint8_t*>(out);
   if (qb < ob + bytes && ob < qb + bytes) return invalid_argument("q and out overlap");
-  const size_t bad = first_non_finite(s->layout.dtype, q, nq);
+  // CUDA backend hook: device queries cannot be read here.
+  const bool host_q = s->cuda == nullptr || (s->config.flags & SSA_SESSION_HOST_POINTERS) != 0;
+  const size_t bad = host_q ? first_non_finite(s->layout.dtype, q, nq) : nq;
   if (bad != nq) return invalid_argument("q[", bad, "] is NaN or infinite");
   return absl::OkStatus();
 }
@@ -39,6 +42,9 @@ absl::Status locked_decode(ssa_session& s, uint32_t layer, const void* q, void* 
       const DecodePlan plan = plan_decode(l.n_tokens, p);
       const bool needs_index = !plan.dense && plan.kprime > 0 && method_uses_pq(p.method);
       if (!needs_index || l.codebooks != nullptr) {
+        if (s.cuda != nullptr) {  // CUDA backend hook
+          return cuda::decode_layer(s, l, layer, q, out, p, seed, stats);
+        }
         return cpu_decode_layer(s, l, layer, q, out, p, seed, stats, traces, profile);
       }
     }
@@ -100,6 +106,7 @@ absl::Status decode_batch(const ssa_decode_item* items, size_t n_items, uint32_t
       }
     }
   }
+  if (rt->backend == SSA_BACKEND_CUDA) return cuda::decode_batch(items, n_items, layer, p);  // CUDA backend hook
   std::mutex mu;
   absl::Status first = absl::OkStatus();
   size_t first_index = n_items;

@@ -1,0 +1,28 @@
+// Host entry points of the CUDA decode kernels (kernels/*.cu). Callable from plain
+// C++ compiled without nvcc; every pointer inside the descriptors is device memory.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "decode_types.h"
+
+namespace ssa::cuda {
+
+// nullptr when the kernels support this shape, else why not (head dims 32, 64,
+// 128, 256 and 512; PQ lookup tables of one query head must fit in shared memory).
+const char* unsupported_shape(const DecodeShape& shape, bool needs_pq);
+
+// Places every item's rows in the workspace (fills the placement fields of b) and
+// sizes the one device allocation a decode of b needs. sm_count: multiprocessors
+// of the device (sets the automatic split count). Host-only; no device work.
+cudaError_t plan_workspace(DecodeBatch* b, int sm_count, WorkspacePlan* plan);
+
+// Carves the buffers of `plan` out of one device allocation of plan.total_bytes.
+Workspace bind_workspace(void* base, const WorkspacePlan& plan);
+
+// Enqueues the whole decode of b on `stream` (no host synchronisation, no host to
+// device copies: capturable into a CUDA graph). Returns the first launch error.
+cudaError_t run_decode(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
+                       cudaStream_t stream);
+
+}  // namespace ssa::cuda

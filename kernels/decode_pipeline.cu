@@ -1,0 +1,181 @@
+// One decode launch set: workspace planning and the order of the stages.
+//   dense:   attention over every token (GQA group shares K/V reads) + split merge.
+//   sparse:  proxy scores (PQ or exact) with sink/local masked -> radix top-k heavy
+//            set (fixed |H|, or top-k' then lambda water-filling) -> residual
+//            sampling with dedup -> attention over sink, local, H and the samples.
+#include <algorithm>
+#include <map>
+#include <mutex>
+
+#include "common/sampling_hierarchy.h"
+#include "cuda_decode.h"
+#include "head_dim.cuh"
+#include "stages.h"
+
+namespace ssa::cuda {
+cudaError_t ensure_dynamic_smem(const void* kernel, size_t bytes) {
+  if (bytes <= 48 * 1024) return cudaSuccess;
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
+  static std::mutex mu;
+  static std::map<std::pair<int, const void*>, size_t> granted;
+  std::lock_guard<std::mutex> lock(mu);
+  size_t& g = granted[{dev, kernel}];
+  if (g >= bytes) return cudaSuccess;
+  e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  if (e == cudaSuccess) g = bytes;
+  return e;
+}
+
+namespace {
+
+size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+
+}  // namespace
+
+const char* unsupported_shape(const DecodeShape& s, bool needs_pq) {
+  if (!head_dim_supported(s.head_dim)) return "head_dim must be 32, 64, 128, 256 or 512";
+  if (s.n_kv_heads == 0 || s.n_q_heads % s.n_kv_heads != 0) return "n_q_heads % n_kv_heads != 0";
+  if (s.n_q_heads > 1024) return "more than 1024 query heads";
+  if ((s.page_tokens & (s.page_tokens - 1)) != 0 || (1u << s.page_shift) != s.page_tokens)
+    return "page_tokens must be a power of two";
+  if (needs_pq) return pq_shape_unsupported(s);
+  return nullptr;
+}
+
+cudaError_t plan_workspace(DecodeBatch* b, int sm_count, WorkspacePlan* plan) {
+  if (b->n_items == 0 || b->n_items > kMaxBatchItems) return cudaErrorInvalidValue;
+  WorkspacePlan p;
+  const DecodeShape& s = b->shape;
+  const uint32_t nq = s.n_q_heads;
+  p.rows = b->n_items * nq;
+  const bool all_dense = b->proxy == Proxy::kNone;
+  uint64_t score = 0, sel = 0, hash = 0;
+  uint32_t max_tokens = 0, max_read = 0;
+  for (uint32_t i = 0; i < b->n_items; ++i) {
+    DecodeItem& it = b->items[i];
+    if (it.n_tokens == 0) return cudaErrorInvalidValue;
+    max_tokens = std::max(max_tokens, it.n_tokens);
+    const bool dense = all_dense || it.sink_end >= it.local_begin;
+    if (dense) {
+      it.sink_end = it.local_begin = it.n_tokens;
+      it.n_select = it.n_heavy = 0;
+    }
+    it.n_pad = dense ? kChunkTokens
+                     : static_cast<uint32_t>((uint64_t{it.n_tokens} + kChunkTokens - 1) /
+                                             kChunkTokens * kChunkTokens);
+    it.score_base = score;
+    score += uint64_t{nq} * it.n_pad;
+    it.select_cap = std::max(it.n_select, 1u);
+    it.select_base = sel;
+    sel += uint64_t{nq} * it.select_cap;
+    uint32_t hc = 64;
+    while (hc < 2 * it.select_cap) hc <<= 1;
+    it.hash_cap = hc;
+    it.hash_base = hash;
+    hash += uint64_t{nq} * hc;
+    p.n_pad_max = std::max(p.n_pad_max, it.n_pad);
+    p.select_cap_max = std::max(p.select_cap_max, it.select_cap);
+    const uint32_t read = dense ? it.n_tokens
+                                : it.sink_end + (it.n_tokens - it.local_begin) + it.n_select;
+    max_read = std::max(max_read, read);
+  }
+  if (all_dense) score = sel = hash = 0;
+  p.score_floats = score;
+  p.select_entries = sel;
+  p.hash_entries = hash;
+  if (sel > 0x7fffffffull) return cudaErrorInvalidValue;
+  p.radix_blocks = std::clamp<uint32_t>((p.n_pad_max + 8191) / 8192, 1, kMaxRadixBlocks);
+  if (b->n_splits) {
+    p.n_splits = std::min(b->n_splits, kMaxSplits);
+  } else {
+    const uint32_t base = all_dense ? s.n_kv_heads * (s.group() / dense_heads_per_block(s.group())) *
+                                          b->n_items
+                                    : p.rows;
+    uint32_t splits = (8u * static_cast<uint32_t>(std::max(sm_count, 1)) + base - 1) / base;
+    splits = std::min(splits, (max_read + 63) / 64);
+    p.n_splits = std::clamp<uint32_t>(splits, 1, kMaxSplits);
+  }
+  size_t off = 0;
+  auto take = [&](size_t bytes) {
+    const size_t o = off;
+    off = align_up(off + bytes, 256);
+    return o;
+  };
+  const size_t rows = p.rows;
+  p.off_lut = take(b->proxy == Proxy::kPq ? rows * s.pq_subspaces * s.pq_centroids * 4 : 0);
+  p.off_scores = take(score * 4);
+  p.off_bsum = take(score / kBlockTokens * 8);
+  p.off_csum = take(score / kChunkTokens * 8);
+  p.off_cprefix = take(score / kChunkTokens * 8);
+  p.off_hist = take(all_dense ? 0 : rows * 4 * 256 * 4);
+  p.off_blkcnt = take(all_dense ? 0 : rows * kMaxRadixBlocks * 2 * 4);
+  p.off_heavy = take(sel * 4);
+  p.off_uniq = take(sel * 4);
+  p.off_uniq_sorted = take(sel * 4);
+  p.off_log_pi = take(sel * 4);
+  const bool adaptive = b->heavy == HeavyRule::kAdaptive;
+  p.off_sort_keys = take(adaptive ? sel * 4 : 0);
+  p.off_sort_keys2 = take(adaptive ? sel * 4 : 0);
+  p.off_sort_vals2 = take(adaptive ? sel * 4 : 0);
+  p.off_probs = take(adaptive ? sel * 8 : 0);
+  p.off_hash = take(hash * 4);
+  p.off_seg_begin = take(rows * 4);
+  p.off_seg_end = take(rows * 4);
+  p.off_rows = take(rows * sizeof(RowState));
+  p.off_partial = take(rows * p.n_splits * (s.head_dim + 2) * 4);
+  p.sort_temp_bytes = all_dense ? 0 : segmented_sort_temp_bytes(p.rows, std::max<uint64_t>(sel, 1));
+  p.off_sort_temp = take(p.sort_temp_bytes);
+  p.total_bytes = off;
+  *plan = p;
+  return cudaSuccess;
+}
+
+Workspace bind_workspace(void* base, const WorkspacePlan& p) {
+  uint8_t* c = static_cast<uint8_t*>(base);
+  Workspace w;
+  w.lut = reinterpret_cast<float*>(c + p.off_lut);
+  w.scores = reinterpret_cast<float*>(c + p.off_scores);
+  w.bsum = reinterpret_cast<double*>(c + p.off_bsum);
+  w.csum = reinterpret_cast<double*>(c + p.off_csum);
+  w.cprefix = reinterpret_cast<double*>(c + p.off_cprefix);
+  w.hist = reinterpret_cast<uint32_t*>(c + p.off_hist);
+  w.blkcnt = reinterpret_cast<uint32_t*>(c + p.off_blkcnt);
+  w.heavy = reinterpret_cast<uint32_t*>(c + p.off_heavy);
+  w.uniq = reinterpret_cast<uint32_t*>(c + p.off_uniq);
+  w.uniq_sorted = reinterpret_cast<uint32_t*>(c + p.off_uniq_sorted);
+  w.log_pi = reinterpret_cast<float*>(c + p.off_log_pi);
+  w.sort_keys = reinterpret_cast<uint32_t*>(c + p.off_sort_keys);
+  w.sort_keys2 = reinterpret_cast<uint32_t*>(c + p.off_sort_keys2);
+  w.sort_vals2 = reinterpret_cast<uint32_t*>(c + p.off_sort_vals2);
+  w.probs = reinterpret_cast<double*>(c + p.off_probs);
+  w.hash = reinterpret_cast<uint32_t*>(c + p.off_hash);
+  w.seg_begin = reinterpret_cast<int*>(c + p.off_seg_begin);
+  w.seg_end = reinterpret_cast<int*>(c + p.off_seg_end);
+  w.rows = reinterpret_cast<RowState*>(c + p.off_rows);
+  w.partial = reinterpret_cast<float*>(c + p.off_partial);
+  w.sort_temp = c + p.off_sort_temp;
+  w.sort_temp_bytes = p.sort_temp_bytes;
+  return w;
+}
+
+cudaError_t run_decode(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
+                       cudaStream_t st) {
+  cudaError_t e = launch_init_rows(b, plan, ws, st);
+  if (e != cudaSuccess) return e;
+  const bool all_dense = b.proxy == Proxy::kNone;
+  if (!all_dense) {
+    e = b.proxy == Proxy::kPq ? launch_pq_scores(b, plan, ws, st)
+                              : launch_exact_scores(b, plan, ws, st);
+    if (e != cudaSuccess) return e;
+    if ((e = launch_radix_topk(b, plan, ws, st)) != cudaSuccess) return e;
+    if (b.heavy == HeavyRule::kAdaptive) {
+      if ((e = launch_adaptive_heavy(b, plan, ws, st)) != cudaSuccess) return e;
+    }
+    if ((e = launch_sampling(b, plan, ws, st)) != cudaSuccess) return e;
+  }
+  return launch_attention(b, plan, ws, all_dense, st);
+}
+
+}  // namespace ssa::cuda

@@ -1,0 +1,123 @@
+// Plain descriptors shared by the CUDA decode kernels and their host-side callers.
+// Host C++ (lib/cuda, tests) includes this header without the CUDA compiler, so it
+// holds only POD structs over raw device pointers: no CUDA types, no templates.
+//
+// One decode launch set serves up to kMaxBatchItems (session, query) items that
+// share one shape (heads, head dim, dtype, page size, PQ shape) but may differ in
+// length. The whole batch is passed to every kernel by value, so a launch set
+// needs no host-to-device copies and can be captured into a CUDA graph.
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/dtype.h"
+
+namespace ssa::cuda {
+
+constexpr uint32_t kMaxBatchItems = 32;
+constexpr uint32_t kMaxRadixBlocks = 128;  // thread blocks per row in radix top-k
+constexpr uint32_t kMaxSplits = 256;       // attention splits per row (split-K)
+
+struct DecodeShape {
+  uint32_t n_q_heads = 0, n_kv_heads = 0, head_dim = 0;
+  uint32_t page_tokens = 0, page_shift = 0;  // page_tokens == 1 << page_shift
+  uint32_t pq_subspaces = 0, pq_centroids = 0;
+  DType dtype = DType::kF16;
+  SSA_HD uint32_t group() const { return n_q_heads / n_kv_heads; }
+};
+
+// One (session, layer, query) of a launch set. Every pointer is device memory.
+// The token ranges follow SSA_SPEC.md: [0, sink_end) and [local_begin, n_tokens)
+// are always read with pi = 1, the candidates C are [sink_end, local_begin).
+struct DecodeItem {
+  const uint8_t* const* kv_pages = nullptr;    // one device pointer per KV page
+  const uint8_t* const* code_pages = nullptr;  // one per code page (PQ proxy only)
+  const float* codebooks = nullptr;            // [n_kv][M][K][sub_dim] (PQ proxy only)
+  const void* q = nullptr;                     // [n_q_heads][head_dim], kv dtype
+  void* out = nullptr;                         // [n_q_heads][head_dim], kv dtype
+  uint32_t n_tokens = 0;
+  uint32_t sink_end = 0, local_begin = 0;
+  uint32_t n_select = 0;  // k' = |H| + m (0 for a dense item: sink_end == n_tokens)
+  uint32_t n_heavy = 0;   // |H| for a fixed heavy fraction (adaptive: decided on device)
+  // Workspace placement of this item's rows (filled by plan_workspace).
+  uint32_t n_pad = 0;        // n_tokens rounded up to whole 1024-token chunks
+  uint64_t score_base = 0;   // floats: row h at score_base + h * n_pad
+  uint64_t select_base = 0;  // u32 entries: row h at select_base + h * select_cap
+  uint32_t select_cap = 0;   // >= n_select, >= 1
+  uint32_t hash_cap = 0;     // power of two >= 2 * n_select
+  uint64_t hash_base = 0;    // u32 entries: row h at hash_base + h * hash_cap
+};
+
+enum class Proxy : uint32_t { kNone = 0, kPq = 1, kExact = 2 };
+enum class HeavyRule : uint32_t { kFixed = 0, kAdaptive = 1 };
+enum class Sampling : uint32_t { kNone = 0, kProxy = 1, kUniform = 2 };
+
+struct DecodeBatch {
+  DecodeShape shape;
+  uint32_t n_items = 0;
+  Proxy proxy = Proxy::kNone;       // kNone: every item is dense
+  HeavyRule heavy = HeavyRule::kFixed;
+  Sampling sampling = Sampling::kNone;
+  float pi_min = 1e-4f;
+  uint32_t layer = 0;
+  uint64_t seed = 0, step = 0;
+  const uint64_t* step_dev = nullptr;  // when set, the step is read from here (graphs)
+  uint32_t n_splits = 0;               // attention splits per row; 0 = automatic
+  DecodeItem items[kMaxBatchItems];
+};
+
+// Per-row (item, q head) state kept in device memory during one decode.
+struct RowState {
+  uint32_t max_key;    // order-preserving bits of the largest candidate proxy score
+  uint32_t topk_k;     // how many candidates radix top-k keeps in this row
+  uint32_t n_heavy;    // |H|
+  uint32_t n_draws;    // m
+  uint32_t n_unique;   // |S|
+  uint32_t radix_prefix;     // radix top-k: high bits of the k-th largest key found so far
+  uint32_t radix_remaining;  // radix top-k: values still needed inside that prefix
+  uint32_t pad_;
+  double w_total;      // sum over the residual R of exp(s~ - max) (uniform: |R|)
+  double w_heavy;      // sum over H of exp(s~ - max) (statistics only)
+  double w_all;        // adaptive: sum over C of exp(s~ - max)
+  double w_resid_proxy;  // sum over R of exp(s~ - max), also when sampling uniformly
+};
+
+// Device buffers of one decode, carved from one allocation (see plan_workspace).
+struct Workspace {
+  float* lut = nullptr;            // [rows][M][K] proxy lookup tables
+  float* scores = nullptr;         // per-row proxy scores, -inf where masked
+  double* bsum = nullptr;          // per 32-token block residual weight
+  double* csum = nullptr;          // per 1024-token chunk residual weight
+  double* cprefix = nullptr;       // inclusive prefix of csum per row
+  uint32_t* hist = nullptr;        // [rows][4][256] radix histograms
+  uint32_t* blkcnt = nullptr;      // [rows][kMaxRadixBlocks][2] (greater, equal) counts
+  uint32_t* heavy = nullptr;       // per-row heavy lists (select_base layout)
+  uint32_t* uniq = nullptr;        // per-row unique samples, insertion order
+  uint32_t* uniq_sorted = nullptr; // the same, sorted by token index
+  float* log_pi = nullptr;         // log inclusion probability of each sorted sample
+  uint32_t* hash = nullptr;        // per-row open-addressing tables (hash_base layout)
+  uint32_t* sort_keys = nullptr;   // adaptive: score keys of the top-k' candidates
+  uint32_t* sort_keys2 = nullptr;
+  uint32_t* sort_vals2 = nullptr;
+  double* probs = nullptr;         // adaptive: sorted candidate probabilities
+  int* seg_begin = nullptr;        // [rows] segment offsets for segmented sorts
+  int* seg_end = nullptr;
+  RowState* rows = nullptr;        // [rows]
+  float* partial = nullptr;        // [rows][n_splits][head_dim + 2] split results
+  void* sort_temp = nullptr;
+  size_t sort_temp_bytes = 0;
+};
+
+struct WorkspacePlan {
+  size_t total_bytes = 0;
+  size_t off_lut = 0, off_scores = 0, off_bsum = 0, off_csum = 0, off_cprefix = 0;
+  size_t off_hist = 0, off_blkcnt = 0, off_heavy = 0, off_uniq = 0, off_uniq_sorted = 0, off_log_pi = 0;
+  size_t off_hash = 0, off_sort_keys = 0, off_sort_keys2 = 0, off_sort_vals2 = 0;
+  size_t off_probs = 0, off_seg_begin = 0, off_seg_end = 0, off_rows = 0, off_partial = 0;
+  size_t off_sort_temp = 0, sort_temp_bytes = 0;
+  uint64_t score_floats = 0, select_entries = 0, hash_entries = 0;
+  uint32_t rows = 0, n_splits = 0, radix_blocks = 0, n_pad_max = 0, select_cap_max = 0;
+};
+
+}  // namespace ssa::cuda

@@ -1,0 +1,97 @@
+// Small device helpers shared by the decode kernels: dtype loads, order-preserving
+// float keys, warp reductions and the token order of a row's read set.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "decode_types.h"
+
+namespace ssa::cuda {
+
+// Maps float to uint32 so that unsigned order equals float order (-inf lowest).
+__device__ __forceinline__ uint32_t float_key(float f) {
+  const uint32_t u = __float_as_uint(f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+__device__ __forceinline__ float key_float(uint32_t k) {
+  const uint32_t u = (k & 0x80000000u) ? (k & 0x7fffffffu) : ~k;
+  return __uint_as_float(u);
+}
+
+template <typename T> struct Elem;
+template <> struct Elem<float> {
+  __device__ static float load(const float* p) { return *p; }
+  __device__ static void store(float* p, float v) { *p = v; }
+};
+template <> struct Elem<__half> {
+  __device__ static float load(const __half* p) { return __half2float(*p); }
+  __device__ static void store(__half* p, float v) { *p = __float2half_rn(v); }
+};
+template <> struct Elem<__nv_bfloat16> {
+  __device__ static float load(const __nv_bfloat16* p) { return __bfloat162float(*p); }
+  __device__ static void store(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
+};
+
+// Loads 8 consecutive elements (16-byte aligned for 2-byte types, 32 for float).
+__device__ __forceinline__ void load8(const float* p, float* out) {
+  const float4 a = reinterpret_cast<const float4*>(p)[0];
+  const float4 b = reinterpret_cast<const float4*>(p)[1];
+  out[0] = a.x; out[1] = a.y; out[2] = a.z; out[3] = a.w;
+  out[4] = b.x; out[5] = b.y; out[6] = b.z; out[7] = b.w;
+}
+__device__ __forceinline__ void load8(const __half* p, float* out) {
+  const uint4 raw = *reinterpret_cast<const uint4*>(p);
+  const __half2* h = reinterpret_cast<const __half2*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __half22float2(h[i]);
+    out[2 * i] = f.x;
+    out[2 * i + 1] = f.y;
+  }
+}
+__device__ __forceinline__ void load8(const __nv_bfloat16* p, float* out) {
+  const uint4 raw = *reinterpret_cast<const uint4*>(p);
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __bfloat1622float2(h[i]);
+    out[2 * i] = f.x;
+    out[2 * i + 1] = f.y;
+  }
+}
+
+__device__ __forceinline__ double warp_sum(double v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Token of read-set position p of a row: sink tokens, local tokens, heavy list,
+// then the sorted unique samples (the only positions with pi < 1).
+struct ReadSet {
+  uint32_t n_sink, local_begin, n_local, n_heavy, n_unique;
+  const uint32_t* heavy;
+  const uint32_t* sampled;
+  const float* sampled_log_pi;
+  __device__ uint32_t size() const { return n_sink + n_local + n_heavy + n_unique; }
+  __device__ uint32_t token(uint32_t p, float* log_pi) const {
+    *log_pi = 0.f;
+    if (p < n_sink) return p;
+    p -= n_sink;
+    if (p < n_local) return local_begin + p;
+    p -= n_local;
+    if (p < n_heavy) return heavy[p];
+    p -= n_heavy;
+    *log_pi = sampled_log_pi[p];
+    return sampled[p];
+  }
+};
+
+__device__ __forceinline__ uint32_t row_of(uint32_t item, uint32_t head, uint32_t n_q) {
+  return item * n_q + head;
+}
+
+}  // namespace ssa::cuda

@@ -1,0 +1,33 @@
+// Host entry points of the GPU PQ index kernels (kernels/pq_index.cu): encoding
+// keys from device KV pages into device code pages, and k-means training.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/dtype.h"
+
+namespace ssa::cuda {
+
+struct PqIndexShape {
+  uint32_t n_kv_heads, head_dim, subspaces, centroids, page_tokens, page_shift;
+  DType dtype;
+};
+
+// Codes of tokens [begin, end) (nearest centroid, lowest index on ties) written
+// into the code pages. kv_pages, code_pages: device arrays of device page pointers;
+// books: device [n_kv][M][K][sub]. Sub-vectors of at most 64 floats.
+cudaError_t pq_encode(const PqIndexShape& s, const uint8_t* const* kv_pages, uint8_t* const* code_pages,
+                      const float* books, uint32_t begin, uint32_t end, cudaStream_t st);
+
+// Device bytes pq_train needs for n sample keys per head.
+size_t kmeans_workspace_bytes(const PqIndexShape& s, uint32_t n);
+
+// Trains books (device [n_kv][M][K][sub]) on n keys per head spread evenly over
+// the first n_tokens tokens: centroids seeded with evenly spaced sample points,
+// then `iterations` Lloyd steps (an empty cluster keeps its centroid).
+cudaError_t pq_train(const PqIndexShape& s, const uint8_t* const* kv_pages, uint32_t n_tokens,
+                     uint32_t n, uint32_t iterations, void* workspace, float* books, cudaStream_t st);
+
+}  // namespace ssa::cuda

@@ -1,0 +1,286 @@
+// Proxy scores of every token of every row, with the sink and local tokens masked
+// (-inf) in the same pass (q is pre-multiplied by 1/sqrt(d), as on the CPU):
+//   PQ:    s~_i = sum_m LUT[m][code_i[m]], LUT[m][c] = (q_m / sqrt(d)) . centroid[m][c];
+//          one block reads the codes of its tokens once for all q heads of a GQA
+//          group (up to 8 heads per pass, their tables in shared memory).
+//   exact: s_i = q . k_i / sqrt(d) (oracle top-k), reading every key.
+// Both also record each row's largest candidate score (order-preserving bits).
+#include <cuda_runtime.h>
+
+#include "device_util.cuh"
+#include "head_dim.cuh"
+#include "stages.h"
+
+namespace ssa::cuda {
+namespace {
+
+constexpr int kScoreThreads = 256;
+constexpr int kTokensPerThread = 4;
+constexpr int kSubTile = kScoreThreads * kTokensPerThread;  // 1024 tokens per pass
+constexpr int kSubTiles = 4;                                 // passes per block (LUT load amortised)
+constexpr int kScoreTile = kSubTile * kSubTiles;
+constexpr size_t kLutSmemLimit = 192 * 1024;
+
+__global__ void init_rows_kernel(DecodeBatch b, RowState* rows) {
+  const uint32_t item = blockIdx.x;
+  const uint32_t h = threadIdx.x;
+  if (h >= b.shape.n_q_heads) return;
+  const DecodeItem& it = b.items[item];
+  RowState r{};
+  r.max_key = 0u;
+  const uint32_t heavy = b.heavy == HeavyRule::kAdaptive ? 0u : it.n_heavy;
+  r.n_heavy = heavy;
+  r.topk_k = b.heavy == HeavyRule::kAdaptive ? it.n_select : heavy;
+  r.n_draws = b.sampling == Sampling::kNone ? 0u : it.n_select - heavy;
+  r.radix_prefix = 0u;
+  r.radix_remaining = r.topk_k;
+  rows[row_of(item, h, b.shape.n_q_heads)] = r;
+}
+
+template <typename T>
+__global__ void build_lut_kernel(DecodeBatch b, float* lut) {
+  const uint32_t item = blockIdx.y, h = blockIdx.x;
+  const DecodeItem& it = b.items[item];
+  if (it.sink_end >= it.local_begin) return;  // dense item: no proxy
+  const uint32_t M = b.shape.pq_subspaces, K = b.shape.pq_centroids;
+  const uint32_t D = b.shape.head_dim, sub = D / M;
+  const uint32_t kvh = h / b.shape.group();
+  const T* q = static_cast<const T*>(it.q) + size_t{h} * D;
+  extern __shared__ float qs[];
+  // As the CPU backend: q pre-multiplied by 1/sqrt(d), products and sums rounded
+  // one by one (no fused multiply-add), so the tables match it bit for bit.
+  const float scale = 1.0f / sqrtf(static_cast<float>(D));
+  for (uint32_t i = threadIdx.x; i < D; i += blockDim.x) qs[i] = Elem<T>::load(q + i) * scale;
+  __syncthreads();
+  float* out = lut + size_t{row_of(item, h, b.shape.n_q_heads)} * M * K;
+  const float* cb = it.codebooks + size_t{kvh} * M * K * sub;
+  for (uint32_t i = threadIdx.x; i < M * K; i += blockDim.x) {
+    const uint32_t m = i / K;
+    const float* c = cb + size_t{i} * sub;
+    const float* qm = qs + m * sub;
+    float acc = 0.f;
+    for (uint32_t j = 0; j < sub; ++j) acc = __fadd_rn(acc, __fmul_rn(qm[j], c[j]));
+    out[i] = acc;
+  }
+}
+
+// The GH table entries of one code, stored together: one vector load.
+template <int GH>
+__device__ __forceinline__ void lut_entries(const float* p, float* v) {
+  if constexpr (GH == 1) {
+    v[0] = p[0];
+  } else if constexpr (GH == 2) {
+    const float2 a = *reinterpret_cast<const float2*>(p);
+    v[0] = a.x; v[1] = a.y;
+  } else {
+#pragma unroll
+    for (int i = 0; i < GH; i += 4) {
+      const float4 a = *reinterpret_cast<const float4*>(p + i);
+      v[i] = a.x; v[i + 1] = a.y; v[i + 2] = a.z; v[i + 3] = a.w;
+    }
+  }
+}
+
+template <int GH>
+__global__ void __launch_bounds__(kScoreThreads) pq_score_kernel(DecodeBatch b, Workspace ws) {
+  extern __shared__ float lut_s[];  // [M][K][GH]: the GH heads' entries of a code side by side
+  __shared__ uint32_t smax[GH];
+  const uint32_t item = blockIdx.z;
+  const DecodeItem& it = b.items[item];
+  const uint32_t tile0 = blockIdx.x * kScoreTile;
+  if (it.sink_end >= it.local_begin || tile0 >= it.n_tokens) return;
+  const uint32_t M = b.shape.pq_subspaces, K = b.shape.pq_centroids;
+  const uint32_t G = b.shape.group();
+  const uint32_t chunks = G / GH;
+  const uint32_t kvh = blockIdx.y / chunks;
+  const uint32_t h0 = kvh * G + (blockIdx.y % chunks) * GH;
+  const uint32_t row0 = row_of(item, h0, b.shape.n_q_heads);
+  const float* lut = ws.lut + size_t{row0} * M * K;
+  for (uint32_t i = threadIdx.x; i < M * K; i += kScoreThreads) {
+#pragma unroll
+    for (int g = 0; g < GH; ++g) lut_s[i * GH + g] = lut[static_cast<size_t>(g) * M * K + i];
+  }
+  if (threadIdx.x < GH) smax[threadIdx.x] = 0u;
+  __syncthreads();
+
+  uint32_t local_max[GH];
+#pragma unroll
+  for (int g = 0; g < GH; ++g) local_max[g] = 0u;
+  for (int sub_tile = 0; sub_tile < kSubTiles; ++sub_tile) {
+    const uint32_t t0 = tile0 + sub_tile * kSubTile + threadIdx.x * kTokensPerThread;
+    if (t0 >= it.n_tokens) break;
+    const uint32_t page = t0 >> b.shape.page_shift;
+    const uint32_t slot = t0 & (b.shape.page_tokens - 1);
+    const uint8_t* codes = it.code_pages[page] + size_t{kvh} * M * b.shape.page_tokens + slot;
+    float acc[GH][kTokensPerThread];
+#pragma unroll
+    for (int g = 0; g < GH; ++g)
+#pragma unroll
+      for (int j = 0; j < kTokensPerThread; ++j) acc[g][j] = 0.f;
+    for (uint32_t m = 0; m < M; ++m) {
+      const uchar4 c = *reinterpret_cast<const uchar4*>(codes + size_t{m} * b.shape.page_tokens);
+      const uint32_t cc[4] = {c.x, c.y, c.z, c.w};
+      const float* l = lut_s + size_t{m} * K * GH;
+#pragma unroll
+      for (int j = 0; j < kTokensPerThread; ++j) {
+        float v[GH];
+        lut_entries<GH>(l + cc[j] * GH, v);
+#pragma unroll
+        for (int g = 0; g < GH; ++g) acc[g][j] += v[g];
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < GH; ++g) {
+      float* out = ws.scores + it.score_base + static_cast<size_t>(h0 + g) * it.n_pad;
+#pragma unroll
+      for (int j = 0; j < kTokensPerThread; ++j) {
+        const uint32_t t = t0 + j;
+        if (t >= it.n_tokens) break;
+        const bool cand = t >= it.sink_end && t < it.local_begin;
+        const float s = cand ? acc[g][j] : -INFINITY;
+        out[t] = s;
+        if (cand) local_max[g] = max(local_max[g], float_key(s));
+      }
+    }
+  }
+#pragma unroll
+  for (int g = 0; g < GH; ++g) {
+    const uint32_t w = __reduce_max_sync(0xffffffffu, local_max[g]);
+    if ((threadIdx.x & 31) == 0 && w != 0u) atomicMax(&smax[g], w);
+  }
+  __syncthreads();
+  if (threadIdx.x < GH && smax[threadIdx.x] != 0u) {
+    atomicMax(&ws.rows[row0 + threadIdx.x].max_key, smax[threadIdx.x]);
+  }
+}
+
+// Exact scores for all q heads of one KV head; groups of TPR lanes take tokens.
+template <int D, typename T>
+__global__ void __launch_bounds__(128) exact_score_kernel(DecodeBatch b, Workspace ws) {
+  using RS = RowSplit<D>;
+  constexpr int kGroups = 128 / RS::kTpr;
+  constexpr int kTile = 256;
+  extern __shared__ float qs[];  // [G][D]
+  uint32_t* smax = reinterpret_cast<uint32_t*>(qs + b.shape.group() * D);
+  const uint32_t item = blockIdx.z;
+  const DecodeItem& it = b.items[item];
+  const uint32_t tile0 = blockIdx.x * kTile;
+  if (it.sink_end >= it.local_begin || tile0 >= it.n_tokens) return;
+  const uint32_t G = b.shape.group();
+  const uint32_t kvh = blockIdx.y;
+  const uint32_t h0 = kvh * G;
+  const T* q = static_cast<const T*>(it.q) + size_t{h0} * D;
+  const float scale = 1.0f / sqrtf(static_cast<float>(D));
+  for (uint32_t i = threadIdx.x; i < G * D; i += blockDim.x) qs[i] = Elem<T>::load(q + i) * scale;
+  for (uint32_t i = threadIdx.x; i < G; i += blockDim.x) smax[i] = 0u;
+  __syncthreads();
+  const int lane = threadIdx.x % RS::kTpr, grp = threadIdx.x / RS::kTpr;
+  const uint32_t end = min(it.n_tokens, tile0 + kTile);
+  // Uniform trip count across each warp (shuffles below); t may run past end.
+  for (uint32_t tb = tile0; tb < end; tb += kGroups) {
+    const uint32_t t = tb + grp;
+    const bool in = t < end;
+    float kv[RS::kEpt];
+    if (in) {
+      const uint32_t page = t >> b.shape.page_shift, slot = t & (b.shape.page_tokens - 1);
+      const T* k = reinterpret_cast<const T*>(it.kv_pages[page]) +
+                   (size_t{kvh} * b.shape.page_tokens + slot) * D + lane * RS::kEpt;
+#pragma unroll
+      for (int e = 0; e < RS::kEpt; e += 8) load8(k + e, kv + e);
+    } else {
+#pragma unroll
+      for (int e = 0; e < RS::kEpt; ++e) kv[e] = 0.f;
+    }
+    const bool cand = t >= it.sink_end && t < it.local_begin;
+    for (uint32_t g = 0; g < G; ++g) {
+      const float* qg = qs + g * D + lane * RS::kEpt;
+      float dot = 0.f;
+#pragma unroll
+      for (int e = 0; e < RS::kEpt; ++e) dot = fmaf(kv[e], qg[e], dot);
+#pragma unroll
+      for (int o = RS::kTpr / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+      if (lane == 0 && in) {
+        const float s = cand ? dot : -INFINITY;
+        ws.scores[it.score_base + size_t{h0 + g} * it.n_pad + t] = s;
+        if (cand) atomicMax(&smax[g], float_key(s));
+      }
+    }
+  }
+  __syncthreads();
+  for (uint32_t g = threadIdx.x; g < G; g += blockDim.x) {
+    if (smax[g] != 0u) atomicMax(&ws.rows[row_of(item, h0 + g, b.shape.n_q_heads)].max_key, smax[g]);
+  }
+}
+
+int heads_per_pass(const DecodeShape& s) {
+  const size_t lut_bytes = size_t{s.pq_subspaces} * s.pq_centroids * sizeof(float);
+  for (int gh : {8, 4, 2, 1}) {
+    if (s.group() % gh == 0 && gh * lut_bytes <= kLutSmemLimit) return gh;
+  }
+  return 0;
+}
+
+template <int GH>
+cudaError_t launch_pq_score_gh(const DecodeBatch& b, const WorkspacePlan& plan,
+                               const Workspace& ws, cudaStream_t st) {
+  const size_t smem = size_t{GH} * b.shape.pq_subspaces * b.shape.pq_centroids * sizeof(float);
+  cudaError_t e = ensure_dynamic_smem(reinterpret_cast<const void*>(pq_score_kernel<GH>), smem);
+  if (e != cudaSuccess) return e;
+  const dim3 grid((plan.n_pad_max + kScoreTile - 1) / kScoreTile,
+                  b.shape.n_kv_heads * (b.shape.group() / GH), b.n_items);
+  pq_score_kernel<GH><<<grid, kScoreThreads, smem, st>>>(b, ws);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+const char* pq_shape_unsupported(const DecodeShape& s) {
+  if (heads_per_pass(s) == 0) return "the PQ lookup table of one head exceeds shared memory";
+  if (s.page_tokens < 16) return "pages of fewer than 16 tokens";
+  return nullptr;
+}
+
+cudaError_t launch_init_rows(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
+                             cudaStream_t st) {
+  init_rows_kernel<<<b.n_items, (b.shape.n_q_heads + 31) / 32 * 32, 0, st>>>(b, ws.rows);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_pq_scores(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
+                             cudaStream_t st) {
+  cudaError_t e = cudaSuccess;
+  const size_t qsmem = b.shape.head_dim * sizeof(float);
+  dispatch_dtype(b.shape.dtype, [&](auto t) {
+    using T = decltype(t);
+    build_lut_kernel<T><<<dim3(b.shape.n_q_heads, b.n_items), 256, qsmem, st>>>(b, ws.lut);
+    e = cudaGetLastError();
+  });
+  if (e != cudaSuccess) return e;
+  switch (heads_per_pass(b.shape)) {
+    case 8: return launch_pq_score_gh<8>(b, plan, ws, st);
+    case 4: return launch_pq_score_gh<4>(b, plan, ws, st);
+    case 2: return launch_pq_score_gh<2>(b, plan, ws, st);
+    case 1: return launch_pq_score_gh<1>(b, plan, ws, st);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+cudaError_t launch_exact_scores(const DecodeBatch& b, const WorkspacePlan& plan,
+                                const Workspace& ws, cudaStream_t st) {
+  cudaError_t e = cudaErrorInvalidValue;
+  const size_t smem = size_t{b.shape.group()} * (b.shape.head_dim + 1) * sizeof(float);
+  dispatch_head_dim(b.shape.head_dim, [&](auto dc) {
+    constexpr int D = decltype(dc)::value;
+    dispatch_dtype(b.shape.dtype, [&](auto t) {
+      using T = decltype(t);
+      e = ensure_dynamic_smem(reinterpret_cast<const void*>(exact_score_kernel<D, T>), smem);
+      if (e != cudaSuccess) return;
+      const dim3 grid((plan.n_pad_max + 255) / 256, b.shape.n_kv_heads, b.n_items);
+      exact_score_kernel<D, T><<<grid, 128, smem, st>>>(b, ws);
+      e = cudaGetLastError();
+    });
+  });
+  return e;
+}
+
+}  // namespace ssa::cuda

@@ -1,0 +1,29 @@
+// Stage launchers of one decode (internal to kernels/). Each enqueues its kernels
+// on the stream and returns the launch error. Order: decode_pipeline.cu.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "decode_types.h"
+
+namespace ssa::cuda {
+
+cudaError_t launch_init_rows(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
+                             cudaStream_t st);
+cudaError_t launch_pq_scores(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
+                             cudaStream_t st);
+cudaError_t launch_exact_scores(const DecodeBatch& b, const WorkspacePlan& plan,
+                                const Workspace& ws, cudaStream_t st);
+cudaError_t launch_radix_topk(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
+                              cudaStream_t st);
+cudaError_t launch_adaptive_heavy(const DecodeBatch& b, const WorkspacePlan& plan,
+                                  const Workspace& ws, cudaStream_t st);
+cudaError_t launch_sampling(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
+                            cudaStream_t st);
+cudaError_t launch_attention(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
+                             bool all_dense, cudaStream_t st);
+uint32_t dense_heads_per_block(uint32_t group);
+const char* pq_shape_unsupported(const DecodeShape& s);
+size_t segmented_sort_temp_bytes(uint32_t rows, uint64_t entries);
+
+}  // namespace ssa::cuda

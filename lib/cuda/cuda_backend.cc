@@ -1,0 +1,530 @@
+#include "cuda_backend.h"
+
+#include "status.h"
+
+#if !defined(SSA_HAVE_CUDA)
+
+namespace ssa::cuda {
+struct SessionState {};
+absl::Status check_device(int) { return unsupported("this build has no CUDA backend"); }
+bool device_available(int) { return false; }
+absl::Status init_session(ssa_session&) { return unsupported("this build has no CUDA backend"); }
+std::shared_ptr<SessionState> fork_state(const SessionState&) { return nullptr; }
+absl::Status session_append(ssa_session&, uint32_t, const void*, const void*, uint64_t) {
+  return unsupported("this build has no CUDA backend");
+}
+absl::Status retrain_layer(ssa_session&, LayerStore&) {
+  return unsupported("this build has no CUDA backend");
+}
+absl::Status decode_layer(const ssa_session&, const LayerStore&, uint32_t, const void*, void*,
+                          const ssa_decode_params&, uint64_t, ssa_decode_stats*) {
+  return unsupported("this build has no CUDA backend");
+}
+absl::Status decode_batch(const ssa_decode_item*, size_t, uint32_t, const ssa_decode_params&) {
+  return unsupported("this build has no CUDA backend");
+}
+}  // namespace ssa::cuda
+
+#else  // SSA_HAVE_CUDA
+
+#include <cuda_runtime.h>
+#include <string.h>
+
+#include <algorithm>
+#include <map>
+
+#include "decode/decode_plan.h"
+#include "device_pages.h"
+#include "index/pq_index.h"
+#include "kernels/cuda_decode.h"
+#include "kernels/pq_index.h"
+#include "method_plan.h"
+#include "session.h"
+
+namespace ssa::cuda {
+namespace {
+
+absl::Status device_error(cudaError_t e, const char* what) {
+  if (e == cudaErrorMemoryAllocation) {
+    cudaGetLastError();
+    return make_error(SSA_ERR_OUT_OF_MEMORY, absl::StrCat(what, ": ", cudaGetErrorString(e)));
+  }
+  return make_error(SSA_ERR_DEVICE, absl::StrCat(what, ": ", cudaGetErrorString(e)));
+}
+
+#define SSA_CUDA_RETURN(expr, what)                       \
+  do {                                                    \
+    cudaError_t ssa_e_ = (expr);                          \
+    if (ssa_e_ != cudaSuccess) return device_error(ssa_e_, what); \
+  } while (0)
+
+// A device allocation freed on scope exit.
+struct DeviceMem {
+  void* p = nullptr;
+  DeviceMem() = default;
+  DeviceMem(const DeviceMem&) = delete;
+  DeviceMem& operator=(const DeviceMem&) = delete;
+  ~DeviceMem() {
+    if (p) cudaFree(p);
+  }
+  cudaError_t alloc(size_t bytes) { return cudaMalloc(&p, bytes ? bytes : 1); }
+};
+
+// A device array of page pointers.
+absl::Status upload_table(const std::vector<PageRef>& pages, bool writable, DeviceMem* out) {
+  std::vector<const uint8_t*> ptrs(pages.size());
+  for (size_t i = 0; i < pages.size(); ++i) {
+    ptrs[i] = writable ? pages[i]->mutable_data() : pages[i]->data();
+  }
+  SSA_CUDA_RETURN(out->alloc(ptrs.size() * sizeof(void*)), "cudaMalloc of a page table");
+  SSA_CUDA_RETURN(cudaMemcpy(out->p, ptrs.data(), ptrs.size() * sizeof(void*), cudaMemcpyHostToDevice),
+                  "page table upload");
+  return absl::OkStatus();
+}
+
+// True for a pointer the device can read (device or managed memory).
+bool is_device_pointer(const void* p) {
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+}
+
+bool host_pointers(const ssa_session& s) { return (s.config.flags & SSA_SESSION_HOST_POINTERS) != 0; }
+
+absl::Status check_space(const ssa_session& s, const void* p, const char* name) {
+  if (host_pointers(s)) return absl::OkStatus();
+  if (!is_device_pointer(p)) {
+    return invalid_argument(name, " is not a device pointer (a CUDA session takes device memory; "
+                            "create it with SSA_SESSION_HOST_POINTERS to pass host memory)");
+  }
+  return absl::OkStatus();
+}
+
+PqIndexShape index_shape(const KvLayout& L) {
+  PqIndexShape s;
+  s.n_kv_heads = L.n_kv_heads;
+  s.head_dim = L.head_dim;
+  s.subspaces = L.pq_subspaces;
+  s.centroids = L.pq_centroids;
+  s.page_tokens = L.page_tokens;
+  s.page_shift = 0;
+  while ((1u << s.page_shift) < L.page_tokens) ++s.page_shift;
+  s.dtype = L.dtype;
+  return s;
+}
+
+DecodeShape decode_shape(const KvLayout& L) {
+  DecodeShape s;
+  s.n_q_heads = L.n_q_heads;
+  s.n_kv_heads = L.n_kv_heads;
+  s.head_dim = L.head_dim;
+  s.page_tokens = L.page_tokens;
+  s.page_shift = index_shape(L).page_shift;
+  s.pq_subspaces = L.pq_subspaces;
+  s.pq_centroids = L.pq_centroids;
+  s.dtype = L.dtype;
+  return s;
+}
+
+}  // namespace
+
+// Device-side caches of one session: page tables per layer (rebuilt when the
+// layer's pages change) and device copies of codebooks.
+struct SessionState {
+  int device = 0;
+  std::shared_ptr<DevicePagePool> kv_pool, code_pool;
+  absl::Mutex mu;
+  struct LayerCache {
+    std::vector<const uint8_t*> kv, code;
+    DeviceMem kv_table, code_table;
+  };
+  std::vector<std::unique_ptr<LayerCache>> layers ABSL_GUARDED_BY(mu);
+  struct Books {
+    CodebooksRef host;  // keeps the key alive
+    DeviceMem dev;
+  };
+  std::map<const PqCodebooks*, std::unique_ptr<Books>> books ABSL_GUARDED_BY(mu);
+};
+
+absl::Status check_device(int device) {
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess || n == 0) {
+    cudaGetLastError();
+    return make_error(SSA_ERR_DEVICE, absl::StrCat("no usable CUDA device: ",
+                                                   e != cudaSuccess ? cudaGetErrorString(e) : "none found"));
+  }
+  if (device < 0 || device >= n) {
+    return make_error(SSA_ERR_DEVICE, absl::StrCat("CUDA device ", device, " does not exist (", n, " found)"));
+  }
+  return absl::OkStatus();
+}
+
+bool device_available(int device) { return check_device(device).ok(); }
+
+absl::Status init_session(ssa_session& s) {
+  const char* why = unsupported_shape(decode_shape(s.layout), true);
+  if (why != nullptr) return unsupported("CUDA sessions: ", why);
+  if (s.layout.head_dim / s.layout.pq_subspaces > 64) {
+    return unsupported("CUDA sessions: PQ sub-vectors of more than 64 elements");
+  }
+  SSA_CUDA_RETURN(cudaSetDevice(s.rt->device), "cudaSetDevice");
+  auto st = std::make_shared<SessionState>();
+  st->device = s.rt->device;
+  st->kv_pool = DevicePagePool::create(s.layout.kv_page_bytes());
+  st->code_pool = DevicePagePool::create(s.layout.code_page_bytes());
+  s.cuda = std::move(st);
+  return absl::OkStatus();
+}
+
+std::shared_ptr<SessionState> fork_state(const SessionState& st) {
+  auto f = std::make_shared<SessionState>();
+  f->device = st.device;
+  f->kv_pool = st.kv_pool;
+  f->code_pool = st.code_pool;
+  return f;
+}
+
+namespace {
+
+absl::Status make_writable(DevicePagePool& pool, PageRef& ref, long expected_refs) {
+  if (ref->writable() && ref.use_count() <= expected_refs) return absl::OkStatus();
+  absl::StatusOr<PageRef> copy = pool.copy_of(*ref);
+  if (!copy.ok()) return copy.status();
+  ref = *std::move(copy);
+  return absl::OkStatus();
+}
+
+absl::Status encode_range(const ssa_session& s, const PqCodebooks& books,
+                          const std::vector<PageRef>& kv, const std::vector<PageRef>& codes,
+                          uint64_t begin, uint64_t end) {
+  DeviceMem kt, ct, bd;
+  SSA_RETURN_IF_ERROR(upload_table(kv, false, &kt));
+  SSA_RETURN_IF_ERROR(upload_table(codes, true, &ct));
+  SSA_CUDA_RETURN(bd.alloc(books.data.size() * sizeof(float)), "cudaMalloc of codebooks");
+  SSA_CUDA_RETURN(cudaMemcpy(bd.p, books.data.data(), books.data.size() * sizeof(float),
+                             cudaMemcpyHostToDevice), "codebook upload");
+  SSA_CUDA_RETURN(pq_encode(index_shape(s.layout), static_cast<const uint8_t* const*>(kt.p),
+                            static_cast<uint8_t* const*>(ct.p), static_cast<const float*>(bd.p),
+                            static_cast<uint32_t>(begin), static_cast<uint32_t>(end), nullptr),
+                  "PQ encode kernel");
+  SSA_CUDA_RETURN(cudaStreamSynchronize(nullptr), "PQ encode");
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status retrain_layer(ssa_session& s, LayerStore& layer) {
+  const KvLayout& L = s.layout;
+  SSA_CUDA_RETURN(cudaSetDevice(s.cuda->device), "cudaSetDevice");
+  SSA_CUDA_RETURN(cudaDeviceSynchronize(), "synchronize before retraining");
+  const uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(s.config.index_train_sample, layer.n_tokens));
+  const PqIndexShape shape = index_shape(L);
+  auto books = std::make_shared<PqCodebooks>();
+  books->n_kv_heads = L.n_kv_heads;
+  books->subspaces = L.pq_subspaces;
+  books->centroids = L.pq_centroids;
+  books->sub_dim = L.sub_dim();
+  books->data.resize(size_t{L.n_kv_heads} * L.pq_subspaces * L.pq_centroids * L.sub_dim());
+  DeviceMem kt, work, bd;
+  SSA_RETURN_IF_ERROR(upload_table(layer.kv_pages, false, &kt));
+  SSA_CUDA_RETURN(work.alloc(kmeans_workspace_bytes(shape, n)), "cudaMalloc of k-means workspace");
+  SSA_CUDA_RETURN(bd.alloc(books->data.size() * sizeof(float)), "cudaMalloc of codebooks");
+  SSA_CUDA_RETURN(pq_train(shape, static_cast<const uint8_t* const*>(kt.p),
+                           static_cast<uint32_t>(layer.n_tokens), n, s.config.index_iterations, work.p,
+                           static_cast<float*>(bd.p), nullptr),
+                  "k-means kernels");
+  SSA_CUDA_RETURN(cudaMemcpy(books->data.data(), bd.p, books->data.size() * sizeof(float),
+                             cudaMemcpyDeviceToHost), "codebook download");
+  std::vector<PageRef> codes;
+  const uint64_t pages = L.pages_for(layer.n_tokens);
+  for (uint64_t i = 0; i < pages; ++i) {
+    absl::StatusOr<PageRef> page = s.cuda->code_pool->allocate();
+    if (!page.ok()) return page.status();
+    codes.push_back(*std::move(page));
+  }
+  SSA_RETURN_IF_ERROR(encode_range(s, *books, layer.kv_pages, codes, 0, layer.n_tokens));
+  layer.codebooks = std::move(books);
+  layer.code_pages = std::move(codes);
+  layer.trained_at_tokens = layer.n_tokens;
+  return absl::OkStatus();
+}
+
+absl::Status session_append(ssa_session& s, uint32_t layer_index, const void* k, const void* v,
+                            uint64_t n_tokens) {
+  const KvLayout& L = s.layout;
+  if (layer_index >= L.n_layers) return invalid_argument("layer ", layer_index, " >= n_layers ", L.n_layers);
+  if (n_tokens == 0) return absl::OkStatus();
+  SSA_RETURN_IF_ERROR(check_space(s, k, "k"));
+  SSA_RETURN_IF_ERROR(check_space(s, v, "v"));
+  std::unique_lock lock(s.mu);
+  SSA_CUDA_RETURN(cudaSetDevice(s.cuda->device), "cudaSetDevice");
+  // Decodes already returned but their kernels may still read pages that this
+  // append could recycle: wait for them.
+  SSA_CUDA_RETURN(cudaDeviceSynchronize(), "synchronize before append");
+  const LayerStore& cur = s.layers[layer_index];
+  if (n_tokens > 0xFFFFFFFFull - cur.n_tokens) {
+    return invalid_argument("appending ", n_tokens, " tokens to layer ", layer_index, " of ", cur.n_tokens,
+                            " exceeds the limit of 4294967295 tokens per layer");
+  }
+  const uint64_t old_n = cur.n_tokens, new_n = old_n + n_tokens;
+  const uint32_t P = L.page_tokens;
+  const bool has_codes = cur.codebooks != nullptr;
+  LayerStore next = cur;
+  if (old_n % P != 0) {
+    SSA_RETURN_IF_ERROR(make_writable(*s.cuda->kv_pool, next.kv_pages.back(), 2));
+    if (has_codes) SSA_RETURN_IF_ERROR(make_writable(*s.cuda->code_pool, next.code_pages.back(), 2));
+  }
+  const uint64_t need = L.pages_for(new_n);
+  while (next.kv_pages.size() < need) {
+    absl::StatusOr<PageRef> page = s.cuda->kv_pool->allocate();
+    if (!page.ok()) return page.status();
+    next.kv_pages.push_back(*std::move(page));
+  }
+  while (has_codes && next.code_pages.size() < need) {
+    absl::StatusOr<PageRef> page = s.cuda->code_pool->allocate();
+    if (!page.ok()) return page.status();
+    next.code_pages.push_back(*std::move(page));
+  }
+  // Rows: input token-major [n][n_kv][d], pages head-major; one 2D copy per
+  // (page run, head) for K and for V. cudaMemcpyDefault takes host or device input.
+  const size_t row = L.row_bytes();
+  const uint8_t* kb = static_cast<const uint8_t*>(k);
+  const uint8_t* vb = static_cast<const uint8_t*>(v);
+  for (uint64_t t = old_n; t < new_n;) {
+    const uint64_t page = t / P, end = std::min(new_n, (page + 1) * P);
+    uint8_t* dst = next.kv_pages[page]->mutable_data();
+    const uint32_t slot = static_cast<uint32_t>(t % P);
+    for (uint32_t h = 0; h < L.n_kv_heads; ++h) {
+      const size_t src = ((t - old_n) * L.n_kv_heads + h) * row;
+      SSA_CUDA_RETURN(cudaMemcpy2DAsync(dst + L.k_offset(h, slot), row, kb + src, L.n_kv_heads * row, row,
+                                        end - t, cudaMemcpyDefault, nullptr), "K row copy");
+      SSA_CUDA_RETURN(cudaMemcpy2DAsync(dst + L.v_offset(h, slot), row, vb + src, L.n_kv_heads * row, row,
+                                        end - t, cudaMemcpyDefault, nullptr), "V row copy");
+    }
+    t = end;
+  }
+  SSA_CUDA_RETURN(cudaStreamSynchronize(nullptr), "append copies");
+  next.n_tokens = new_n;
+  if (index_wants_training(s.config, cur, new_n)) {
+    SSA_RETURN_IF_ERROR(retrain_layer(s, next));
+  } else if (has_codes) {
+    SSA_RETURN_IF_ERROR(encode_range(s, *next.codebooks, next.kv_pages, next.code_pages, old_n, new_n));
+  }
+  s.layers[layer_index] = std::move(next);
+  return absl::OkStatus();
+}
+
+namespace {
+
+// Device page tables and codebooks of a layer, uploaded once per change.
+absl::Status layer_tables(const ssa_session& s, uint32_t layer_index, const LayerStore& layer,
+                          DecodeItem* item) {
+  SessionState& st = *s.cuda;
+  absl::MutexLock lock(&st.mu);
+  if (st.layers.size() < s.layout.n_layers) st.layers.resize(s.layout.n_layers);
+  auto& c = st.layers[layer_index];
+  if (!c) c = std::make_unique<SessionState::LayerCache>();
+  auto same = [](const std::vector<const uint8_t*>& a, const std::vector<PageRef>& b) {
+    if (a.size() != b.size()) return false;
+    for (size_t i = 0; i < a.size(); ++i)
+      if (a[i] != b[i]->data()) return false;
+    return true;
+  };
+  if (!same(c->kv, layer.kv_pages) || !same(c->code, layer.code_pages)) {
+    // Kernels of earlier decodes may still read the old tables.
+    SSA_CUDA_RETURN(cudaDeviceSynchronize(), "synchronize before a page table update");
+    auto fresh = std::make_unique<SessionState::LayerCache>();
+    SSA_RETURN_IF_ERROR(upload_table(layer.kv_pages, false, &fresh->kv_table));
+    SSA_RETURN_IF_ERROR(upload_table(layer.code_pages, false, &fresh->code_table));
+    for (const auto& p : layer.kv_pages) fresh->kv.push_back(p->data());
+    for (const auto& p : layer.code_pages) fresh->code.push_back(p->data());
+    c = std::move(fresh);
+  }
+  item->kv_pages = static_cast<const uint8_t* const*>(c->kv_table.p);
+  item->code_pages = static_cast<const uint8_t* const*>(c->code_table.p);
+  item->codebooks = nullptr;
+  if (layer.codebooks != nullptr) {
+    auto it = st.books.find(layer.codebooks.get());
+    if (it == st.books.end()) {
+      // Drop device copies of codebooks no layer holds any more.
+      for (auto i = st.books.begin(); i != st.books.end();) {
+        if (i->second->host.use_count() == 1) i = st.books.erase(i); else ++i;
+      }
+      auto b = std::make_unique<SessionState::Books>();
+      b->host = layer.codebooks;
+      const size_t bytes = layer.codebooks->data.size() * sizeof(float);
+      SSA_CUDA_RETURN(b->dev.alloc(bytes), "cudaMalloc of codebooks");
+      SSA_CUDA_RETURN(cudaMemcpy(b->dev.p, layer.codebooks->data.data(), bytes, cudaMemcpyHostToDevice),
+                      "codebook upload");
+      it = st.books.emplace(layer.codebooks.get(), std::move(b)).first;
+    }
+    item->codebooks = static_cast<const float*>(it->second->dev.p);
+  }
+  return absl::OkStatus();
+}
+
+struct Job {
+  const ssa_session* s;
+  const LayerStore* layer;
+  const void* q;
+  void* out;
+  DecodePlan plan;
+};
+
+// One launch set over jobs of one shape; stats (optional) summed over the jobs.
+absl::Status run_launch_set(const std::vector<Job>& jobs, uint32_t layer_index, const ssa_decode_params& p,
+                            uint64_t seed, ssa_decode_stats* stats) {
+  const ssa_session& s0 = *jobs[0].s;
+  cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
+  DecodeBatch b{};
+  b.shape = decode_shape(s0.layout);
+  b.n_items = static_cast<uint32_t>(jobs.size());
+  bool all_dense = true;
+  for (const Job& j : jobs) all_dense = all_dense && j.plan.dense;
+  set_method(all_dense ? SSA_METHOD_DENSE : p.method, &b);
+  b.pi_min = p.pi_min;
+  b.layer = layer_index;
+  b.seed = seed;
+  b.step = p.step;
+  const size_t qbytes = size_t{s0.layout.n_q_heads} * s0.layout.row_bytes();
+  const bool staged = host_pointers(s0);
+  DeviceMem stage;
+  if (staged) SSA_CUDA_RETURN(stage.alloc(2 * qbytes * jobs.size()), "cudaMalloc of q/out staging");
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const Job& j = jobs[i];
+    DecodeItem& it = b.items[i];
+    SSA_RETURN_IF_ERROR(layer_tables(*j.s, layer_index, *j.layer, &it));
+    if (staged) {
+      uint8_t* base = static_cast<uint8_t*>(stage.p) + 2 * qbytes * i;
+      SSA_CUDA_RETURN(cudaMemcpyAsync(base, j.q, qbytes, cudaMemcpyHostToDevice, stream), "q upload");
+      it.q = base;
+      it.out = base + qbytes;
+    } else {
+      it.q = j.q;
+      it.out = j.out;
+    }
+    plan_item(j.plan, p, &it);
+  }
+  int sms = 0;
+  SSA_CUDA_RETURN(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, s0.cuda->device),
+                  "cudaDeviceGetAttribute");
+  WorkspacePlan plan;
+  SSA_CUDA_RETURN(plan_workspace(&b, sms, &plan), "decode planning");
+  void* blob = nullptr;
+  SSA_CUDA_RETURN(cudaMallocAsync(&blob, plan.total_bytes, stream), "cudaMallocAsync of the decode workspace");
+  const Workspace ws = bind_workspace(blob, plan);
+  cudaError_t e = run_decode(b, plan, ws, stream);
+  std::vector<RowState> rows;
+  if (e == cudaSuccess && stats != nullptr && !all_dense) {
+    rows.resize(plan.rows);
+    e = cudaMemcpyAsync(rows.data(), ws.rows, rows.size() * sizeof(RowState), cudaMemcpyDeviceToHost, stream);
+  }
+  if (e == cudaSuccess && staged) {
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      e = cudaMemcpyAsync(jobs[i].out, b.items[i].out, qbytes, cudaMemcpyDeviceToHost, stream);
+      if (e != cudaSuccess) break;
+    }
+  }
+  cudaFreeAsync(blob, stream);
+  if (e != cudaSuccess) return device_error(e, "decode kernels");
+  if (staged || stats != nullptr) SSA_CUDA_RETURN(cudaStreamSynchronize(stream), "decode");
+  if (stats != nullptr) {
+    const uint32_t nq = s0.layout.n_q_heads;
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      const DecodePlan& pl = jobs[i].plan;
+      stats->context_tokens += pl.n;
+      const uint64_t always = pl.dense ? pl.n : pl.sink_end + (pl.n - pl.local_begin);
+      for (uint32_t h = 0; h < nq; ++h) {
+        if (pl.dense || b.proxy == Proxy::kNone) {
+          stats->tokens_read += pl.n;
+          continue;
+        }
+        const RowState& r = rows[i * nq + h];
+        stats->tokens_read += always + r.n_heavy + r.n_unique;
+        stats->heavy_tokens += r.n_heavy;
+        stats->scored_tokens += pl.kprime > 0 ? pl.candidates() : 0;
+        if (b.sampling != Sampling::kNone) {
+          stats->draws += r.n_draws;
+          stats->unique_samples += r.n_unique;
+          const double total = r.w_resid_proxy + r.w_heavy;
+          stats->residual_proxy_mass += total > 0 ? r.w_resid_proxy / total : 0.0;
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status decode_layer(const ssa_session& s, const LayerStore& layer, uint32_t layer_index,
+                          const void* q, void* out, const ssa_decode_params& p, uint64_t seed,
+                          ssa_decode_stats* stats) {
+  SSA_RETURN_IF_ERROR(check_space(s, q, "q"));
+  SSA_RETURN_IF_ERROR(check_space(s, out, "out"));
+  SSA_CUDA_RETURN(cudaSetDevice(s.cuda->device), "cudaSetDevice");
+  std::vector<Job> jobs{Job{&s, &layer, q, out, plan_decode(layer.n_tokens, p)}};
+  return run_launch_set(jobs, layer_index, p, seed, stats);
+}
+
+absl::Status decode_batch(const ssa_decode_item* items, size_t n_items, uint32_t layer,
+                          const ssa_decode_params& p) {
+  // Proxy methods need an index on every layer decoded (trained on demand).
+  std::vector<ssa_session*> sessions;
+  for (size_t i = 0; i < n_items; ++i) {
+    ssa_session* s = items[i].session;
+    if (s->cuda == nullptr) return invalid_argument("item ", i, ": not a CUDA session");
+    SSA_RETURN_IF_ERROR(check_space(*s, items[i].q, "q"));
+    SSA_RETURN_IF_ERROR(check_space(*s, items[i].out, "out"));
+    sessions.push_back(s);
+  }
+  std::sort(sessions.begin(), sessions.end());
+  sessions.erase(std::unique(sessions.begin(), sessions.end()), sessions.end());
+  for (ssa_session* s : sessions) {
+    bool needs = false;
+    {
+      std::shared_lock lock(s->mu);
+      const LayerStore& l = s->layers[layer];
+      if (l.n_tokens == 0) return invalid_argument("layer ", layer, " holds no tokens");
+      const DecodePlan plan = plan_decode(l.n_tokens, p);
+      needs = !plan.dense && plan.kprime > 0 && method_uses_pq(p.method) && l.codebooks == nullptr;
+    }
+    if (needs) SSA_RETURN_IF_ERROR(session_ensure_index(*s, layer));
+  }
+  // Shared locks on every distinct session (sorted by address: one global
+  // order), released on every path out, early returns included.
+  std::vector<std::shared_lock<std::shared_mutex>> locks;
+  locks.reserve(sessions.size());
+  for (ssa_session* s : sessions) locks.emplace_back(s->mu);
+  absl::Status st = absl::OkStatus();
+  {
+    const uint64_t seed = p.seed != 0 ? p.seed : sessions[0]->rt->seed;
+    SSA_CUDA_RETURN(cudaSetDevice(sessions[0]->cuda->device), "cudaSetDevice");
+    // Launch sets: items of one shape (and pointer space), up to kMaxBatchItems each.
+    std::vector<bool> done(n_items, false);
+    for (size_t i = 0; i < n_items && st.ok(); ++i) {
+      if (done[i]) continue;
+      std::vector<Job> jobs;
+      const ssa_session& a = *items[i].session;
+      for (size_t j = i; j < n_items && jobs.size() < kMaxBatchItems; ++j) {
+        const ssa_session& b = *items[j].session;
+        if (done[j] || memcmp(&a.layout, &b.layout, sizeof(KvLayout)) != 0 ||
+            host_pointers(a) != host_pointers(b))
+          continue;
+        done[j] = true;
+        const LayerStore& l = b.layers[layer];
+        jobs.push_back(Job{&b, &l, items[j].q, items[j].out, plan_decode(l.n_tokens, p)});
+      }
+      st = run_launch_set(jobs, layer, p, seed, nullptr);
+    }
+  }
+  return st;
+}
+
+}  // namespace ssa::cuda
+
+#endif  // SSA_HAVE_CUDA

@@ -1,0 +1,62 @@
+#if defined(SSA_HAVE_CUDA)
+
+#include "device_pages.h"
+
+#include <cuda_runtime.h>
+
+#include "status.h"
+
+namespace ssa::cuda {
+
+std::shared_ptr<DevicePagePool> DevicePagePool::create(size_t page_bytes, size_t max_free_pages) {
+  return std::shared_ptr<DevicePagePool>(new DevicePagePool(page_bytes, max_free_pages));
+}
+
+DevicePagePool::~DevicePagePool() {
+  for (void* p : free_) cudaFree(p);
+}
+
+absl::StatusOr<PageRef> DevicePagePool::allocate() {
+  void* block = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!free_.empty()) {
+      block = free_.back();
+      free_.pop_back();
+    }
+  }
+  if (block == nullptr) {
+    const cudaError_t e = cudaMalloc(&block, page_bytes_);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      return make_error(e == cudaErrorMemoryAllocation ? SSA_ERR_OUT_OF_MEMORY : SSA_ERR_DEVICE,
+                        absl::StrCat("cudaMalloc of a ", page_bytes_, "-byte page: ", cudaGetErrorString(e)));
+    }
+  }
+  std::shared_ptr<DevicePagePool> self = shared_from_this();
+  std::shared_ptr<void> keeper(block, [self](void* p) { self->release(p); });
+  return std::make_shared<Page>(static_cast<uint8_t*>(block), page_bytes_, true, std::move(keeper));
+}
+
+absl::StatusOr<PageRef> DevicePagePool::copy_of(const Page& src) {
+  absl::StatusOr<PageRef> page = allocate();
+  if (!page.ok()) return page.status();
+  const cudaError_t e = cudaMemcpy((*page)->mutable_data(), src.data(),
+                                   src.bytes() < page_bytes_ ? src.bytes() : page_bytes_,
+                                   cudaMemcpyDefault);
+  if (e != cudaSuccess) return make_error(SSA_ERR_DEVICE, absl::StrCat("page copy: ", cudaGetErrorString(e)));
+  return page;
+}
+
+void DevicePagePool::release(void* block) {
+  absl::MutexLock lock(&mu_);
+  if (free_.size() < max_free_) {
+    free_.push_back(block);
+    return;
+  }
+  cudaFree(block);
+}
+
+}  // namespace ssa::cuda
+
+#endif  // SSA_HAVE_CUDA

@@ -1,0 +1,42 @@
+// Pages in device memory: cudaMalloc'd blocks of one size, recycled through a
+// small free list. A Page's data pointer is then a device address; its keeper
+// returns the block here when the last reference goes.
+#pragma once
+
+#if defined(SSA_HAVE_CUDA)
+
+#include <stddef.h>
+
+#include <memory>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "store/page.h"
+
+namespace ssa::cuda {
+
+class DevicePagePool : public std::enable_shared_from_this<DevicePagePool> {
+ public:
+  static std::shared_ptr<DevicePagePool> create(size_t page_bytes, size_t max_free_pages = 64);
+  ~DevicePagePool();
+
+  // A writable device page; SSA_ERR_OUT_OF_MEMORY when cudaMalloc fails.
+  absl::StatusOr<PageRef> allocate();
+  // A writable device copy of `src` (device to device).
+  absl::StatusOr<PageRef> copy_of(const Page& src);
+
+ private:
+  DevicePagePool(size_t page_bytes, size_t max_free) : page_bytes_(page_bytes), max_free_(max_free) {}
+  void release(void* block);
+
+  const size_t page_bytes_;
+  const size_t max_free_;
+  absl::Mutex mu_;
+  std::vector<void*> free_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace ssa::cuda
+
+#endif  // SSA_HAVE_CUDA

@@ -1,0 +1,292 @@
+// The CUDA backend through the public C API, against the CPU backend on the same
+// data: backend choice, appends from device and (flagged) host pointers, dense
+// and oracle top-k decode equal to the CPU's, budget >= N equal to dense for
+// every method, stats, determinism, decode_batch over sessions of different
+// lengths, fork/truncate, and pointer-space errors.
+#include <cuda_runtime.h>
+#include <doctest/doctest.h>
+#include <math.h>
+
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/dtype.h"
+#include "gpu_test_util.h"
+#include "ssa.h"
+
+namespace ssa::gputest {
+namespace {
+
+constexpr uint32_t kNq = 8, kNkv = 2, kD = 128;
+
+struct Data {
+  uint32_t n;
+  std::vector<uint16_t> k, v, q;  // f16 bits
+};
+
+Data make_data(uint32_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  Data d;
+  d.n = n;
+  d.q.resize(kNq * kD);
+  for (auto& x : d.q) x = f32_to_f16(nd(rng));
+  d.k.resize(size_t{n} * kNkv * kD);
+  d.v.resize(d.k.size());
+  for (uint32_t i = 0; i < n; ++i) {
+    const bool needle = (rng() % 64) == 0;
+    for (uint32_t h = 0; h < kNkv; ++h)
+      for (uint32_t j = 0; j < kD; ++j) {
+        float x = nd(rng);
+        if (needle) x += 2.0f * f16_to_f32(d.q[h * (kNq / kNkv) * kD + j]);
+        d.k[(size_t{i} * kNkv + h) * kD + j] = f32_to_f16(x);
+        d.v[(size_t{i} * kNkv + h) * kD + j] = f32_to_f16(nd(rng));
+      }
+  }
+  return d;
+}
+
+ssa_runtime* runtime(ssa_backend b) {
+  ssa_runtime_options o;
+  ssa_runtime_options_init(&o);
+  o.backend = b;
+  ssa_runtime* rt = nullptr;
+  REQUIRE(ssa_runtime_create(&o, &rt) == SSA_OK);
+  return rt;
+}
+
+ssa_session* session(ssa_runtime* rt, uint32_t flags) {
+  ssa_session_config c;
+  ssa_session_config_init(&c);
+  c.n_layers = 1;
+  c.n_q_heads = kNq;
+  c.n_kv_heads = kNkv;
+  c.head_dim = kD;
+  c.kv_dtype = SSA_DTYPE_F16;
+  c.page_tokens = 128;
+  c.flags = flags;
+  c.index_min_tokens = 1024;
+  ssa_session* s = nullptr;
+  REQUIRE(ssa_session_create(rt, &c, &s) == SSA_OK);
+  return s;
+}
+
+// Appends in two parts (the second lands in a partially filled page).
+void fill(ssa_session* s, const Data& d, bool device) {
+  const uint32_t cut = d.n / 3 + 5;
+  const size_t row = size_t{kNkv} * kD;
+  if (!device) {
+    REQUIRE(ssa_session_append(s, 0, d.k.data(), d.v.data(), cut) == SSA_OK);
+    REQUIRE(ssa_session_append(s, 0, d.k.data() + cut * row, d.v.data() + cut * row, d.n - cut) == SSA_OK);
+    return;
+  }
+  DevBuf<uint16_t> k(d.k.size()), v(d.v.size());
+  k.upload(d.k);
+  v.upload(d.v);
+  REQUIRE(ssa_session_append(s, 0, k.p, v.p, cut) == SSA_OK);
+  REQUIRE(ssa_session_append(s, 0, k.p + cut * row, v.p + cut * row, d.n - cut) == SSA_OK);
+}
+
+std::vector<float> as_float(const std::vector<uint16_t>& h) {
+  std::vector<float> f(h.size());
+  for (size_t i = 0; i < h.size(); ++i) f[i] = f16_to_f32(h[i]);
+  return f;
+}
+
+double rel(const std::vector<uint16_t>& a, const std::vector<uint16_t>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double x = f16_to_f32(a[i]), y = f16_to_f32(b[i]);
+    if (!std::isfinite(x)) return INFINITY;
+    num += (x - y) * (x - y);
+    den += y * y;
+  }
+  return sqrt(num / den);
+}
+
+ssa_decode_params params(ssa_method m, uint32_t budget, uint64_t step = 0) {
+  ssa_decode_params p;
+  ssa_decode_params_init(&p);
+  p.method = m;
+  p.budget = budget;
+  p.step = step;
+  return p;
+}
+
+// Decode with host q/out for a host-pointer session, device buffers otherwise.
+std::vector<uint16_t> decode(ssa_session* s, const Data& d, const ssa_decode_params& p, bool device,
+                             ssa_decode_stats* stats = nullptr) {
+  std::vector<uint16_t> out(kNq * kD, 0xffff);
+  if (!device) {
+    REQUIRE(ssa_decode(s, 0, d.q.data(), out.data(), &p, stats) == SSA_OK);
+    return out;
+  }
+  DevBuf<uint16_t> q(d.q.size()), o(out.size());
+  q.upload(d.q);
+  o.upload(out);
+  const ssa_status st = ssa_decode(s, 0, q.p, o.p, &p, stats);
+  INFO(ssa_last_error_message());
+  REQUIRE(st == SSA_OK);
+  return o.download(out.size());
+}
+
+TEST_CASE("gpu backend: runtime choice, pointer spaces and decode against the CPU backend") {
+  SSA_GPU_TEST_OR_SKIP();
+  ssa_runtime* auto_rt = runtime(SSA_BACKEND_AUTO);
+  CHECK(ssa_runtime_backend(auto_rt) == SSA_BACKEND_CUDA);
+  ssa_runtime_destroy(auto_rt);
+
+  ssa_runtime* cpu = runtime(SSA_BACKEND_CPU);
+  ssa_runtime* gpu = runtime(SSA_BACKEND_CUDA);
+  const Data d = make_data(9000, 21);
+  ssa_session* sc = session(cpu, 0);
+  ssa_session* sd = session(gpu, 0);                          // device pointers
+  ssa_session* sh = session(gpu, SSA_SESSION_HOST_POINTERS);  // host pointers
+  fill(sc, d, false);
+  fill(sd, d, true);
+  fill(sh, d, false);
+  CHECK(ssa_session_length(sd) == d.n);
+
+  // A host pointer without the flag is rejected; the session is unchanged.
+  CHECK(ssa_session_append(sd, 0, d.k.data(), d.v.data(), 4) == SSA_ERR_INVALID_ARGUMENT);
+  CHECK(ssa_session_length(sd) == d.n);
+  {
+    std::vector<uint16_t> out(kNq * kD);
+    const ssa_decode_params p = params(SSA_METHOD_DENSE, 0);
+    CHECK(ssa_decode(sd, 0, d.q.data(), out.data(), &p, nullptr) == SSA_ERR_INVALID_ARGUMENT);
+  }
+
+  const auto dense_cpu = decode(sc, d, params(SSA_METHOD_DENSE, 0), false);
+  const auto dense_dev = decode(sd, d, params(SSA_METHOD_DENSE, 0), true);
+  const auto dense_host = decode(sh, d, params(SSA_METHOD_DENSE, 0), false);
+  CHECK(rel(dense_dev, dense_cpu) < 2e-3);
+  CHECK(dense_host == dense_dev);
+
+  // Oracle top-k reads the same tokens as the CPU (up to ties): same output.
+  const auto orc_cpu = decode(sc, d, params(SSA_METHOD_ORACLE_TOPK, 900), false);
+  const auto orc_dev = decode(sd, d, params(SSA_METHOD_ORACLE_TOPK, 900), true);
+  CHECK(rel(orc_dev, orc_cpu) < 2e-3);
+  CHECK(rel(orc_dev, dense_dev) > 1e-4);  // it is sparse, not dense
+
+  // Budget >= N: every method is dense.
+  for (ssa_method m : {SSA_METHOD_ORACLE_TOPK, SSA_METHOD_PQ_TOPK, SSA_METHOD_HYBRID_UNIFORM,
+                       SSA_METHOD_SAMPLING, SSA_METHOD_SSA, SSA_METHOD_SSA_ADAPTIVE}) {
+    INFO("method ", m);
+    CHECK(rel(decode(sd, d, params(m, d.n + 10), true), dense_dev) < 1e-6);
+  }
+
+  // Every sparse method runs, reads about k tokens per head, and is close to dense.
+  for (ssa_method m : {SSA_METHOD_PQ_TOPK, SSA_METHOD_HYBRID_UNIFORM, SSA_METHOD_SAMPLING, SSA_METHOD_SSA,
+                       SSA_METHOD_SSA_ADAPTIVE}) {
+    ssa_decode_stats st;
+    ssa_decode_stats_init(&st);
+    const uint32_t k = 1800;
+    const auto out = decode(sd, d, params(m, k, 3), true, &st);
+    const uint64_t kprime = k - 256;
+    INFO("method ", m, " rel err vs dense ", rel(out, dense_dev), " read ", st.tokens_read);
+    CHECK(rel(out, dense_dev) < 0.35);
+    CHECK(st.context_tokens == d.n);
+    CHECK(st.tokens_read <= uint64_t{k} * kNq);
+    CHECK(st.tokens_read >= uint64_t{256} * kNq);
+    CHECK(st.scored_tokens == (d.n - 256) * kNq);
+    if (m == SSA_METHOD_PQ_TOPK) CHECK(st.heavy_tokens == kprime * kNq);
+    if (m == SSA_METHOD_SSA) {
+      const uint64_t h = static_cast<uint64_t>(nearbyint(0.4 * kprime));
+      CHECK(st.heavy_tokens == h * kNq);
+      CHECK(st.draws == (kprime - h) * kNq);
+      CHECK(st.unique_samples > 0);
+      CHECK(st.unique_samples <= st.draws);
+      CHECK(st.residual_proxy_mass > 0);
+    }
+    // Same step: bitwise the same; another step: different samples.
+    const auto again = decode(sd, d, params(m, k, 3), true);
+    CHECK(again == out);
+    if (m != SSA_METHOD_PQ_TOPK) CHECK(decode(sd, d, params(m, k, 4), true) != out);
+  }
+
+  // Fork then append to the fork: the source is unchanged.
+  ssa_session* f = nullptr;
+  REQUIRE(ssa_session_fork(sd, &f) == SSA_OK);
+  fill(f, make_data(300, 5), true);
+  CHECK(ssa_session_length(f) == d.n + 300);
+  CHECK(decode(sd, d, params(SSA_METHOD_DENSE, 0), true) == dense_dev);
+  REQUIRE(ssa_session_truncate(f, d.n) == SSA_OK);
+  CHECK(rel(decode(f, d, params(SSA_METHOD_DENSE, 0), true), dense_dev) < 1e-6);
+  ssa_session_destroy(f);
+
+  ssa_session_destroy(sc);
+  ssa_session_destroy(sd);
+  ssa_session_destroy(sh);
+  ssa_runtime_destroy(cpu);
+  ssa_runtime_destroy(gpu);
+}
+
+TEST_CASE("gpu backend: decode_batch over sessions of different lengths equals single decodes") {
+  SSA_GPU_TEST_OR_SKIP();
+  ssa_runtime* gpu = runtime(SSA_BACKEND_CUDA);
+  const uint32_t lens[3] = {5000, 700, 12000};
+  std::vector<Data> data;
+  std::vector<ssa_session*> ss;
+  for (int i = 0; i < 3; ++i) {
+    data.push_back(make_data(lens[i], 100 + i));
+    ss.push_back(session(gpu, SSA_SESSION_HOST_POINTERS));
+    fill(ss.back(), data.back(), false);
+  }
+  for (ssa_method m : {SSA_METHOD_DENSE, SSA_METHOD_SSA, SSA_METHOD_PQ_TOPK}) {
+    ssa_decode_params p = params(m, 600, 9);
+    std::vector<std::vector<uint16_t>> outs(3, std::vector<uint16_t>(kNq * kD, 0xffff));
+    std::vector<ssa_decode_item> items(3);
+    for (int i = 0; i < 3; ++i) items[i] = ssa_decode_item{ss[i], data[i].q.data(), outs[i].data()};
+    REQUIRE(ssa_decode_batch(items.data(), 3, 0, &p) == SSA_OK);
+    for (int i = 0; i < 3; ++i) {
+      INFO("method ", m, " item ", i);
+      CHECK(rel(outs[i], decode(ss[i], data[i], p, false)) < 2e-3);
+    }
+  }
+  for (auto* s : ss) ssa_session_destroy(s);
+  ssa_runtime_destroy(gpu);
+}
+
+TEST_CASE("gpu backend: ssa_decode on a stream is captured into a CUDA graph and replays") {
+  SSA_GPU_TEST_OR_SKIP();
+  ssa_runtime* gpu = runtime(SSA_BACKEND_CUDA);
+  const Data d = make_data(6000, 77);
+  ssa_session* s = session(gpu, 0);
+  fill(s, d, true);
+  cudaStream_t st;
+  REQUIRE(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) == cudaSuccess);
+  DevBuf<uint16_t> q(d.q.size()), out(kNq * kD);
+  q.upload(d.q);
+  for (ssa_method m : {SSA_METHOD_DENSE, SSA_METHOD_SSA, SSA_METHOD_SSA_ADAPTIVE}) {
+    ssa_decode_params p = params(m, 700, 11);
+    p.stream = st;
+    // A first decode uploads the page tables and codebooks; later ones only enqueue.
+    REQUIRE(ssa_decode(s, 0, q.p, out.p, &p, nullptr) == SSA_OK);
+    REQUIRE(cudaStreamSynchronize(st) == cudaSuccess);
+    const auto ref = out.download(out.n);
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    REQUIRE(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal) == cudaSuccess);
+    const ssa_status captured = ssa_decode(s, 0, q.p, out.p, &p, nullptr);
+    const std::string msg = ssa_last_error_message();
+    REQUIRE(cudaStreamEndCapture(st, &graph) == cudaSuccess);
+    INFO("method ", m, ": ", msg);
+    REQUIRE(captured == SSA_OK);
+    REQUIRE(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
+    for (int rep = 0; rep < 3; ++rep) {
+      REQUIRE(cudaMemsetAsync(out.p, 0xff, out.n * 2, st) == cudaSuccess);
+      REQUIRE(cudaGraphLaunch(exec, st) == cudaSuccess);
+      REQUIRE(cudaStreamSynchronize(st) == cudaSuccess);
+      CHECK(out.download(out.n) == ref);
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+  }
+  cudaStreamDestroy(st);
+  ssa_session_destroy(s);
+  ssa_runtime_destroy(gpu);
+}
+
+}  // namespace
+}  // namespace ssa::gputest
