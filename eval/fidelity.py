@@ -109,10 +109,11 @@ def passkey_tokens(tok, length, trial):
     rng = np.random.default_rng(1000 + trial)
     key = int(rng.integers(10000, 100000))
     depth = DEPTHS[trial % len(DEPTHS)]
-    head = tok.encode("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
-                      "<|im_end|>\n<|im_start|>user\n" + INTRO)
+    # Plain completion format: with the chat template the model already fails
+    # at 2K tokens densely; in this format it answers densely at 2K.
+    head = tok.encode(INTRO)
     needle = tok.encode(" The pass key is %d. Remember it. %d is the pass key. " % (key, key))
-    question = tok.encode("\nWhat is the pass key?<|im_end|>\n<|im_start|>assistant\nThe pass key is")
+    question = tok.encode("\n\nWhat is the pass key? The pass key is")
     unit = tok.encode(FILLER)
     n_fill = length - len(head) - len(needle) - len(question)
     filler = (unit * (n_fill // len(unit) + 1))[:n_fill]

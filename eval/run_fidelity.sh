@@ -11,7 +11,7 @@ B="hybrid_uniform ssa ssa_adaptive"
 run() { echo "== $*"; local t0=$SECONDS; $PY "$@"; echo "== done in $((SECONDS - t0))s"; }
 pieces=("$@")
 if [ ${#pieces[@]} -eq 0 ]; then
-  pieces=(pk4000-0 pk4000-1 pk4000-2 textwrap gfdl13 gpl3 pk7800-0 pk7800-1 pk7800-2)
+  pieces=(textwrap gfdl13 gpl3 pk4000-0 pk2000-0 pk4000-1 pk2000-1 pk4000-2 pk2000-2 pk7800-0 pk7800-1 pk7800-2)
 fi
 for p in "${pieces[@]}"; do
   case "$p" in
