@@ -61,10 +61,10 @@ def main():
         results[method] = (ans, r)
         label = "%s %gx" % (method.upper(), sp) if method != "dense" else "DENSE"
         print("\n[%s] answer: %s" % (label, ans))
-        print("  decode steps %d, rows of K/V read per head and layer: %.1f of %d on average (%.1f%%), "
+        print("  decode steps %d, rows of K/V read per head and layer: %.1f of %.1f on average (%.1f%%), "
               "decode time %.1fs (%.0f ms/token incl. the numpy model)" % (
                   r["steps"], r["tokens_read_per_step"] / (model.n_q * model.n_layers),
-                  N + r["steps"] // 2, 100 * r["read_fraction"], r["seconds"], 1000 * r["seconds"] / max(r["steps"], 1)),
+                  N + (r["steps"] + 1) / 2.0, 100 * r["read_fraction"], r["seconds"], 1000 * r["seconds"] / max(r["steps"], 1)),
               flush=True)
     same = results[args.method][0] == results["dense"][0]
     print("\nsparse and dense answers %s" % ("are identical" if same else "differ"))
