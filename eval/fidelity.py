@@ -188,6 +188,7 @@ def cmd_report(args):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker  # noqa: F401
 
     docs = {}
     for f in sorted(glob.glob(os.path.join(RESULTS, "doc-*.json"))):
@@ -309,10 +310,13 @@ def cmd_report(args):
         ax[1].set_xlabel("sparsity")
         ax[1].set_ylabel("next-token agreement with DENSE decode")
         ax[1].set_title("teacher-forced continuation")
+        for a in ax:
+            a.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax[0].legend(fontsize=8)
         ax[0].grid(alpha=0.3, which="both")
         ax[1].grid(alpha=0.3, which="both")
         fig.tight_layout()
+        os.makedirs(os.path.join(ROOT, "docs"), exist_ok=True)
         fig.savefig(os.path.join(ROOT, "docs", "fidelity_error.png"), dpi=110)
 
     out = dict(doc_table=doc_table, main_table=main_table, layer_table=layer_table, pk_table=pk_table,
