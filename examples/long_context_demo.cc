@@ -46,6 +46,7 @@ int main(int argc, char** argv) {
   cfg.n_kv_heads = nkv;
   cfg.head_dim = d;
   cfg.kv_dtype = SSA_DTYPE_F32;
+  cfg.flags = SSA_SESSION_HOST_POINTERS;  // this program's arrays live in host memory
   ssa_session* s = nullptr;
   check(ssa_session_create(rt, &cfg, &s), "ssa_session_create");
 

@@ -27,7 +27,7 @@ if has build; then
   log "configure + build"
   t0=$(date +%s)
   cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
-    -DSSA_BUILD_EXAMPLES=OFF >"$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
+    -DSSA_BUILD_EXAMPLES=ON >"$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
   cmake --build "$BUILD" -j "$(nproc)" >"$OUT/build.log" 2>&1 || { grep -E "error" -A3 "$OUT/build.log" | head -60; exit 1; }
   log "built in $(( $(date +%s) - t0 )) s"
 fi
