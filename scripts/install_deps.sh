@@ -12,7 +12,7 @@ if [ "${SSA_WITH_BINDINGS:-0}" = "1" ]; then
   done
 fi
 if [ "${SSA_WITH_FUZZ:-0}" = "1" ]; then
-  for pkg in clang libclang-rt-14-dev; do dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg"); done
+  for pkg in clang libclang-rt-14-dev ninja-build; do dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg"); done
 fi
 if [ ${#need[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Every test: installs dependencies, builds (CUDA backend compiled when nvcc
 # exists; GPU tests skip without a device), runs the C++/C suites, the bindings'
-# suites, then the whole C++ suite again under AddressSanitizer + UBSan.
+# suites, the whole C++ suite again under AddressSanitizer + UBSan, the
+# concurrency tests under ThreadSanitizer and a bounded snapshot fuzzer run.
 # Fails on the first failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export SSA_WITH_BINDINGS=1
+export SSA_WITH_BINDINGS=1 SSA_WITH_FUZZ=1
 bash scripts/install_deps.sh
 jobs=$(nproc)
 
@@ -30,4 +31,6 @@ cmake -S . -B build-tsan -DSSA_TSAN=ON -DSSA_ENABLE_CUDA=OFF -DSSA_BUILD_BENCH=O
   -DSSA_BUILD_EXAMPLES=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build build-tsan -j"$jobs" --target ssa_tests
 TSAN_OPTIONS=halt_on_error=1 ./build-tsan/tests/ssa_tests -tc="*committed*,*thread count*"
+echo "== snapshot loader fuzzer (bounded: 60 s)"
+bash fuzz/run_fuzzer.sh 60 "$jobs"
 echo "== all tests passed"
