@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "runtime.h"
+#include "rw_lock.h"
 #include "ssa.h"
 #include "store/kv_layout.h"
 #include "store/layer_store.h"
@@ -33,9 +34,8 @@ struct ssa_session {
   std::shared_ptr<ssa::cuda::SessionState> cuda;
 
   // Readers (decode, fork, save) share it; append/update_index/truncate own it.
-  // A std::shared_mutex (pthread rwlock) rather than absl::Mutex: ThreadSanitizer
-  // sees its synchronisation even when Abseil comes prebuilt without TSan.
-  mutable std::shared_mutex mu;
+  // Writer-preferring (lib/rw_lock.h): a stream of decodes cannot starve an append.
+  mutable ssa::RwLock mu;
   std::vector<ssa::LayerStore> layers;  // guarded by mu
   // User metadata saved with the session's snapshots (ssa_session_set_metadata).
   std::string metadata;  // guarded by mu

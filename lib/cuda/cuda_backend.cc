@@ -497,7 +497,7 @@ absl::Status decode_batch(const ssa_decode_item* items, size_t n_items, uint32_t
   }
   // Shared locks on every distinct session (sorted by address: one global
   // order), released on every path out, early returns included.
-  std::vector<std::shared_lock<std::shared_mutex>> locks;
+  std::vector<std::shared_lock<RwLock>> locks;
   locks.reserve(sessions.size());
   for (ssa_session* s : sessions) locks.emplace_back(s->mu);
   absl::Status st = absl::OkStatus();
