@@ -1,6 +1,6 @@
 """PyTorch SDPA dense decode in the benchmark's configuration (16 q heads, 4 KV
 heads, head dim 256, f16, batch 1), timed with CUDA events (median), for the
-table of bench/RESULTS_gpu.md. Prints markdown rows."""
+table of bench/RESULTS_gpu_decode.md. Prints markdown rows."""
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 import torch.nn.functional as F
