@@ -116,6 +116,8 @@ const (
 	VersionMinor        = 1
 	VersionPatch        = 0
 	SessionHostPointers = 1
+	LoadVerify          = 1
+	LoadMmap            = 2
 )
 
 // cMacros pairs each Go constant above with the C macro it came from (for tests).
@@ -124,4 +126,6 @@ var cMacros = map[string]uint64{
 	"SSA_VERSION_MINOR":         1,
 	"SSA_VERSION_PATCH":         0,
 	"SSA_SESSION_HOST_POINTERS": 1,
+	"SSA_LOAD_VERIFY":           1,
+	"SSA_LOAD_MMAP":             2,
 }

@@ -304,6 +304,9 @@ ssa_status ssa_session_save(ssa_session *s, const char *path);
    ssa_session_save. Statuses as ssa_session_save. */
 ssa_status ssa_session_checkpoint(ssa_session *s, const char *path);
 
+#define SSA_LOAD_VERIFY ...
+#define SSA_LOAD_MMAP ...
+
 /* Restores a session saved by ssa_session_save/checkpoint onto rt's backend.
    What is verified (docs/SNAPSHOT_FORMAT.md has the details): the superblocks,
    section table, config, layer and metadata sections always; every section that
