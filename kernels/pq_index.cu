@@ -1,6 +1,6 @@
 // The PQ index on the GPU: encoding keys of device pages into code pages (nearest
-// centroid per subspace), and training codebooks by k-means (Lloyd iterations)
-// over keys sampled evenly from the layer. One block serves one (KV head,
+// centroid per subspace), and training codebooks by k-means (Lloyd iterations
+// from k-means++ seeds the host computes) over keys sampled evenly from the layer. One block serves one (KV head,
 // subspace) codebook, kept in shared memory, and a tile of keys.
 #include "device_util.cuh"
 #include "head_dim.cuh"
@@ -66,16 +66,6 @@ __global__ void gather_kernel(PqIndexShape s, const uint8_t* const* kv_pages, ui
     x[(size_t{h} * n + i) * s.head_dim + j] = key_elem<T>(s, kv_pages, t, h, j);
 }
 
-// Seeds centroid c with sample point c * n / K (the last point when n < K).
-__global__ void seed_kernel(PqIndexShape s, const float* x, uint32_t n, float* books) {
-  const uint32_t c = blockIdx.x, m = blockIdx.y, h = blockIdx.z, sub = s.head_dim / s.subspaces;
-  const uint32_t i = n >= s.centroids ? static_cast<uint32_t>((uint64_t{c} * n) / s.centroids)
-                                      : min(c, n - 1);
-  for (uint32_t j = threadIdx.x; j < sub; j += blockDim.x)
-    books[((size_t{h} * s.subspaces + m) * s.centroids + c) * sub + j] =
-        x[(size_t{h} * n + i) * s.head_dim + m * sub + j];
-}
-
 // One Lloyd assignment step: sums and counts of the points nearest each centroid.
 __global__ void __launch_bounds__(kThreads) assign_kernel(PqIndexShape s, const float* x, uint32_t n,
                                                           const float* books, float* sums, uint32_t* counts) {
@@ -131,22 +121,26 @@ size_t kmeans_workspace_bytes(const PqIndexShape& s, uint32_t n) {
   return size_t{s.n_kv_heads} * n * s.head_dim * 4 + nc * (s.head_dim / s.subspaces) * 4 + nc * 4 + 1024;
 }
 
-cudaError_t pq_train(const PqIndexShape& s, const uint8_t* const* kv_pages, uint32_t n_tokens,
-                     uint32_t n, uint32_t iterations, void* workspace, float* books, cudaStream_t st) {
+cudaError_t pq_gather_sample(const PqIndexShape& s, const uint8_t* const* kv_pages, uint32_t n_tokens,
+                             uint32_t n, void* workspace, cudaStream_t st) {
+  if (n == 0 || s.head_dim / s.subspaces > 64) return cudaErrorInvalidValue;
+  float* x = static_cast<float*>(workspace);
+  return with_dtype(s.dtype, [&](auto v) {
+    using T = decltype(v);
+    gather_kernel<T><<<dim3(n, s.n_kv_heads), 128, 0, st>>>(s, kv_pages, n_tokens, n, x);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t pq_lloyd(const PqIndexShape& s, uint32_t n, uint32_t iterations, void* workspace,
+                     float* books, cudaStream_t st) {
   if (n == 0 || s.head_dim / s.subspaces > 64) return cudaErrorInvalidValue;
   const uint32_t sub = s.head_dim / s.subspaces;
   const size_t nc = size_t{s.n_kv_heads} * s.subspaces * s.centroids;
   float* x = static_cast<float*>(workspace);
   float* sums = x + size_t{s.n_kv_heads} * n * s.head_dim;
   uint32_t* counts = reinterpret_cast<uint32_t*>(sums + nc * sub);
-  cudaError_t e = with_dtype(s.dtype, [&](auto v) {
-    using T = decltype(v);
-    gather_kernel<T><<<dim3(n, s.n_kv_heads), 128, 0, st>>>(s, kv_pages, n_tokens, n, x);
-    return cudaGetLastError();
-  });
-  if (e != cudaSuccess) return e;
-  seed_kernel<<<dim3(s.centroids, s.subspaces, s.n_kv_heads), 64, 0, st>>>(s, x, n, books);
-  if ((e = cudaGetLastError()) != cudaSuccess) return e;
+  cudaError_t e;
   const size_t smem = size_t{s.centroids} * sub * sizeof(float);
   if ((e = ensure_dynamic_smem(reinterpret_cast<const void*>(assign_kernel), smem)) != cudaSuccess)
     return e;

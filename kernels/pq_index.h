@@ -21,13 +21,19 @@ struct PqIndexShape {
 cudaError_t pq_encode(const PqIndexShape& s, const uint8_t* const* kv_pages, uint8_t* const* code_pages,
                       const float* books, uint32_t begin, uint32_t end, cudaStream_t st);
 
-// Device bytes pq_train needs for n sample keys per head.
+// Device bytes of the k-means workspace for n sample keys per head.
 size_t kmeans_workspace_bytes(const PqIndexShape& s, uint32_t n);
 
-// Trains books (device [n_kv][M][K][sub]) on n keys per head spread evenly over
-// the first n_tokens tokens: centroids seeded with evenly spaced sample points,
-// then `iterations` Lloyd steps (an empty cluster keeps its centroid).
-cudaError_t pq_train(const PqIndexShape& s, const uint8_t* const* kv_pages, uint32_t n_tokens,
-                     uint32_t n, uint32_t iterations, void* workspace, float* books, cudaStream_t st);
+// Training codebooks, in two steps around a host seeding step:
+// pq_gather_sample copies the keys of n tokens spread evenly over the first
+// n_tokens into the workspace as floats, sample[n_kv][n][head_dim] (what
+// seed_codebooks in lib/index reads, once copied to the host); pq_lloyd then runs
+// `iterations` Lloyd steps on books (device [n_kv][M][K][sub], holding the seeds);
+// an empty cluster keeps its centroid.
+cudaError_t pq_gather_sample(const PqIndexShape& s, const uint8_t* const* kv_pages, uint32_t n_tokens,
+                             uint32_t n, void* workspace, cudaStream_t st);
+inline const float* pq_sample(const void* workspace) { return static_cast<const float*>(workspace); }
+cudaError_t pq_lloyd(const PqIndexShape& s, uint32_t n, uint32_t iterations, void* workspace,
+                     float* books, cudaStream_t st);
 
 }  // namespace ssa::cuda

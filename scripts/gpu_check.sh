@@ -43,7 +43,7 @@ fi
 if has sanitize; then
   for tool in memcheck racecheck; do
     log "compute-sanitizer $tool"
-    compute-sanitizer --tool "$tool" --error-exitcode 9 "$TESTS" -tc="gpu small end-to-end*" \
+    compute-sanitizer --tool "$tool" --error-exitcode 9 "$TESTS" -tc="gpu small end-to-end*,gpu snapshots*" \
       >"$OUT/sanitizer_$tool.log" 2>&1 || rc=1
     tail -4 "$OUT/sanitizer_$tool.log" | tee -a "$OUT/summary.txt"
   done

@@ -23,6 +23,12 @@ absl::Status decode_layer(const ssa_session&, const LayerStore&, uint32_t, const
 absl::Status decode_batch(const ssa_decode_item*, size_t, uint32_t, const ssa_decode_params&) {
   return unsupported("this build has no CUDA backend");
 }
+absl::Status copy_page_to_host(const ssa_session&, const Page&, size_t, uint8_t*) {
+  return unsupported("this build has no CUDA backend");
+}
+absl::StatusOr<PageRef> page_from_host(const ssa_session&, bool, const uint8_t*, size_t) {
+  return unsupported("this build has no CUDA backend");
+}
 }  // namespace ssa::cuda
 
 #else  // SSA_HAVE_CUDA
@@ -34,6 +40,7 @@ absl::Status decode_batch(const ssa_decode_item*, size_t, uint32_t, const ssa_de
 #include <map>
 
 #include "decode/decode_plan.h"
+#include "device_alloc.h"
 #include "device_pages.h"
 #include "index/pq_index.h"
 #include "kernels/cuda_decode.h"
@@ -67,7 +74,7 @@ struct DeviceMem {
   ~DeviceMem() {
     if (p) cudaFree(p);
   }
-  cudaError_t alloc(size_t bytes) { return cudaMalloc(&p, bytes ? bytes : 1); }
+  cudaError_t alloc(size_t bytes) { return device_malloc(&p, bytes ? bytes : 1); }
 };
 
 // A device array of page pointers.
@@ -188,6 +195,22 @@ std::shared_ptr<SessionState> fork_state(const SessionState& st) {
   return f;
 }
 
+absl::Status copy_page_to_host(const ssa_session& s, const Page& page, size_t bytes, uint8_t* dst) {
+  if (page.bytes() < bytes) return make_error(SSA_ERR_INTERNAL, "device page is shorter than its layout");
+  SSA_CUDA_RETURN(cudaSetDevice(s.cuda->device), "cudaSetDevice");
+  SSA_CUDA_RETURN(cudaMemcpy(dst, page.data(), bytes, cudaMemcpyDeviceToHost), "page download");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<PageRef> page_from_host(const ssa_session& s, bool kv, const uint8_t* src, size_t bytes) {
+  SSA_CUDA_RETURN(cudaSetDevice(s.cuda->device), "cudaSetDevice");
+  absl::StatusOr<PageRef> page = (kv ? s.cuda->kv_pool : s.cuda->code_pool)->allocate();
+  if (!page.ok()) return page.status();
+  if ((*page)->bytes() < bytes) return make_error(SSA_ERR_INTERNAL, "device page is shorter than its layout");
+  SSA_CUDA_RETURN(cudaMemcpy((*page)->mutable_data(), src, bytes, cudaMemcpyHostToDevice), "page upload");
+  return page;
+}
+
 namespace {
 
 absl::Status make_writable(DevicePagePool& pool, PageRef& ref, long expected_refs) {
@@ -233,9 +256,18 @@ absl::Status retrain_layer(ssa_session& s, LayerStore& layer) {
   SSA_RETURN_IF_ERROR(upload_table(layer.kv_pages, false, &kt));
   SSA_CUDA_RETURN(work.alloc(kmeans_workspace_bytes(shape, n)), "cudaMalloc of k-means workspace");
   SSA_CUDA_RETURN(bd.alloc(books->data.size() * sizeof(float)), "cudaMalloc of codebooks");
-  SSA_CUDA_RETURN(pq_train(shape, static_cast<const uint8_t* const*>(kt.p),
-                           static_cast<uint32_t>(layer.n_tokens), n, s.config.index_iterations, work.p,
-                           static_cast<float*>(bd.p), nullptr),
+  // Sample on the device, k-means++ seeds on the host (as the CPU backend seeds),
+  // Lloyd iterations on the device.
+  SSA_CUDA_RETURN(pq_gather_sample(shape, static_cast<const uint8_t* const*>(kt.p),
+                                   static_cast<uint32_t>(layer.n_tokens), n, work.p, nullptr),
+                  "k-means sample kernel");
+  std::vector<float> sample(size_t{L.n_kv_heads} * n * L.head_dim);
+  SSA_CUDA_RETURN(cudaMemcpy(sample.data(), pq_sample(work.p), sample.size() * sizeof(float),
+                             cudaMemcpyDeviceToHost), "k-means sample download");
+  seed_codebooks(L, sample.data(), n, *s.rt->pool, books.get());
+  SSA_CUDA_RETURN(cudaMemcpy(bd.p, books->data.data(), books->data.size() * sizeof(float),
+                             cudaMemcpyHostToDevice), "k-means seed upload");
+  SSA_CUDA_RETURN(pq_lloyd(shape, n, s.config.index_iterations, work.p, static_cast<float*>(bd.p), nullptr),
                   "k-means kernels");
   SSA_CUDA_RETURN(cudaMemcpy(books->data.data(), bd.p, books->data.size() * sizeof(float),
                              cudaMemcpyDeviceToHost), "codebook download");
@@ -415,7 +447,7 @@ absl::Status run_launch_set(const std::vector<Job>& jobs, uint32_t layer_index, 
   WorkspacePlan plan;
   SSA_CUDA_RETURN(plan_workspace(&b, sms, &plan), "decode planning");
   void* blob = nullptr;
-  SSA_CUDA_RETURN(cudaMallocAsync(&blob, plan.total_bytes, stream), "cudaMallocAsync of the decode workspace");
+  SSA_CUDA_RETURN(device_malloc_async(&blob, plan.total_bytes, stream), "cudaMallocAsync of the decode workspace");
   const Workspace ws = bind_workspace(blob, plan);
   cudaError_t e = run_decode(b, plan, ws, stream);
   std::vector<RowState> rows;

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "ssa.h"
 #include "store/layer_store.h"
 
@@ -39,6 +40,13 @@ std::shared_ptr<SessionState> fork_state(const SessionState& st);
 absl::Status session_append(ssa_session& s, uint32_t layer, const void* k, const void* v,
                             uint64_t n_tokens);
 absl::Status retrain_layer(ssa_session& s, LayerStore& layer);
+
+// Snapshot staging of CUDA sessions: the bytes of a device page copied to host
+// memory (dst holds `bytes`), and a new device page of the session's KV (kv) or
+// code pool filled from host bytes. Snapshot files hold the same bytes for both
+// backends, so a snapshot saved from either loads on the other.
+absl::Status copy_page_to_host(const ssa_session& s, const Page& page, size_t bytes, uint8_t* dst);
+absl::StatusOr<PageRef> page_from_host(const ssa_session& s, bool kv, const uint8_t* src, size_t bytes);
 
 // Decode of one layer (reader lock held by the caller).
 absl::Status decode_layer(const ssa_session& s, const LayerStore& layer, uint32_t layer_index,

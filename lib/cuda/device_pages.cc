@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 
+#include "device_alloc.h"
 #include "status.h"
 
 namespace ssa::cuda {
@@ -26,7 +27,7 @@ absl::StatusOr<PageRef> DevicePagePool::allocate() {
     }
   }
   if (block == nullptr) {
-    const cudaError_t e = cudaMalloc(&block, page_bytes_);
+    const cudaError_t e = device_malloc(&block, page_bytes_);
     if (e != cudaSuccess) {
       cudaGetLastError();
       return make_error(e == cudaErrorMemoryAllocation ? SSA_ERR_OUT_OF_MEMORY : SSA_ERR_DEVICE,

@@ -27,6 +27,10 @@ struct SeedRng {
   double next() { return rng_uniform(rng_draw(s, n++).v[0]); }
 };
 
+SeedRng seed_rng(uint64_t seed) {
+  return SeedRng{make_rng_stream(seed, 0x6b6d65616e73ull /* "kmeans" */, 0, 0)};
+}
+
 }  // namespace
 
 CentroidSearch::CentroidSearch(const float* centroids, uint32_t k, uint32_t dim)
@@ -46,26 +50,24 @@ uint32_t CentroidSearch::nearest(const float* x) const {
   return simd::kernels().nearest_centroid(x, cent_t_.data(), norms_.data(), k_, dim_);
 }
 
-double kmeans_train(const float* points, size_t n, uint32_t dim, uint32_t k,
-                    uint32_t iterations, uint64_t seed, float* centroids) {
+void kmeans_pp_seed(const float* points, size_t n, uint32_t dim, uint32_t k, uint64_t seed,
+                    float* centroids) {
   if (n == 0) {
     memset(centroids, 0, sizeof(float) * k * dim);
-    return 0.0;
+    return;
   }
   if (n <= k) {
     for (uint32_t c = 0; c < k; ++c) {
       const size_t src = c < n ? c : n - 1;
       memcpy(centroids + size_t{c} * dim, points + src * dim, sizeof(float) * dim);
     }
-    return 0.0;
+    return;
   }
-  SeedRng rng{make_rng_stream(seed, 0x6b6d65616e73ull /* "kmeans" */, 0, 0)};
+  SeedRng rng = seed_rng(seed);
 
   // k-means++ (first centroid uniform, each next with probability ~ D(x)^2) on an
   // evenly spread subset of at most kSeedPoints: O(n k dim) seeding would
   // otherwise cost more than all Lloyd iterations together.
-  const size_t n_all = n;
-  const float* all_points = points;
   std::vector<float> subset;
   constexpr size_t kSeedPoints = 16 * 256;
   if (n > kSeedPoints) {
@@ -109,10 +111,17 @@ double kmeans_train(const float* points, size_t n, uint32_t dim, uint32_t k,
       total += d2[i];
     }
   }
+}
+
+double kmeans_train(const float* points, size_t n, uint32_t dim, uint32_t k,
+                    uint32_t iterations, uint64_t seed, float* centroids) {
+  kmeans_pp_seed(points, n, dim, k, seed, centroids);
+  if (n <= k) return 0.0;
+  // The empty-cluster restarts continue after the draws the seeding made.
+  SeedRng rng = seed_rng(seed);
+  rng.n = 1u << 30;
 
   // Lloyd iterations over all points.
-  points = all_points;
-  n = n_all;
   std::vector<uint32_t> assign(n);
   std::vector<double> sums(size_t{k} * dim);
   std::vector<uint32_t> counts(k);

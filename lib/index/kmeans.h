@@ -16,6 +16,11 @@ namespace ssa {
 double kmeans_train(const float* points, size_t n, uint32_t dim, uint32_t k,
                     uint32_t iterations, uint64_t seed, float* centroids);
 
+// The seeding alone (k-means++ on an evenly spread subset of at most 4096
+// points), same arguments; kmeans_train starts its Lloyd iterations from it.
+void kmeans_pp_seed(const float* points, size_t n, uint32_t dim, uint32_t k, uint64_t seed,
+                    float* centroids);
+
 // Nearest-centroid search over one codebook, with the centroids transposed and
 // their norms precomputed for the vectorised kernel.
 class CentroidSearch {

@@ -12,6 +12,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "cuda/cuda_backend.h"
 #include "snapshot/file_io.h"
 #include "snapshot/format.h"
 #include "snapshot/internal.h"
@@ -421,15 +422,27 @@ absl::StatusOr<int> open_snapshot(const std::string& path) {
 
 // Reads the pages of one run section: the ones that win are read into new pages
 // of `pool`, the rest only hashed. Checks the section's hash.
-absl::Status read_page_run(const Parsed& p, size_t idx, size_t page_bytes, PagePool& pool,
-                           const std::vector<uint32_t>& src, std::vector<PageRef>& dst,
+// A CUDA session's pages are read into host scratch and uploaded to its device pool.
+absl::Status read_page_run(const Parsed& p, size_t idx, size_t page_bytes, const ssa_session& s,
+                           bool kv, const std::vector<uint32_t>& src, std::vector<PageRef>& dst,
                            XXH3_state_t* hash, std::unique_ptr<uint8_t[]>& scratch) {
   const SectionEntry& e = p.entries[idx];
+  PagePool& pool = kv ? *s.kv_pool : *s.code_pool;
   XXH3_64bits_reset(hash);
   for (uint64_t k = 0; k < e.count; ++k) {
     const uint64_t j = e.first + k;
     const uint64_t off = e.offset + k * page_bytes;
     uint8_t* target;
+    if (j < src.size() && src[j] == idx && s.cuda != nullptr) {
+      // CUDA backend hook: host staging, then upload.
+      if (!scratch) scratch.reset(new uint8_t[page_bytes]);
+      SSA_RETURN_IF_ERROR(snap::pread_exact(p.fd, scratch.get(), page_bytes, off, p.path));
+      XXH3_64bits_update(hash, scratch.get(), page_bytes);
+      absl::StatusOr<PageRef> page = cuda::page_from_host(s, kv, scratch.get(), page_bytes);
+      if (!page.ok()) return page.status();
+      dst[j] = *std::move(page);
+      continue;
+    }
     if (j < src.size() && src[j] == idx) {
       absl::StatusOr<PageRef> page = pool.allocate();
       if (!page.ok()) return page.status();
@@ -567,8 +580,7 @@ absl::StatusOr<std::unique_ptr<ssa_session>> load(ssa_runtime* rt, const char* p
         return;
       }
       std::unique_ptr<uint8_t[]> scratch;
-      run_status[t] = read_page_run(p, i, kv ? p.kv_bytes : p.code_bytes,
-                                    kv ? *s.kv_pool : *s.code_pool,
+      run_status[t] = read_page_run(p, i, kv ? p.kv_bytes : p.code_bytes, s, kv,
                                     kv ? p.layers[e.layer].kv_src : p.layers[e.layer].code_src,
                                     kv ? layers[e.layer].kv_pages : layers[e.layer].code_pages,
                                     hash.get(), scratch);

@@ -12,124 +12,12 @@
 #include <vector>
 
 #include "common/dtype.h"
+#include "backend_test_util.h"
 #include "gpu_test_util.h"
 #include "ssa.h"
 
 namespace ssa::gputest {
 namespace {
-
-constexpr uint32_t kNq = 8, kNkv = 2, kD = 128;
-
-struct Data {
-  uint32_t n;
-  std::vector<uint16_t> k, v, q;  // f16 bits
-};
-
-Data make_data(uint32_t n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> nd(0.f, 1.f);
-  Data d;
-  d.n = n;
-  d.q.resize(kNq * kD);
-  for (auto& x : d.q) x = f32_to_f16(nd(rng));
-  d.k.resize(size_t{n} * kNkv * kD);
-  d.v.resize(d.k.size());
-  for (uint32_t i = 0; i < n; ++i) {
-    const bool needle = (rng() % 64) == 0;
-    for (uint32_t h = 0; h < kNkv; ++h)
-      for (uint32_t j = 0; j < kD; ++j) {
-        float x = nd(rng);
-        if (needle) x += 2.0f * f16_to_f32(d.q[h * (kNq / kNkv) * kD + j]);
-        d.k[(size_t{i} * kNkv + h) * kD + j] = f32_to_f16(x);
-        d.v[(size_t{i} * kNkv + h) * kD + j] = f32_to_f16(nd(rng));
-      }
-  }
-  return d;
-}
-
-ssa_runtime* runtime(ssa_backend b) {
-  ssa_runtime_options o;
-  ssa_runtime_options_init(&o);
-  o.backend = b;
-  ssa_runtime* rt = nullptr;
-  REQUIRE(ssa_runtime_create(&o, &rt) == SSA_OK);
-  return rt;
-}
-
-ssa_session* session(ssa_runtime* rt, uint32_t flags) {
-  ssa_session_config c;
-  ssa_session_config_init(&c);
-  c.n_layers = 1;
-  c.n_q_heads = kNq;
-  c.n_kv_heads = kNkv;
-  c.head_dim = kD;
-  c.kv_dtype = SSA_DTYPE_F16;
-  c.page_tokens = 128;
-  c.flags = flags;
-  c.index_min_tokens = 1024;
-  ssa_session* s = nullptr;
-  REQUIRE(ssa_session_create(rt, &c, &s) == SSA_OK);
-  return s;
-}
-
-// Appends in two parts (the second lands in a partially filled page).
-void fill(ssa_session* s, const Data& d, bool device) {
-  const uint32_t cut = d.n / 3 + 5;
-  const size_t row = size_t{kNkv} * kD;
-  if (!device) {
-    REQUIRE(ssa_session_append(s, 0, d.k.data(), d.v.data(), cut) == SSA_OK);
-    REQUIRE(ssa_session_append(s, 0, d.k.data() + cut * row, d.v.data() + cut * row, d.n - cut) == SSA_OK);
-    return;
-  }
-  DevBuf<uint16_t> k(d.k.size()), v(d.v.size());
-  k.upload(d.k);
-  v.upload(d.v);
-  REQUIRE(ssa_session_append(s, 0, k.p, v.p, cut) == SSA_OK);
-  REQUIRE(ssa_session_append(s, 0, k.p + cut * row, v.p + cut * row, d.n - cut) == SSA_OK);
-}
-
-std::vector<float> as_float(const std::vector<uint16_t>& h) {
-  std::vector<float> f(h.size());
-  for (size_t i = 0; i < h.size(); ++i) f[i] = f16_to_f32(h[i]);
-  return f;
-}
-
-double rel(const std::vector<uint16_t>& a, const std::vector<uint16_t>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    const double x = f16_to_f32(a[i]), y = f16_to_f32(b[i]);
-    if (!std::isfinite(x)) return INFINITY;
-    num += (x - y) * (x - y);
-    den += y * y;
-  }
-  return sqrt(num / den);
-}
-
-ssa_decode_params params(ssa_method m, uint32_t budget, uint64_t step = 0) {
-  ssa_decode_params p;
-  ssa_decode_params_init(&p);
-  p.method = m;
-  p.budget = budget;
-  p.step = step;
-  return p;
-}
-
-// Decode with host q/out for a host-pointer session, device buffers otherwise.
-std::vector<uint16_t> decode(ssa_session* s, const Data& d, const ssa_decode_params& p, bool device,
-                             ssa_decode_stats* stats = nullptr) {
-  std::vector<uint16_t> out(kNq * kD, 0xffff);
-  if (!device) {
-    REQUIRE(ssa_decode(s, 0, d.q.data(), out.data(), &p, stats) == SSA_OK);
-    return out;
-  }
-  DevBuf<uint16_t> q(d.q.size()), o(out.size());
-  q.upload(d.q);
-  o.upload(out);
-  const ssa_status st = ssa_decode(s, 0, q.p, o.p, &p, stats);
-  INFO(ssa_last_error_message());
-  REQUIRE(st == SSA_OK);
-  return o.download(out.size());
-}
 
 TEST_CASE("gpu backend: runtime choice, pointer spaces and decode against the CPU backend") {
   SSA_GPU_TEST_OR_SKIP();
