@@ -31,9 +31,9 @@ def sink_local(n_ctx: int) -> int:
     return max(8, int(round(n_ctx / 256.0)))
 
 
-def runtime():
+def runtime(backend: str = "cpu"):
     import ssa
-    return ssa.Runtime(backend="cpu", threads=1, seed=1)
+    return ssa.Runtime(backend=backend, threads=1, seed=1)
 
 
 def cached_prefill(model: smollm.SmolLM, ids: Sequence[int], past_ids: Optional[Sequence[int]] = None,
@@ -63,11 +63,12 @@ def cached_prefill(model: smollm.SmolLM, ids: Sequence[int], past_ids: Optional[
     return logits, K, V
 
 
-def build_session(rt, model: smollm.SmolLM, K, V, dtype: str = "float32"):
+def build_session(rt, model: smollm.SmolLM, K, V, dtype: str = "float32", host_pointers: bool = False):
     """A libssa session holding the prefill's post-RoPE K and V of every layer.
-    The PQ index (16 subspaces of 4 dims, 256 centroids) trains on append."""
+    The PQ index (16 subspaces of 4 dims, 256 centroids) trains on append.
+    host_pointers: a CUDA session that takes the numpy arrays of this model."""
     s = rt.create_session(n_layers=model.n_layers, n_q_heads=model.n_q, n_kv_heads=model.n_kv,
-                          head_dim=model.head_dim, dtype=dtype, pq_subspaces=16)
+                          head_dim=model.head_dim, dtype=dtype, pq_subspaces=16, host_pointers=host_pointers)
     np_dt = np.float32 if dtype == "float32" else np.float16
     for layer in range(model.n_layers):
         s.append(layer, np.ascontiguousarray(K[layer], dtype=np_dt), np.ascontiguousarray(V[layer], dtype=np_dt))

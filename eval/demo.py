@@ -13,15 +13,26 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402  (sets thread limits before numpy)
 
+# Long texts every Debian/Ubuntu system has.
+DEFAULT_DOCS = ("/usr/share/common-licenses/GPL-3", "/usr/share/common-licenses/GFDL-1.3",
+                "/usr/share/common-licenses/Apache-2.0")
+
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--doc", default="/usr/share/common-licenses/GPL-3")
+    ap.add_argument("--doc", default=None,
+                    help="a text file; default: the first of %s that exists" % ", ".join(DEFAULT_DOCS))
     ap.add_argument("--question", default="Which version of the GNU General Public License is this document?")
     ap.add_argument("--method", default="ssa", choices=common.METHODS[1:])
     ap.add_argument("--sparsity", type=float, default=20.0)
     ap.add_argument("--max-new", type=int, default=40)
+    ap.add_argument("--backend", default="auto", choices=("auto", "cpu", "cuda"),
+                    help="libssa backend for the decode attention (auto: the GPU where present)")
     args = ap.parse_args()
+    if args.doc is None:
+        args.doc = next((d for d in DEFAULT_DOCS if os.path.exists(d)), None)
+        if args.doc is None:
+            sys.exit("none of %s exists; pass --doc FILE" % ", ".join(DEFAULT_DOCS))
 
     t_load = time.time()
     model = common.smollm.SmolLM()
@@ -42,13 +53,13 @@ def main():
     t0 = time.time()
     logits0, K, V = common.cached_prefill(model, doc_part)
     t_prefill = time.time() - t0
-    rt = common.runtime()
+    rt = common.runtime(args.backend)
     t0 = time.time()
-    base = common.build_session(rt, model, K, V)
+    base = common.build_session(rt, model, K, V, host_pointers=rt.backend == "cuda")
     t_index = time.time() - t0
     del K, V
-    print("prefill (dense, numpy): %.1fs (cached on disk after the first run); libssa append + PQ index: %.1fs"
-          % (t_prefill, t_index), flush=True)
+    print("prefill (dense, numpy): %.1fs (cached on disk after the first run); libssa append + PQ index "
+          "(%s backend): %.1fs" % (t_prefill, rt.backend.upper(), t_index), flush=True)
 
     def stop(gen):
         return gen[-1] == tok.eos
