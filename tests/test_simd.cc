@@ -70,16 +70,13 @@ TEST_CASE("AVX2 kernels agree with the portable ones") {
   for (ssa::DType t : {ssa::DType::kF32, ssa::DType::kF16, ssa::DType::kBF16}) {
     for (size_t n : {1u, 7u, 64u, 100u, 256u}) {
       std::vector<uint8_t> row(n * 4);
-      std::vector<float> q(n), acc_a(n, 0.5f), acc_b(n, 0.5f);
+      std::vector<float> q(n);
       for (size_t i = 0; i < n; ++i) {
         ssa::store_from_f32(row.data(), t, i, g(rng));
         q[i] = g(rng);
       }
       CHECK(avx2->dot(t, row.data(), q.data(), n) ==
             doctest::Approx(gen.dot(t, row.data(), q.data(), n)).epsilon(1e-5));
-      avx2->axpy(t, row.data(), 0.7f, acc_a.data(), n);
-      gen.axpy(t, row.data(), 0.7f, acc_b.data(), n);
-      for (size_t i = 0; i < n; ++i) CHECK(acc_a[i] == doctest::Approx(acc_b[i]).epsilon(1e-6));
     }
   }
   // exp: relative error against libm.

@@ -17,8 +17,6 @@ struct Kernels {
   void (*to_f32)(DType t, const void* src, float* dst, size_t n);
   // sum_i q[i] * float(row[i]).
   float (*dot)(DType t, const void* row, const float* q, size_t n);
-  // acc[i] += w * float(row[i]).
-  void (*axpy)(DType t, const void* row, float w, float* acc, size_t n);
   // out[i] = sum_m lut[m * K + codes[m * stride + i]] for i < count; lut is
   // [M][K] floats, codes holds M rows of `stride` bytes (subspace-major).
   void (*pq_scores)(const float* lut, uint32_t K, uint32_t M, const uint8_t* codes,

@@ -51,15 +51,6 @@ SSA_AVX2 float dot(DType t, const void* row, const float* q, size_t n) {
   return acc;
 }
 
-SSA_AVX2 void axpy(DType t, const void* row, float w, float* acc, size_t n) {
-  const __m256 wv = _mm256_set1_ps(w);
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    _mm256_storeu_ps(acc + i, _mm256_fmadd_ps(wv, load8(t, row, i), _mm256_loadu_ps(acc + i)));
-  }
-  for (; i < n; ++i) acc[i] += w * load_as_f32(row, t, i);
-}
-
 // exp(x) for x <= 0 (after the shift), by 2^(x*log2 e) = 2^n * 2^f with a degree-6
 // polynomial for 2^f on [-0.5, 0.5]; inputs below -87 flush to 0.
 SSA_AVX2 inline __m256 exp_nonpositive(__m256 x) {
@@ -236,7 +227,7 @@ SSA_AVX2 void attend_block(const float* kf, const float* vf, size_t n, uint32_t 
 const Kernels* avx2_kernels() {
   static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
                          __builtin_cpu_supports("f16c");
-  static const Kernels k{to_f32, dot, axpy, pq_scores_scalar, exp_shifted, max_value, nearest_centroid,
+  static const Kernels k{to_f32, dot, pq_scores_scalar, exp_shifted, max_value, nearest_centroid,
                          attend_block, "avx2"};
   return ok ? &k : nullptr;
 }

@@ -15,10 +15,6 @@ float dot(DType t, const void* row, const float* q, size_t n) {
   return acc;
 }
 
-void axpy(DType t, const void* row, float w, float* acc, size_t n) {
-  for (size_t i = 0; i < n; ++i) acc[i] += w * load_as_f32(row, t, i);
-}
-
 double exp_shifted(const float* x, float shift, float* out, size_t n, double* block_sums) {
   double sum = 0.0;
   for (size_t b = 0; b < n; b += 32) {
@@ -113,7 +109,7 @@ uint32_t generic_nearest_centroid(const float* x, const float* cent_t, const flo
 }
 
 const Kernels& generic_kernels() {
-  static const Kernels k{to_f32, dot, axpy, pq_scores_scalar, exp_shifted, max_value, generic_nearest_centroid,
+  static const Kernels k{to_f32, dot, pq_scores_scalar, exp_shifted, max_value, generic_nearest_centroid,
                          generic_attend_block, "generic"};
   return k;
 }
