@@ -1,15 +1,41 @@
-// GPU decode benchmark, the paper's configuration: 16 q heads, 4 KV heads, head
-// dim 256, f16 KV, batch 1, contexts 128K and 1M, sparsity 50x. Times our dense
-// decode, PQ_TOPK and SSA (h = 0.4) with CUDA events (warm-up, median of many
-// runs), plus the median of each SSA stage launched alone in pipeline order.
-// Prints a markdown table. Data: random keys/values in device pages, codebooks
-// from random keys, codes by the GPU encoder.
+// GPU decode benchmark matrix. Two model shapes: the paper's (16 q heads, 4 KV
+// heads, head dim 256, f16) and Llama-3.1-8B's (32 q, 8 KV, head dim 128, bf16);
+// contexts 128K, 512K, 1M; batch 1 and 16; our dense decode once per
+// (shape, context, batch), PQ_TOPK and SSA (h = 0.4) at sparsity 10, 20, 50, 100x.
+//
+// Every batch item is its own session: its own K/V pages, code pages, codebooks
+// and query, allocated per (shape, context, batch) and freed before the next.
+// One launch set (DecodeBatch) serves the whole batch.
+//
+// Timing: CUDA events around each decode on the default stream, the L2 flushed
+// (256 MiB read) before every timed decode, outside the events; 2 warm-up runs,
+// 3 runs to estimate the time, then enough runs for about kTargetMs (10..100);
+// the median of those runs is one input set's time. Several input sets (query
+// seeds, also the sampling seed); the reported time is the median over them.
+// Sparse methods are also timed with events between the stages of the same
+// pipeline (init rows + PQ scores | radix top-k | sampling | attention + split
+// merge): the stage split, medians per stage.
+//
+// The device-to-device copy bandwidth (cudaMemcpy of 4 GiB, read + write bytes
+// per second) is measured first: byte floors are bytes / that bandwidth.
+//
+// Output: one JSON object per line (records "meta", "copy_bw", "result",
+// "error", "fatal"; lines starting with '#' are progress notes) on stdout and,
+// with --out FILE, also into FILE. bench/gpu_bench_report.py turns them into
+// markdown tables. SSA_BENCH_PROFILE=1: one untimed decode of each method for
+// the paper shape at 1M, batch 1, 50x (for a profiler that records every kernel).
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <algorithm>
+#include <array>
+#include <chrono>
 #include <functional>
 #include <string>
 #include <vector>
@@ -21,183 +47,676 @@
 using namespace ssa;
 using namespace ssa::cuda;
 
-#define CK(x)                                                                          \
-  do {                                                                                 \
-    cudaError_t e_ = (x);                                                              \
-    if (e_ != cudaSuccess) {                                                           \
-      fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      exit(1);                                                                         \
-    }                                                                                  \
-  } while (0)
+namespace {
 
-__global__ void fill_normalish(__half* p, size_t n, uint64_t seed) {
+struct ModelShape {
+  const char* name;
+  uint32_t nq, nkv, d;
+  DType dtype;
+  const char* dtype_name;
+};
+const ModelShape kShapes[] = {{"paper", 16, 4, 256, DType::kF16, "f16"},
+                              {"llama8b", 32, 8, 128, DType::kBF16, "bf16"}};
+
+constexpr uint32_t kPage = 256, kPageShift = 8;  // tokens per KV page
+constexpr uint32_t kM = 16, kK = 256;            // PQ subspaces, centroids
+constexpr uint32_t kSink = 128, kLocal = 128;    // always read, inside the budget k
+constexpr float kSsaH = 0.4f;                    // SSA heavy fraction of k - sink - local
+constexpr double kTargetMs = 100.0;              // timed decode time per measurement
+constexpr int kWarm = 2, kEstimate = 3, kMinReps = 10, kMaxReps = 100;
+constexpr size_t kFlushBytes = size_t{256} << 20;
+
+bool g_profile = false;
+FILE* g_out = nullptr;
+cudaEvent_t g_ev[5];
+const uint4* g_flush = nullptr;
+uint32_t* g_sink = nullptr;
+std::chrono::steady_clock::time_point g_start;
+double g_budget_s = 270.0;  // later cases are reported as skipped (see --time-budget-s)
+
+double elapsed_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - g_start).count();
+}
+
+// ---- output -------------------------------------------------------------------
+
+void emit_line(const std::string& line) {
+  fputs(line.c_str(), stdout);
+  fputc('\n', stdout);
+  fflush(stdout);
+  if (g_out) {
+    fputs(line.c_str(), g_out);
+    fputc('\n', g_out);
+    fflush(g_out);
+  }
+}
+
+void note(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+void note(const char* fmt, ...) {
+  char buf[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  emit_line(std::string("# ") + buf);
+}
+
+std::string json_escape(const std::string& s) {
+  std::string r;
+  for (char c : s) {
+    if (c == '"' || c == '\\') {
+      r += '\\';
+      r += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      r += ' ';
+    } else {
+      r += c;
+    }
+  }
+  return r;
+}
+
+// A JSON object built field by field (numbers that are not finite become null).
+struct Json {
+  std::string s = "{";
+  void key(const char* k) {
+    if (s.size() > 1) s += ',';
+    s += '"';
+    s += k;
+    s += "\":";
+  }
+  Json& str(const char* k, const std::string& v) {
+    key(k);
+    s += '"' + json_escape(v) + '"';
+    return *this;
+  }
+  Json& num(const char* k, double v) {
+    key(k);
+    char b[64];
+    if (isfinite(v)) {
+      snprintf(b, sizeof b, "%.6g", v);
+    } else {
+      snprintf(b, sizeof b, "null");
+    }
+    s += b;
+    return *this;
+  }
+  Json& integer(const char* k, unsigned long long v) {
+    key(k);
+    s += std::to_string(v);
+    return *this;
+  }
+  Json& nums(const char* k, const std::vector<double>& v) {
+    key(k);
+    s += '[';
+    for (size_t i = 0; i < v.size(); ++i) {
+      char b[64];
+      snprintf(b, sizeof b, "%s%.6g", i ? "," : "", isfinite(v[i]) ? v[i] : -1.0);
+      s += b;
+    }
+    s += ']';
+    return *this;
+  }
+  Json& raw(const char* k, const std::string& v) {
+    key(k);
+    s += v;
+    return *this;
+  }
+  std::string done() const { return s + "}"; }
+};
+
+// ---- device data ----------------------------------------------------------------
+
+__device__ __forceinline__ void store_f(__half* p, float v) { *p = __float2half_rn(v); }
+__device__ __forceinline__ void store_f(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
+__device__ __forceinline__ float load_f(const __half* p) { return __half2float(*p); }
+__device__ __forceinline__ float load_f(const __nv_bfloat16* p) { return __bfloat162float(*p); }
+
+// Roughly normal values (sum of four uniforms), mean 0, variance 1; a different
+// stream for every seed.
+template <typename T>
+__global__ void fill_normalish(T* p, size_t n, uint64_t seed) {
+  const uint64_t salt = (seed + 1) * 0xD1B54A32D192ED03ull;
   for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) {
-    uint64_t x = (i + 1) * 0x9E3779B97F4A7C15ull ^ seed;
+    uint64_t x = (i + 1) * 0x9E3779B97F4A7C15ull + salt;
     x ^= x >> 31; x *= 0xBF58476D1CE4E5B9ull; x ^= x >> 27; x *= 0x94D049BB133111EBull; x ^= x >> 33;
-    // Sum of four uniforms: roughly normal, mean 0, variance 1/3 * 4 / 4.
     float s = 0.f;
     for (int k = 0; k < 4; ++k) s += static_cast<float>((x >> (16 * k)) & 0xffff) / 65535.f - 0.5f;
-    p[i] = __float2half(s * 1.7320508f);
+    store_f(p + i, s * 1.7320508f);
   }
 }
 
-__global__ void fill_books(const __half* k, float* books, uint32_t n_tok_stride, int kv, int M, int K, int sub,
-                           int d) {
-  // Centroid c of (h, m) = sub-vector m of the key of token 997 * c (head h).
-  const int c = blockIdx.x, m = blockIdx.y, h = blockIdx.z;
-  for (int j = threadIdx.x; j < sub; j += blockDim.x) {
-    const size_t t = (size_t{997} * c) % n_tok_stride;
-    books[((size_t(h) * M + m) * K + c) * sub + j] = __half2float(k[(size_t(h) * n_tok_stride + t) * d + m * sub + j]);
+// Centroid c of (KV head h, subspace m) = sub-vector m of the key of token
+// 997 * c mod P of the first page (page layout: K as [h][P][d], then V).
+template <typename T>
+__global__ void fill_books(const T* page0, float* books, uint32_t M, uint32_t K, uint32_t sub, uint32_t d) {
+  const uint32_t c = blockIdx.x, m = blockIdx.y, h = blockIdx.z;
+  const size_t t = (size_t{997} * c) % kPage;
+  for (uint32_t j = threadIdx.x; j < sub; j += blockDim.x)
+    books[((size_t{h} * M + m) * K + c) * sub + j] = load_f(page0 + (size_t{h} * kPage + t) * d + m * sub + j);
+}
+
+// Reads the flush buffer so that the next decode finds none of its data in L2
+// (reads, not writes: no dirty lines to write back during the timed decode).
+__global__ void l2_flush_read(const uint4* p, size_t n, uint32_t* sink) {
+  uint32_t acc = 0;
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) {
+    const uint4 v = p[i];
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
   }
+  if (acc == 0x9E3779B9u) *sink = acc;  // keeps the loads
 }
 
-float median(std::vector<float> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-float time_ms(const std::function<void()>& f, int warm = 5, int reps = 30) {
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  for (int i = 0; i < warm; ++i) f();
-  std::vector<float> t;
-  for (int i = 0; i < reps; ++i) {
-    CK(cudaEventRecord(a));
-    f();
-    CK(cudaEventRecord(b));
-    CK(cudaEventSynchronize(b));
-    float ms;
-    CK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms);
+cudaError_t fill(DType dt, void* p, size_t n, uint64_t seed) {
+  const unsigned grid = static_cast<unsigned>(std::min<size_t>(4096, (n + 255) / 256));
+  if (dt == DType::kF16) {
+    fill_normalish<<<grid, 256>>>(static_cast<__half*>(p), n, seed);
+  } else {
+    fill_normalish<<<grid, 256>>>(static_cast<__nv_bfloat16*>(p), n, seed);
   }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  return median(t);
+  return cudaGetLastError();
 }
 
-int main() {
-  // SSA_BENCH_PROFILE=1: one decode of each 1M configuration, no timing loops
-  // (for a profiler that records every kernel).
-  const bool profile = getenv("SSA_BENCH_PROFILE") != nullptr;
-  const uint32_t nq = 16, nkv = 4, d = 256, M = 16, K = 256, P = 256;
-  int sms = 0;
-  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  printf("| context | method | budget k | total ms | stages (ms) | KV+code bytes read | effective GB/s |\n");
-  printf("|---|---|---|---|---|---|---|\n");
-  for (uint32_t n : {131072u, 1048576u}) {
-    if (profile && n != 1048576u) continue;
-    const uint32_t pages = n / P;
-    const size_t kv_page = size_t{2} * P * nkv * d * 2, code_page = size_t{nkv} * M * P;
-    uint8_t *kv = nullptr, *codes = nullptr;
-    CK(cudaMalloc(&kv, kv_page * pages));
-    CK(cudaMalloc(&codes, code_page * pages));
-    fill_normalish<<<4096, 256>>>(reinterpret_cast<__half*>(kv), kv_page * pages / 2, n);
-    std::vector<const uint8_t*> kt(pages), ct(pages);
-    for (uint32_t i = 0; i < pages; ++i) kt[i] = kv + kv_page * i, ct[i] = codes + code_page * i;
-    const uint8_t** kt_d;
-    const uint8_t** ct_d;
-    CK(cudaMalloc(&kt_d, pages * 8));
-    CK(cudaMalloc(&ct_d, pages * 8));
-    CK(cudaMemcpy(kt_d, kt.data(), pages * 8, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(ct_d, ct.data(), pages * 8, cudaMemcpyHostToDevice));
-    float* books;
-    CK(cudaMalloc(&books, size_t{nkv} * M * K * (d / M) * 4));
-    // Keys of the first page, as [h][P][d]: centroids from them.
-    fill_books<<<dim3(K, M, nkv), 32>>>(reinterpret_cast<const __half*>(kv), books, P, nkv, M, K, d / M, d);
-    PqIndexShape is{nkv, d, M, K, P, 8, DType::kF16};
-    CK(pq_encode(is, kt_d, (uint8_t* const*)(ct_d), books, 0, n, nullptr));
-    __half *q, *out;
-    CK(cudaMalloc(&q, nq * d * 2));
-    CK(cudaMalloc(&out, nq * d * 2));
-    fill_normalish<<<16, 256>>>(q, nq * d, 7);
-    CK(cudaDeviceSynchronize());
-
-    struct Cfg { const char* name; Proxy proxy; Sampling sampling; float h; };
-    const Cfg cfgs[] = {{"dense (ours)", Proxy::kNone, Sampling::kNone, 0.f},
-                        {"PQ_TOPK", Proxy::kPq, Sampling::kNone, 1.f},
-                        {"SSA h=0.4", Proxy::kPq, Sampling::kProxy, 0.4f}};
-    const uint32_t k = (n + 49) / 50;
-    for (const Cfg& c : cfgs) {
-      DecodeBatch b{};
-      b.shape = DecodeShape{nq, nkv, d, P, 8, M, K, DType::kF16};
-      b.n_items = 1;
-      b.proxy = c.proxy;
-      b.sampling = c.sampling;
-      b.seed = 1;
-      DecodeItem& it = b.items[0];
-      it.kv_pages = kt_d;
-      it.code_pages = ct_d;
-      it.codebooks = books;
-      it.q = q;
-      it.out = out;
-      it.n_tokens = n;
-      const bool dense = c.proxy == Proxy::kNone;
-      it.sink_end = dense ? n : 128;
-      it.local_begin = dense ? n : n - 128;
-      it.n_select = dense ? 0 : k - 256;
-      it.n_heavy = dense ? 0 : static_cast<uint32_t>(c.h * it.n_select + 0.5f);
-      WorkspacePlan plan;
-      CK(plan_workspace(&b, sms, &plan));
-      void* blob;
-      CK(cudaMalloc(&blob, plan.total_bytes));
-      const Workspace ws = bind_workspace(blob, plan);
-      uint64_t step = 0;
-      if (profile) {
-        CK(run_decode(b, plan, ws, nullptr));
-        CK(cudaDeviceSynchronize());
-        CK(cudaFree(blob));
-        continue;
-      }
-      const float total = time_ms([&] {
-        b.step = step++;
-        CK(run_decode(b, plan, ws, nullptr));
-      });
-      std::string stages;
-      if (!dense) {
-        const float t_score = time_ms([&] {
-          CK(launch_init_rows(b, plan, ws, nullptr));
-          CK(launch_pq_scores(b, plan, ws, nullptr));
-        });
-        const float t_topk = time_ms([&] { CK(launch_radix_topk(b, plan, ws, nullptr)); });
-        float t_sample = 0.f;
-        if (c.sampling != Sampling::kNone) {
-          // Sampling masks heavy scores: re-score before each timed sampling run
-          // and subtract the scoring time.
-          const float both = time_ms([&] {
-            CK(launch_init_rows(b, plan, ws, nullptr));
-            CK(launch_pq_scores(b, plan, ws, nullptr));
-            CK(launch_radix_topk(b, plan, ws, nullptr));
-            CK(launch_sampling(b, plan, ws, nullptr));
-          });
-          t_sample = both - t_score - t_topk;
-        }
-        const float t_attn = time_ms([&] { CK(launch_attention(b, plan, ws, false, nullptr)); });
-        char buf[200];
-        snprintf(buf, sizeof buf, "score %.3f, top-k %.3f, sample %.3f, attention %.3f (%u splits)", t_score,
-                 t_topk, t_sample, t_attn, plan.n_splits);
-        stages = buf;
-      } else {
-        char buf[64];
-        snprintf(buf, sizeof buf, "%u splits", plan.n_splits);
-        stages = buf;
-      }
-      // Bytes: dense reads all K/V once; sparse reads codes once per KV head plus
-      // k rows of K and V per q head (upper bound: k distinct rows).
-      const double bytes = dense ? double(n) * nkv * d * 2 * 2
-                                 : double(n) * nkv * M + double(k) * nq * d * 2 * 2;
-      printf("| %uK | %s | %s | %.3f | %s | %.1f MB | %.0f |\n", n / 1024, c.name, dense ? "N" : std::to_string(k).c_str(),
-             total, stages.c_str(), bytes / 1e6, bytes / (total * 1e-3) / 1e9);
-      fflush(stdout);
-      CK(cudaFree(blob));
+// Device allocations freed together (destructor or release()).
+struct Arena {
+  std::vector<void*> ptrs;
+  size_t bytes = 0;
+  std::string error;
+  void* get(size_t n, const char* what) {
+    if (!error.empty()) return nullptr;
+    void* p = nullptr;
+    const cudaError_t e = cudaMalloc(&p, n);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      size_t fr = 0, tot = 0;
+      cudaMemGetInfo(&fr, &tot);
+      char buf[320];
+      snprintf(buf, sizeof buf, "cudaMalloc of %.3f GB (%s) failed after %.2f GB of this case: %s (free %.2f of %.2f GB)",
+               n / 1e9, what, bytes / 1e9, cudaGetErrorString(e), fr / 1e9, tot / 1e9);
+      error = buf;
+      return nullptr;
     }
-    cudaFree(kv);
-    cudaFree(codes);
-    cudaFree(kt_d);
-    cudaFree(ct_d);
-    cudaFree(books);
-    cudaFree(q);
-    cudaFree(out);
+    ptrs.push_back(p);
+    bytes += n;
+    return p;
   }
+  void release() {
+    for (void* p : ptrs) cudaFree(p);
+    ptrs.clear();
+    bytes = 0;
+  }
+  ~Arena() { release(); }
+};
+
+// One session's data on the device.
+struct Session {
+  uint8_t* kv = nullptr;
+  uint8_t* codes = nullptr;
+  const uint8_t** kv_table = nullptr;  // device array of page pointers
+  uint8_t** code_table = nullptr;
+  float* books = nullptr;
+  void* q = nullptr;
+  void* out = nullptr;
+};
+
+// After a failed call: clears a non-sticky error; false when the context is lost.
+bool context_ok() {
+  cudaGetLastError();
+  const cudaError_t e = cudaDeviceSynchronize();
+  cudaGetLastError();
+  return e == cudaSuccess;
+}
+
+[[noreturn]] void fatal(const std::string& msg) {
+  emit_line(Json().str("rec", "fatal").str("src", "ours").str("error", msg).done());
+  exit(3);
+}
+
+// ---- timing -----------------------------------------------------------------------
+
+double median(std::vector<double> v) {
+  if (v.empty()) return NAN;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+struct Timing {
+  std::vector<double> med;  // median of each span between consecutive events
+  int reps = 0;
+};
+
+// f enqueues one decode on the default stream and records ev[0] .. ev[n_ev - 1]
+// at its stage boundaries (ev[0] first). The L2 flush goes before ev[0].
+cudaError_t measure(const std::function<cudaError_t(cudaEvent_t*)>& f, int n_ev, Timing* out) {
+  std::vector<std::vector<double>> spans(n_ev - 1);
+  auto once = [&](bool keep, double* total) -> cudaError_t {
+    l2_flush_read<<<1024, 256>>>(g_flush, kFlushBytes / sizeof(uint4), g_sink);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+    if ((e = f(g_ev)) != cudaSuccess) return e;
+    if ((e = cudaEventSynchronize(g_ev[n_ev - 1])) != cudaSuccess) return e;
+    double sum = 0.0;
+    for (int i = 0; i + 1 < n_ev; ++i) {
+      float ms = 0.f;
+      if ((e = cudaEventElapsedTime(&ms, g_ev[i], g_ev[i + 1])) != cudaSuccess) return e;
+      if (keep) spans[i].push_back(ms);
+      sum += ms;
+    }
+    if (total) *total = sum;
+    return cudaSuccess;
+  };
+  cudaError_t e;
+  for (int i = 0; i < kWarm; ++i)
+    if ((e = once(false, nullptr)) != cudaSuccess) return e;
+  std::vector<double> est(kEstimate);
+  for (double& x : est)
+    if ((e = once(false, &x)) != cudaSuccess) return e;
+  const double t = std::max(median(est), 1e-3);
+  // A pathologically slow case (> 50 ms a decode) gets 3 runs, the rest ~kTargetMs.
+  const int reps = t > 50.0 ? 3 : std::clamp(static_cast<int>(ceil(kTargetMs / t)), kMinReps, kMaxReps);
+  for (int r = 0; r < reps; ++r)
+    if ((e = once(true, nullptr)) != cudaSuccess) return e;
+  out->med.clear();
+  for (auto& s : spans) out->med.push_back(median(s));
+  out->reps = reps;
+  return cudaSuccess;
+}
+
+// Device-to-device copy bandwidth, read + write bytes per second (GB/s); 0 when
+// it could not be measured.
+double measure_copy_bandwidth() {
+  for (size_t bytes : {size_t{4} << 30, size_t{1} << 30}) {
+    void *a = nullptr, *b = nullptr;
+    if (cudaMalloc(&a, bytes) != cudaSuccess || cudaMalloc(&b, bytes) != cudaSuccess) {
+      cudaGetLastError();
+      if (a) cudaFree(a);
+      if (b) cudaFree(b);
+      note("copy bandwidth: could not allocate 2 x %.1f GB", bytes / 1e9);
+      continue;
+    }
+    cudaError_t e = cudaMemset(a, 1, bytes);
+    if (e == cudaSuccess) e = cudaMemset(b, 0, bytes);
+    std::vector<double> t;
+    for (int i = 0; i < 12 && e == cudaSuccess; ++i) {
+      float ms = 0.f;
+      e = cudaEventRecord(g_ev[0]);
+      if (e == cudaSuccess) e = cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice);
+      if (e == cudaSuccess) e = cudaEventRecord(g_ev[1]);
+      if (e == cudaSuccess) e = cudaEventSynchronize(g_ev[1]);
+      if (e == cudaSuccess) e = cudaEventElapsedTime(&ms, g_ev[0], g_ev[1]);
+      if (i >= 2) t.push_back(ms);  // 2 warm-up copies
+    }
+    cudaFree(a);
+    cudaFree(b);
+    if (e != cudaSuccess) {
+      const std::string msg = cudaGetErrorString(e);
+      if (!context_ok()) fatal("copy bandwidth: " + msg);
+      emit_line(Json().str("rec", "error").str("src", "ours").str("method", "copy_bw").str("error", msg).done());
+      continue;
+    }
+    const double ms = median(t), gbps = 2.0 * bytes / (ms * 1e6);
+    emit_line(Json().str("rec", "copy_bw").str("src", "ours").integer("bytes", bytes).num("ms", ms)
+                  .num("gbps", gbps).str("what", "cudaMemcpy device to device, (read + write) bytes / time").done());
+    note("copy bandwidth: %.0f GB/s (read + write; %.1f GB copied in %.3f ms, median of 10)", gbps, bytes / 1e9, ms);
+    return gbps;
+  }
+  return 0.0;
+}
+
+// ---- one (shape, context, batch) case ---------------------------------------------
+
+struct Method {
+  const char* name;
+  Proxy proxy;
+  Sampling sampling;
+  float h;
+  uint32_t sparsity;  // 0: dense
+};
+
+struct Case {
+  const ModelShape* ms;
+  uint32_t n, batch;
+  Json base() const {
+    Json j;
+    j.str("src", "ours").str("config", ms->name).str("dtype", ms->dtype_name).integer("nq", ms->nq)
+        .integer("nkv", ms->nkv).integer("d", ms->d).integer("n", n).integer("batch", batch);
+    return j;
+  }
+};
+
+void case_error(const Case& c, const char* method, uint32_t sparsity, const std::string& msg) {
+  Json j = c.base();
+  j.str("rec", "error").str("method", method).integer("sparsity", sparsity).str("error", msg);
+  emit_line(j.done());
+  note("ERROR %s n=%u batch=%u %s %ux: %s", c.ms->name, c.n, c.batch, method, sparsity, msg.c_str());
+}
+
+// Runs (or reports the failure of) one method over all sessions of the case.
+void run_method(const Case& c, const std::vector<Session>& sess, const Method& m, int sms, int n_seeds,
+                double copy_gbps) {
+  const ModelShape& s = *c.ms;
+  const bool sparse = m.proxy != Proxy::kNone;
+  const uint32_t n = c.n;
+  const uint32_t k = sparse ? (n + m.sparsity - 1) / m.sparsity : n;
+  if (sparse && k <= kSink + kLocal + 1) {
+    case_error(c, m.name, m.sparsity, "budget k too small for sink + local");
+    return;
+  }
+  DecodeBatch b{};
+  b.shape = DecodeShape{s.nq, s.nkv, s.d, kPage, kPageShift, kM, kK, s.dtype};
+  if (const char* why = unsupported_shape(b.shape, sparse)) {
+    case_error(c, m.name, m.sparsity, std::string("unsupported shape: ") + why);
+    return;
+  }
+  b.n_items = c.batch;
+  b.proxy = m.proxy;
+  b.sampling = m.sampling;
+  b.seed = 1;
+  for (uint32_t i = 0; i < c.batch; ++i) {
+    DecodeItem& it = b.items[i];
+    it.kv_pages = sess[i].kv_table;
+    it.code_pages = sess[i].code_table;
+    it.codebooks = sess[i].books;
+    it.q = sess[i].q;
+    it.out = sess[i].out;
+    it.n_tokens = n;
+    it.sink_end = sparse ? kSink : n;
+    it.local_begin = sparse ? n - kLocal : n;
+    it.n_select = sparse ? k - kSink - kLocal : 0;
+    it.n_heavy = sparse ? static_cast<uint32_t>(m.h * it.n_select + 0.5f) : 0;
+  }
+  WorkspacePlan plan;
+  cudaError_t e = plan_workspace(&b, sms, &plan);
+  if (e != cudaSuccess) {
+    case_error(c, m.name, m.sparsity, std::string("plan_workspace: ") + cudaGetErrorString(e));
+    return;
+  }
+  Arena wa;
+  void* blob = wa.get(plan.total_bytes, "workspace");
+  if (!blob) {
+    case_error(c, m.name, m.sparsity, wa.error);
+    return;
+  }
+  const Workspace ws = bind_workspace(blob, plan);
+  uint64_t step = 0;
+  if (g_profile) {
+    e = run_decode(b, plan, ws, nullptr);
+    if (e == cudaSuccess) e = cudaDeviceSynchronize();
+    if (e != cudaSuccess) {
+      const std::string msg = cudaGetErrorString(e);
+      if (!context_ok()) fatal(msg);
+      case_error(c, m.name, m.sparsity, msg);
+    }
+    return;
+  }
+  // The whole decode, as the library runs it.
+  auto total_fn = [&](cudaEvent_t* ev) -> cudaError_t {
+    b.step = step++;
+    cudaError_t r = cudaEventRecord(ev[0]);
+    if (r == cudaSuccess) r = run_decode(b, plan, ws, nullptr);
+    if (r == cudaSuccess) r = cudaEventRecord(ev[1]);
+    return r;
+  };
+  // The same launches as run_decode (fixed heavy rule, PQ proxy), events between stages.
+  auto stage_fn = [&](cudaEvent_t* ev) -> cudaError_t {
+    b.step = step++;
+    cudaError_t r = cudaEventRecord(ev[0]);
+    if (r == cudaSuccess) r = launch_init_rows(b, plan, ws, nullptr);
+    if (r == cudaSuccess) r = launch_pq_scores(b, plan, ws, nullptr);
+    if (r == cudaSuccess) r = cudaEventRecord(ev[1]);
+    if (r == cudaSuccess) r = launch_radix_topk(b, plan, ws, nullptr);
+    if (r == cudaSuccess) r = cudaEventRecord(ev[2]);
+    if (r == cudaSuccess) r = launch_sampling(b, plan, ws, nullptr);
+    if (r == cudaSuccess) r = cudaEventRecord(ev[3]);
+    if (r == cudaSuccess) r = launch_attention(b, plan, ws, false, nullptr);
+    if (r == cudaSuccess) r = cudaEventRecord(ev[4]);
+    return r;
+  };
+  std::vector<double> total_seeds, reps;
+  std::array<std::vector<double>, 4> stage_seeds;
+  for (int seed = 0; seed < n_seeds; ++seed) {
+    for (uint32_t i = 0; i < c.batch && e == cudaSuccess; ++i)
+      e = fill(s.dtype, sess[i].q, size_t{s.nq} * s.d, 1000003ull * (seed + 1) + i);
+    b.seed = 1 + seed;
+    Timing t;
+    if (e == cudaSuccess) e = measure(total_fn, 2, &t);
+    if (e != cudaSuccess) break;
+    total_seeds.push_back(t.med[0]);
+    reps.push_back(t.reps);
+    if (sparse) {
+      if ((e = measure(stage_fn, 5, &t)) != cudaSuccess) break;
+      for (int i = 0; i < 4; ++i) stage_seeds[i].push_back(t.med[i]);
+    }
+  }
+  if (e != cudaSuccess) {
+    const std::string msg = cudaGetErrorString(e);
+    if (!context_ok()) fatal(std::string(s.name) + " n=" + std::to_string(n) + " " + m.name + ": " + msg);
+    case_error(c, m.name, m.sparsity, msg);
+    return;
+  }
+  // Bytes: dense reads all K and V once; sparse reads the PQ codes of every token
+  // once per KV head plus k rows of K and V per q head (k distinct rows per head).
+  const double elem = 2.0;
+  const double bytes = c.batch * (sparse ? double(n) * s.nkv * kM + double(k) * s.nq * s.d * elem * 2
+                                         : double(n) * s.nkv * s.d * elem * 2);
+  const double ms = median(total_seeds);
+  Json j = c.base();
+  j.str("rec", "result").str("method", m.name).integer("sparsity", m.sparsity).integer("k", k);
+  if (m.sampling != Sampling::kNone) j.num("h", m.h);
+  j.num("ms", ms).nums("ms_seeds", total_seeds).nums("reps", reps)
+      .integer("bytes", static_cast<unsigned long long>(llround(bytes)))
+      .num("gbps", bytes / (ms * 1e6)).integer("splits", plan.n_splits);
+  if (copy_gbps > 0) j.num("floor_ms", bytes / (copy_gbps * 1e6));
+  char stages[200] = "";
+  if (sparse) {
+    const double sc = median(stage_seeds[0]), tk = median(stage_seeds[1]), sa = median(stage_seeds[2]),
+                 at = median(stage_seeds[3]);
+    Json st;
+    st.num("score", sc).num("topk", tk).num("sample", sa).num("attn", at);
+    j.raw("stages", st.done());
+    snprintf(stages, sizeof stages, " | score %.3f top-k %.3f sample %.3f attn %.3f", sc, tk, sa, at);
+  }
+  emit_line(j.done());
+  note("%s n=%u batch=%u %s %ux: %.3f ms (%.0f GB/s, %u splits)%s", s.name, n, c.batch, m.name, m.sparsity, ms,
+       bytes / (ms * 1e6), plan.n_splits, stages);
+}
+
+void run_case(const Case& c, const std::vector<uint32_t>& sparsities, int sms, int n_seeds, double copy_gbps) {
+  const ModelShape& s = *c.ms;
+  const uint32_t n = c.n, B = c.batch;
+  if (B > kMaxBatchItems) {
+    // One launch set holds at most kMaxBatchItems items.
+    case_error(c, "*", 0, "batch exceeds kMaxBatchItems = " + std::to_string(kMaxBatchItems));
+    return;
+  }
+  if (elapsed_s() > g_budget_s) {
+    case_error(c, "*", 0, "skipped: time budget of " + std::to_string(int(g_budget_s)) + " s spent");
+    return;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  const uint32_t pages = (n + kPage - 1) / kPage;
+  const size_t kv_page = size_t{2} * kPage * s.nkv * s.d * 2, code_page = size_t{s.nkv} * kM * kPage;
+  const uint32_t sub = s.d / kM;
+  size_t fr = 0, tot = 0;
+  cudaMemGetInfo(&fr, &tot);
+  note("case %s n=%u batch=%u: %.2f GB of K/V + %.2f GB of codes (device free %.2f of %.2f GB)", s.name, n, B,
+       double(B) * kv_page * pages / 1e9, double(B) * code_page * pages / 1e9, fr / 1e9, tot / 1e9);
+  Arena arena;
+  std::vector<Session> sess(B);
+  const PqIndexShape is{s.nkv, s.d, kM, kK, kPage, kPageShift, s.dtype};
+  cudaError_t e = cudaSuccess;
+  for (uint32_t i = 0; i < B && arena.error.empty() && e == cudaSuccess; ++i) {
+    Session& ss = sess[i];
+    ss.kv = static_cast<uint8_t*>(arena.get(kv_page * pages, "K/V pages"));
+    ss.codes = static_cast<uint8_t*>(arena.get(code_page * pages, "code pages"));
+    ss.kv_table = static_cast<const uint8_t**>(arena.get(size_t{pages} * 8, "page table"));
+    ss.code_table = static_cast<uint8_t**>(arena.get(size_t{pages} * 8, "code page table"));
+    ss.books = static_cast<float*>(arena.get(size_t{s.nkv} * kM * kK * sub * 4, "codebooks"));
+    ss.q = arena.get(size_t{s.nq} * s.d * 2, "q");
+    ss.out = arena.get(size_t{s.nq} * s.d * 2, "out");
+    if (!arena.error.empty()) break;
+    std::vector<const uint8_t*> kt(pages);
+    std::vector<uint8_t*> ct(pages);
+    for (uint32_t p = 0; p < pages; ++p) kt[p] = ss.kv + kv_page * p, ct[p] = ss.codes + code_page * p;
+    e = cudaMemcpy(ss.kv_table, kt.data(), size_t{pages} * 8, cudaMemcpyHostToDevice);
+    if (e == cudaSuccess) e = cudaMemcpy(ss.code_table, ct.data(), size_t{pages} * 8, cudaMemcpyHostToDevice);
+    // A different K/V stream per session, per shape and per context.
+    const uint64_t seed = (uint64_t{n} << 20) ^ (uint64_t(&s - kShapes) << 16) ^ (uint64_t{B} << 8) ^ i;
+    if (e == cudaSuccess) e = fill(s.dtype, ss.kv, kv_page * pages / 2, seed);
+    if (e == cudaSuccess) {
+      if (s.dtype == DType::kF16) {
+        fill_books<<<dim3(kK, kM, s.nkv), 32>>>(reinterpret_cast<const __half*>(ss.kv), ss.books, kM, kK, sub, s.d);
+      } else {
+        fill_books<<<dim3(kK, kM, s.nkv), 32>>>(reinterpret_cast<const __nv_bfloat16*>(ss.kv), ss.books, kM, kK,
+                                                 sub, s.d);
+      }
+      e = cudaGetLastError();
+    }
+    if (e == cudaSuccess) e = pq_encode(is, ss.kv_table, ss.code_table, ss.books, 0, n, nullptr);
+    if (e == cudaSuccess) e = fill(s.dtype, ss.out, size_t{s.nq} * s.d, 1);
+  }
+  if (e == cudaSuccess) e = cudaDeviceSynchronize();
+  if (!arena.error.empty()) {
+    case_error(c, "*", 0, arena.error);
+    return;
+  }
+  if (e != cudaSuccess) {
+    const std::string msg = std::string("setup: ") + cudaGetErrorString(e);
+    if (!context_ok()) fatal(msg);
+    case_error(c, "*", 0, msg);
+    return;
+  }
+  note("setup (fill, codebooks, PQ encoding of %u sessions) %.2f s", B,
+       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  std::vector<Method> methods = {{"dense", Proxy::kNone, Sampling::kNone, 0.f, 0}};
+  for (uint32_t sp : sparsities) {
+    methods.push_back({"pq_topk", Proxy::kPq, Sampling::kNone, 1.f, sp});
+    methods.push_back({"ssa", Proxy::kPq, Sampling::kProxy, kSsaH, sp});
+  }
+  for (const Method& m : methods) {
+    if (g_profile && m.sparsity != 0 && m.sparsity != 50) continue;
+    if (elapsed_s() > g_budget_s) {
+      case_error(c, m.name, m.sparsity, "skipped: time budget spent");
+      continue;
+    }
+    run_method(c, sess, m, sms, n_seeds, copy_gbps);
+  }
+}
+
+// ---- arguments ------------------------------------------------------------------
+
+// Comma-separated unsigned integers, each with an optional K (x1024) or M (x1048576).
+bool parse_list(const char* s, std::vector<uint32_t>* out) {
+  out->clear();
+  while (*s) {
+    char* end = nullptr;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (end == s) return false;
+    if (*end == 'K' || *end == 'k') v <<= 10, ++end;
+    else if (*end == 'M' || *end == 'm') v <<= 20, ++end;
+    if (v == 0 || v > 0xffffffffull) return false;
+    out->push_back(static_cast<uint32_t>(v));
+    if (*end == ',') ++end;
+    else if (*end) return false;
+    s = end;
+  }
+  return !out->empty();
+}
+
+void usage() {
+  fprintf(stderr,
+          "usage: gpu_decode_bench [--out FILE] [--configs paper,llama8b] [--contexts 128K,512K,1M]\n"
+          "         [--batches 1,16] [--sparsity 10,20,50,100] [--seeds 3] [--time-budget-s 270]\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  g_start = std::chrono::steady_clock::now();
+  g_profile = getenv("SSA_BENCH_PROFILE") != nullptr;
+  std::vector<uint32_t> contexts = {131072u, 524288u, 1048576u}, batches = {1u, 16u},
+                        sparsities = {10u, 20u, 50u, 100u};
+  std::vector<const ModelShape*> shapes = {&kShapes[0], &kShapes[1]};
+  int n_seeds = 3;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    const char* v = i + 1 < argc ? argv[i + 1] : nullptr;
+    bool ok = v != nullptr;
+    if (a == "--out" && ok) {
+      g_out = fopen(v, "w");
+      if (!g_out) {
+        fprintf(stderr, "cannot write %s\n", v);
+        return 2;
+      }
+    } else if (a == "--contexts" && ok) {
+      ok = parse_list(v, &contexts);
+    } else if (a == "--batches" && ok) {
+      ok = parse_list(v, &batches);
+    } else if (a == "--sparsity" && ok) {
+      ok = parse_list(v, &sparsities);
+    } else if (a == "--seeds" && ok) {
+      n_seeds = atoi(v);
+      ok = n_seeds >= 1 && n_seeds <= 9;
+    } else if (a == "--time-budget-s" && ok) {
+      g_budget_s = atof(v);
+      ok = g_budget_s > 0;
+    } else if (a == "--configs" && ok) {
+      shapes.clear();
+      std::string list = v;
+      size_t p = 0;
+      while (ok && p <= list.size()) {
+        const size_t q = std::min(list.find(',', p), list.size());
+        const std::string name = list.substr(p, q - p);
+        const ModelShape* found = nullptr;
+        for (const ModelShape& ms : kShapes)
+          if (name == ms.name) found = &ms;
+        ok = found != nullptr;
+        if (found) shapes.push_back(found);
+        p = q + 1;
+      }
+    } else {
+      ok = false;
+    }
+    if (!ok) {
+      fprintf(stderr, "bad argument: %s %s\n", a.c_str(), v ? v : "");
+      usage();
+      return 2;
+    }
+    ++i;
+  }
+  if (g_profile) {
+    shapes = {&kShapes[0]};
+    contexts = {1048576u};
+    batches = {1u};
+    sparsities = {50u};
+  }
+
+  cudaDeviceProp prop{};
+  cudaError_t e = cudaGetDeviceProperties(&prop, 0);
+  if (e != cudaSuccess) fatal(std::string("no CUDA device: ") + cudaGetErrorString(e));
+  int driver = 0, runtime = 0;
+  cudaDriverGetVersion(&driver);
+  cudaRuntimeGetVersion(&runtime);
+  for (cudaEvent_t& ev : g_ev)
+    if ((e = cudaEventCreate(&ev)) != cudaSuccess) fatal(cudaGetErrorString(e));
+  void* flush = nullptr;
+  if ((e = cudaMalloc(&flush, kFlushBytes)) != cudaSuccess) fatal(cudaGetErrorString(e));
+  if ((e = cudaMemset(flush, 1, kFlushBytes)) != cudaSuccess) fatal(cudaGetErrorString(e));
+  if ((e = cudaMalloc(&g_sink, 64)) != cudaSuccess) fatal(cudaGetErrorString(e));
+  g_flush = static_cast<const uint4*>(flush);
+  emit_line(Json().str("rec", "meta").str("src", "ours").str("device", prop.name)
+                .integer("sms", prop.multiProcessorCount).num("l2_mb", prop.l2CacheSize / 1048576.0)
+                .num("mem_gb", prop.totalGlobalMem / 1e9).integer("driver", driver).integer("runtime", runtime)
+                .integer("max_batch_items", kMaxBatchItems).integer("seeds", n_seeds).num("target_ms", kTargetMs)
+                .integer("page_tokens", kPage).integer("pq_m", kM).integer("pq_k", kK).integer("sink", kSink)
+                .integer("local", kLocal).num("flush_mb", kFlushBytes / 1048576.0).done());
+  const double copy_gbps = g_profile ? 0.0 : measure_copy_bandwidth();
+  for (const ModelShape* ms : shapes)
+    for (uint32_t n : contexts)
+      for (uint32_t B : batches) run_case(Case{ms, (n + kPage - 1) / kPage * kPage, B}, sparsities,
+                                          prop.multiProcessorCount, n_seeds, copy_gbps);
+  note("done in %.1f s", elapsed_s());
+  if (g_out) fclose(g_out);
   return 0;
 }

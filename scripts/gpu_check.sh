@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds libssa with the CUDA backend on a machine with an NVIDIA GPU, runs the
 # GPU tests (ctest label "gpu"), compute-sanitizer memcheck and racecheck on a
-# small case, and the GPU decode benchmark. Logs go to $OUT (default ./gpu_out).
+# small case, and the GPU decode benchmark matrix (report in $OUT/bench.md). Logs
+# go to $OUT (default ./gpu_out).
 # Abseil, xxHash and doctest may come as .deb files in $SSA_DEBS (default
 # ../.debs); they are unpacked under /tmp/prefix, never into /.
 set -uo pipefail
@@ -49,11 +50,28 @@ if has sanitize; then
   done
 fi
 if has bench && [ -x "$BUILD/bench/gpu_decode_bench" ]; then
-  log "benchmark"
-  "$BUILD/bench/gpu_decode_bench" | tee "$OUT/bench.md" || rc=1
+  # The benchmark matrix: ours (bench/gpu_decode_bench.cu), then PyTorch SDPA in a
+  # separate process (device memory is not shared), then the markdown report.
+  # Both print JSON lines (kept in the raw log) and '#' progress notes (shown
+  # here). bench.md ends with the raw lines, so the raw log is removed once the
+  # report is written.
+  log "benchmark matrix"
+  t0=$(date +%s)
+  RAW="$OUT/bench_raw.log"
+  echo "{\"rec\":\"meta\",\"src\":\"git\",\"commit\":\"$(git rev-parse --short HEAD 2>/dev/null || echo unknown)\"}" >"$RAW"
+  "$BUILD/bench/gpu_decode_bench" 2>&1 | tee -a "$RAW" | grep --line-buffered -v '^{'
+  [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
   if [ -f bench/gpu_sdpa_bench.py ]; then
-    PYTHONUNBUFFERED=1 python3 bench/gpu_sdpa_bench.py | tee -a "$OUT/bench.md" || rc=1
+    PYTHONUNBUFFERED=1 python3 bench/gpu_sdpa_bench.py 2>&1 | tee -a "$RAW" | grep --line-buffered -v '^{'
+    [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
   fi
+  if python3 bench/gpu_bench_report.py "$RAW" --raw --out "$OUT/bench.md"; then
+    rm -f "$RAW"
+    sed -n '/^## Targets/,/^## Cases/p' "$OUT/bench.md" | grep -v '^## Cases' | tee -a "$OUT/summary.txt"
+  else
+    rc=1
+  fi
+  log "benchmark matrix took $(( $(date +%s) - t0 )) s"
 fi
 if has profile && command -v ncu >/dev/null; then
   log "ncu kernel times of one 1M-token SSA decode and one dense decode"
