@@ -11,6 +11,7 @@
 #include "support/reference_attention.h"
 #include "support/session_helpers.h"
 #include "support/structured_context.h"
+#include "support/structured_reference.h"
 
 using namespace ssa_test;
 
@@ -22,14 +23,7 @@ TEST_CASE("structured context at 50x: SSA error well below PQ_TOPK and HYBRID_UN
   auto s = make_session(rt.get(), make_config(1, nq, nkv, d, SSA_DTYPE_F16));
   append_f32(s.get(), 0, ctx.K, ctx.V, n, SSA_DTYPE_F16);
 
-  const auto Kq = quantised(ctx.K, SSA_DTYPE_F16), Vq = quantised(ctx.V, SSA_DTYPE_F16);
-  const auto qq = quantised(ctx.q, SSA_DTYPE_F16);
-  std::vector<std::vector<double>> ref(nq);
-  for (uint32_t h = 0; h < nq; ++h) {
-    const auto Kh = head_rows(Kq, n, nkv, d, h / (nq / nkv));
-    const auto Vh = head_rows(Vq, n, nkv, d, h / (nq / nkv));
-    ref[h] = dense_attention_f64(&qq[h * d], Kh.data(), Vh.data(), n, d);
-  }
+  const auto ref = exact_outputs(ctx, SSA_DTYPE_F16);
   std::map<ssa_method, double> err;
   const int steps = 8;
   for (ssa_method m : {SSA_METHOD_ORACLE_TOPK, SSA_METHOD_PQ_TOPK, SSA_METHOD_HYBRID_UNIFORM,

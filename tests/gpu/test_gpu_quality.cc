@@ -16,6 +16,7 @@
 #include "support/reference_attention.h"
 #include "support/session_helpers.h"
 #include "support/structured_context.h"
+#include "support/structured_reference.h"
 
 namespace ssa::gputest {
 namespace {
@@ -54,14 +55,7 @@ TEST_CASE("gpu SSA error distribution on the structured context matches the CPU 
   const uint32_t d = 64, nq = 8, nkv = 2;
   const size_t n = 32768;
   const auto ctx = make_structured_context(n, nkv, nq, d);
-  const auto Kq = quantised(ctx.K, SSA_DTYPE_F16), Vq = quantised(ctx.V, SSA_DTYPE_F16);
-  const auto qq = quantised(ctx.q, SSA_DTYPE_F16);
-  std::vector<std::vector<double>> ref(nq);
-  for (uint32_t h = 0; h < nq; ++h) {
-    const auto Kh = head_rows(Kq, n, nkv, d, h / (nq / nkv));
-    const auto Vh = head_rows(Vq, n, nkv, d, h / (nq / nkv));
-    ref[h] = dense_attention_f64(&qq[h * d], Kh.data(), Vh.data(), n, d);
-  }
+  const auto ref = exact_outputs(ctx, SSA_DTYPE_F16);
 
   RuntimePtr cpu = make_runtime(2);
   ssa_runtime_options o;
