@@ -1,0 +1,382 @@
+#include "error_target.h"
+
+#include <math.h>
+
+#include <algorithm>
+#include <chrono>
+#include <limits>
+#include <unordered_map>
+
+#include "common/inclusion_probability.h"
+#include "common/sampling_hierarchy.h"
+#include "common/water_filling.h"
+#include "cpu/simd.h"
+#include "error_bound.h"
+#include "radix_topk.h"
+#include "residual_sampler.h"
+
+namespace ssa {
+
+void ExactSum::add(double logit, const float* v, uint32_t d) {
+  if (y.size() != d) y.assign(d, 0.0);
+  if (logit > m) {
+    const double scale = m == -INFINITY ? 0.0 : exp(m - logit);
+    z *= scale;
+    for (double& x : y) x *= scale;
+    m = logit;
+  }
+  const double e = exp(logit - m);
+  z += e;
+  for (uint32_t i = 0; i < d; ++i) y[i] += e * v[i];
+}
+
+namespace {
+
+// Draws of the first round (the pilot) and the least a re-estimate uses after the
+// heavy set grew. 64 draws estimate a variance to about +-25% for light tails;
+// the normal quantile and the conservative with-replacement variance cover the rest.
+constexpr uint64_t kPilotDraws = 64;
+constexpr uint64_t kEstimateDraws = 32;
+// Heavy-set growths per head (each followed by a re-estimate).
+constexpr int kMaxGrowths = 4;
+constexpr size_t kSortStep = 1024;
+
+// Candidates in decreasing proxy order (ties: lower index first, as radix top-k
+// breaks them), sorted lazily: the heavy set is a prefix of this order, and only
+// as much of it is sorted as the budget search looks at.
+class ProxyOrder {
+ public:
+  ProxyOrder(const float* proxy, const float* weights, double total, size_t n)
+      : proxy_(proxy), weights_(weights), total_(total), n_(n) {
+    prefix_.push_back(0.0);
+  }
+  size_t available() const { return order_.size(); }
+  size_t size() const { return n_; }
+  uint32_t at(size_t i) const { return order_[i]; }
+  const double* probs() const { return probs_.data(); }
+  // Proxy mass of candidates outside the first t (needs ensure(t)).
+  double residual_mass(size_t t) const { return std::max(0.0, 1.0 - prefix_[t]); }
+
+  void ensure(size_t t) {
+    t = std::min(t, n_);
+    if (t <= order_.size()) return;
+    // The top-T of the total order (score desc, index asc) extends any top-T'
+    // with T' < T, so re-selecting a larger prefix keeps the earlier one.
+    const size_t want = std::min(n_, std::max({t, 2 * order_.size(), kSortStep}));
+    order_.clear();
+    topk_indices(proxy_, n_, want, 0, &order_);
+    std::sort(order_.begin(), order_.end(), [&](uint32_t a, uint32_t b) {
+      return proxy_[a] != proxy_[b] ? proxy_[a] > proxy_[b] : a < b;
+    });
+    probs_.resize(order_.size());
+    prefix_.resize(order_.size() + 1);
+    for (size_t i = 0; i < order_.size(); ++i) {
+      probs_[i] = static_cast<double>(weights_[order_[i]]) / total_;
+      prefix_[i + 1] = prefix_[i] + probs_[i];
+    }
+  }
+
+ private:
+  const float* proxy_;
+  const float* weights_;
+  double total_;
+  size_t n_;
+  std::vector<uint32_t> order_;
+  std::vector<double> probs_, prefix_;
+};
+
+// |H| the method gives a budget k' for the candidates (k' < n). Sorts only as
+// much of the proxy order as water-filling looks at (nothing for fixed h).
+size_t heavy_count(const TargetParams& p, ProxyOrder& order, uint64_t kprime) {
+  if (kprime == 0) return 0;
+  if (p.method != SSA_METHOD_SSA_ADAPTIVE) {
+    return static_cast<size_t>(fixed_heavy_count(p.method, kprime, p.heavy_fraction));
+  }
+  // water_fill needs the sorted probabilities up to the first non-heavy one.
+  order.ensure(std::min<uint64_t>(kprime, kSortStep));
+  for (;;) {
+    const size_t avail = order.available();
+    const WaterFill wf = water_fill(order.probs(), avail, 1.0, static_cast<double>(kprime));
+    if (wf.heavy < avail || avail >= kprime || avail == order.size()) return wf.heavy;
+    order.ensure(2 * avail);
+  }
+}
+
+// Rows read for the variance estimate: logit and value per distinct token.
+class PilotRows {
+ public:
+  explicit PilotRows(uint32_t d) : d_(d) {}
+  uint32_t slot(uint32_t j, uint32_t base, const ExactRows& rows) {
+    auto it = slot_.find(j);
+    if (it != slot_.end()) return it->second;
+    const uint32_t s = static_cast<uint32_t>(logits_.size());
+    values_.resize(values_.size() + d_);
+    logits_.push_back(rows.read(base + j, values_.data() + size_t{s} * d_));
+    slot_.emplace(j, s);
+    return s;
+  }
+  double logit(uint32_t s) const { return logits_[s]; }
+  const float* value(uint32_t s) const { return values_.data() + size_t{s} * d_; }
+
+ private:
+  uint32_t d_;
+  std::unordered_map<uint32_t, uint32_t> slot_;
+  std::vector<double> logits_;
+  std::vector<float> values_;
+};
+
+// Sums over i.i.d. draws from the residual of x = w / p (w = exp(logit), p the
+// draw probability) and of the values: enough for the ratio estimate and the
+// per-draw variance of its linearisation, without keeping the rows. Scaled by
+// exp(-M), M the largest logit added (rescaled when it grows).
+class DrawMoments {
+ public:
+  explicit DrawMoments(uint32_t d) : s1_(d, 0.0), q1_(d, 0.0) {}
+  uint64_t count() const { return m_; }
+
+  void add(double logit, double p, const float* v) {
+    if (logit > M_) {
+      const double f = M_ == -INFINITY ? 0.0 : exp(M_ - logit);
+      s0_ *= f;
+      q0_ *= f * f;
+      q2_ *= f * f;
+      for (double& y : s1_) y *= f;
+      for (double& y : q1_) y *= f * f;
+      M_ = logit;
+    }
+    const double x = exp(logit - M_) / p;
+    double vv = 0.0;
+    for (size_t i = 0; i < s1_.size(); ++i) {
+      s1_[i] += x * v[i];
+      q1_[i] += x * x * v[i];
+      vv += static_cast<double>(v[i]) * v[i];
+    }
+    s0_ += x;
+    q0_ += x * x;
+    q2_ += x * x * vv;
+    ++m_;
+  }
+
+  // V = S^2 / (Z^2 ||o||^2): S^2 the sample variance of u = x (v - o) summed over
+  // the head dimension, Z and o the ratio estimate with the exact rows. Infinite
+  // when it cannot be estimated (fewer than 2 draws, o = 0).
+  double relative_variance(const ExactSum& exact) const {
+    if (m_ < 2) return INFINITY;
+    const double Mx = std::max(M_, exact.m);
+    const double fx = exp(M_ - Mx), fe = exact.z > 0.0 ? exp(exact.m - Mx) : 0.0;
+    const double md = static_cast<double>(m_);
+    const double Z = exact.z * fe + s0_ * fx / md;
+    const size_t d = s1_.size();
+    std::vector<double> o(d);
+    double oo = 0.0;
+    for (size_t i = 0; i < d; ++i) {
+      o[i] = ((exact.z > 0.0 ? exact.y[i] * fe : 0.0) + s1_[i] * fx / md) / Z;
+      oo += o[i] * o[i];
+    }
+    if (!(oo > 0.0) || !(Z > 0.0)) return INFINITY;
+    // sum_j ||u_j||^2 = Q2 - 2 o.Q1 + ||o||^2 Q0; u_bar = (S1 - o S0) / m.
+    double oq1 = 0.0, ubar2 = 0.0;
+    for (size_t i = 0; i < d; ++i) {
+      oq1 += o[i] * q1_[i];
+      const double u = (s1_[i] - o[i] * s0_) / md;
+      ubar2 += u * u;
+    }
+    const double sum_u2 = (q2_ - 2.0 * oq1 + oo * q0_) * fx * fx;
+    const double s2 = std::max(0.0, (sum_u2 - md * ubar2 * fx * fx) / (md - 1.0));
+    return s2 / (Z * Z * oo);
+  }
+
+ private:
+  double M_ = -INFINITY, s0_ = 0.0, q0_ = 0.0, q2_ = 0.0;
+  std::vector<double> s1_, q1_;
+  uint64_t m_ = 0;
+};
+
+// The moments of the draws `acc` (candidate indices) whose rows `pilot` holds.
+DrawMoments moments_of(const std::vector<uint32_t>& acc, const std::vector<uint32_t>& slots,
+                       const PilotRows& pilot, const float* weights, double residual_total, uint32_t d) {
+  DrawMoments mo(d);
+  for (size_t j = 0; j < acc.size(); ++j) {
+    mo.add(pilot.logit(slots[j]), static_cast<double>(weights[acc[j]]) / residual_total, pilot.value(slots[j]));
+  }
+  return mo;
+}
+
+}  // namespace
+
+void select_targeted(const TargetParams& p, const float* proxy, size_t n, uint32_t base,
+                     const ExactRows& rows, const ExactSum& fixed, const RngStream& rng,
+                     SelectScratch& scratch, Selection* out, TargetOutcome* outcome) {
+  using Clock = std::chrono::steady_clock;
+  const auto t_begin = Clock::now();
+  out->clear();
+  *outcome = TargetOutcome{};
+  const uint32_t d = rows.head_dim();
+  const auto& kern = simd::kernels();
+  auto& w = scratch.weights;
+  w.resize(n);
+  scratch.block_sums.resize((n + kBlockTokens - 1) / kBlockTokens);
+  const double W = kern.exp_shifted(proxy, kern.max_value(proxy, n), w.data(), n, scratch.block_sums.data());
+
+  // k' = n means every candidate is read: exact, no error.
+  const uint64_t cap = std::min<uint64_t>(p.kprime_cap, n);
+  const uint64_t floor = std::min<uint64_t>(p.kprime_floor, cap);
+  const double c = confidence_factor(p.delta);
+  const double eps2 = p.epsilon * p.epsilon;
+  ProxyOrder order(proxy, w.data(), W, n);
+  ExactSum exact = fixed;
+  PilotRows pilot(d);
+  std::vector<float> vbuf(d);
+  std::vector<uint32_t>& acc = scratch.drawn;  // draws from the current residual, in stream order
+  std::vector<uint32_t> slots;                 // their rows in `pilot`
+  acc.clear();
+  size_t t = 0;        // |H|: the first t of `order`
+  uint32_t next = 0;   // next counter of the RNG stream
+
+  // Makes the first t_new candidates (in proxy order) heavy: reads them exactly,
+  // removes them from the sampler's weights, and drops draws that hit them.
+  auto grow_heavy = [&](size_t t_new) {
+    order.ensure(t_new);
+    std::vector<size_t> dirty;
+    for (size_t i = t; i < t_new; ++i) {
+      const uint32_t j = order.at(i);
+      exact.add(rows.read(base + j, vbuf.data()), vbuf.data(), d);
+      w[j] = 0.0f;
+      dirty.push_back(j / kBlockTokens);
+    }
+    std::sort(dirty.begin(), dirty.end());
+    dirty.erase(std::unique(dirty.begin(), dirty.end()), dirty.end());
+    for (size_t b : dirty) resum_block(w.data(), n, b, scratch);
+    t = std::max(t, t_new);
+    size_t keep = 0;
+    for (size_t j = 0; j < acc.size(); ++j) {
+      if (w[acc[j]] > 0.0f) {
+        acc[keep] = acc[j];
+        slots[keep++] = slots[j];
+      }
+    }
+    acc.resize(keep);
+    slots.resize(keep);
+  };
+
+  uint64_t kcur = floor;
+  bool exact_all = floor == n;
+  grow_heavy(exact_all ? n : heavy_count(p, order, floor));
+  HierarchySampler sampler = build_sampler(w.data(), n, scratch);
+  double V = 0.0;
+  for (int round = 0; !exact_all; ++round) {
+    const uint64_t room = cap - t;
+    const uint64_t want = std::min(round == 0 ? kPilotDraws : kEstimateDraws, room);
+    while (acc.size() < want && sampler.total > 0.0) {
+      const uint32_t j = sampler.draw(rng, next++);
+      acc.push_back(j);
+      slots.push_back(pilot.slot(j, base, rows));
+    }
+    const double A = sampler.total / W;
+    V = sampler.total > 0.0
+            ? moments_of(acc, slots, pilot, w.data(), sampler.total, d).relative_variance(exact)
+            : 0.0;
+    if (c * V / eps2 <= static_cast<double>(kcur - t) || round == kMaxGrowths) break;
+
+    // The budget search: feasible(k') when the method's split of k' leaves the
+    // draws that the scaled variance needs. Monotone in k' (more heavy mass, more
+    // draws), so exponential then binary search finds the smallest; the probes
+    // stay within twice the answer, and so does the sorted part of the order.
+    auto feasible = [&](uint64_t k) {
+      if (k >= n) return true;  // everything exact
+      const size_t th = heavy_count(p, order, k);
+      order.ensure(th);
+      const double a = order.residual_mass(th) / A;
+      return c * V * a * a / eps2 <= static_cast<double>(k - th);
+    };
+    // Whether k' keeps the rows read within the cap: its heavy set plus the
+    // draws already read (some of which it may absorb). Monotone in k'.
+    auto fits = [&](uint64_t k) { return k >= n ? n <= cap : heavy_count(p, order, k) + acc.size() <= cap; };
+    uint64_t lo = kcur, hi = 0;  // lo: infeasible; hi: the choice (0: none yet)
+    bool found = false;
+    for (uint64_t probe = std::max<uint64_t>(2 * kcur, kcur + kPilotDraws);; probe *= 2) {
+      probe = std::min(probe, cap);
+      bool last = probe == cap;
+      if (!fits(probe)) {  // the cap binds: the largest k' in (lo, probe) that fits
+        uint64_t a = lo, b = probe;
+        while (b - a > 1) {
+          const uint64_t mid = a + (b - a) / 2;
+          if (fits(mid)) a = mid; else b = mid;
+        }
+        probe = a;
+        last = true;
+      }
+      if (probe <= lo) break;
+      if (feasible(probe)) {
+        hi = probe;
+        found = true;
+        break;
+      }
+      lo = probe;
+      if (last) {
+        hi = probe;  // not reachable within the cap: go as far as it allows
+        break;
+      }
+    }
+    while (found && hi - lo > 1) {
+      const uint64_t mid = lo + (hi - lo) / 2;
+      if (feasible(mid)) hi = mid; else lo = mid;
+    }
+    if (hi <= kcur) break;
+    kcur = hi;
+    exact_all = kcur >= n;
+    grow_heavy(exact_all ? n : heavy_count(p, order, kcur));
+    sampler = build_sampler(w.data(), n, scratch);
+  }
+  const auto t_chosen = Clock::now();
+
+  for (size_t i = 0; i < t; ++i) {
+    out->tokens.push_back(base + order.at(i));
+    out->log_pi.push_back(0.0f);
+  }
+  out->heavy = t;
+  uint64_t m = 0;
+  if (!exact_all && sampler.total > 0.0) {
+    // Sequential draws: every draw's row is read for the output anyway, so the
+    // variance is re-estimated on all draws so far as they grow (a pilot of
+    // tens of draws underestimates a heavy-tailed variance more often than not),
+    // each time drawing towards the current need but at least a quarter more.
+    const uint64_t room = cap - t;
+    DrawMoments mo = moments_of(acc, slots, pilot, w.data(), sampler.total, d);
+    V = mo.relative_variance(exact);
+    for (;;) {
+      const double need = ceil(c * V / eps2);
+      const uint64_t have = acc.size();
+      if (need <= static_cast<double>(have) || have >= room) break;
+      const uint64_t more = std::max<uint64_t>(have / 4, 1);
+      const uint64_t goal = need < static_cast<double>(room) ? std::max(static_cast<uint64_t>(need), have + more)
+                                                             : room;
+      while (acc.size() < std::min(goal, room)) {
+        const uint32_t j = sampler.draw(rng, next++);
+        acc.push_back(j);
+        const double logit = rows.read(base + j, vbuf.data());
+        mo.add(logit, static_cast<double>(w[j]) / sampler.total, vbuf.data());
+      }
+      V = mo.relative_variance(exact);
+    }
+    m = acc.size();
+    outcome->capped = !(ceil(c * V / eps2) <= static_cast<double>(m));
+    outcome->predicted_error = m > 0 ? sqrt(c * V / static_cast<double>(m)) : INFINITY;
+    std::sort(acc.begin(), acc.end());
+    acc.erase(std::unique(acc.begin(), acc.end()), acc.end());
+    const double md = static_cast<double>(m);
+    for (uint32_t j : acc) {
+      const double pj = static_cast<double>(w[j]) / sampler.total;
+      out->tokens.push_back(base + j);
+      out->log_pi.push_back(static_cast<float>(log(inclusion_probability(pj, md, p.pi_min))));
+    }
+    out->unique = acc.size();
+  }
+  out->draws = m;
+  out->residual_mass = exact_all ? 0.0 : sampler.total / W;
+  outcome->budget = p.fixed_tokens + t + m;
+  out->heavy_seconds = std::chrono::duration<double>(t_chosen - t_begin).count();
+  out->sampling_seconds = std::chrono::duration<double>(Clock::now() - t_chosen).count();
+}
+
+}  // namespace ssa
