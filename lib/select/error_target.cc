@@ -38,7 +38,7 @@ namespace {
 constexpr uint64_t kPilotDraws = 64;
 constexpr uint64_t kEstimateDraws = 32;
 // Heavy-set growths per head (each followed by a re-estimate).
-constexpr int kMaxGrowths = 4;
+constexpr int kMaxGrowths = 8;
 constexpr size_t kSortStep = 1024;
 
 // Candidates in decreasing proxy order (ties: lower index first, as radix top-k
@@ -101,29 +101,6 @@ size_t heavy_count(const TargetParams& p, ProxyOrder& order, uint64_t kprime) {
     order.ensure(2 * avail);
   }
 }
-
-// Rows read for the variance estimate: logit and value per distinct token.
-class PilotRows {
- public:
-  explicit PilotRows(uint32_t d) : d_(d) {}
-  uint32_t slot(uint32_t j, uint32_t base, const ExactRows& rows) {
-    auto it = slot_.find(j);
-    if (it != slot_.end()) return it->second;
-    const uint32_t s = static_cast<uint32_t>(logits_.size());
-    values_.resize(values_.size() + d_);
-    logits_.push_back(rows.read(base + j, values_.data() + size_t{s} * d_));
-    slot_.emplace(j, s);
-    return s;
-  }
-  double logit(uint32_t s) const { return logits_[s]; }
-  const float* value(uint32_t s) const { return values_.data() + size_t{s} * d_; }
-
- private:
-  uint32_t d_;
-  std::unordered_map<uint32_t, uint32_t> slot_;
-  std::vector<double> logits_;
-  std::vector<float> values_;
-};
 
 // Sums over i.i.d. draws from the residual of x = w / p (w = exp(logit), p the
 // draw probability) and of the values: enough for the ratio estimate and the
@@ -192,14 +169,50 @@ class DrawMoments {
   uint64_t m_ = 0;
 };
 
-// The moments of the draws `acc` (candidate indices) whose rows `pilot` holds.
-DrawMoments moments_of(const std::vector<uint32_t>& acc, const std::vector<uint32_t>& slots,
-                       const PilotRows& pilot, const float* weights, double residual_total, uint32_t d) {
-  DrawMoments mo(d);
-  for (size_t j = 0; j < acc.size(); ++j) {
-    mo.add(pilot.logit(slots[j]), static_cast<double>(weights[acc[j]]) / residual_total, pilot.value(slots[j]));
+// The smallest budget k' > kcur for the candidates whose split by the method
+// leaves the draws the variance needs, V scaled by the squared proxy residual
+// mass; or, if none fits within the cap, the largest that fits (kcur if none).
+// feasible(k') is monotone in k' (more heavy mass, more draws), so exponential
+// then binary search; the probes stay within twice the answer, and so does the
+// sorted part of the proxy order.
+uint64_t search_budget(const TargetParams& p, ProxyOrder& order, uint64_t kcur, uint64_t cap,
+                       size_t n_drawn, double c, double V, double eps2, double A) {
+  const uint64_t n = order.size();
+  auto feasible = [&](uint64_t k) {
+    if (k >= n) return true;  // everything exact
+    const size_t th = heavy_count(p, order, k);
+    order.ensure(th);
+    const double a = order.residual_mass(th) / A;
+    return c * V * a * a / eps2 <= static_cast<double>(k - th);
+  };
+  // Whether k' keeps the rows within the cap: its heavy set plus the draws
+  // already read (some of which it may absorb). Monotone in k'.
+  auto fits = [&](uint64_t k) { return k >= n ? n <= cap : heavy_count(p, order, k) + n_drawn <= cap; };
+  uint64_t lo = kcur;  // infeasible
+  for (uint64_t probe = std::max<uint64_t>(2 * kcur, kcur + kPilotDraws);; probe *= 2) {
+    probe = std::min(probe, cap);
+    bool last = probe == cap;
+    if (!fits(probe)) {  // the cap binds: the largest k' in (lo, probe) that fits
+      uint64_t a = lo, b = probe;
+      while (b - a > 1) {
+        const uint64_t mid = a + (b - a) / 2;
+        if (fits(mid)) a = mid; else b = mid;
+      }
+      probe = a;
+      last = true;
+    }
+    if (probe <= lo) return kcur;
+    if (feasible(probe)) {
+      uint64_t hi = probe;
+      while (hi - lo > 1) {
+        const uint64_t mid = lo + (hi - lo) / 2;
+        if (feasible(mid)) hi = mid; else lo = mid;
+      }
+      return hi;
+    }
+    lo = probe;
+    if (last) return probe;  // not reachable within the cap: as far as it allows
   }
-  return mo;
 }
 
 }  // namespace
@@ -220,21 +233,38 @@ void select_targeted(const TargetParams& p, const float* proxy, size_t n, uint32
 
   // k' = n means every candidate is read: exact, no error.
   const uint64_t cap = std::min<uint64_t>(p.kprime_cap, n);
-  const uint64_t floor = std::min<uint64_t>(p.kprime_floor, cap);
+  const uint64_t kfloor = std::min<uint64_t>(p.kprime_floor, cap);
   const double c = confidence_factor(p.delta);
   const double eps2 = p.epsilon * p.epsilon;
-  ProxyOrder order(proxy, w.data(), W, n);
+  // The proxy order reads the proposal weights lazily, after heavy ones were
+  // zeroed in w: it gets a copy.
+  scratch.proposal.assign(w.begin(), w.end());
+  ProxyOrder order(proxy, scratch.proposal.data(), W, n);
   ExactSum exact = fixed;
-  PilotRows pilot(d);
   std::vector<float> vbuf(d);
   std::vector<uint32_t>& acc = scratch.drawn;  // draws from the current residual, in stream order
-  std::vector<uint32_t> slots;                 // their rows in `pilot`
   acc.clear();
-  size_t t = 0;        // |H|: the first t of `order`
-  uint32_t next = 0;   // next counter of the RNG stream
+  size_t t = 0;       // |H|: the first t of `order`
+  uint32_t next = 0;  // next counter of the RNG stream
+  HierarchySampler sampler;
+  DrawMoments mo(d);
 
+  auto add_draw = [&](uint32_t j) {
+    const double logit = rows.read(base + j, vbuf.data());
+    mo.add(logit, static_cast<double>(w[j]) / sampler.total, vbuf.data());
+  };
+  // Draws (and reads) until `goal` draws are in hand.
+  auto draw_to = [&](uint64_t goal) {
+    while (acc.size() < goal && sampler.total > 0.0) {
+      const uint32_t j = sampler.draw(rng, next++);
+      acc.push_back(j);
+      add_draw(j);
+    }
+  };
   // Makes the first t_new candidates (in proxy order) heavy: reads them exactly,
-  // removes them from the sampler's weights, and drops draws that hit them.
+  // removes them from the sampler's weights, drops the draws that hit them, and
+  // recomputes the moments of the rest under the new residual's probabilities
+  // (re-reading their rows: the moments keep no rows).
   auto grow_heavy = [&](size_t t_new) {
     order.ensure(t_new);
     std::vector<size_t> dirty;
@@ -248,85 +278,45 @@ void select_targeted(const TargetParams& p, const float* proxy, size_t n, uint32
     dirty.erase(std::unique(dirty.begin(), dirty.end()), dirty.end());
     for (size_t b : dirty) resum_block(w.data(), n, b, scratch);
     t = std::max(t, t_new);
-    size_t keep = 0;
-    for (size_t j = 0; j < acc.size(); ++j) {
-      if (w[acc[j]] > 0.0f) {
-        acc[keep] = acc[j];
-        slots[keep++] = slots[j];
-      }
-    }
-    acc.resize(keep);
-    slots.resize(keep);
+    acc.erase(std::remove_if(acc.begin(), acc.end(), [&](uint32_t j) { return w[j] == 0.0f; }), acc.end());
+    sampler = build_sampler(w.data(), n, scratch);
+    mo = DrawMoments(d);
+    for (uint32_t j : acc) add_draw(j);
   };
 
-  uint64_t kcur = floor;
-  bool exact_all = floor == n;
-  grow_heavy(exact_all ? n : heavy_count(p, order, floor));
-  HierarchySampler sampler = build_sampler(w.data(), n, scratch);
-  double V = 0.0;
-  for (int round = 0; !exact_all; ++round) {
-    const uint64_t room = cap - t;
-    const uint64_t want = std::min(round == 0 ? kPilotDraws : kEstimateDraws, room);
-    while (acc.size() < want && sampler.total > 0.0) {
-      const uint32_t j = sampler.draw(rng, next++);
-      acc.push_back(j);
-      slots.push_back(pilot.slot(j, base, rows));
-    }
-    const double A = sampler.total / W;
-    V = sampler.total > 0.0
-            ? moments_of(acc, slots, pilot, w.data(), sampler.total, d).relative_variance(exact)
-            : 0.0;
-    if (c * V / eps2 <= static_cast<double>(kcur - t) || round == kMaxGrowths) break;
-
-    // The budget search: feasible(k') when the method's split of k' leaves the
-    // draws that the scaled variance needs. Monotone in k' (more heavy mass, more
-    // draws), so exponential then binary search finds the smallest; the probes
-    // stay within twice the answer, and so does the sorted part of the order.
-    auto feasible = [&](uint64_t k) {
-      if (k >= n) return true;  // everything exact
-      const size_t th = heavy_count(p, order, k);
-      order.ensure(th);
-      const double a = order.residual_mass(th) / A;
-      return c * V * a * a / eps2 <= static_cast<double>(k - th);
-    };
-    // Whether k' keeps the rows read within the cap: its heavy set plus the
-    // draws already read (some of which it may absorb). Monotone in k'.
-    auto fits = [&](uint64_t k) { return k >= n ? n <= cap : heavy_count(p, order, k) + acc.size() <= cap; };
-    uint64_t lo = kcur, hi = 0;  // lo: infeasible; hi: the choice (0: none yet)
-    bool found = false;
-    for (uint64_t probe = std::max<uint64_t>(2 * kcur, kcur + kPilotDraws);; probe *= 2) {
-      probe = std::min(probe, cap);
-      bool last = probe == cap;
-      if (!fits(probe)) {  // the cap binds: the largest k' in (lo, probe) that fits
-        uint64_t a = lo, b = probe;
-        while (b - a > 1) {
-          const uint64_t mid = a + (b - a) / 2;
-          if (fits(mid)) a = mid; else b = mid;
-        }
-        probe = a;
-        last = true;
-      }
-      if (probe <= lo) break;
-      if (feasible(probe)) {
-        hi = probe;
-        found = true;
-        break;
-      }
-      lo = probe;
-      if (last) {
-        hi = probe;  // not reachable within the cap: go as far as it allows
-        break;
+  uint64_t kcur = kfloor;
+  bool exact_all = kfloor == n;
+  grow_heavy(exact_all ? n : heavy_count(p, order, kfloor));
+  // The floor is a budget too: draws fill it up if the target alone would not.
+  auto floor_draws = [&]() { return static_cast<double>(kfloor > t ? kfloor - t : 0); };
+  double V = 0.0, need = 0.0;
+  if (!exact_all) draw_to(std::min<uint64_t>(kPilotDraws, cap - t));
+  for (int growths = 0; !exact_all && sampler.total > 0.0;) {
+    V = mo.relative_variance(exact);
+    need = std::max(ceil(c * V / eps2), floor_draws());
+    const uint64_t have = acc.size(), room = cap - t;
+    if (need <= static_cast<double>(have) || have >= room) break;  // met, or at the cap
+    if (need > static_cast<double>(kcur - t) && growths < kMaxGrowths) {
+      // The method's split of the current budget cannot hold the draws needed:
+      // a larger budget, and with it a larger heavy set.
+      const uint64_t k = search_budget(p, order, kcur, cap, acc.size(), c, V, eps2, sampler.total / W);
+      ++growths;
+      // Small steps re-estimate on nearly the same draws and creep: draw instead.
+      if (k >= kcur + std::max<uint64_t>(kcur / 8, 16)) {
+        kcur = k;
+        exact_all = kcur >= n;
+        grow_heavy(exact_all ? n : heavy_count(p, order, kcur));
+        if (!exact_all) draw_to(std::min<uint64_t>(std::max<uint64_t>(acc.size(), kEstimateDraws), cap - t));
+        continue;
       }
     }
-    while (found && hi - lo > 1) {
-      const uint64_t mid = lo + (hi - lo) / 2;
-      if (feasible(mid)) hi = mid; else lo = mid;
-    }
-    if (hi <= kcur) break;
-    kcur = hi;
-    exact_all = kcur >= n;
-    grow_heavy(exact_all ? n : heavy_count(p, order, kcur));
-    sampler = build_sampler(w.data(), n, scratch);
+    // Sequential draws: every draw's row is read for the output anyway, so the
+    // variance is re-estimated on all draws so far as they grow (a pilot of tens
+    // of draws underestimates a heavy-tailed variance more often than not); each
+    // step draws towards the current need, but at least a quarter more.
+    const uint64_t goal = std::max<uint64_t>(need < static_cast<double>(room) ? static_cast<uint64_t>(need) : room,
+                                             have + std::max<uint64_t>(have / 4, 1));
+    draw_to(std::min(goal, room));
   }
   const auto t_chosen = Clock::now();
 
@@ -337,28 +327,7 @@ void select_targeted(const TargetParams& p, const float* proxy, size_t n, uint32
   out->heavy = t;
   uint64_t m = 0;
   if (!exact_all && sampler.total > 0.0) {
-    // Sequential draws: every draw's row is read for the output anyway, so the
-    // variance is re-estimated on all draws so far as they grow (a pilot of
-    // tens of draws underestimates a heavy-tailed variance more often than not),
-    // each time drawing towards the current need but at least a quarter more.
-    const uint64_t room = cap - t;
-    DrawMoments mo = moments_of(acc, slots, pilot, w.data(), sampler.total, d);
     V = mo.relative_variance(exact);
-    for (;;) {
-      const double need = ceil(c * V / eps2);
-      const uint64_t have = acc.size();
-      if (need <= static_cast<double>(have) || have >= room) break;
-      const uint64_t more = std::max<uint64_t>(have / 4, 1);
-      const uint64_t goal = need < static_cast<double>(room) ? std::max(static_cast<uint64_t>(need), have + more)
-                                                             : room;
-      while (acc.size() < std::min(goal, room)) {
-        const uint32_t j = sampler.draw(rng, next++);
-        acc.push_back(j);
-        const double logit = rows.read(base + j, vbuf.data());
-        mo.add(logit, static_cast<double>(w[j]) / sampler.total, vbuf.data());
-      }
-      V = mo.relative_variance(exact);
-    }
     m = acc.size();
     outcome->capped = !(ceil(c * V / eps2) <= static_cast<double>(m));
     outcome->predicted_error = m > 0 ? sqrt(c * V / static_cast<double>(m)) : INFINITY;
