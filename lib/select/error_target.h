@@ -11,7 +11,7 @@
 // S^2 = the per-draw variance of u summed over the head dimension. That is the
 // with-replacement (Hansen-Hurwitz) variance; the decode's deduplicated
 // Horvitz-Thompson estimator has at most about that much, so the prediction is
-// conservative. A pilot of draws estimates S^2, Z and o; the relative variance
+// conservative. The draws estimate S^2, Z and o; the relative variance
 // per draw is V = S^2 / (Z^2 ||o||^2), and m >= c(delta) V / epsilon^2 draws meet
 // the target with c from error_bound.h.
 //
@@ -22,8 +22,10 @@
 // residual mass, V(k') = V * (A(k') / A)^2 (the residual's share of the output
 // scales with its mass); the smallest k' whose split leaves enough draws is taken
 // (exponential then binary search), the new heavy rows are read, and V is
-// estimated again on the new residual. A few rounds at most; then the final
-// number of draws comes from the last estimate.
+// estimated again on the new residual. Once the split holds the draws needed (or
+// the growths are spent), draws continue sequentially: every draw's row is read
+// for the output anyway, so V is re-estimated on all draws so far until their
+// number meets c V / epsilon^2 or the cap.
 //
 // Reuse and determinism. Draw j always uses counter j of the head's RNG stream;
 // the pilot is the first draws, later draws continue the stream. Pilot draws that
