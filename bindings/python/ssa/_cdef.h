@@ -249,24 +249,31 @@ typedef struct ssa_decode_params {
    by the library's prediction, where o is exact dense attention. Per head:
      1. The sink and local tokens and the method's heavy set for the floor
         budget (`budget`; 0 = no floor, then no heavy tokens yet) are read exactly.
-     2. A pilot of draws from the residual (proxy-proportional, as in SSA) is read
-        and gives the variance of the self-normalised estimator's output, by the
-        delta method, summed over the head dimension, relative to ||o_hat||^2.
-     3. The budget k is grown, split into heavy set and draws by the method's own
-        rule (heavy_fraction h, or the water-filling lambda), until the predicted
-        error at confidence 1 - delta, z^2 * variance / draws with z the normal
-        (1 - delta/2) quantile (at least 1.6, which makes the bound hold for any
-        covariance shape of the Gaussian error vector), is <= target_error^2;
-        the variance is re-estimated on the residual of the grown heavy set.
-     4. Further draws continue the same RNG stream; the output is the usual
-        self-normalised Horvitz-Thompson estimate over everything read.
-   The budget never exceeds max_budget; a head that would need more stops there
-   and is counted in ssa_decode_stats.capped_heads. A head whose chosen budget
-   covers all of its candidates reads them all (exact). `sparsity` is not used;
-   `budget`, if nonzero, is the floor and must not exceed a nonzero max_budget.
-   The prediction is an approximation (normal limit, variance from a finite
-   pilot, with-replacement variance as a conservative stand-in for the
-   deduplicated estimator's); tests check the achieved coverage statistically.
+     2. A pilot of 64 draws from the residual (proxy-proportional, as in SSA) is
+        read. It estimates V, the variance per draw of the self-normalised
+        estimator's output, by the delta method (linearised ratio), summed over
+        the head dimension, relative to ||o_hat||^2. m draws give an expected
+        squared relative error V / m.
+     3. While the draws needed, c * V / target_error^2, exceed what the method's
+        split of the current budget leaves, the budget grows: the smallest k whose
+        heavy set (fixed fraction h, or the water-filling lambda) shrinks the
+        residual's proxy mass enough, with V predicted to scale with that mass
+        squared; the new heavy rows are read and V is estimated again.
+     4. Then draws continue on the same RNG stream, V re-estimated on all of
+        them as they grow, until m >= c * V / target_error^2. The output is the
+        usual self-normalised Horvitz-Thompson estimate over everything read.
+   c is z^2 with z the normal (1 - delta/2) quantile, at least 1.6: for a
+   Gaussian error vector of any covariance, P(||e||^2 > c E||e||^2) <= delta
+   (the single-direction case is the worst for these c), so only V is needed.
+   The budget (sink + local + heavy + draws) never exceeds max_budget; a head
+   that would need more stops there and is counted in
+   ssa_decode_stats.capped_heads. A head whose chosen budget covers all of its
+   candidates reads them all (exact). `sparsity` is not used; `budget`, if
+   nonzero, is the floor and must not exceed a nonzero max_budget.
+   The guarantee is a prediction (normal limit of the mean of the draws, V
+   estimated from the draws themselves, the with-replacement variance as a
+   conservative stand-in for the deduplicated estimator's); tests check the
+   achieved coverage statistically, and it is typically well above 1 - delta.
    Deterministic like every sampling decode: a function of (seed, step, layer,
    head, inputs), independent of the thread count. The CUDA backend returns
    SSA_ERR_UNSUPPORTED; other methods give SSA_ERR_INVALID_ARGUMENT, and so does
