@@ -4,8 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
-#include <limits>
-#include <unordered_map>
+#include <vector>
 
 #include "common/inclusion_probability.h"
 #include "common/sampling_hierarchy.h"
@@ -33,8 +32,8 @@ void ExactSum::add(double logit, const float* v, uint32_t d) {
 namespace {
 
 // Draws of the first round (the pilot) and the least a re-estimate uses after the
-// heavy set grew. 64 draws estimate a variance to about +-25% for light tails;
-// the normal quantile and the conservative with-replacement variance cover the rest.
+// heavy set grew: enough for a rough variance (about +-20% for light tails), which
+// only steers the heavy set; the number of draws comes from all draws in the end.
 constexpr uint64_t kPilotDraws = 64;
 constexpr uint64_t kEstimateDraws = 32;
 // Heavy-set growths per head (each followed by a re-estimate).
