@@ -83,37 +83,46 @@ def log_softmax(x: np.ndarray) -> np.ndarray:
 
 def run_decode(model: smollm.SmolLM, base, pos0: int, logits0: np.ndarray, feed: Sequence[int],
                method: str, sparsity: float, n_sink: int, n_local: int, n_generate: int = 0,
-               ref_every: int = 0, stop=None, dtype: str = "float32") -> Dict:
+               ref_every: int = 0, stop=None, dtype: str = "float32", decode_kw: Optional[Dict] = None,
+               head_errors: bool = False) -> Dict:
     """Feeds `feed` (teacher forcing) from position pos0 on a fork of `base`, then
     generates n_generate tokens greedily; every decode-time attention is
-    session.decode(layer, q, method=...). Records, for each logit vector produced
-    by a decode step: its argmax, and for forced steps the log-probability of the
-    next forced token. With ref_every > 0, every ref_every-th step also decodes
-    DENSE on the same session and query and records the relative L2 error of the
-    attention output per layer (per head, then averaged).
+    session.decode(layer, q, method=..., **decode_kw). Records, for each logit
+    vector produced by a decode step: its argmax, and for forced steps the
+    log-probability of the next forced token. With ref_every > 0, every
+    ref_every-th step also decodes DENSE on the same session and query and records
+    the relative L2 error of the attention output per layer (per head, then
+    averaged), and with head_errors every single (layer, head) error.
     """
     np_dt = np.float32 if dtype == "float32" else np.float16
     s = base.fork()
     n_layers, n_q = model.n_layers, model.n_q
     err_sum = np.zeros(n_layers)
     err_n = np.zeros(n_layers)
-    st_tot = dict(tokens_read=0, context=0, calls=0)
+    st_tot = dict(tokens_read=0, context=0, calls=0, target_budget=0, capped=0, predicted=0.0)
     state = dict(step=0, ref=False)
+    per_head: List[List[float]] = []  # [layer, step, e_head0, e_head1, ...] rows
+    kw = dict(decode_kw or {})
 
     def attend(layer, q, k, v):
         s.append(layer, np.ascontiguousarray(k[None], dtype=np_dt), np.ascontiguousarray(v[None], dtype=np_dt))
         qq = np.ascontiguousarray(q, dtype=np_dt)
         out, st = s.decode(layer, qq, method=method, sparsity=sparsity, heavy_fraction=HEAVY_FRACTION,
-                           n_sink=n_sink, n_local=n_local, seed=SEED, step=state["step"], stats=True)
+                           n_sink=n_sink, n_local=n_local, seed=SEED, step=state["step"], stats=True, **kw)
         st_tot["tokens_read"] += st.tokens_read
         st_tot["context"] += st.context_tokens * n_q
         st_tot["calls"] += 1
+        st_tot["target_budget"] += st.target_budget
+        st_tot["capped"] += st.capped_heads
+        st_tot["predicted"] += st.predicted_error
         if state["ref"]:
             ref = s.decode(layer, qq, method="dense").astype(np.float64)
             o = out.astype(np.float64)
             e = np.linalg.norm(o - ref, axis=1) / np.maximum(np.linalg.norm(ref, axis=1), 1e-30)
             err_sum[layer] += e.mean()
             err_n[layer] += 1
+            if head_errors:
+                per_head.append([layer, state["step"]] + [round(float(x), 6) for x in e])
         return out.astype(np.float32)
 
     t0 = time.time()
@@ -147,4 +156,8 @@ def run_decode(model: smollm.SmolLM, base, pos0: int, logits0: np.ndarray, feed:
                 layer_err=[None if np.isnan(x) else float(x) for x in err],
                 read_fraction=st_tot["tokens_read"] / max(st_tot["context"], 1),
                 tokens_read_per_step=st_tot["tokens_read"] / max(state["step"], 1),
+                budget_fraction=st_tot["target_budget"] / max(st_tot["context"], 1),
+                capped_heads=st_tot["capped"], head_decodes=st_tot["calls"] * n_q,
+                predicted_error_mean=st_tot["predicted"] / max(st_tot["calls"] * n_q, 1),
+                head_errors=per_head if head_errors else None,
                 steps=state["step"], seconds=elapsed)

@@ -10,6 +10,10 @@
   python eval/fidelity.py passkey --length 4000 --trial 0
       a pass key buried in filler text; the question and the answer are decoded
       through libssa with each method and sparsity.
+  python eval/fidelity.py errtarget --doc gpl3 [--method ssa] [--eps 0.02 0.05 0.1 0.2]
+      error-targeted decode (target_error = eps, target_delta = 0.1) over the same
+      documents and steps: per eps, the fraction of (layer, head, step) decodes whose
+      error against DENSE is <= eps, the mean error, and the rows read.
   python eval/fidelity.py report
       aggregates eval/results/*.json into docs/FIDELITY.md and docs/fidelity_*.png.
 
@@ -54,10 +58,10 @@ def configs(methods):
     return out
 
 
-def save(name, obj):
+def save(name, obj, indent=1):
     os.makedirs(RESULTS, exist_ok=True)
     with open(os.path.join(RESULTS, name), "w") as f:
-        json.dump(obj, f, indent=1)
+        json.dump(obj, f, indent=indent)
 
 
 # ------------------------------------------------------------------------ documents
@@ -95,6 +99,89 @@ def cmd_doc(args):
         save(out_name, dict(doc=args.doc, path=path, context=N, steps=S, sink=ns, local=ns,
                             heavy_fraction=common.HEAVY_FRACTION, seed=common.SEED, runs=rows))
     base.close()
+
+
+# ------------------------------------------------------------------------ error target
+
+def cmd_errtarget(args):
+    model = common.smollm.SmolLM()
+    path = documents()[args.doc]
+    ids = model.tok.encode(open(path, encoding="utf-8").read())
+    S = args.steps
+    N = min(len(ids) - S - 1, args.max_context)
+    ids = ids[: N + S + 1]
+    ns = common.sink_local(N)
+    print("%s: context %d tokens, %d decode steps, sink %d + local %d, %s, delta %g" % (
+        args.doc, N, S, ns, ns, args.method, args.delta), flush=True)
+    logits0, K, V = common.cached_prefill(model, ids[:N])
+    rt = common.runtime()
+    base = common.build_session(rt, model, K, V)
+    del K, V
+    feed = ids[N: N + S + 1]
+    rows = []
+    for eps in args.eps:
+        # No floor (budget 0); the cap is the default N / 5, the 5x budget.
+        kw = dict(target_error=eps, target_delta=args.delta)
+        r = common.run_decode(model, base, N, logits0, feed, args.method, 50.0, ns, ns,
+                              ref_every=args.ref_every, decode_kw=kw, head_errors=True)
+        r["target_error"], r["target_delta"] = eps, args.delta
+        r["targets"] = list(map(int, feed[1:]))
+        e = np.array([x for row in r["head_errors"] for x in row[2:]])
+        print("  eps %-5g  within %.3f  mean err %.4f  read %.4f  budget %.4f  capped %d/%d  %.0fs" % (
+            eps, np.mean(e <= eps), e.mean(), r["read_fraction"], r["budget_fraction"], r["capped_heads"],
+            r["head_decodes"], r["seconds"]), flush=True)
+        rows.append(r)
+    save("errtarget-%s-%s.json" % (args.doc, args.method),
+         dict(doc=args.doc, path=path, context=N, steps=S, sink=ns, local=ns, method=args.method,
+              heavy_fraction=common.HEAVY_FRACTION, seed=common.SEED, runs=rows),
+         indent=None)  # every per-head error: compact
+    base.close()
+
+
+def interp_read(points, err):
+    """Rows read by fixed-budget decoding at mean error `err`: log-log interpolation
+    of the (read fraction, mean error) points; None outside their range."""
+    pts = sorted(points, key=lambda p: p[1])
+    for (r0, e0), (r1, e1) in zip(pts, pts[1:]):
+        if e0 <= err <= e1 and e0 > 0:
+            f = np.log(err / e0) / np.log(e1 / e0) if e1 > e0 else 0.0
+            return float(np.exp(np.log(r0) + f * (np.log(r1) - np.log(r0))))
+    return None
+
+
+def errtarget_table(docs):
+    """The error-target results against fixed-budget runs of the same method."""
+    files = sorted(glob.glob(os.path.join(RESULTS, "errtarget-*.json")))
+    if not files:
+        return ""
+    by = {}
+    for f in files:
+        d = json.load(open(f))
+        for r in d["runs"]:
+            by.setdefault((d["method"], r["target_error"], r["target_delta"]), []).append((d, r))
+    lines = ["| method | target eps (delta) | decodes within eps | mean err | 90th pct err | rows read / N "
+             "| budget / N | capped heads | fixed-budget rows read / N at equal mean err | rows saved |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for (method, eps, delta), runs in sorted(by.items()):
+        errs = np.array([x for _, r in runs for row in r["head_errors"] for x in row[2:]])
+        read = np.mean([r["read_fraction"] for _, r in runs])
+        budget = np.mean([r["budget_fraction"] for _, r in runs])
+        capped = sum(r["capped_heads"] for _, r in runs)
+        decodes = sum(r["head_decodes"] for _, r in runs)
+        # Fixed-budget curve of the same method on the same documents (mean over them).
+        pts = []
+        for sp in common.SPARSITIES:
+            rs = [docs[d["doc"]]["runs"].get((method, float(sp))) for d, _ in runs if d["doc"] in docs]
+            rs = [x for x in rs if x is not None]
+            if len(rs) == len(runs):
+                le = [np.mean([y for y in x["layer_err"] if y is not None]) for x in rs]
+                pts.append((np.mean([x["read_fraction"] for x in rs]), float(np.mean(le))))
+        fixed = interp_read(pts, float(errs.mean())) if pts else None
+        lines.append("| %s | %g (%g) | %.3f | %.4f | %.4f | %.4f | %.4f | %d / %d | %s | %s |" % (
+            LABEL.get(method, method), eps, delta, np.mean(errs <= eps), errs.mean(), np.percentile(errs, 90),
+            read, budget, capped, decodes, "%.4f" % fixed if fixed else "outside 5x-50x",
+            "%.0f%%" % (100 * (1 - read / fixed)) if fixed else "-"))
+    return "\n".join(lines)
 
 
 # ------------------------------------------------------------------------ passkey
@@ -320,7 +407,8 @@ def cmd_report(args):
         fig.savefig(os.path.join(ROOT, "docs", "fidelity_error.png"), dpi=110)
 
     out = dict(doc_table=doc_table, main_table=main_table, layer_table=layer_table, pk_table=pk_table,
-               pk_trials="\n".join("- " + t for t in trials) if lengths else "")
+               pk_trials="\n".join("- " + t for t in trials) if lengths else "",
+               errtarget_table=errtarget_table(docs))
     with open(os.path.join(RESULTS, "tables.md"), "w") as f:
         for k, v in out.items():
             f.write("<!-- %s -->\n%s\n\n" % (k, v))
@@ -340,9 +428,17 @@ def main():
     p.add_argument("--length", type=int, required=True)
     p.add_argument("--trial", type=int, required=True)
     p.add_argument("--methods", nargs="+", default=common.METHODS, choices=common.METHODS)
+    e = sub.add_parser("errtarget")
+    e.add_argument("--doc", choices=sorted(documents()), required=True)
+    e.add_argument("--method", default="ssa", choices=["ssa", "ssa_adaptive"])
+    e.add_argument("--eps", nargs="+", type=float, default=[0.02, 0.05, 0.1, 0.2])
+    e.add_argument("--delta", type=float, default=0.1)
+    e.add_argument("--steps", type=int, default=32)
+    e.add_argument("--max-context", type=int, default=8000)
+    e.add_argument("--ref-every", type=int, default=2, help="dense reference every k-th step for the error")
     sub.add_parser("report")
     args = ap.parse_args()
-    {"doc": cmd_doc, "passkey": cmd_passkey, "report": cmd_report}[args.cmd](args)
+    {"doc": cmd_doc, "passkey": cmd_passkey, "errtarget": cmd_errtarget, "report": cmd_report}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,8 @@
 # Runs the whole fidelity evaluation in short pieces (one process per document
 # half or passkey trial), then writes docs/FIDELITY.md's tables and the plot.
 # Usage: eval/run_fidelity.sh [pieces...]   (default: all pieces)
+#   a document name (textwrap, gfdl13, gpl3): fixed-budget runs of every method;
+#   pkLEN-TRIAL: a passkey trial; et-DOC / eta-DOC: error-targeted SSA / SSA_ADAPTIVE.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
@@ -11,11 +13,14 @@ B="hybrid_uniform ssa ssa_adaptive"
 run() { echo "== $*"; local t0=$SECONDS; $PY "$@"; echo "== done in $((SECONDS - t0))s"; }
 pieces=("$@")
 if [ ${#pieces[@]} -eq 0 ]; then
-  pieces=(textwrap gfdl13 gpl3 pk4000-0 pk2000-0 pk4000-1 pk2000-1 pk4000-2 pk2000-2 pk7800-0 pk7800-1 pk7800-2)
+  pieces=(textwrap gfdl13 gpl3 pk4000-0 pk2000-0 pk4000-1 pk2000-1 pk4000-2 pk2000-2 pk7800-0 pk7800-1 pk7800-2
+          et-textwrap et-gfdl13 et-gpl3)
 fi
 for p in "${pieces[@]}"; do
   case "$p" in
     pk*) len=${p#pk}; len=${len%-*}; run passkey --length "$len" --trial "${p##*-}" ;;
+    et-*) run errtarget --doc "${p#et-}" --method ssa ;;
+    eta-*) run errtarget --doc "${p#eta-}" --method ssa_adaptive ;;
     *)   run doc --doc "$p" --methods $A; run doc --doc "$p" --methods $B ;;
   esac
 done

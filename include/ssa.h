@@ -242,8 +242,10 @@ typedef struct ssa_decode_params {
   uint32_t struct_size;
   ssa_method method;    /* default SSA_METHOD_SSA */
   uint32_t budget;      /* tokens read per query head incl. sink+local; 0 (default)
-                           = ceil(N / sparsity) */
-  float sparsity;       /* N / budget when budget == 0; default 50; must be >= 1 */
+                           = ceil(N / sparsity). With target_error > 0: the floor
+                           of the chosen budget (0 = none) */
+  float sparsity;       /* N / budget when budget == 0; default 50; must be >= 1;
+                           not used with target_error > 0 */
   float heavy_fraction; /* h for SSA and HYBRID_UNIFORM, in [0, 1]; default 0.4 */
   uint32_t n_sink;      /* default 128 */
   uint32_t n_local;     /* default 128 */
@@ -251,9 +253,56 @@ typedef struct ssa_decode_params {
   uint64_t seed;        /* 0 (default) = the runtime's seed */
   uint64_t step;        /* RNG counter: same (seed, step, inputs) = same result */
   void *stream;         /* cudaStream_t for CUDA sessions; NULL = default stream */
+  /* ---- appended: error-targeted decode (see below) ---- */
+  float target_error;   /* epsilon: wanted relative L2 error of each head's output;
+                           0 (default) = off; else finite and > 0 */
+  float target_delta;   /* delta: allowed failure probability, in (0, 1);
+                           default 0.1; read only when target_error > 0 */
+  uint32_t max_budget;  /* cap on the budget chosen per head (tokens incl. sink
+                           and local); 0 (default) = max(ceil(N / 5), budget) */
 } ssa_decode_params;
 
-/* Fills *p with defaults and sets struct_size. p must not be NULL. */
+/* Error-targeted decode (target_error > 0; methods SSA and SSA_ADAPTIVE only,
+   CPU sessions only). Instead of a fixed budget, each query head chooses its
+   own budget k so that its output o_hat meets
+       ||o_hat - o||_2 <= target_error * ||o||_2   with probability >= 1 - target_delta
+   by the library's prediction, where o is exact dense attention. Per head:
+     1. The sink and local tokens and the method's heavy set for the floor
+        budget (`budget`; 0 = no floor, then no heavy tokens yet) are read exactly.
+     2. A pilot of 64 draws from the residual (proxy-proportional, as in SSA) is
+        read. It estimates V, the variance per draw of the self-normalised
+        estimator's output, by the delta method (linearised ratio), summed over
+        the head dimension, relative to ||o_hat||^2. m draws give an expected
+        squared relative error V / m.
+     3. While the draws needed, c * V / target_error^2, exceed what the method's
+        split of the current budget leaves, the budget grows: the smallest k whose
+        heavy set (fixed fraction h, or the water-filling lambda) shrinks the
+        residual's proxy mass enough, with V predicted to scale with that mass
+        squared; the new heavy rows are read and V is estimated again.
+     4. Then draws continue on the same RNG stream, V re-estimated on all of
+        them as they grow, until m >= c * V / target_error^2. The output is the
+        usual self-normalised Horvitz-Thompson estimate over everything read.
+   c is z^2 with z the normal (1 - delta/2) quantile, at least 1.6: for a
+   Gaussian error vector of any covariance, P(||e||^2 > c E||e||^2) <= delta
+   (the single-direction case is the worst for these c), so only V is needed.
+   The budget (sink + local + heavy + draws) never exceeds max_budget; a head
+   that would need more stops there and is counted in
+   ssa_decode_stats.capped_heads. A head whose chosen budget covers all of its
+   candidates reads them all (exact). `sparsity` is not used; `budget`, if
+   nonzero, is the floor and must not exceed a nonzero max_budget.
+   The guarantee is a prediction (normal limit of the mean of the draws, V
+   estimated from the draws themselves, the with-replacement variance as a
+   conservative stand-in for the deduplicated estimator's); tests check the
+   achieved coverage statistically, and it is typically well above 1 - delta.
+   Deterministic like every sampling decode: a function of (seed, step, layer,
+   head, inputs), independent of the thread count. The CUDA backend returns
+   SSA_ERR_UNSUPPORTED; other methods give SSA_ERR_INVALID_ARGUMENT, and so does
+   SSA with heavy_fraction 1 (no draws to measure the error with). */
+
+/* Fills *p with defaults and sets struct_size. p must not be NULL.
+   Callers built against an older header (a smaller struct_size, down to the
+   struct without the appended fields) still work: missing fields take their
+   defaults. */
 SSA_API void ssa_decode_params_init(ssa_decode_params *p);
 
 typedef struct ssa_decode_stats {
@@ -268,9 +317,21 @@ typedef struct ssa_decode_stats {
                                  summed over query heads (0 for top-k methods:
                                  that mass is simply dropped there)             */
   uint64_t scored_tokens;  /* proxy scores computed, summed over query heads     */
+  /* ---- appended: error-targeted decode (0 unless target_error > 0) ---- */
+  uint64_t target_budget;  /* budget each head chose (sink + local + |H| + draws),
+                              summed over query heads; tokens_read <= this, as
+                              duplicate draws are read once                      */
+  uint32_t capped_heads;   /* query heads that stopped at max_budget with their
+                              predicted error still above target_error           */
+  double predicted_error;  /* predicted relative error bound at confidence
+                              1 - target_delta, summed over query heads; 0 for
+                              exact heads; infinite if a head could not estimate
+                              it (the cap left no room for draws, o_hat = 0)     */
 } ssa_decode_stats;
 
-/* Zeroes *st and sets struct_size. st must not be NULL. */
+/* Zeroes *st and sets struct_size. st must not be NULL. A stats struct from an
+   older header (smaller struct_size, down to the struct without the appended
+   fields) is accepted; only the fields it has are written. */
 SSA_API void ssa_decode_stats_init(ssa_decode_stats *st);
 
 /* Attention output of one layer for one new query.
@@ -285,7 +346,8 @@ SSA_API void ssa_decode_stats_init(ssa_decode_stats *st);
    also after a fork or a snapshot round trip.
    Proxy methods on a layer without a PQ index train one on demand.
    Decoding an empty layer gives SSA_ERR_INVALID_ARGUMENT.
-   Returns SSA_OK, SSA_ERR_INVALID_ARGUMENT, SSA_ERR_OUT_OF_MEMORY, SSA_ERR_DEVICE. */
+   Returns SSA_OK, SSA_ERR_INVALID_ARGUMENT, SSA_ERR_OUT_OF_MEMORY, SSA_ERR_DEVICE,
+   SSA_ERR_UNSUPPORTED (target_error > 0 on a CUDA session). */
 SSA_API ssa_status ssa_decode(ssa_session *s, uint32_t layer, const void *q, void *out,
                               const ssa_decode_params *p, ssa_decode_stats *stats);
 

@@ -8,6 +8,7 @@
 #include "cpu/finite_check.h"
 #include "cuda/cuda_backend.h"
 #include "decode/decode.h"
+#include "decode/decode_plan.h"
 #include "runtime.h"
 #include "session.h"
 #include "snapshot/snapshot.h"
@@ -268,6 +269,9 @@ void ssa_decode_params_init(ssa_decode_params* p) {
   p->seed = 0;
   p->step = 0;
   p->stream = nullptr;
+  p->target_error = 0.0f;
+  p->target_delta = 0.1f;
+  p->max_budget = 0;
 }
 
 void ssa_decode_stats_init(ssa_decode_stats* st) {
@@ -280,18 +284,18 @@ ssa_status ssa_decode(ssa_session* s, uint32_t layer, const void* q, void* out,
                       const ssa_decode_params* p, ssa_decode_stats* stats) {
   return guarded([&]() -> absl::Status {
     if (s == nullptr) return ssa::invalid_argument("session is NULL");
-    ssa_decode_params defaults;
-    ssa_decode_params_init(&defaults);
-    return ssa::decode(*s, layer, q, out, p != nullptr ? *p : defaults, stats);
+    ssa_decode_params params;
+    SSA_RETURN_IF_ERROR(ssa::read_decode_params(p, &params));
+    return ssa::decode(*s, layer, q, out, params, stats);
   });
 }
 
 ssa_status ssa_decode_batch(const ssa_decode_item* items, size_t n_items, uint32_t layer,
                             const ssa_decode_params* p) {
   return guarded([&]() -> absl::Status {
-    ssa_decode_params defaults;
-    ssa_decode_params_init(&defaults);
-    return ssa::decode_batch(items, n_items, layer, p != nullptr ? *p : defaults);
+    ssa_decode_params params;
+    SSA_RETURN_IF_ERROR(ssa::read_decode_params(p, &params));
+    return ssa::decode_batch(items, n_items, layer, params);
   });
 }
 

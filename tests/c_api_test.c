@@ -185,6 +185,60 @@ int main(void) {
     ssa_session_destroy(empty);
   }
 
+  /* error-targeted decode: defaults, bad values of the appended fields */
+  ssa_decode_params_init(&p);
+  EXPECT(p.target_error == 0.0f && p.target_delta == 0.1f && p.max_budget == 0);
+  {
+    const float bad_eps[] = {-0.1f, NAN, INFINITY};
+    const float bad_delta[] = {0.0f, 1.0f, -0.2f, 2.0f, NAN};
+    const ssa_method no_target[] = {SSA_METHOD_DENSE, SSA_METHOD_ORACLE_TOPK, SSA_METHOD_PQ_TOPK,
+                                    SSA_METHOD_HYBRID_UNIFORM, SSA_METHOD_SAMPLING};
+    float untouched[4 * 64];
+    for (i = 0; i < 4 * 64; ++i) out[i] = 7.0f;
+    memcpy(untouched, out, sizeof(out));
+    for (i = 0; i < sizeof(bad_eps) / sizeof(bad_eps[0]); ++i) {
+      ssa_decode_params_init(&p);
+      p.target_error = bad_eps[i];
+      EXPECT_STATUS(ssa_decode(s, 0, q, out, &p, NULL), SSA_ERR_INVALID_ARGUMENT);
+      EXPECT(strstr(ssa_last_error_message(), "target_error") != NULL);
+    }
+    for (i = 0; i < sizeof(bad_delta) / sizeof(bad_delta[0]); ++i) {
+      ssa_decode_params_init(&p);
+      p.target_error = 0.1f;
+      p.target_delta = bad_delta[i];
+      EXPECT_STATUS(ssa_decode(s, 0, q, out, &p, NULL), SSA_ERR_INVALID_ARGUMENT);
+      EXPECT(strstr(ssa_last_error_message(), "target_delta") != NULL);
+    }
+    for (i = 0; i < sizeof(no_target) / sizeof(no_target[0]); ++i) {
+      ssa_decode_params_init(&p);
+      p.method = no_target[i];
+      p.target_error = 0.1f;
+      EXPECT_STATUS(ssa_decode(s, 0, q, out, &p, NULL), SSA_ERR_INVALID_ARGUMENT);
+    }
+    ssa_decode_params_init(&p);
+    p.target_error = 0.1f;
+    p.heavy_fraction = 1.0f;
+    EXPECT_STATUS(ssa_decode(s, 0, q, out, &p, NULL), SSA_ERR_INVALID_ARGUMENT);
+    ssa_decode_params_init(&p);
+    p.target_error = 0.1f;
+    p.budget = 600;
+    p.max_budget = 500;
+    EXPECT_STATUS(ssa_decode(s, 0, q, out, &p, NULL), SSA_ERR_INVALID_ARGUMENT);
+    EXPECT(memcmp(out, untouched, sizeof(out)) == 0);
+    /* a good request: within the cap, stats filled */
+    ssa_decode_params_init(&p);
+    p.target_error = 0.2f;
+    p.n_sink = p.n_local = 16;
+    p.max_budget = 1000;
+    ssa_decode_stats_init(&st);
+    EXPECT_STATUS(ssa_decode(s, 0, q, out, &p, &st), SSA_OK);
+    EXPECT(st.target_budget > 0 && st.target_budget <= 4 * 1000);
+    EXPECT(st.tokens_read <= st.target_budget);
+    EXPECT(st.capped_heads <= 4);
+    EXPECT(st.predicted_error > 0.0);
+  }
+  ssa_decode_params_init(&p);
+
   /* NULL params = defaults (SSA at 50x); deterministic for equal step */
   p.step = 0;
   EXPECT_STATUS(ssa_decode(s, 0, q, out, NULL, &st), SSA_OK);

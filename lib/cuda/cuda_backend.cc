@@ -496,6 +496,7 @@ absl::Status run_launch_set(const std::vector<Job>& jobs, uint32_t layer_index, 
 absl::Status decode_layer(const ssa_session& s, const LayerStore& layer, uint32_t layer_index,
                           const void* q, void* out, const ssa_decode_params& p, uint64_t seed,
                           ssa_decode_stats* stats) {
+  if (p.target_error > 0.0f) return unsupported(kCudaNoErrorTarget);
   SSA_RETURN_IF_ERROR(check_space(s, q, "q"));
   SSA_RETURN_IF_ERROR(check_space(s, out, "out"));
   SSA_CUDA_RETURN(cudaSetDevice(s.cuda->device), "cudaSetDevice");
@@ -505,6 +506,7 @@ absl::Status decode_layer(const ssa_session& s, const LayerStore& layer, uint32_
 
 absl::Status decode_batch(const ssa_decode_item* items, size_t n_items, uint32_t layer,
                           const ssa_decode_params& p) {
+  if (p.target_error > 0.0f) return unsupported(kCudaNoErrorTarget);
   // Proxy methods need an index on every layer decoded (trained on demand).
   std::vector<ssa_session*> sessions;
   for (size_t i = 0; i < n_items; ++i) {

@@ -10,6 +10,7 @@
 #include "cpu/attention.h"
 #include "cpu/simd.h"
 #include "decode_plan.h"
+#include "select/error_target.h"
 #include "select/selection.h"
 
 namespace ssa {
@@ -22,8 +23,45 @@ constexpr uint64_t kDenseSplitTokens = 8192;
 struct HeadStats {
   uint64_t read = 0, heavy = 0, draws = 0, unique = 0, scored = 0;
   double residual = 0.0;
+  TargetOutcome target;  // error-targeted decodes only
   DecodeProfile time;
 };
+
+// Single rows of one KV head for the error-targeted selection: the exact logit
+// for a (pre-scaled) query and the value, widened to float.
+class StoreRows final : public ExactRows {
+ public:
+  StoreRows(const KvLayout& layout, const LayerStore& layer, uint32_t kv_head, const float* q)
+      : layout_(layout), layer_(layer), kv_head_(kv_head), q_(q) {}
+  uint32_t head_dim() const override { return layout_.head_dim; }
+  double read(uint32_t token, float* v) const override {
+    const auto& kern = simd::kernels();
+    const uint32_t P = layout_.page_tokens;
+    const uint8_t* page = layer_.kv_pages[token / P]->data();
+    kern.to_f32(layout_.dtype, page + layout_.v_offset(kv_head_, token % P), v, layout_.head_dim);
+    return kern.dot(layout_.dtype, page + layout_.k_offset(kv_head_, token % P), q_, layout_.head_dim);
+  }
+
+ private:
+  const KvLayout& layout_;
+  const LayerStore& layer_;
+  uint32_t kv_head_;
+  const float* q_;
+};
+
+// Exact sums of the sink and local rows (error-targeted selection needs them).
+ExactSum fixed_rows_sum(const StoreRows& rows, const DecodePlan& plan) {
+  ExactSum sum;
+  std::vector<float> v(rows.head_dim());
+  auto add = [&](uint64_t t0, uint64_t t1) {
+    for (uint64_t t = t0; t < t1; ++t) {
+      sum.add(rows.read(static_cast<uint32_t>(t), v.data()), v.data(), rows.head_dim());
+    }
+  };
+  add(0, plan.sink_end);
+  add(plan.local_begin, plan.n);
+  return sum;
+}
 
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t) {
@@ -85,7 +123,7 @@ HeadStats select_head(const ssa_session& s, const LayerStore& layer, uint32_t la
   thread_local SelectScratch scratch;
   HeadStats st;
   sel->clear();
-  if (plan.kprime > 0) {
+  if (plan.selects()) {
     const auto t_score = Clock::now();
     const uint64_t nc = plan.candidates();
     scores.resize(nc);
@@ -95,14 +133,30 @@ HeadStats select_head(const ssa_session& s, const LayerStore& layer, uint32_t la
       pq_proxy_scores(layout, layer, kv_head, q, plan, &lut, scores.data());
     }
     st.time.scoring = seconds_since(t_score);
-    const SelectParams sp{p.method, plan.kprime, p.heavy_fraction, p.pi_min};
-    select_tokens(sp, scores.data(), nc, static_cast<uint32_t>(plan.sink_end),
-                  make_rng_stream(seed, p.step, layer_index, q_head), scratch, sel);
+    const RngStream rng = make_rng_stream(seed, p.step, layer_index, q_head);
+    if (plan.targeted) {
+      const StoreRows rows(layout, layer, kv_head, q);
+      const TargetParams tp{p.method,        p.heavy_fraction,     p.pi_min,
+                            plan.kprime,     plan.kprime_cap,      plan.fixed_tokens(),
+                            p.target_error,  p.target_delta};
+      select_targeted(tp, scores.data(), nc, static_cast<uint32_t>(plan.sink_end), rows,
+                      fixed_rows_sum(rows, plan), rng, scratch, sel, &st.target);
+    } else {
+      const SelectParams sp{p.method, plan.kprime, p.heavy_fraction, p.pi_min};
+      select_tokens(sp, scores.data(), nc, static_cast<uint32_t>(plan.sink_end), rng, scratch, sel);
+    }
     st.scored = nc;
     st.time.heavy = sel->heavy_seconds;
     st.time.sampling = sel->sampling_seconds;
   }
-  st.read = plan.sink_end + (plan.n - plan.local_begin) + sel->tokens.size();
+  st.read = plan.fixed_tokens() + sel->tokens.size();
+  if (plan.targeted && !plan.selects()) {
+    // The cap leaves nothing for the candidates: their share of the output is lost
+    // and no draw can measure it.
+    st.target.budget = plan.fixed_tokens();
+    st.target.capped = true;
+    st.target.predicted_error = INFINITY;
+  }
   st.heavy = sel->heavy;
   st.draws = sel->draws;
   st.unique = sel->unique;
@@ -209,6 +263,7 @@ absl::Status cpu_decode_layer(const ssa_session& s, const LayerStore& layer, uin
       heads[h].reset(d);
       for (uint64_t sp = 0; sp < n_splits; ++sp) heads[h].merge(parts[(kv * n_splits + sp) * g + j]);
       hstats[h].read = plan.n;
+      if (plan.targeted) hstats[h].target.budget = plan.n;
       if (traces != nullptr) append_range(0, plan.n, &(*traces)[h]);
     }
     if (profile != nullptr) profile->attention += seconds_since(t_start);
@@ -245,6 +300,9 @@ absl::Status cpu_decode_layer(const ssa_session& s, const LayerStore& layer, uin
       stats->unique_samples += hs.unique;
       stats->residual_proxy_mass += hs.residual;
       stats->scored_tokens += hs.scored;
+      stats->target_budget += hs.target.budget;
+      stats->capped_heads += hs.target.capped ? 1 : 0;
+      stats->predicted_error += hs.target.predicted_error;
     }
   }
   return absl::OkStatus();

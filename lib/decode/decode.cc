@@ -1,5 +1,8 @@
 #include "decode.h"
 
+#include <string.h>
+
+#include <algorithm>
 #include <atomic>
 #include <mutex>
 
@@ -40,7 +43,7 @@ absl::Status locked_decode(ssa_session& s, uint32_t layer, const void* q, void* 
       const LayerStore& l = s.layers[layer];
       if (l.n_tokens == 0) return invalid_argument("layer ", layer, " holds no tokens");
       const DecodePlan plan = plan_decode(l.n_tokens, p);
-      const bool needs_index = !plan.dense && plan.kprime > 0 && method_uses_pq(p.method);
+      const bool needs_index = plan.selects() && method_uses_pq(p.method);
       if (!needs_index || l.codebooks != nullptr) {
         if (s.cuda != nullptr) {  // CUDA backend hook
           return cuda::decode_layer(s, l, layer, q, out, p, seed, stats);
@@ -64,16 +67,19 @@ absl::Status decode(ssa_session& s, uint32_t layer, const void* q, void* out,
                     std::vector<HeadTrace>* traces, DecodeProfile* profile) {
   SSA_RETURN_IF_ERROR(validate_decode_params(p));
   SSA_RETURN_IF_ERROR(check_item(&s, layer, q, out));
+  // CUDA backend hook: refused before an index could be trained for it.
+  if (s.cuda != nullptr && p.target_error > 0.0f) return unsupported(kCudaNoErrorTarget);
   if (stats != nullptr) {
     const uint32_t size = stats->struct_size;
-    if (size < sizeof(ssa_decode_stats)) {
-      return invalid_argument("decode stats struct_size ", size, " < ", sizeof(ssa_decode_stats),
+    if (size < kDecodeStatsMinSize) {
+      return invalid_argument("decode stats struct_size ", size, " < ", kDecodeStatsMinSize,
                               " (call ssa_decode_stats_init)");
     }
     ssa_decode_stats fresh{};
-    fresh.struct_size = size;
     SSA_RETURN_IF_ERROR(locked_decode(s, layer, q, out, p, resolve_seed(s, p), &fresh, traces, profile));
-    *stats = fresh;
+    // A caller built against an older header has a shorter struct: write only its fields.
+    fresh.struct_size = size;
+    memcpy(stats, &fresh, std::min<size_t>(size, sizeof(ssa_decode_stats)));
     return absl::OkStatus();
   }
   return locked_decode(s, layer, q, out, p, resolve_seed(s, p), nullptr, traces, profile);

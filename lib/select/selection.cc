@@ -94,12 +94,7 @@ void select_tokens(const SelectParams& p, const float* proxy, size_t n, uint32_t
     compute_block_sums(w.data(), n, scratch);
   } else {
     // Blocks that lost heavy tokens are summed again, exactly.
-    for (uint32_t j : heavy) {
-      const size_t b = j / kBlockTokens, t0 = b * kBlockTokens, t1 = std::min(n, t0 + kBlockTokens);
-      double sum = 0.0;
-      for (size_t t = t0; t < t1; ++t) sum += w[t];
-      scratch.block_sums[b] = sum;
-    }
+    for (uint32_t j : heavy) resum_block(w.data(), n, j / kBlockTokens, scratch);
   }
   sample_residual(w.data(), n, base, m, p.pi_min, rng, scratch, out);
   out->sampling_seconds = std::chrono::duration<double>(Clock::now() - t1).count();

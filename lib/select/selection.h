@@ -41,6 +41,7 @@ struct SelectParams {
 // Reusable per-thread buffers (context-sized).
 struct SelectScratch {
   std::vector<float> weights;
+  std::vector<float> proposal;  // error-targeted selection: weights before any are zeroed
   std::vector<double> block_sums, chunk_sums, chunk_prefix;
   std::vector<uint32_t> heavy, drawn;
   std::vector<uint8_t> is_heavy;

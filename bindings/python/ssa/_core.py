@@ -170,11 +170,16 @@ class DecodeStats:
     unique_samples: int
     residual_proxy_mass: float
     scored_tokens: int
+    # error-targeted decodes (target_error); 0 otherwise
+    target_budget: int = 0       # budget each head chose, summed over heads
+    capped_heads: int = 0        # heads stopped by max_budget above their target
+    predicted_error: float = 0.0  # predicted relative error at 1 - target_delta, summed
 
     @classmethod
     def _from_c(cls, s) -> "DecodeStats":
         return cls(s.context_tokens, s.tokens_read, s.heavy_tokens, s.draws, s.unique_samples,
-                   float(s.residual_proxy_mass), s.scored_tokens)
+                   float(s.residual_proxy_mass), s.scored_tokens, s.target_budget, s.capped_heads,
+                   float(s.predicted_error))
 
 
 def _stream_ptr(stream: Any):
@@ -187,7 +192,8 @@ def _stream_ptr(stream: Any):
 def _decode_params(method: Any = "ssa", sparsity: float = 50.0, budget: Optional[int] = None,
                    heavy_fraction: float = 0.4, n_sink: int = 128, n_local: int = 128,
                    seed: Optional[int] = None, step: int = 0, pi_min: Optional[float] = None,
-                   stream: Any = None):
+                   stream: Any = None, target_error: Optional[float] = None,
+                   target_delta: Optional[float] = None, max_budget: Optional[int] = None):
     p = ffi.new("ssa_decode_params *")
     lib.ssa_decode_params_init(p)
     p.method = _enum("method", method, Method)
@@ -201,6 +207,13 @@ def _decode_params(method: Any = "ssa", sparsity: float = 50.0, budget: Optional
     p.seed = 0 if seed is None else _int("seed", seed, 0, _U64)
     p.step = _int("step", step, 0, _U64)
     p.stream = _stream_ptr(stream)
+    # The library checks the values (and says which is wrong); None keeps its default.
+    if target_error is not None:
+        p.target_error = _float("target_error", target_error)
+    if target_delta is not None:
+        p.target_delta = _float("target_delta", target_delta)
+    if max_budget is not None:
+        p.max_budget = _int("max_budget", max_budget, 0, _U32)
     return p
 
 
@@ -374,7 +387,8 @@ class Runtime:
     def decode_batch(self, items: Iterable[Sequence[Any]], layer: int, method: Any = "ssa",
                      sparsity: float = 50.0, budget: Optional[int] = None, heavy_fraction: float = 0.4,
                      n_sink: int = 128, n_local: int = 128, seed: Optional[int] = None, step: int = 0,
-                     pi_min: Optional[float] = None, stream: Any = None) -> List[Any]:
+                     pi_min: Optional[float] = None, stream: Any = None, target_error: Optional[float] = None,
+                     target_delta: Optional[float] = None, max_budget: Optional[int] = None) -> List[Any]:
         """Decodes many sessions of this runtime at one layer in one call.
 
         Args:
@@ -387,7 +401,7 @@ class Runtime:
         items = list(items)
         layer = _int("layer", layer, 0, _U32)
         params = _decode_params(method, sparsity, budget, heavy_fraction, n_sink, n_local, seed, step,
-                                pi_min, stream)
+                                pi_min, stream, target_error, target_delta, max_budget)
         c_items = ffi.new("ssa_decode_item[]", max(len(items), 1))
         refs, outs = [], []
         for i, item in enumerate(items):
@@ -574,7 +588,9 @@ class Session:
     def decode(self, layer: int, q: Any, method: Any = "ssa", sparsity: float = 50.0,
                budget: Optional[int] = None, heavy_fraction: float = 0.4, n_sink: int = 128,
                n_local: int = 128, seed: Optional[int] = None, step: int = 0, out: Any = None,
-               stats: bool = False, pi_min: Optional[float] = None, stream: Any = None):
+               stats: bool = False, pi_min: Optional[float] = None, stream: Any = None,
+               target_error: Optional[float] = None, target_delta: Optional[float] = None,
+               max_budget: Optional[int] = None):
         """Attention output of one layer for one new query.
 
         Args:
@@ -592,11 +608,19 @@ class Session:
             stats: also return an ssa.DecodeStats.
             pi_min: lower clamp of inclusion probabilities (None: library default).
             stream: CUDA stream (int handle or torch.cuda.Stream) for CUDA sessions.
+            target_error: error-targeted decode ("ssa" and "ssa_adaptive", CPU sessions):
+                instead of a fixed budget each head reads as many rows as it predicts it
+                needs for ||out - exact|| <= target_error * ||exact|| with probability
+                >= 1 - target_delta (see ssa.h). None or 0: off. `budget` is then the
+                floor of the chosen budget and `sparsity` is not used.
+            target_delta: allowed failure probability, in (0, 1) (None: 0.1).
+            max_budget: cap on each head's chosen budget in tokens (None or 0: N / 5, at
+                least the floor); DecodeStats.capped_heads counts heads it stopped.
         Returns out, or (out, DecodeStats) when stats is true.
         """
         layer = self._check_layer(layer)
         params = _decode_params(method, sparsity, budget, heavy_fraction, n_sink, n_local, seed, step,
-                                pi_min, stream)
+                                pi_min, stream, target_error, target_delta, max_budget)
         qr, outr = self._decode_arrays("", q, out)
         st = ffi.NULL
         if stats:

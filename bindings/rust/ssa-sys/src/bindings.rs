@@ -525,12 +525,15 @@ pub struct ssa_decode_params {
     pub seed: u64,
     pub step: u64,
     pub stream: *mut ::std::os::raw::c_void,
+    pub target_error: f32,
+    pub target_delta: f32,
+    pub max_budget: u32,
 }
 #[test]
 fn bindgen_test_layout_ssa_decode_params() {
     assert_eq!(
         ::std::mem::size_of::<ssa_decode_params>(),
-        56usize,
+        72usize,
         concat!("Size of: ", stringify!(ssa_decode_params))
     );
     assert_eq!(
@@ -725,6 +728,57 @@ fn bindgen_test_layout_ssa_decode_params() {
         );
     }
     test_field_stream();
+    fn test_field_target_error() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<ssa_decode_params>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).target_error) as usize - ptr as usize
+            },
+            56usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(ssa_decode_params),
+                "::",
+                stringify!(target_error)
+            )
+        );
+    }
+    test_field_target_error();
+    fn test_field_target_delta() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<ssa_decode_params>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).target_delta) as usize - ptr as usize
+            },
+            60usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(ssa_decode_params),
+                "::",
+                stringify!(target_delta)
+            )
+        );
+    }
+    test_field_target_delta();
+    fn test_field_max_budget() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<ssa_decode_params>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).max_budget) as usize - ptr as usize
+            },
+            64usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(ssa_decode_params),
+                "::",
+                stringify!(max_budget)
+            )
+        );
+    }
+    test_field_max_budget();
 }
 extern "C" {
     pub fn ssa_decode_params_init(p: *mut ssa_decode_params);
@@ -739,12 +793,15 @@ pub struct ssa_decode_stats {
     pub unique_samples: u64,
     pub residual_proxy_mass: f64,
     pub scored_tokens: u64,
+    pub target_budget: u64,
+    pub capped_heads: u32,
+    pub predicted_error: f64,
 }
 #[test]
 fn bindgen_test_layout_ssa_decode_stats() {
     assert_eq!(
         ::std::mem::size_of::<ssa_decode_stats>(),
-        64usize,
+        88usize,
         concat!("Size of: ", stringify!(ssa_decode_stats))
     );
     assert_eq!(
@@ -888,6 +945,57 @@ fn bindgen_test_layout_ssa_decode_stats() {
         );
     }
     test_field_scored_tokens();
+    fn test_field_target_budget() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<ssa_decode_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).target_budget) as usize - ptr as usize
+            },
+            64usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(ssa_decode_stats),
+                "::",
+                stringify!(target_budget)
+            )
+        );
+    }
+    test_field_target_budget();
+    fn test_field_capped_heads() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<ssa_decode_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).capped_heads) as usize - ptr as usize
+            },
+            72usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(ssa_decode_stats),
+                "::",
+                stringify!(capped_heads)
+            )
+        );
+    }
+    test_field_capped_heads();
+    fn test_field_predicted_error() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<ssa_decode_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).predicted_error) as usize - ptr as usize
+            },
+            80usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(ssa_decode_stats),
+                "::",
+                stringify!(predicted_error)
+            )
+        );
+    }
+    test_field_predicted_error();
 }
 extern "C" {
     pub fn ssa_decode_stats_init(st: *mut ssa_decode_stats);
