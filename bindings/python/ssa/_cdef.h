@@ -352,8 +352,11 @@ ssa_status ssa_decode_batch(const ssa_decode_item *items, size_t n_items,
    snapshot. On failure path is unchanged, except that a failing fsync of the
    directory after the rename reports SSA_ERR_IO with the new file in place.
    path: borrowed. Reads the session (runs beside decodes; waits for mutations);
-   saves of one session are serialised. Returns SSA_OK, SSA_ERR_INVALID_ARGUMENT, SSA_ERR_IO,
-   SSA_ERR_OUT_OF_MEMORY, SSA_ERR_UNSUPPORTED (this build has no snapshots). */
+   saves of one session are serialised. A CUDA session's pages are copied to host
+   memory one page at a time as they are written; the file is the same as the CPU
+   backend's, so a snapshot saved on either backend loads on the other.
+   Returns SSA_OK, SSA_ERR_INVALID_ARGUMENT, SSA_ERR_IO, SSA_ERR_OUT_OF_MEMORY,
+   SSA_ERR_DEVICE (a CUDA copy failed). */
 ssa_status ssa_session_save(ssa_session *s, const char *path);
 
 /* Appends to path only what changed since this session was last saved or
@@ -369,7 +372,10 @@ ssa_status ssa_session_checkpoint(ssa_session *s, const char *path);
 #define SSA_LOAD_VERIFY ...
 #define SSA_LOAD_MMAP ...
 
-/* Restores a session saved by ssa_session_save/checkpoint onto rt's backend.
+/* Restores a session saved by ssa_session_save/checkpoint onto rt's backend
+   (either backend, whichever saved it; on a CUDA runtime the pages are read into
+   host memory, verified and uploaded to device memory; the session's flags,
+   SSA_SESSION_HOST_POINTERS included, are those it was saved with).
    What is verified (docs/SNAPSHOT_FORMAT.md has the details): the superblocks,
    section table, config, layer and metadata sections always; every section that
    is read is checked against its XXH3-64 as it is read, so a plain load (flags 0)
@@ -384,7 +390,9 @@ ssa_status ssa_session_checkpoint(ssa_session *s, const char *path);
    caller; written only on success (no partly restored session is ever returned).
    Thread-safe; several loads may run at once.
    Returns SSA_OK, SSA_ERR_INVALID_ARGUMENT, SSA_ERR_IO, SSA_ERR_CORRUPT,
-   SSA_ERR_VERSION, SSA_ERR_MISMATCH, SSA_ERR_OUT_OF_MEMORY, SSA_ERR_UNSUPPORTED. */
+   SSA_ERR_VERSION, SSA_ERR_MISMATCH, SSA_ERR_OUT_OF_MEMORY (host or device memory),
+   SSA_ERR_DEVICE, SSA_ERR_UNSUPPORTED (SSA_LOAD_MMAP on a CUDA runtime; a shape the
+   CUDA backend does not take). */
 ssa_status ssa_session_load(ssa_runtime *rt, const char *path, uint32_t flags,
                                     ssa_session **out);
 
