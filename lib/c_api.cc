@@ -212,6 +212,12 @@ ssa_status ssa_session_append(ssa_session* s, uint32_t layer, const void* k, con
     if (layer >= s->layout.n_layers) {
       return ssa::invalid_argument("layer ", layer, " >= n_layers ", s->layout.n_layers);
     }
+    // Size checks come before anything reads k or v: a hostile n_tokens must be
+    // rejected, not used to scan far beyond the caller's arrays.
+    if (n_tokens > ssa::kMaxTokensPerLayer) {
+      return ssa::invalid_argument("n_tokens ", n_tokens, " exceeds the limit of ",
+                                   ssa::kMaxTokensPerLayer, " tokens per layer");
+    }
     const uint64_t per_token = uint64_t{s->layout.n_kv_heads} * s->layout.head_dim;
     if (n_tokens > (SIZE_MAX / 2) / (per_token * s->layout.elem_bytes())) {
       return ssa::invalid_argument("n_tokens ", n_tokens, " overflows the size of K and V");
