@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Every test: installs dependencies, builds (CUDA backend compiled when nvcc
-# exists; GPU tests skip without a device), runs the C++/C suites, the bindings'
-# suites, the whole C++ suite again under AddressSanitizer + UBSan, the
-# concurrency tests under ThreadSanitizer and a bounded snapshot fuzzer run.
+# exists; GPU tests skip without a device), runs the C++/C suites, the C API
+# test under valgrind, the bindings' suites, the whole C++ suite again under
+# AddressSanitizer + UBSan, the concurrency tests under ThreadSanitizer and a
+# bounded snapshot fuzzer run.
 # Fails on the first failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,6 +15,12 @@ echo "== build and test (release with debug info)"
 cmake -S . -B build >/dev/null
 cmake --build build -j"$jobs"
 ctest --test-dir build --output-on-failure
+
+echo "== C API test under valgrind (memcheck, leaks)"
+# Against the uninstrumented shared library as users load it. Any invalid
+# access, uninitialised read or definite/possible leak makes valgrind exit 1.
+valgrind --error-exitcode=1 --leak-check=full --errors-for-leak-kinds=definite,possible \
+  ./build/tests/ssa_c_api_test
 
 if [ -x bindings/test_all.sh ]; then
   echo "== bindings (Python, Rust, Go)"
