@@ -10,8 +10,10 @@ std::atomic<uint64_t> g_countdown{0};
 std::atomic<bool> g_sticky{false};
 std::atomic<bool> g_failing{false};
 std::atomic<uint64_t> g_calls{0};
+}  // namespace
 
-bool injected_failure() {
+bool alloc_should_fail() {
+  g_calls.fetch_add(1, std::memory_order_relaxed);
   if (g_failing.load(std::memory_order_relaxed)) return true;
   uint64_t c = g_countdown.load(std::memory_order_relaxed);
   while (c != 0) {
@@ -25,11 +27,9 @@ bool injected_failure() {
   }
   return false;
 }
-}  // namespace
 
 void* aligned_alloc_or_null(size_t bytes) {
-  g_calls.fetch_add(1, std::memory_order_relaxed);
-  if (injected_failure()) return nullptr;
+  if (alloc_should_fail()) return nullptr;
   const size_t rounded = (bytes + 63) / 64 * 64;
   return ::aligned_alloc(64, rounded == 0 ? 64 : rounded);
 }

@@ -17,4 +17,10 @@ void aligned_free(void* p);
 void set_alloc_failure_countdown(uint64_t n, bool sticky);
 uint64_t alloc_calls_made();
 
+// One allocation under the hook: counts it and says whether it must fail.
+// aligned_alloc_or_null() asks it; a test program can route every operator new
+// through it too (tests/support/failing_new.cc), so that failures reach the
+// small allocations of containers and control blocks as well.
+bool alloc_should_fail();
+
 }  // namespace ssa

@@ -1,10 +1,13 @@
 // The ABI boundary: argument checks, a catch-all around every call, the mapping
 // from internal absl::Status to ssa_status, and the thread-local error message.
-#include <functional>
+#include <stdio.h>
+
 #include <new>
 #include <string>
 #include <thread>
 
+#include "absl/functional/function_ref.h"
+#include "absl/strings/string_view.h"
 #include "cpu/finite_check.h"
 #include "cuda/cuda_backend.h"
 #include "decode/decode.h"
@@ -18,18 +21,29 @@
 namespace {
 
 thread_local std::string g_last_error;
+// Set instead of g_last_error when copying a message failed for lack of memory.
+thread_local const char* g_static_error = nullptr;
 
-ssa_status fail(ssa_status code, std::string message) {
-  g_last_error = std::move(message);
+// Never throws: it runs inside the catch handlers of guarded(), where an
+// exception (a message copy failing when memory is exhausted) would escape
+// the ABI.
+ssa_status fail(ssa_status code, absl::string_view message) noexcept {
+  try {
+    g_last_error.assign(message.data(), message.size());
+    g_static_error = nullptr;
+  } catch (...) {
+    g_static_error = "out of host memory (the error message could not be stored)";
+  }
   return code;
 }
 
 ssa_status report(const absl::Status& st) {
   if (st.ok()) {
     g_last_error.clear();
+    g_static_error = nullptr;
     return SSA_OK;
   }
-  return fail(ssa::status_code(st), std::string(st.message()));
+  return fail(ssa::status_code(st), st.message());
 }
 
 // Runs fn (returning absl::Status) so that nothing thrown escapes the ABI.
@@ -40,7 +54,9 @@ ssa_status guarded(Fn&& fn) {
   } catch (const std::bad_alloc&) {
     return fail(SSA_ERR_OUT_OF_MEMORY, "out of host memory");
   } catch (const std::exception& e) {
-    return fail(SSA_ERR_INTERNAL, std::string("internal error: ") + e.what());
+    char message[512];  // on the stack: no allocation inside the handler
+    snprintf(message, sizeof message, "internal error: %s", e.what());
+    return fail(SSA_ERR_INTERNAL, message);
   } catch (...) {
     return fail(SSA_ERR_INTERNAL, "internal error: unknown exception");
   }
@@ -50,7 +66,9 @@ ssa_status guarded(Fn&& fn) {
 
 namespace ssa {
 // The same boundary for C entry points defined in other files of the library.
-ssa_status c_api_guarded(const std::function<absl::Status()>& fn) { return guarded(fn); }
+// absl::FunctionRef never allocates (a std::function built from a capturing
+// lambda may, outside the try block, where bad_alloc would escape the ABI).
+ssa_status c_api_guarded(absl::FunctionRef<absl::Status()> fn) { return guarded(fn); }
 }  // namespace ssa
 
 extern "C" {
@@ -76,7 +94,9 @@ const char* ssa_status_string(ssa_status st) {
   }
 }
 
-const char* ssa_last_error_message(void) { return g_last_error.c_str(); }
+const char* ssa_last_error_message(void) {
+  return g_static_error != nullptr ? g_static_error : g_last_error.c_str();
+}
 
 /* ---- runtime ---- */
 
@@ -212,6 +232,12 @@ ssa_status ssa_session_append(ssa_session* s, uint32_t layer, const void* k, con
     if (k == nullptr || v == nullptr) return ssa::invalid_argument("k and v must not be NULL");
     if (layer >= s->layout.n_layers) {
       return ssa::invalid_argument("layer ", layer, " >= n_layers ", s->layout.n_layers);
+    }
+    // Size checks come before anything reads k or v: a hostile n_tokens must be
+    // rejected, not used to scan far beyond the caller's arrays.
+    if (n_tokens > ssa::kMaxTokensPerLayer) {
+      return ssa::invalid_argument("n_tokens ", n_tokens, " exceeds the limit of ",
+                                   ssa::kMaxTokensPerLayer, " tokens per layer");
     }
     const uint64_t per_token = uint64_t{s->layout.n_kv_heads} * s->layout.head_dim;
     if (n_tokens > (SIZE_MAX / 2) / (per_token * s->layout.elem_bytes())) {

@@ -11,9 +11,6 @@
 namespace ssa {
 namespace {
 
-// Upper bound on tokens per layer: token indices are 32-bit inside the decode.
-constexpr uint64_t kMaxTokensPerLayer = 0xFFFFFFFFull;
-
 bool is_pow2(uint32_t v) { return v != 0 && (v & (v - 1)) == 0; }
 
 // Trains codebooks on `layer` and re-encodes all its codes; commits into `layer`
@@ -74,6 +71,14 @@ absl::Status validate_session_config(const ssa_session_config& c, KvLayout* layo
   }
   if (!is_pow2(c.page_tokens) || c.page_tokens < 16 || c.page_tokens > 4096) {
     return invalid_argument("page_tokens ", c.page_tokens, " must be a power of two in 16..4096");
+  }
+  const uint64_t page_bytes = 2ull * c.page_tokens * c.n_kv_heads * c.head_dim *
+                              dtype_bytes(static_cast<DType>(c.kv_dtype));
+  if (page_bytes > kMaxKvPageBytes) {
+    return invalid_argument("a KV page of ", c.page_tokens, " tokens x ", c.n_kv_heads,
+                            " KV heads x head_dim ", c.head_dim, " (K and V) takes ", page_bytes,
+                            " bytes, more than the limit of ", kMaxKvPageBytes,
+                            "; use a smaller page_tokens");
   }
   if ((c.flags & ~uint32_t{SSA_SESSION_HOST_POINTERS}) != 0) {
     return invalid_argument("unknown session flags 0x", absl::Hex(c.flags));

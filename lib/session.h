@@ -47,6 +47,13 @@ struct ssa_session {
 
 namespace ssa {
 
+// Upper bound on tokens per layer: token indices are 32-bit inside the decode.
+inline constexpr uint64_t kMaxTokensPerLayer = 0xFFFFFFFFull;
+// Upper bound on one KV page (K and V of page_tokens tokens): every size derived
+// from a page then fits comfortably in size_t, and a config that would ask for
+// gigabytes per page is rejected at create instead of at the first append.
+inline constexpr uint64_t kMaxKvPageBytes = uint64_t{1} << 30;
+
 // Validates a config and resolves defaults into a layout.
 absl::Status validate_session_config(const ssa_session_config& cfg, KvLayout* layout);
 

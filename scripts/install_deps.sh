@@ -3,7 +3,7 @@
 # is already there). Safe to run repeatedly.
 set -euo pipefail
 need=()
-for pkg in cmake g++ make pkg-config libabsl-dev libxxhash-dev doctest-dev python3 python3-pip; do
+for pkg in cmake g++ make pkg-config libabsl-dev libxxhash-dev doctest-dev python3 python3-pip valgrind; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ "${SSA_WITH_BINDINGS:-0}" = "1" ]; then

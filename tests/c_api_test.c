@@ -32,6 +32,30 @@ static int failures = 0;
     }                                                                     \
   } while (0)
 
+/* A dense decode of layer 0 equals want bitwise (the session is as it was). */
+static int dense_equals(ssa_session *s, const float *q, const float *want, size_t n_floats) {
+  ssa_decode_params p;
+  float got[4 * 64];
+  ssa_decode_params_init(&p);
+  p.method = SSA_METHOD_DENSE;
+  if (ssa_decode(s, 0, q, got, &p, NULL) != SSA_OK) return 0;
+  return memcmp(got, want, n_floats * sizeof(float)) == 0;
+}
+
+/* Every byte of buf still holds the sentinel (a rejected call wrote nothing). */
+static int untouched(const float *buf, size_t n_floats) {
+  size_t i;
+  for (i = 0; i < n_floats; ++i) {
+    if (buf[i] != -7.0f) return 0;
+  }
+  return 1;
+}
+
+static void fill_sentinel(float *buf, size_t n_floats) {
+  size_t i;
+  for (i = 0; i < n_floats; ++i) buf[i] = -7.0f;
+}
+
 static float frand(uint32_t *state) {
   *state = *state * 1664525u + 1013904223u;
   return ((float)(*state >> 8) / 16777216.0f) * 2.0f - 1.0f;
@@ -105,6 +129,60 @@ int main(void) {
   cfg.index_regrow_factor = 0.5f;
   EXPECT_STATUS(ssa_session_create(rt, &cfg, &s), SSA_ERR_INVALID_ARGUMENT);
   cfg.index_regrow_factor = 4.0f;
+  /* Limits and hostile shape values: each is rejected with a message naming it. */
+  {
+    const ssa_session_config good = cfg;
+    const uint32_t bad_head_dims[] = {0, 8, 24, 520, 1024, UINT32_MAX};
+    const uint32_t bad_layers[] = {0, 65537, UINT32_MAX};
+    for (i = 0; i < sizeof bad_head_dims / sizeof bad_head_dims[0]; ++i) {
+      cfg.head_dim = bad_head_dims[i];
+      EXPECT_STATUS(ssa_session_create(rt, &cfg, &s), SSA_ERR_INVALID_ARGUMENT);
+      EXPECT(strstr(ssa_last_error_message(), "head_dim") != NULL);
+    }
+    cfg = good;
+    for (i = 0; i < sizeof bad_layers / sizeof bad_layers[0]; ++i) {
+      cfg.n_layers = bad_layers[i];
+      EXPECT_STATUS(ssa_session_create(rt, &cfg, &s), SSA_ERR_INVALID_ARGUMENT);
+      EXPECT(strstr(ssa_last_error_message(), "n_layers") != NULL);
+    }
+    cfg = good;
+    cfg.n_kv_heads = UINT32_MAX;
+    EXPECT_STATUS(ssa_session_create(rt, &cfg, &s), SSA_ERR_INVALID_ARGUMENT);
+    cfg = good;
+    cfg.n_q_heads = UINT32_MAX;
+    EXPECT_STATUS(ssa_session_create(rt, &cfg, &s), SSA_ERR_INVALID_ARGUMENT);
+    cfg = good;
+    cfg.pq_subspaces = 0;
+    EXPECT_STATUS(ssa_session_create(rt, &cfg, &s), SSA_ERR_INVALID_ARGUMENT);
+    cfg = good;
+    cfg.index_regrow_factor = NAN;
+    EXPECT_STATUS(ssa_session_create(rt, &cfg, &s), SSA_ERR_INVALID_ARGUMENT);
+    cfg = good;
+    cfg.index_iterations = 1001;
+    EXPECT_STATUS(ssa_session_create(rt, &cfg, &s), SSA_ERR_INVALID_ARGUMENT);
+    cfg = good;
+    cfg.flags = 0x80u;
+    EXPECT_STATUS(ssa_session_create(rt, &cfg, &s), SSA_ERR_INVALID_ARGUMENT);
+    /* Every field in range, but one page would be 16 GiB: refused at create. */
+    cfg = good;
+    cfg.n_q_heads = 1024;
+    cfg.n_kv_heads = 1024;
+    cfg.head_dim = 512;
+    cfg.page_tokens = 4096;
+    EXPECT_STATUS(ssa_session_create(rt, &cfg, &s), SSA_ERR_INVALID_ARGUMENT);
+    EXPECT(strstr(ssa_last_error_message(), "page") != NULL);
+    /* The largest accepted n_layers: creating it allocates no pages. */
+    cfg = good;
+    cfg.n_layers = 65536;
+    EXPECT_STATUS(ssa_session_create(rt, &cfg, &s), SSA_OK);
+    EXPECT(ssa_session_layer_length(s, 65535) == 0);
+    ssa_session_destroy(s);
+    s = NULL;
+    cfg = good;
+  }
+  /* A small index keeps this program quick under valgrind (CI runs it there). */
+  cfg.pq_centroids = 32;
+  cfg.index_iterations = 4;
   cfg.index_min_tokens = 1000;
   EXPECT_STATUS(ssa_session_create(NULL, &cfg, &s), SSA_ERR_INVALID_ARGUMENT);
   EXPECT_STATUS(ssa_session_create(rt, NULL, &s), SSA_ERR_INVALID_ARGUMENT);
@@ -125,13 +203,27 @@ int main(void) {
   EXPECT(strstr(ssa_last_error_message(), "layer 2") != NULL);
   EXPECT_STATUS(ssa_session_append(s, 0, NULL, v, n), SSA_ERR_INVALID_ARGUMENT);
   EXPECT_STATUS(ssa_session_append(s, 0, k, NULL, n), SSA_ERR_INVALID_ARGUMENT);
+  /* Token counts whose byte sizes overflow, or that exceed the per-layer limit:
+     rejected before k or v is read (the arrays hold only n tokens). */
   EXPECT_STATUS(ssa_session_append(s, 0, k, v, UINT64_MAX), SSA_ERR_INVALID_ARGUMENT);
+  EXPECT_STATUS(ssa_session_append(s, 0, k, v, (uint64_t)UINT32_MAX + 1), SSA_ERR_INVALID_ARGUMENT);
+  EXPECT(strstr(ssa_last_error_message(), "limit") != NULL);
+  EXPECT_STATUS(ssa_session_append(s, 0, k, v, (uint64_t)SIZE_MAX / 4), SSA_ERR_INVALID_ARGUMENT);
+  EXPECT_STATUS(ssa_session_append(s, 0, k, v, (uint64_t)1 << 62), SSA_ERR_INVALID_ARGUMENT);
   k[100] = NAN;
   EXPECT_STATUS(ssa_session_append(s, 0, k, v, n), SSA_ERR_INVALID_ARGUMENT);
   k[100] = 0.25f;
   v[7] = INFINITY;
   EXPECT_STATUS(ssa_session_append(s, 0, k, v, n), SSA_ERR_INVALID_ARGUMENT);
   v[7] = 0.5f;
+  k[n * 2 * 64 - 1] = -INFINITY; /* the very last element is scanned too */
+  EXPECT_STATUS(ssa_session_append(s, 0, k, v, n), SSA_ERR_INVALID_ARGUMENT);
+  EXPECT(strstr(ssa_last_error_message(), "NaN or infinite") != NULL);
+  k[n * 2 * 64 - 1] = 0.125f;
+  v[0] = -NAN;
+  EXPECT_STATUS(ssa_session_append(s, 0, k, v, n), SSA_ERR_INVALID_ARGUMENT);
+  v[0] = 0.5f;
+  k[5] = 1e-40f; /* subnormal: finite, accepted (checked below by the good append) */
   EXPECT(ssa_session_layer_length(s, 0) == 0); /* every failure changed nothing */
   EXPECT_STATUS(ssa_session_append(s, 0, k, v, 0), SSA_OK);
   EXPECT_STATUS(ssa_session_append(s, 0, k, v, n), SSA_OK);
@@ -176,8 +268,58 @@ int main(void) {
     const float keep = q[3];
     q[3] = NAN;
     EXPECT_STATUS(ssa_decode(s, 0, q, out, &p, NULL), SSA_ERR_INVALID_ARGUMENT);
+    q[3] = INFINITY;
+    fill_sentinel(out, 4 * 64);
+    EXPECT_STATUS(ssa_decode(s, 0, q, out, &p, NULL), SSA_ERR_INVALID_ARGUMENT);
+    EXPECT(strstr(ssa_last_error_message(), "q[3]") != NULL);
+    q[3] = -INFINITY;
+    EXPECT_STATUS(ssa_decode(s, 0, q, out, &p, NULL), SSA_ERR_INVALID_ARGUMENT);
+    EXPECT(untouched(out, 4 * 64));
     q[3] = keep;
   }
+  /* Hostile decode parameters: rejected with nothing written to out. */
+  {
+    const float bad_sparsity[] = {0.0f, 0.999f, -1.0f, INFINITY, -INFINITY};
+    fill_sentinel(out, 4 * 64);
+    for (i = 0; i < sizeof bad_sparsity / sizeof bad_sparsity[0]; ++i) {
+      ssa_decode_params_init(&p);
+      p.sparsity = bad_sparsity[i];
+      EXPECT_STATUS(ssa_decode(s, 0, q, out, &p, NULL), SSA_ERR_INVALID_ARGUMENT);
+      EXPECT(strstr(ssa_last_error_message(), "sparsity") != NULL);
+    }
+    ssa_decode_params_init(&p);
+    p.heavy_fraction = NAN;
+    EXPECT_STATUS(ssa_decode(s, 0, q, out, &p, NULL), SSA_ERR_INVALID_ARGUMENT);
+    p.heavy_fraction = -0.1f;
+    EXPECT_STATUS(ssa_decode(s, 0, q, out, &p, NULL), SSA_ERR_INVALID_ARGUMENT);
+    ssa_decode_params_init(&p);
+    p.pi_min = NAN;
+    EXPECT_STATUS(ssa_decode(s, 0, q, out, &p, NULL), SSA_ERR_INVALID_ARGUMENT);
+    p.pi_min = 1.5f;
+    EXPECT_STATUS(ssa_decode(s, 0, q, out, &p, NULL), SSA_ERR_INVALID_ARGUMENT);
+    EXPECT(untouched(out, 4 * 64));
+    ssa_decode_params_init(&p);
+  }
+  /* Budgets at or above N, and sink/local windows covering everything, are
+     legal and mean dense attention, bitwise. */
+  {
+    const uint32_t big_budgets[] = {(uint32_t)n, (uint32_t)n + 1, UINT32_MAX};
+    for (i = 0; i < sizeof big_budgets / sizeof big_budgets[0]; ++i) {
+      ssa_decode_params_init(&p);
+      p.budget = big_budgets[i];
+      EXPECT_STATUS(ssa_decode(s, 0, q, out, &p, NULL), SSA_OK);
+      EXPECT(memcmp(out, ref, sizeof(out)) == 0);
+    }
+    ssa_decode_params_init(&p);
+    p.n_sink = UINT32_MAX;
+    p.n_local = UINT32_MAX;
+    EXPECT_STATUS(ssa_decode(s, 0, q, out, &p, NULL), SSA_OK);
+    EXPECT(memcmp(out, ref, sizeof(out)) == 0);
+    ssa_decode_params_init(&p);
+  }
+  /* None of the rejected calls above changed the session. */
+  EXPECT(ssa_session_layer_length(s, 0) == n && ssa_session_length(s) == n / 2);
+  EXPECT(dense_equals(s, q, ref, 4 * 64));
   {
     ssa_session *empty = NULL;
     EXPECT_STATUS(ssa_session_create(rt, &cfg, &empty), SSA_OK);
@@ -271,6 +413,23 @@ int main(void) {
     items[1].session = NULL;
     EXPECT_STATUS(ssa_decode_batch(items, 2, 0, &p), SSA_ERR_INVALID_ARGUMENT);
     EXPECT(strstr(ssa_last_error_message(), "item 1") != NULL);
+    /* A NaN in one item's query: the batch is rejected before any item runs. */
+    {
+      float bad_q[4 * 64];
+      memcpy(bad_q, q, sizeof bad_q);
+      bad_q[4 * 64 - 1] = NAN;
+      items[1].session = s;
+      items[1].q = bad_q;
+      fill_sentinel(out, 4 * 64);
+      fill_sentinel(out2, 4 * 64);
+      EXPECT_STATUS(ssa_decode_batch(items, 2, 0, &p), SSA_ERR_INVALID_ARGUMENT);
+      EXPECT(strstr(ssa_last_error_message(), "item 1") != NULL);
+      EXPECT(untouched(out, 4 * 64) && untouched(out2, 4 * 64));
+      p.sparsity = 0.5f;
+      items[1].q = q;
+      EXPECT_STATUS(ssa_decode_batch(items, 2, 0, &p), SSA_ERR_INVALID_ARGUMENT);
+      EXPECT(untouched(out, 4 * 64) && untouched(out2, 4 * 64));
+    }
   }
 
   /* fork, truncate, config, index */
@@ -279,6 +438,8 @@ int main(void) {
   EXPECT_STATUS(ssa_session_fork(s, &fork), SSA_OK);
   EXPECT_STATUS(ssa_session_truncate(fork, n), SSA_ERR_INVALID_ARGUMENT); /* > length n/2 */
   EXPECT_STATUS(ssa_session_truncate(NULL, 1), SSA_ERR_INVALID_ARGUMENT);
+  EXPECT_STATUS(ssa_session_truncate(s, UINT64_MAX), SSA_ERR_INVALID_ARGUMENT);
+  EXPECT(ssa_session_layer_length(s, 0) == n && dense_equals(s, q, ref, 4 * 64));
   EXPECT_STATUS(ssa_session_truncate(fork, 100), SSA_OK);
   EXPECT(ssa_session_length(fork) == 100 && ssa_session_length(s) == n / 2);
   EXPECT_STATUS(ssa_session_update_index(NULL), SSA_ERR_INVALID_ARGUMENT);
@@ -291,6 +452,37 @@ int main(void) {
     EXPECT_STATUS(ssa_session_get_config(s, NULL), SSA_ERR_INVALID_ARGUMENT);
     got.struct_size = 1;
     EXPECT_STATUS(ssa_session_get_config(s, &got), SSA_ERR_INVALID_ARGUMENT);
+  }
+
+  /* Half-precision sessions: NaN and infinity bit patterns of F16 and BF16 are
+     rejected; the largest finite values are accepted. */
+  {
+    const ssa_dtype types[2] = {SSA_DTYPE_F16, SSA_DTYPE_BF16};
+    const uint16_t bad_bits[2][2] = {{0x7e00u, 0xfc00u}, {0x7fc1u, 0xff80u}};
+    const uint16_t max_finite[2] = {0x7bffu, 0x7f7fu};
+    static uint16_t hk[16 * 2 * 64], hv[16 * 2 * 64]; /* 16 tokens of zeros */
+    size_t t, b;
+    for (t = 0; t < 2; ++t) {
+      ssa_session_config hc = cfg;
+      ssa_session *h = NULL;
+      hc.kv_dtype = types[t];
+      EXPECT_STATUS(ssa_session_create(rt, &hc, &h), SSA_OK);
+      for (b = 0; b < 2; ++b) {
+        hk[37] = bad_bits[t][b];
+        EXPECT_STATUS(ssa_session_append(h, 0, hk, hv, 16), SSA_ERR_INVALID_ARGUMENT);
+        EXPECT(strstr(ssa_last_error_message(), "k[37]") != NULL);
+        hk[37] = 0;
+        hv[16 * 2 * 64 - 1] = bad_bits[t][b];
+        EXPECT_STATUS(ssa_session_append(h, 0, hk, hv, 16), SSA_ERR_INVALID_ARGUMENT);
+        hv[16 * 2 * 64 - 1] = 0;
+      }
+      EXPECT(ssa_session_layer_length(h, 0) == 0);
+      hk[38] = max_finite[t];
+      EXPECT_STATUS(ssa_session_append(h, 0, hk, hv, 16), SSA_OK);
+      hk[38] = 0;
+      EXPECT(ssa_session_layer_length(h, 0) == 16);
+      ssa_session_destroy(h);
+    }
   }
 
   /* snapshot arguments */

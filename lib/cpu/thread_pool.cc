@@ -1,6 +1,7 @@
 #include "thread_pool.h"
 
 #include <atomic>
+#include <exception>
 
 namespace ssa {
 
@@ -9,15 +10,27 @@ struct ThreadPool::Loop {
   size_t n;
   std::atomic<size_t> next{0};
   std::atomic<size_t> done{0};
+  std::atomic<bool> failed{false};  // set once fn threw: skip what is left
+  std::exception_ptr error;         // the first exception; guarded by mu
   std::mutex mu;
   std::condition_variable finished;
 };
 
 ThreadPool::ThreadPool(int num_threads) {
-  for (int i = 1; i < num_threads; ++i) workers_.emplace_back([this] { worker_main(); });
+  try {
+    workers_.reserve(num_threads > 1 ? num_threads - 1 : 0);
+    for (int i = 1; i < num_threads; ++i) workers_.emplace_back([this] { worker_main(); });
+  } catch (...) {
+    // The destructor does not run for a constructor that throws, and a joinable
+    // std::thread destroyed unjoined ends the process.
+    stop_workers();
+    throw;
+  }
 }
 
-ThreadPool::~ThreadPool() {
+ThreadPool::~ThreadPool() { stop_workers(); }
+
+void ThreadPool::stop_workers() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
@@ -31,8 +44,15 @@ void ThreadPool::run_some(Loop& loop) {
   for (;;) {
     const size_t i = loop.next.fetch_add(1, std::memory_order_relaxed);
     if (i >= loop.n) break;
-    (*loop.fn)(i);
-    ++finished_here;
+    ++finished_here;  // counted as done whether it runs, throws or is skipped
+    if (loop.failed.load(std::memory_order_relaxed)) continue;
+    try {
+      (*loop.fn)(i);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(loop.mu);
+      if (!loop.error) loop.error = std::current_exception();
+      loop.failed.store(true, std::memory_order_relaxed);
+    }
   }
   if (finished_here != 0 &&
       loop.done.fetch_add(finished_here, std::memory_order_acq_rel) + finished_here == loop.n) {
@@ -66,7 +86,7 @@ void ThreadPool::worker_main() {
 void ThreadPool::parallel_for(size_t n, const std::function<void(size_t)>& fn) {
   if (n == 0) return;
   if (n == 1 || workers_.empty()) {
-    for (size_t i = 0; i < n; ++i) fn(i);
+    for (size_t i = 0; i < n; ++i) fn(i);  // exceptions reach the caller directly
     return;
   }
   auto loop = std::make_shared<Loop>();
@@ -78,16 +98,23 @@ void ThreadPool::parallel_for(size_t n, const std::function<void(size_t)>& fn) {
   }
   cv_.notify_all();
   run_some(*loop);
-  std::unique_lock<std::mutex> lock(loop->mu);
-  loop->finished.wait(lock, [&] { return loop->done.load(std::memory_order_acquire) == n; });
-  // Remove it from the queue if no worker did (all indices were taken here).
-  std::lock_guard<std::mutex> qlock(mu_);
-  for (auto it = queue_.begin(); it != queue_.end(); ++it) {
-    if (*it == loop) {
-      queue_.erase(it);
-      break;
+  std::exception_ptr error;
+  {
+    std::unique_lock<std::mutex> lock(loop->mu);
+    loop->finished.wait(lock, [&] { return loop->done.load(std::memory_order_acquire) == n; });
+    error = loop->error;
+  }
+  {
+    // Remove it from the queue if no worker did (all indices were taken here).
+    std::lock_guard<std::mutex> qlock(mu_);
+    for (auto it = queue_.begin(); it != queue_.end(); ++it) {
+      if (*it == loop) {
+        queue_.erase(it);
+        break;
+      }
     }
   }
+  if (error) std::rethrow_exception(error);
 }
 
 }  // namespace ssa

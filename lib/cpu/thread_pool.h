@@ -17,7 +17,9 @@ namespace ssa {
 
 class ThreadPool {
  public:
-  explicit ThreadPool(int num_threads);  // total threads including the caller
+  // num_threads counts the caller. Throws (std::bad_alloc, std::system_error)
+  // if the workers cannot all be started, after stopping those that were.
+  explicit ThreadPool(int num_threads);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
@@ -25,13 +27,17 @@ class ThreadPool {
   int num_threads() const { return static_cast<int>(workers_.size()) + 1; }
 
   // Runs fn(i) for i in [0, n), spread over the workers and the caller; returns
-  // when all are done. fn must not throw.
+  // when all are done. If fn throws (std::bad_alloc when memory runs out), the
+  // indices not yet started are skipped and the first exception is rethrown
+  // here, in the caller, once no thread runs fn any more: an exception on a
+  // worker thread would otherwise end the process.
   void parallel_for(size_t n, const std::function<void(size_t)>& fn);
 
  private:
   struct Loop;
   void worker_main();
   static void run_some(Loop& loop);
+  void stop_workers();
 
   std::mutex mu_;
   std::condition_variable cv_;

@@ -2,16 +2,16 @@
 // live in lib/c_api.cc). Same boundary: every call runs inside c_api_guarded,
 // which catches everything, maps absl::Status to ssa_status and sets the
 // thread-local message.
-#include <functional>
 #include <memory>
 
+#include "absl/functional/function_ref.h"
 #include "session.h"
 #include "snapshot/snapshot.h"
 #include "ssa.h"
 #include "status.h"
 
 namespace ssa {
-ssa_status c_api_guarded(const std::function<absl::Status()>& fn);  // lib/c_api.cc
+ssa_status c_api_guarded(absl::FunctionRef<absl::Status()> fn);  // lib/c_api.cc
 }  // namespace ssa
 
 extern "C" {

@@ -9,7 +9,11 @@
 namespace ssa {
 
 std::shared_ptr<PagePool> PagePool::create(size_t page_bytes, size_t max_free_pages) {
-  return std::shared_ptr<PagePool>(new PagePool(page_bytes, max_free_pages));
+  std::shared_ptr<PagePool> pool(new PagePool(page_bytes, max_free_pages));
+  // release() runs in page destructors and must not allocate (it would throw
+  // from a destructor when memory is exhausted): the free list never grows.
+  pool->free_.reserve(max_free_pages);
+  return pool;
 }
 
 PagePool::~PagePool() {

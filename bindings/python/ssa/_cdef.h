@@ -22,6 +22,13 @@
  *    mutate a session (append, update_index, truncate) take it exclusively and
  *    wait for running decodes (and make new decodes wait) - they never tear a
  *    read. fork and save only read the session and run beside decodes.
+ *  - Non-finite values: K, V and q that the library can read on the host (CPU
+ *    sessions, and CUDA sessions with SSA_SESSION_HOST_POINTERS) are scanned, and a
+ *    NaN or infinity anywhere gives SSA_ERR_INVALID_ARGUMENT naming the first bad
+ *    element, with nothing changed (one NaN key would poison every later decode).
+ *    Device pointers of CUDA sessions are not scanned (that would cost a copy per
+ *    call): there NaN/Inf inputs are the caller's to avoid; they are not reported
+ *    and make the outputs that read them meaningless (typically NaN).
  *  - No C++ exception, abort or assertion crosses this boundary.
  */
 
@@ -146,7 +153,8 @@ typedef struct ssa_session_config {
   uint32_t pq_centroids; /* K, default 256; 2..256 (codes are one byte)        */
   uint64_t model_fingerprint; /* opaque to the library; checked on load; default 0 */
   /* ---- fields below were appended after the API contract ---- */
-  uint32_t page_tokens;  /* tokens per KV page, default 256; power of two 16..4096 */
+  uint32_t page_tokens;  /* tokens per KV page, default 256; power of two 16..4096;
+                            a page (K and V) must fit in 1 GiB                */
   uint32_t flags;        /* SSA_SESSION_* flags, default 0                      */
   /* PQ index policy, per layer. The codebooks of a layer are trained (k-means++
      then Lloyd) on up to index_train_sample keys per KV head as soon as the layer
@@ -192,8 +200,10 @@ ssa_status ssa_session_get_config(const ssa_session *s, ssa_session_config *cfg)
    the layer's current PQ codebooks; the index policy may (re)train them here.
    All-or-nothing: on failure the layer is unchanged. n_tokens 0 is a no-op.
    Takes the session exclusively (waits for running decodes).
+   A layer holds at most 2^32 - 1 tokens.
    Returns SSA_OK, SSA_ERR_INVALID_ARGUMENT (NULL s/k/v, layer >= n_layers, size
-   overflow), SSA_ERR_OUT_OF_MEMORY, SSA_ERR_DEVICE. */
+   overflow, the layer limit exceeded, NaN or infinity in host k/v),
+   SSA_ERR_OUT_OF_MEMORY, SSA_ERR_DEVICE. */
 ssa_status ssa_session_append(ssa_session *s, uint32_t layer, const void *k,
                                       const void *v, uint64_t n_tokens);
 
@@ -325,7 +335,9 @@ void ssa_decode_stats_init(ssa_decode_stats *st);
    inputs, seed and step give bitwise the same output on the same backend,
    also after a fork or a snapshot round trip.
    Proxy methods on a layer without a PQ index train one on demand.
-   Decoding an empty layer gives SSA_ERR_INVALID_ARGUMENT.
+   Decoding an empty layer gives SSA_ERR_INVALID_ARGUMENT, as does a NaN or
+   infinity in a host q (see Conventions). Arguments are checked before anything
+   is computed: a call they reject writes nothing to out.
    Returns SSA_OK, SSA_ERR_INVALID_ARGUMENT, SSA_ERR_OUT_OF_MEMORY, SSA_ERR_DEVICE,
    SSA_ERR_UNSUPPORTED (target_error > 0 on a CUDA session). */
 ssa_status ssa_decode(ssa_session *s, uint32_t layer, const void *q, void *out,
