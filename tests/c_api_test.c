@@ -409,6 +409,16 @@ int main(void) {
     EXPECT_STATUS(ssa_decode_batch(items, 0, 0, &p), SSA_OK);
     items[1].out = out; /* two items write the same output */
     EXPECT_STATUS(ssa_decode_batch(items, 2, 0, &p), SSA_ERR_INVALID_ARGUMENT);
+    items[1].out = out + 100; /* partly over item 0's output */
+    EXPECT_STATUS(ssa_decode_batch(items, 2, 0, &p), SSA_ERR_INVALID_ARGUMENT);
+    EXPECT(strstr(ssa_last_error_message(), "overlaps") != NULL);
+    items[1].out = q; /* over the query both items read */
+    EXPECT_STATUS(ssa_decode_batch(items, 2, 0, &p), SSA_ERR_INVALID_ARGUMENT);
+    EXPECT(strstr(ssa_last_error_message(), "item 1") != NULL);
+    items[0].out = out2; /* swapped outputs are fine: no overlap */
+    items[1].out = out;
+    EXPECT_STATUS(ssa_decode_batch(items, 2, 0, &p), SSA_OK);
+    items[0].out = out;
     items[1].out = out2;
     items[1].session = NULL;
     EXPECT_STATUS(ssa_decode_batch(items, 2, 0, &p), SSA_ERR_INVALID_ARGUMENT);

@@ -1,10 +1,12 @@
 #include "decode.h"
 
+#include <stdint.h>
 #include <string.h>
 
 #include <algorithm>
 #include <atomic>
 #include <mutex>
+#include <vector>
 
 #include "cpu/finite_check.h"
 #include "cuda/cuda_backend.h"
@@ -85,6 +87,42 @@ absl::Status decode(ssa_session& s, uint32_t layer, const void* q, void* out,
   return locked_decode(s, layer, q, out, p, resolve_seed(s, p), nullptr, traces, profile);
 }
 
+namespace {
+
+// No item's out may overlap any q or another item's out (qs may share memory).
+// One sweep over the buffers sorted by address: O(n log n) for large batches.
+absl::Status check_batch_buffers(const ssa_decode_item* items, size_t n_items) {
+  struct Span {
+    uintptr_t begin, end;
+    size_t item;
+    bool out;
+  };
+  std::vector<Span> spans;
+  spans.reserve(2 * n_items);
+  for (size_t i = 0; i < n_items; ++i) {
+    const size_t bytes = size_t{items[i].session->layout.n_q_heads} * items[i].session->layout.row_bytes();
+    const auto q = reinterpret_cast<uintptr_t>(items[i].q), o = reinterpret_cast<uintptr_t>(items[i].out);
+    spans.push_back(Span{q, q + bytes, i, false});
+    spans.push_back(Span{o, o + bytes, i, true});
+  }
+  std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) { return a.begin < b.begin; });
+  // The furthest-reaching span seen so far, of any kind and of outs only.
+  const Span* reach_any = nullptr;
+  const Span* reach_out = nullptr;
+  for (const Span& c : spans) {
+    const Span* hit = c.out ? reach_any : reach_out;
+    if (hit != nullptr && c.begin < hit->end) {
+      const size_t out_item = c.out ? c.item : hit->item, other = c.out ? hit->item : c.item;
+      return invalid_argument("item ", out_item, ": out overlaps q or out of item ", other);
+    }
+    if (reach_any == nullptr || c.end > reach_any->end) reach_any = &c;
+    if (c.out && (reach_out == nullptr || c.end > reach_out->end)) reach_out = &c;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status decode_batch(const ssa_decode_item* items, size_t n_items, uint32_t layer,
                           const ssa_decode_params& p) {
   if (n_items == 0) return absl::OkStatus();
@@ -98,20 +136,7 @@ absl::Status decode_batch(const ssa_decode_item* items, size_t n_items, uint32_t
     }
     if (!st.ok()) return make_error(status_code(st), absl::StrCat("item ", i, ": ", st.message()));
   }
-  for (size_t i = 0; i < n_items; ++i) {
-    for (size_t j = 0; j < n_items; ++j) {
-      const ssa_decode_item& a = items[i];
-      const ssa_decode_item& b = items[j];
-      const size_t abytes = size_t{a.session->layout.n_q_heads} * a.session->layout.row_bytes();
-      const size_t bbytes = size_t{b.session->layout.n_q_heads} * b.session->layout.row_bytes();
-      const uint8_t* ao = static_cast<const uint8_t*>(a.out);
-      const uint8_t* bq = static_cast<const uint8_t*>(b.q);
-      const uint8_t* bo = static_cast<const uint8_t*>(b.out);
-      if ((ao < bq + bbytes && bq < ao + abytes) || (i != j && ao < bo + bbytes && bo < ao + abytes)) {
-        return invalid_argument("item ", i, ": out overlaps q or out of item ", j);
-      }
-    }
-  }
+  SSA_RETURN_IF_ERROR(check_batch_buffers(items, n_items));
   if (rt->backend == SSA_BACKEND_CUDA) return cuda::decode_batch(items, n_items, layer, p);  // CUDA backend hook
   std::mutex mu;
   absl::Status first = absl::OkStatus();
