@@ -525,7 +525,7 @@ absl::Status decode_batch(const ssa_decode_item* items, size_t n_items, uint32_t
       const LayerStore& l = s->layers[layer];
       if (l.n_tokens == 0) return invalid_argument("layer ", layer, " holds no tokens");
       const DecodePlan plan = plan_decode(l.n_tokens, p);
-      needs = !plan.dense && plan.kprime > 0 && method_uses_pq(p.method) && l.codebooks == nullptr;
+      needs = plan_needs_index(plan, p.method) && l.codebooks == nullptr;
     }
     if (needs) SSA_RETURN_IF_ERROR(session_ensure_index(*s, layer));
   }

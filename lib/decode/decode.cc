@@ -45,7 +45,7 @@ absl::Status locked_decode(ssa_session& s, uint32_t layer, const void* q, void* 
       const LayerStore& l = s.layers[layer];
       if (l.n_tokens == 0) return invalid_argument("layer ", layer, " holds no tokens");
       const DecodePlan plan = plan_decode(l.n_tokens, p);
-      const bool needs_index = plan.selects() && method_uses_pq(p.method);
+      const bool needs_index = plan_needs_index(plan, p.method);
       if (!needs_index || l.codebooks != nullptr) {
         if (s.cuda != nullptr) {  // CUDA backend hook
           return cuda::decode_layer(s, l, layer, q, out, p, seed, stats);

@@ -54,4 +54,10 @@ DecodePlan plan_decode(uint64_t n, const ssa_decode_params& p);
 // True for methods that score candidates with the PQ proxy (need an index).
 bool method_uses_pq(ssa_method m);
 
+// True when decoding with this plan and method needs the layer's PQ index
+// (trained on demand when missing).
+inline bool plan_needs_index(const DecodePlan& plan, ssa_method m) {
+  return plan.selects() && method_uses_pq(m);
+}
+
 }  // namespace ssa
