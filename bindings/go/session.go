@@ -124,23 +124,24 @@ func (s *Session) appendSlices(layer int, nk, nv int, k, v unsafe.Pointer, isF32
 // AppendF32 appends tokens to one layer of an F32 session. k and v are
 // [n_tokens][KVHeads][HeadDim] flattened. All-or-nothing.
 func (s *Session) AppendF32(layer int, k, v []float32) error {
-	var kp, vp unsafe.Pointer
-	if len(k) > 0 && len(v) > 0 {
-		kp, vp = unsafe.Pointer(&k[0]), unsafe.Pointer(&v[0])
-	}
-	err := s.appendSlices(layer, len(k), len(v), kp, vp, true)
-	runtime.KeepAlive(k)
-	runtime.KeepAlive(v)
-	return err
+	return appendHost(s, layer, k, v, true)
 }
 
 // AppendU16 appends tokens to one layer of an F16 or BF16 session (raw bits).
 func (s *Session) AppendU16(layer int, k, v []uint16) error {
+	return appendHost(s, layer, k, v, false)
+}
+
+// hostElem is an element type of host K, V, q and out: float32 for F32 sessions,
+// uint16 (raw bits) for F16 and BF16 sessions.
+type hostElem interface{ float32 | uint16 }
+
+func appendHost[T hostElem](s *Session, layer int, k, v []T, f32 bool) error {
 	var kp, vp unsafe.Pointer
 	if len(k) > 0 && len(v) > 0 {
 		kp, vp = unsafe.Pointer(&k[0]), unsafe.Pointer(&v[0])
 	}
-	err := s.appendSlices(layer, len(k), len(v), kp, vp, false)
+	err := s.appendSlices(layer, len(k), len(v), kp, vp, f32)
 	runtime.KeepAlive(k)
 	runtime.KeepAlive(v)
 	return err
@@ -279,24 +280,16 @@ func (s *Session) checkQ(nq, nout int) error {
 // DecodeF32 writes the attention output of one layer for query q into out
 // ([QHeads][HeadDim] flattened) in an F32 session.
 func (s *Session) DecodeF32(layer int, q, out []float32, params *DecodeParams) (DecodeStats, error) {
-	if err := s.hostElems(true); err != nil {
-		return DecodeStats{}, err
-	}
-	if err := s.checkQ(len(q), len(out)); err != nil {
-		return DecodeStats{}, err
-	}
-	if &q[0] == &out[0] {
-		return DecodeStats{}, invalid("q and out must not overlap")
-	}
-	st, err := s.DecodePtr(layer, unsafe.Pointer(&q[0]), unsafe.Pointer(&out[0]), params)
-	runtime.KeepAlive(q)
-	runtime.KeepAlive(out)
-	return st, err
+	return decodeHost(s, layer, q, out, params, true)
 }
 
 // DecodeU16 is DecodeF32 for F16 and BF16 sessions (raw bits).
 func (s *Session) DecodeU16(layer int, q, out []uint16, params *DecodeParams) (DecodeStats, error) {
-	if err := s.hostElems(false); err != nil {
+	return decodeHost(s, layer, q, out, params, false)
+}
+
+func decodeHost[T hostElem](s *Session, layer int, q, out []T, params *DecodeParams, f32 bool) (DecodeStats, error) {
+	if err := s.hostElems(f32); err != nil {
 		return DecodeStats{}, err
 	}
 	if err := s.checkQ(len(q), len(out)); err != nil {
