@@ -198,7 +198,8 @@ def gelu_tanh(x: np.ndarray) -> np.ndarray:
 
 
 class Gemma3:
-    add_bos = True
+    add_bos = True           # documents are encoded after <bos>
+    cache_tag = "gemma3-"    # prefill cache file names
 
     def __init__(self, path: Optional[str] = None, verbose: bool = True):
         import gguf
