@@ -18,6 +18,48 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import smollm  # noqa: E402
 
+MODELS = ["smollm2", "gemma3"]
+
+
+def load_model(name: str = "smollm2"):
+    """smollm2: SmolLM2-135M-Instruct (eval/smollm.py); gemma3: Gemma-3-270M
+    (eval/gemma3.py)."""
+    if name == "smollm2":
+        return smollm.SmolLM()
+    if name == "gemma3":
+        import gemma3
+        return gemma3.Gemma3()
+    raise ValueError(name)
+
+
+def ssa_layers(model) -> List[int]:
+    """The layers whose decode attention libssa serves: all of them, or only the
+    global ones of a model with sliding-window layers (model.global_layers)."""
+    g = getattr(model, "global_layers", None)
+    return list(g) if g is not None else list(range(model.n_layers))
+
+
+def dense_attention(q: np.ndarray, K: np.ndarray, V: np.ndarray) -> np.ndarray:
+    """Numpy attention of q [n_q, d] over K/V [n, n_kv, d]: scale 1/sqrt(d), GQA."""
+    n_q, d = q.shape
+    g = n_q // K.shape[1]
+    out = np.empty_like(q)
+    for h in range(n_q):
+        sc = K[:, h // g, :] @ q[h] / np.sqrt(d)
+        p = np.exp(sc - sc.max())
+        out[h] = (p / p.sum()) @ V[:, h // g, :]
+    return out
+
+
+def local_windows(model, K, V) -> Dict[int, tuple]:
+    """For sliding-window layers: the last window - 1 K/V rows of the prefill, which
+    the next decoded token sees besides itself (decoded densely in numpy)."""
+    if getattr(model, "global_layers", None) is None:
+        return {}
+    w = model.window - 1
+    return {l: (np.array(K[l][-w:]), np.array(V[l][-w:])) for l in range(model.n_layers)
+            if l not in model.global_layers}
+
 METHODS = ["dense", "pq_topk", "oracle_topk", "hybrid_uniform", "ssa", "ssa_adaptive"]
 SPARSITIES = [5, 10, 20, 50]
 HEAVY_FRACTION = 0.4
@@ -45,7 +87,8 @@ def cached_prefill(model: smollm.SmolLM, ids: Sequence[int], past_ids: Optional[
     def key(t):
         return hashlib.sha1(np.asarray(t, dtype=np.int32).tobytes()).hexdigest()[:20]
 
-    path = os.path.join(CACHE_DIR, "prefill-%s.npz" % key(ids))
+    tag = getattr(model, "cache_tag", "")
+    path = os.path.join(CACHE_DIR, "prefill-%s%s.npz" % (tag, key(ids)))
     if os.path.exists(path):
         z = np.load(path)
         return z["logits"], list(z["K"]), list(z["V"])
@@ -64,14 +107,16 @@ def cached_prefill(model: smollm.SmolLM, ids: Sequence[int], past_ids: Optional[
 
 
 def build_session(rt, model: smollm.SmolLM, K, V, dtype: str = "float32", host_pointers: bool = False):
-    """A libssa session holding the prefill's post-RoPE K and V of every layer.
-    The PQ index (16 subspaces of 4 dims, 256 centroids) trains on append.
+    """A libssa session holding the prefill's post-RoPE K and V of every layer
+    libssa serves (ssa_layers: session layer i is model layer ssa_layers[i]).
+    The PQ index (16 subspaces of head_dim / 16 dims, 256 centroids) trains on append.
     host_pointers: a CUDA session that takes the numpy arrays of this model."""
-    s = rt.create_session(n_layers=model.n_layers, n_q_heads=model.n_q, n_kv_heads=model.n_kv,
+    layers = ssa_layers(model)
+    s = rt.create_session(n_layers=len(layers), n_q_heads=model.n_q, n_kv_heads=model.n_kv,
                           head_dim=model.head_dim, dtype=dtype, pq_subspaces=16, host_pointers=host_pointers)
     np_dt = np.float32 if dtype == "float32" else np.float16
-    for layer in range(model.n_layers):
-        s.append(layer, np.ascontiguousarray(K[layer], dtype=np_dt), np.ascontiguousarray(V[layer], dtype=np_dt))
+    for i, layer in enumerate(layers):
+        s.append(i, np.ascontiguousarray(K[layer], dtype=np_dt), np.ascontiguousarray(V[layer], dtype=np_dt))
     return s
 
 
@@ -84,7 +129,7 @@ def log_softmax(x: np.ndarray) -> np.ndarray:
 def run_decode(model: smollm.SmolLM, base, pos0: int, logits0: np.ndarray, feed: Sequence[int],
                method: str, sparsity: float, n_sink: int, n_local: int, n_generate: int = 0,
                ref_every: int = 0, stop=None, dtype: str = "float32", decode_kw: Optional[Dict] = None,
-               head_errors: bool = False) -> Dict:
+               head_errors: bool = False, local: Optional[Dict[int, tuple]] = None) -> Dict:
     """Feeds `feed` (teacher forcing) from position pos0 on a fork of `base`, then
     generates n_generate tokens greedily; every decode-time attention is
     session.decode(layer, q, method=..., **decode_kw). Records, for each logit
@@ -93,6 +138,9 @@ def run_decode(model: smollm.SmolLM, base, pos0: int, logits0: np.ndarray, feed:
     ref_every-th step also decodes DENSE on the same session and query and records
     the relative L2 error of the attention output per layer (per head, then
     averaged), and with head_errors every single (layer, head) error.
+    local: {layer: (K, V)} of sliding-window layers (local_windows): these are
+    decoded densely in numpy over the last model.window positions, not by libssa,
+    and have no error entry; the session holds only ssa_layers(model).
     """
     np_dt = np.float32 if dtype == "float32" else np.float16
     s = base.fork()
@@ -103,11 +151,20 @@ def run_decode(model: smollm.SmolLM, base, pos0: int, logits0: np.ndarray, feed:
     state = dict(step=0, ref=False)
     per_head: List[List[float]] = []  # [layer, step, e_head0, e_head1, ...] rows
     kw = dict(decode_kw or {})
+    smap = {l: i for i, l in enumerate(ssa_layers(model))}
+    win = {l: (K.copy(), V.copy()) for l, (K, V) in (local or {}).items()}
 
     def attend(layer, q, k, v):
-        s.append(layer, np.ascontiguousarray(k[None], dtype=np_dt), np.ascontiguousarray(v[None], dtype=np_dt))
+        if layer in win:
+            K, V = win[layer]
+            K = np.concatenate([K, k[None]], 0)[-model.window:]
+            V = np.concatenate([V, v[None]], 0)[-model.window:]
+            win[layer] = (K, V)
+            return dense_attention(q, K, V).astype(np.float32)
+        sl = smap[layer]
+        s.append(sl, np.ascontiguousarray(k[None], dtype=np_dt), np.ascontiguousarray(v[None], dtype=np_dt))
         qq = np.ascontiguousarray(q, dtype=np_dt)
-        out, st = s.decode(layer, qq, method=method, sparsity=sparsity, heavy_fraction=HEAVY_FRACTION,
+        out, st = s.decode(sl, qq, method=method, sparsity=sparsity, heavy_fraction=HEAVY_FRACTION,
                            n_sink=n_sink, n_local=n_local, seed=SEED, step=state["step"], stats=True, **kw)
         st_tot["tokens_read"] += st.tokens_read
         st_tot["context"] += st.context_tokens * n_q
@@ -116,7 +173,7 @@ def run_decode(model: smollm.SmolLM, base, pos0: int, logits0: np.ndarray, feed:
         st_tot["capped"] += st.capped_heads
         st_tot["predicted"] += st.predicted_error
         if state["ref"]:
-            ref = s.decode(layer, qq, method="dense").astype(np.float64)
+            ref = s.decode(sl, qq, method="dense").astype(np.float64)
             o = out.astype(np.float64)
             e = np.linalg.norm(o - ref, axis=1) / np.maximum(np.linalg.norm(ref, axis=1), 1e-30)
             err_sum[layer] += e.mean()

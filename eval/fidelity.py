@@ -48,13 +48,22 @@ def documents():
     }
 
 
-def configs(methods):
+def prefix(args):
+    """Result file prefix: none for SmolLM2 (the main evaluation), else the model."""
+    return "" if getattr(args, "model", "smollm2") == "smollm2" else args.model + "-"
+
+
+def encode_doc(model, text):
+    return ([model.tok.bos] if getattr(model, "add_bos", False) else []) + model.tok.encode(text)
+
+
+def configs(methods, sparsities=None):
     out = []
     for m in methods:
         if m == "dense":
             out.append((m, 1.0))
         else:
-            out.extend((m, float(s)) for s in common.SPARSITIES)
+            out.extend((m, float(s)) for s in (sparsities or common.SPARSITIES))
     return out
 
 
@@ -67,9 +76,9 @@ def save(name, obj, indent=1):
 # ------------------------------------------------------------------------ documents
 
 def cmd_doc(args):
-    model = common.smollm.SmolLM()
+    model = common.load_model(args.model)
     path = documents()[args.doc]
-    ids = model.tok.encode(open(path, encoding="utf-8").read())
+    ids = encode_doc(model, open(path, encoding="utf-8").read())
     S = args.steps
     N = min(len(ids) - S - 1, args.max_context)
     if N < 1024:
@@ -83,20 +92,22 @@ def cmd_doc(args):
     t0 = time.time()
     base = common.build_session(rt, model, K, V)
     print("session + PQ index: %.1fs" % (time.time() - t0), flush=True)
+    local = common.local_windows(model, K, V)
     del K, V
     feed = ids[N: N + S + 1]
     for method in args.methods:
-        out_name = "doc-%s-%s.json" % (args.doc, method)
+        out_name = "%sdoc-%s-%s.json" % (prefix(args), args.doc, method)
         rows = []
-        for m, sp in configs([method]):
-            r = common.run_decode(model, base, N, logits0, feed, m, sp, ns, ns, ref_every=args.ref_every)
+        for m, sp in configs([method], args.sparsities):
+            r = common.run_decode(model, base, N, logits0, feed, m, sp, ns, ns, ref_every=args.ref_every,
+                                  local=local)
             r["targets"] = list(map(int, feed[1:]))
             e = [x for x in r["layer_err"] if x is not None]
             print("  %-15s %4gx  err %.4f  ll %.3f  read %.3f  %.0fs" % (
                 m, sp, np.mean(e) if e else 0.0, np.mean(r["logps"]), r["read_fraction"], r["seconds"]),
                 flush=True)
             rows.append(r)
-        save(out_name, dict(doc=args.doc, path=path, context=N, steps=S, sink=ns, local=ns,
+        save(out_name, dict(model=args.model, doc=args.doc, path=path, context=N, steps=S, sink=ns, local=ns,
                             heavy_fraction=common.HEAVY_FRACTION, seed=common.SEED, runs=rows))
     base.close()
 
@@ -104,9 +115,9 @@ def cmd_doc(args):
 # ------------------------------------------------------------------------ error target
 
 def cmd_errtarget(args):
-    model = common.smollm.SmolLM()
+    model = common.load_model(args.model)
     path = documents()[args.doc]
-    ids = model.tok.encode(open(path, encoding="utf-8").read())
+    ids = encode_doc(model, open(path, encoding="utf-8").read())
     S = args.steps
     N = min(len(ids) - S - 1, args.max_context)
     ids = ids[: N + S + 1]
@@ -116,6 +127,7 @@ def cmd_errtarget(args):
     logits0, K, V = common.cached_prefill(model, ids[:N])
     rt = common.runtime()
     base = common.build_session(rt, model, K, V)
+    local = common.local_windows(model, K, V)
     del K, V
     feed = ids[N: N + S + 1]
     rows = []
@@ -123,7 +135,7 @@ def cmd_errtarget(args):
         # No floor (budget 0); the cap is the default N / 5, the 5x budget.
         kw = dict(target_error=eps, target_delta=args.delta)
         r = common.run_decode(model, base, N, logits0, feed, args.method, 50.0, ns, ns,
-                              ref_every=args.ref_every, decode_kw=kw, head_errors=True)
+                              ref_every=args.ref_every, decode_kw=kw, head_errors=True, local=local)
         r["target_error"], r["target_delta"] = eps, args.delta
         r["targets"] = list(map(int, feed[1:]))
         e = np.array([x for row in r["head_errors"] for x in row[2:]])
@@ -131,8 +143,8 @@ def cmd_errtarget(args):
             eps, np.mean(e <= eps), e.mean(), r["read_fraction"], r["budget_fraction"], r["capped_heads"],
             r["head_decodes"], r["seconds"]), flush=True)
         rows.append(r)
-    save("errtarget-%s-%s.json" % (args.doc, args.method),
-         dict(doc=args.doc, path=path, context=N, steps=S, sink=ns, local=ns, method=args.method,
+    save("%serrtarget-%s-%s.json" % (prefix(args), args.doc, args.method),
+         dict(model=args.model, doc=args.doc, path=path, context=N, steps=S, sink=ns, local=ns, method=args.method,
               heavy_fraction=common.HEAVY_FRACTION, seed=common.SEED, runs=rows),
          indent=None)  # every per-head error: compact
     base.close()
@@ -277,8 +289,9 @@ def cmd_report(args):
     import matplotlib.pyplot as plt
     import matplotlib.ticker  # noqa: F401
 
+    pre = prefix(args)
     docs = {}
-    for f in sorted(glob.glob(os.path.join(RESULTS, "doc-*.json"))):
+    for f in sorted(glob.glob(os.path.join(RESULTS, pre + "doc-*.json"))):
         d = json.load(open(f))
         docs.setdefault(d["doc"], dict(meta=d, runs={}))
         for r in d["runs"]:
@@ -323,6 +336,13 @@ def cmd_report(args):
             "%.4f" % np.mean(errs) if errs else "0", "%.4f" % np.max(worst) if worst else "0",
             np.mean(agree), np.mean(ll), np.mean(acc)))
     main_table = "\n".join(lines)
+
+    if pre:
+        # Another model: its document table and main table only, next to SmolLM2's.
+        with open(os.path.join(RESULTS, pre + "tables.md"), "w") as f:
+            f.write("<!-- doc_table -->\n%s\n\n<!-- main_table -->\n%s\n" % (doc_table, main_table))
+        print(open(os.path.join(RESULTS, pre + "tables.md")).read())
+        return
 
     # per-layer error at 20x
     layer_lines = []
@@ -415,6 +435,58 @@ def cmd_report(args):
     print(open(os.path.join(RESULTS, "tables.md")).read())
 
 
+# ------------------------------------------------------------------------ check
+
+def cmd_check(args):
+    """DENSE decode through libssa against numpy attention over the same K/V: a
+    short prefill, then `steps` greedy decode steps; per global layer the relative
+    L2 error of libssa's output, and the logits against an all-numpy run."""
+    model = common.load_model(args.model)
+    text = open(documents()["gpl3"], encoding="utf-8").read()
+    ids = encode_doc(model, text)[: args.context]
+    logits0, K, V = model.prefill(ids)
+    rt = common.runtime()
+    s = common.build_session(rt, model, K, V)
+    layers = common.ssa_layers(model)
+    local = common.local_windows(model, K, V)
+    ref_K = {l: K[l] for l in layers}
+    ref_V = {l: V[l] for l in layers}
+    errs = []
+
+    def attend(layer, q, k, v):
+        if layer in local:
+            Kl, Vl = local[layer]
+            Kl = np.concatenate([Kl, k[None]], 0)[-model.window:]
+            Vl = np.concatenate([Vl, v[None]], 0)[-model.window:]
+            local[layer] = (Kl, Vl)
+            return common.dense_attention(q, Kl, Vl)
+        sl = layers.index(layer)
+        s.append(sl, k[None].astype(np.float32), v[None].astype(np.float32))
+        out = s.decode(sl, np.ascontiguousarray(q, dtype=np.float32), method="dense")
+        ref_K[layer] = np.concatenate([ref_K[layer], k[None]], 0)
+        ref_V[layer] = np.concatenate([ref_V[layer], v[None]], 0)
+        ref = common.dense_attention(q.astype(np.float64), ref_K[layer].astype(np.float64),
+                                     ref_V[layer].astype(np.float64))
+        errs.append(float(np.max(np.linalg.norm(out - ref, axis=1) / np.linalg.norm(ref, axis=1))))
+        return out
+
+    ref_cache = (common.smollm.NumpyCache if args.model == "smollm2" else __import__("gemma3").NumpyCache)(
+        model, K, V)
+    a, b = logits0, logits0
+    pos = len(ids)
+    for _ in range(args.steps):
+        t = int(np.argmax(a))
+        a = model.step(t, pos, attend)
+        b = model.step(t, pos, ref_cache)
+        pos += 1
+    print("%s: context %d, %d steps, libssa layers %s" % (args.model, len(ids), args.steps, layers))
+    print("DENSE via libssa vs numpy float64 attention: max rel. L2 error %.2e (mean %.2e) over %d layer decodes"
+          % (max(errs), np.mean(errs), len(errs)))
+    print("last logits vs all-numpy decode: rel. L2 error %.2e, argmax %d vs %d" % (
+        np.linalg.norm(a - b) / np.linalg.norm(b), int(np.argmax(a)), int(np.argmax(b))))
+    s.close()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -422,6 +494,7 @@ def main():
     d.add_argument("--doc", choices=sorted(documents()), required=True)
     d.add_argument("--methods", nargs="+", default=common.METHODS, choices=common.METHODS)
     d.add_argument("--steps", type=int, default=32)
+    d.add_argument("--sparsities", nargs="+", type=float, default=None, help="default: %s" % common.SPARSITIES)
     d.add_argument("--max-context", type=int, default=8000)
     d.add_argument("--ref-every", type=int, default=2, help="dense reference every k-th step for the error")
     p = sub.add_parser("passkey")
@@ -436,9 +509,15 @@ def main():
     e.add_argument("--steps", type=int, default=32)
     e.add_argument("--max-context", type=int, default=8000)
     e.add_argument("--ref-every", type=int, default=2, help="dense reference every k-th step for the error")
-    sub.add_parser("report")
+    rp = sub.add_parser("report")
+    c = sub.add_parser("check")
+    c.add_argument("--context", type=int, default=2000)
+    c.add_argument("--steps", type=int, default=4)
+    for x in (d, e, rp, c):
+        x.add_argument("--model", default="smollm2", choices=common.MODELS)
     args = ap.parse_args()
-    {"doc": cmd_doc, "passkey": cmd_passkey, "errtarget": cmd_errtarget, "report": cmd_report}[args.cmd](args)
+    {"doc": cmd_doc, "passkey": cmd_passkey, "errtarget": cmd_errtarget, "report": cmd_report,
+     "check": cmd_check}[args.cmd](args)
 
 
 if __name__ == "__main__":
