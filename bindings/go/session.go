@@ -222,6 +222,13 @@ type DecodeParams struct {
 	Seed          uint64  // 0 = the runtime's seed
 	Step          uint64  // RNG counter
 	Stream        uintptr // cudaStream_t for CUDA sessions; 0 = default stream
+	// Error-targeted decode (SSA and SSA_ADAPTIVE, CPU sessions; see ssa.h):
+	// TargetError > 0 asks each head for relative error <= TargetError with
+	// probability >= 1 - TargetDelta, choosing its own budget up to MaxBudget
+	// (0 = the library's default cap); Budget is then a floor.
+	TargetError float32
+	TargetDelta float32
+	MaxBudget   uint32
 }
 
 // DefaultDecodeParams returns the library's defaults (SSA, sparsity 50, ...).
@@ -230,7 +237,8 @@ func DefaultDecodeParams() DecodeParams {
 	C.ssa_decode_params_init(&p)
 	return DecodeParams{Method: Method(p.method), Budget: uint32(p.budget), Sparsity: float32(p.sparsity),
 		HeavyFraction: float32(p.heavy_fraction), NSink: uint32(p.n_sink), NLocal: uint32(p.n_local),
-		PiMin: float32(p.pi_min), Seed: uint64(p.seed), Step: uint64(p.step)}
+		PiMin: float32(p.pi_min), Seed: uint64(p.seed), Step: uint64(p.step),
+		TargetError: float32(p.target_error), TargetDelta: float32(p.target_delta), MaxBudget: uint32(p.max_budget)}
 }
 
 // WithMethod returns the defaults with another method.
@@ -256,6 +264,9 @@ func (d *DecodeParams) toC() C.ssa_decode_params {
 	p.seed = C.uint64_t(d.Seed)
 	p.step = C.uint64_t(d.Step)
 	p.stream = *(*unsafe.Pointer)(unsafe.Pointer(&d.Stream))
+	p.target_error = C.float(d.TargetError)
+	p.target_delta = C.float(d.TargetDelta)
+	p.max_budget = C.uint32_t(d.MaxBudget)
 	return p
 }
 
@@ -264,6 +275,12 @@ type DecodeStats struct {
 	ContextTokens, TokensRead, HeavyTokens, Draws, UniqueSamples uint64
 	ResidualProxyMass                                            float64
 	ScoredTokens                                                 uint64
+	// Error-targeted decode only (0 otherwise): the budgets the heads chose, the
+	// heads that stopped at MaxBudget above the target, and the predicted error
+	// bound, each summed over query heads.
+	TargetBudget   uint64
+	CappedHeads    uint32
+	PredictedError float64
 }
 
 func (s *Session) checkQ(nq, nout int) error {
@@ -322,7 +339,8 @@ func (s *Session) DecodePtr(layer int, q, out unsafe.Pointer, params *DecodePara
 	}
 	return DecodeStats{uint64(st.context_tokens), uint64(st.tokens_read), uint64(st.heavy_tokens),
 		uint64(st.draws), uint64(st.unique_samples), float64(st.residual_proxy_mass),
-		uint64(st.scored_tokens)}, nil
+		uint64(st.scored_tokens), uint64(st.target_budget), uint32(st.capped_heads),
+		float64(st.predicted_error)}, nil
 }
 
 // BatchItemF32 is one entry of Runtime.DecodeBatchF32.

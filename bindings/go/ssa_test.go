@@ -499,3 +499,53 @@ func TestLoadErrors(t *testing.T) {
 		t.Fatalf("NUL in path: %v", err)
 	}
 }
+
+// Error-targeted decode: each head picks its budget; a tighter target reads
+// more rows; the error against DENSE stays near the target; bad values fail.
+func TestErrorTarget(t *testing.T) {
+	rt := cpuRuntime(t, 5)
+	s, q := peakedSession(t, rt, 11)
+	dense := make([]float32, qLen)
+	_, err := s.DecodeF32(0, q, dense, WithMethod(MethodDense))
+	must(t, err)
+	ref := make([]float64, qLen)
+	for i, x := range dense {
+		ref[i] = float64(x)
+	}
+	budgets := map[float32]uint64{}
+	for _, eps := range []float32{0.05, 0.2} {
+		p := WithMethod(MethodSSA)
+		p.NSink, p.NLocal, p.TargetError, p.TargetDelta, p.MaxBudget = 16, 16, eps, 0.1, 4096
+		out := make([]float32, qLen)
+		st, err := s.DecodeF32(0, q, out, p)
+		must(t, err)
+		got := make([]float64, qLen)
+		for i, x := range out {
+			got[i] = float64(x)
+		}
+		if st.TargetBudget == 0 || st.TokensRead > st.TargetBudget || st.PredictedError <= 0 || st.CappedHeads != 0 {
+			t.Errorf("eps %g: stats %+v", eps, st)
+		}
+		// The bound holds per head with probability 0.9; over all heads the error
+		// stays well within twice the target.
+		if e := relErr(got, ref); e > 2*float64(eps) {
+			t.Errorf("eps %g: rel err %g", eps, e)
+		}
+		budgets[eps] = st.TargetBudget
+	}
+	if budgets[0.05] <= budgets[0.2] {
+		t.Errorf("a tighter target did not read more: %v", budgets)
+	}
+	for _, mod := range []func(*DecodeParams){
+		func(p *DecodeParams) { p.TargetError = -1 },
+		func(p *DecodeParams) { p.TargetError, p.TargetDelta = 0.1, 1.5 },
+		func(p *DecodeParams) { p.TargetError, p.Method = 0.1, MethodPQTopK },
+	} {
+		p := DefaultDecodeParams()
+		mod(&p)
+		_, err := s.DecodeF32(0, q, make([]float32, qLen), &p)
+		if !errors.Is(err, ErrInvalidArgument) {
+			t.Errorf("params %+v: %v", p, err)
+		}
+	}
+}

@@ -278,6 +278,14 @@ pub struct DecodeParams {
     pub step: u64,
     /// `cudaStream_t` (as an address) for CUDA sessions; 0 = default stream.
     pub stream: usize,
+    /// Error-targeted decode (`Ssa` and `SsaAdaptive` on CPU sessions; see ssa.h):
+    /// wanted relative error of each head's output; 0 (default) = off. With a
+    /// target, each head chooses its own budget and `budget` is a floor.
+    pub target_error: f32,
+    /// Allowed failure probability of the target, in (0, 1); default 0.1.
+    pub target_delta: f32,
+    /// Cap on the budget a head may choose; `None` = the library's default.
+    pub max_budget: Option<u32>,
 }
 
 impl Default for DecodeParams {
@@ -299,6 +307,9 @@ impl Default for DecodeParams {
             seed: if p.seed == 0 { None } else { Some(p.seed) },
             step: p.step,
             stream: p.stream as usize,
+            target_error: p.target_error,
+            target_delta: p.target_delta,
+            max_budget: if p.max_budget == 0 { None } else { Some(p.max_budget) },
         }
     }
 }
@@ -325,6 +336,17 @@ impl DecodeParams {
         self.step = step;
         self
     }
+    /// Asks for relative error <= `epsilon` per head with probability >= 1 - `delta`.
+    pub fn with_target_error(mut self, epsilon: f32, delta: f32) -> Self {
+        self.target_error = epsilon;
+        self.target_delta = delta;
+        self
+    }
+    /// Caps the budget an error-targeted head may choose.
+    pub fn with_max_budget(mut self, max_budget: u32) -> Self {
+        self.max_budget = Some(max_budget);
+        self
+    }
 
     pub(crate) fn to_raw(&self) -> sys::ssa_decode_params {
         let mut p = std::mem::MaybeUninit::<sys::ssa_decode_params>::uninit();
@@ -343,6 +365,9 @@ impl DecodeParams {
         p.seed = self.seed.unwrap_or(0);
         p.step = self.step;
         p.stream = self.stream as *mut c_void;
+        p.target_error = self.target_error;
+        p.target_delta = self.target_delta;
+        p.max_budget = self.max_budget.unwrap_or(0);
         p
     }
 }
@@ -364,6 +389,12 @@ pub struct DecodeStats {
     pub residual_proxy_mass: f64,
     /// Proxy scores computed.
     pub scored_tokens: u64,
+    /// Error-targeted decode: the budgets the heads chose (0 otherwise).
+    pub target_budget: u64,
+    /// Error-targeted decode: heads that stopped at the cap above the target.
+    pub capped_heads: u32,
+    /// Error-targeted decode: predicted error bound, summed over heads.
+    pub predicted_error: f64,
 }
 
 impl DecodeStats {
@@ -376,6 +407,9 @@ impl DecodeStats {
             unique_samples: s.unique_samples,
             residual_proxy_mass: s.residual_proxy_mass,
             scored_tokens: s.scored_tokens,
+            target_budget: s.target_budget,
+            capped_heads: s.capped_heads,
+            predicted_error: s.predicted_error,
         }
     }
 }

@@ -213,3 +213,33 @@ fn decode_argument_errors() {
     let e = s.decode_vec(3, &q, &DecodeParams::default()).unwrap_err();
     assert!(e.to_string().contains("SSA_ERR_INVALID_ARGUMENT"), "{}", e);
 }
+
+#[test]
+fn error_targeted_decode_chooses_budgets_per_head() {
+    let rt = runtime();
+    let (s, k, v, q) = peaked(&rt, 12);
+    let r = reference(&to_f64(&q), &to_f64(&k), &to_f64(&v), NQ as usize, NKV as usize, D as usize);
+    let mut budgets = Vec::new();
+    for eps in [0.05f32, 0.2] {
+        let p = DecodeParams::method(Method::Ssa).with_window(16, 16).with_target_error(eps, 0.1).with_max_budget(4096);
+        let mut out = vec![0f32; Q_LEN];
+        let st = s.decode(0, &q, &mut out, &p).unwrap();
+        assert!(st.target_budget > 0 && st.tokens_read <= st.target_budget, "{:?}", st);
+        assert_eq!(st.capped_heads, 0, "{:?}", st);
+        assert!(st.predicted_error > 0.0, "{:?}", st);
+        // Per head the bound holds with probability 0.9; over all heads the error
+        // stays well within twice the target.
+        let e = rel_err(&to_f64(&out), &r);
+        assert!(e <= 2.0 * eps as f64, "eps {}: {}", eps, e);
+        budgets.push(st.target_budget);
+    }
+    assert!(budgets[0] > budgets[1], "a tighter target did not read more: {:?}", budgets);
+    for bad in [
+        DecodeParams::method(Method::Ssa).with_target_error(-1.0, 0.1),
+        DecodeParams::method(Method::Ssa).with_target_error(0.1, 1.5),
+        DecodeParams::method(Method::PqTopK).with_target_error(0.1, 0.1),
+    ] {
+        let e = s.decode_vec(0, &q, &bad).unwrap_err();
+        assert_eq!(e.status(), Status::InvalidArgument, "{:?}", bad);
+    }
+}
