@@ -17,14 +17,6 @@ using namespace ssa_test;
 
 namespace {
 
-std::vector<float> random_vec(size_t n, uint64_t seed, float scale = 1.0f) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> g(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = g(rng);
-  return v;
-}
-
 double tolerance_for(ssa_dtype t) {
   // The output is rounded to the dtype: half an ulp relative, plus float32 sums.
   return t == SSA_DTYPE_F32 ? 2e-5 : t == SSA_DTYPE_F16 ? 1e-3 : 8e-3;

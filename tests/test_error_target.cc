@@ -22,14 +22,6 @@ using namespace ssa_test;
 
 namespace {
 
-std::vector<float> random_vec(size_t n, uint64_t seed, float scale = 1.0f) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> g(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = g(rng);
-  return v;
-}
-
 // A session over one layer of K/V (float32, so the reference sees exactly the
 // stored values) and the float64 dense output of every query head.
 struct Workload {

@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include <memory>
+#include <random>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -41,6 +42,15 @@ inline RuntimePtr make_runtime(int threads = 2, uint64_t seed = 1234) {
   ssa_runtime* rt = nullptr;
   SSA_CHECK_OK(ssa_runtime_create(&o, &rt));
   return RuntimePtr(rt);
+}
+
+// n normal(0, scale) floats from a fixed seed.
+inline std::vector<float> random_vec(size_t n, uint64_t seed, float scale = 1.0f) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> g(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = g(rng);
+  return v;
 }
 
 // Bytes of `v` converted to dtype t.
