@@ -7,6 +7,7 @@
 #include "cuda/cuda_backend.h"
 #include "index/pq_index.h"
 #include "status.h"
+#include "store/copy_on_write.h"
 
 namespace ssa {
 namespace {
@@ -27,16 +28,6 @@ absl::Status retrain_layer(ssa_session& s, LayerStore& layer) {
   layer.codebooks = *std::move(books);
   layer.code_pages = *std::move(codes);
   layer.trained_at_tokens = layer.n_tokens;
-  return absl::OkStatus();
-}
-
-// Makes `ref` safe to write: copies it if another session shares it (the caller's
-// old and new LayerStore account for `expected_refs`) or it is read-only.
-absl::Status make_writable(PagePool& pool, PageRef& ref, long expected_refs) {
-  if (ref->writable() && ref.use_count() <= expected_refs) return absl::OkStatus();
-  absl::StatusOr<PageRef> copy = pool.copy_of(*ref);
-  if (!copy.ok()) return copy.status();
-  ref = *std::move(copy);
   return absl::OkStatus();
 }
 

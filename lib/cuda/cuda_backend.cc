@@ -47,6 +47,7 @@ absl::StatusOr<PageRef> page_from_host(const ssa_session&, bool, const uint8_t*,
 #include "kernels/pq_index.h"
 #include "method_plan.h"
 #include "session.h"
+#include "store/copy_on_write.h"
 
 namespace ssa::cuda {
 namespace {
@@ -212,14 +213,6 @@ absl::StatusOr<PageRef> page_from_host(const ssa_session& s, bool kv, const uint
 }
 
 namespace {
-
-absl::Status make_writable(DevicePagePool& pool, PageRef& ref, long expected_refs) {
-  if (ref->writable() && ref.use_count() <= expected_refs) return absl::OkStatus();
-  absl::StatusOr<PageRef> copy = pool.copy_of(*ref);
-  if (!copy.ok()) return copy.status();
-  ref = *std::move(copy);
-  return absl::OkStatus();
-}
 
 absl::Status encode_range(const ssa_session& s, const PqCodebooks& books,
                           const std::vector<PageRef>& kv, const std::vector<PageRef>& codes,
