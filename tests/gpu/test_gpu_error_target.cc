@@ -3,11 +3,10 @@
 // still decode normally afterwards.
 #include <doctest/doctest.h>
 
-#include <random>
 #include <string>
 #include <vector>
 
-#include "common/dtype.h"
+#include "backend_test_util.h"
 #include "gpu_test_util.h"
 #include "ssa.h"
 
@@ -16,29 +15,11 @@ namespace {
 
 TEST_CASE("gpu backend: target_error > 0 is refused with SSA_ERR_UNSUPPORTED") {
   SSA_GPU_TEST_OR_SKIP();
-  constexpr uint32_t nq = 4, nkv = 2, d = 64, n = 3000;
-  ssa_runtime_options o;
-  ssa_runtime_options_init(&o);
-  o.backend = SSA_BACKEND_CUDA;
-  ssa_runtime* rt = nullptr;
-  REQUIRE(ssa_runtime_create(&o, &rt) == SSA_OK);
-  ssa_session_config c;
-  ssa_session_config_init(&c);
-  c.n_layers = 1;
-  c.n_q_heads = nq;
-  c.n_kv_heads = nkv;
-  c.head_dim = d;
-  c.kv_dtype = SSA_DTYPE_F16;
-  c.flags = SSA_SESSION_HOST_POINTERS;
-  ssa_session* s = nullptr;
-  REQUIRE(ssa_session_create(rt, &c, &s) == SSA_OK);
-  std::mt19937_64 rng(3);
-  std::normal_distribution<float> g(0.f, 1.f);
-  std::vector<uint16_t> k(size_t{n} * nkv * d), v(k.size()), q(size_t{nq} * d);
-  for (auto& x : k) x = f32_to_f16(g(rng));
-  for (auto& x : v) x = f32_to_f16(g(rng));
-  for (auto& x : q) x = f32_to_f16(g(rng));
-  REQUIRE(ssa_session_append(s, 0, k.data(), v.data(), n) == SSA_OK);
+  ssa_runtime* rt = runtime(SSA_BACKEND_CUDA);
+  ssa_session* s = session(rt, SSA_SESSION_HOST_POINTERS);
+  const Data d = make_data(3000, 3);
+  fill(s, d, false);
+  const std::vector<uint16_t>& q = d.q;
 
   for (ssa_method m : {SSA_METHOD_SSA, SSA_METHOD_SSA_ADAPTIVE}) {
     ssa_decode_params p;
