@@ -17,6 +17,7 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import smollm  # noqa: E402
+from attention_ref import dense_attention  # noqa: E402,F401  (also used as common.dense_attention)
 
 MODELS = ["smollm2", "gemma3"]
 
@@ -37,18 +38,6 @@ def ssa_layers(model) -> List[int]:
     global ones of a model with sliding-window layers (model.global_layers)."""
     g = getattr(model, "global_layers", None)
     return list(g) if g is not None else list(range(model.n_layers))
-
-
-def dense_attention(q: np.ndarray, K: np.ndarray, V: np.ndarray) -> np.ndarray:
-    """Numpy attention of q [n_q, d] over K/V [n, n_kv, d]: scale 1/sqrt(d), GQA."""
-    n_q, d = q.shape
-    g = n_q // K.shape[1]
-    out = np.empty_like(q)
-    for h in range(n_q):
-        sc = K[:, h // g, :] @ q[h] / np.sqrt(d)
-        p = np.exp(sc - sc.max())
-        out[h] = (p / p.sum()) @ V[:, h // g, :]
-    return out
 
 
 def local_windows(model, K, V) -> Dict[int, tuple]:

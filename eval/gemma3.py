@@ -35,6 +35,9 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from attention_ref import dense_attention  # noqa: E402
+
 GGUF_NAME = "gemma-3-270m-q4_k_m.gguf"
 SWA_PATTERN = 6          # layer i is global iff (i + 1) % 6 == 0
 LOCAL_ROPE_BASE = 10000.0
@@ -387,18 +390,6 @@ class Gemma3:
             x = x + self._rms(o.reshape(1, nq * d) @ L["wo"], L["post_attn"])
             x = x + self._mlp(L, x)
         return self.logits(x[0])
-
-
-def dense_attention(q: np.ndarray, K: np.ndarray, V: np.ndarray) -> np.ndarray:
-    """q [n_q, d], K/V [n, n_kv, d]; scale 1/sqrt(d), GQA."""
-    n_q, d = q.shape
-    g = n_q // K.shape[1]
-    out = np.empty_like(q)
-    for h in range(n_q):
-        s = K[:, h // g, :] @ q[h] / np.sqrt(d)
-        p = np.exp(s - s.max())
-        out[h] = (p / p.sum()) @ V[:, h // g, :]
-    return out
 
 
 class NumpyCache:
