@@ -1,8 +1,10 @@
 // One decode launch set: workspace planning and the order of the stages.
 //   dense:   attention over every token (GQA group shares K/V reads) + split merge.
-//   sparse:  proxy scores (PQ or exact) with sink/local masked -> radix top-k heavy
-//            set (fixed |H|, or top-k' then lambda water-filling) -> residual
-//            sampling with dedup -> attention over sink, local, H and the samples.
+//   sparse:  proxy scores (PQ or exact) with sink/local masked -> top-k heavy set
+//            as a bitmap (fixed |H|, or top-k' then lambda water-filling) ->
+//            residual sampling into a second bitmap (dedup for free) -> both
+//            bitmaps compacted into token-ordered lists -> attention over sink,
+//            local, H and the samples.
 #include <algorithm>
 #include <map>
 #include <mutex>
@@ -51,7 +53,7 @@ cudaError_t plan_workspace(DecodeBatch* b, int sm_count, WorkspacePlan* plan) {
   const uint32_t nq = s.n_q_heads;
   p.rows = b->n_items * nq;
   const bool all_dense = b->proxy == Proxy::kNone;
-  uint64_t score = 0, sel = 0, hash = 0;
+  uint64_t score = 0, sel = 0;
   uint32_t max_tokens = 0, max_read = 0;
   for (uint32_t i = 0; i < b->n_items; ++i) {
     DecodeItem& it = b->items[i];
@@ -70,23 +72,28 @@ cudaError_t plan_workspace(DecodeBatch* b, int sm_count, WorkspacePlan* plan) {
     it.select_cap = std::max(it.n_select, 1u);
     it.select_base = sel;
     sel += uint64_t{nq} * it.select_cap;
-    uint32_t hc = 64;
-    while (hc < 2 * it.select_cap) hc <<= 1;
-    it.hash_cap = hc;
-    it.hash_base = hash;
-    hash += uint64_t{nq} * hc;
     p.n_pad_max = std::max(p.n_pad_max, it.n_pad);
     p.select_cap_max = std::max(p.select_cap_max, it.select_cap);
     const uint32_t read = dense ? it.n_tokens
                                 : it.sink_end + (it.n_tokens - it.local_begin) + it.n_select;
     max_read = std::max(max_read, read);
   }
-  if (all_dense) score = sel = hash = 0;
+  if (all_dense) score = sel = 0;
   p.score_floats = score;
   p.select_entries = sel;
-  p.hash_entries = hash;
   if (sel > 0x7fffffffull) return cudaErrorInvalidValue;
-  p.radix_blocks = std::clamp<uint32_t>((p.n_pad_max + 8191) / 8192, 1, kMaxRadixBlocks);
+  // Full-row passes: about 1024 blocks in all, at least 2048 tokens each.
+  p.scan_blocks = std::clamp<uint32_t>((1024 + p.rows - 1) / p.rows, 1,
+                                       std::min<uint32_t>(64, (p.n_pad_max + 2047) / 2048));
+  // PQ scoring: every block loads its lookup tables once, so it takes as many
+  // tokens as leave about two blocks per multiprocessor (and at least 4096).
+  {
+    const uint64_t groups = uint64_t{s.n_kv_heads} * b->n_items;  // one pass per GQA group
+    const uint64_t want = std::max<uint64_t>(1, 2ull * std::max(sm_count, 1) / std::max<uint64_t>(groups, 1));
+    uint64_t tile = (p.n_pad_max + want - 1) / want;
+    tile = std::max<uint64_t>(4096, (tile + 4095) / 4096 * 4096);
+    p.score_tile = static_cast<uint32_t>(std::min<uint64_t>(tile, 1u << 30));
+  }
   if (b->n_splits) {
     p.n_splits = std::min(b->n_splits, kMaxSplits);
   } else {
@@ -106,13 +113,17 @@ cudaError_t plan_workspace(DecodeBatch* b, int sm_count, WorkspacePlan* plan) {
   const size_t rows = p.rows;
   p.off_lut = take(b->proxy == Proxy::kPq ? rows * s.pq_subspaces * s.pq_centroids * 4 : 0);
   p.off_scores = take(score * 4);
+  p.off_cut = take(score * 4);
   p.off_bsum = take(score / kBlockTokens * 8);
   p.off_csum = take(score / kChunkTokens * 8);
   p.off_cprefix = take(score / kChunkTokens * 8);
-  p.off_hist = take(all_dense ? 0 : rows * 4 * 256 * 4);
-  p.off_blkcnt = take(all_dense ? 0 : rows * kMaxRadixBlocks * 2 * 4);
+  p.off_heavy_bits = take(score / 32 * 4);
+  p.off_sample_bits = take(score / 32 * 4);
+  p.off_hist = take(all_dense ? 0 : rows * kScoreBins * 4);
+  p.compact_words = compact_words_per_block(p.n_pad_max);
+  p.compact_blocks = (p.n_pad_max / 32 + p.compact_words - 1) / p.compact_words;
+  p.off_compact_counts = take(all_dense ? 0 : rows * p.compact_blocks * 8);
   p.off_heavy = take(sel * 4);
-  p.off_uniq = take(sel * 4);
   p.off_uniq_sorted = take(sel * 4);
   p.off_log_pi = take(sel * 4);
   const bool adaptive = b->heavy == HeavyRule::kAdaptive;
@@ -120,12 +131,11 @@ cudaError_t plan_workspace(DecodeBatch* b, int sm_count, WorkspacePlan* plan) {
   p.off_sort_keys2 = take(adaptive ? sel * 4 : 0);
   p.off_sort_vals2 = take(adaptive ? sel * 4 : 0);
   p.off_probs = take(adaptive ? sel * 8 : 0);
-  p.off_hash = take(hash * 4);
   p.off_seg_begin = take(rows * 4);
   p.off_seg_end = take(rows * 4);
   p.off_rows = take(rows * sizeof(RowState));
   p.off_partial = take(rows * p.n_splits * (s.head_dim + 2) * 4);
-  p.sort_temp_bytes = all_dense ? 0 : segmented_sort_temp_bytes(p.rows, std::max<uint64_t>(sel, 1));
+  p.sort_temp_bytes = adaptive ? segmented_sort_temp_bytes(p.rows, std::max<uint64_t>(sel, 1)) : 0;
   p.off_sort_temp = take(p.sort_temp_bytes);
   p.total_bytes = off;
   *plan = p;
@@ -137,20 +147,21 @@ Workspace bind_workspace(void* base, const WorkspacePlan& p) {
   Workspace w;
   w.lut = reinterpret_cast<float*>(c + p.off_lut);
   w.scores = reinterpret_cast<float*>(c + p.off_scores);
+  w.cut = reinterpret_cast<uint32_t*>(c + p.off_cut);
   w.bsum = reinterpret_cast<double*>(c + p.off_bsum);
   w.csum = reinterpret_cast<double*>(c + p.off_csum);
   w.cprefix = reinterpret_cast<double*>(c + p.off_cprefix);
+  w.heavy_bits = reinterpret_cast<uint32_t*>(c + p.off_heavy_bits);
+  w.sample_bits = reinterpret_cast<uint32_t*>(c + p.off_sample_bits);
   w.hist = reinterpret_cast<uint32_t*>(c + p.off_hist);
-  w.blkcnt = reinterpret_cast<uint32_t*>(c + p.off_blkcnt);
+  w.compact_counts = reinterpret_cast<uint64_t*>(c + p.off_compact_counts);
   w.heavy = reinterpret_cast<uint32_t*>(c + p.off_heavy);
-  w.uniq = reinterpret_cast<uint32_t*>(c + p.off_uniq);
   w.uniq_sorted = reinterpret_cast<uint32_t*>(c + p.off_uniq_sorted);
   w.log_pi = reinterpret_cast<float*>(c + p.off_log_pi);
   w.sort_keys = reinterpret_cast<uint32_t*>(c + p.off_sort_keys);
   w.sort_keys2 = reinterpret_cast<uint32_t*>(c + p.off_sort_keys2);
   w.sort_vals2 = reinterpret_cast<uint32_t*>(c + p.off_sort_vals2);
   w.probs = reinterpret_cast<double*>(c + p.off_probs);
-  w.hash = reinterpret_cast<uint32_t*>(c + p.off_hash);
   w.seg_begin = reinterpret_cast<int*>(c + p.off_seg_begin);
   w.seg_end = reinterpret_cast<int*>(c + p.off_seg_end);
   w.rows = reinterpret_cast<RowState*>(c + p.off_rows);
@@ -169,11 +180,13 @@ cudaError_t run_decode(const DecodeBatch& b, const WorkspacePlan& plan, const Wo
     e = b.proxy == Proxy::kPq ? launch_pq_scores(b, plan, ws, st)
                               : launch_exact_scores(b, plan, ws, st);
     if (e != cudaSuccess) return e;
-    if ((e = launch_radix_topk(b, plan, ws, st)) != cudaSuccess) return e;
+    if ((e = launch_topk(b, plan, ws, st)) != cudaSuccess) return e;
     if (b.heavy == HeavyRule::kAdaptive) {
+      if ((e = launch_compact(b, plan, ws, false, st)) != cudaSuccess) return e;
       if ((e = launch_adaptive_heavy(b, plan, ws, st)) != cudaSuccess) return e;
     }
     if ((e = launch_sampling(b, plan, ws, st)) != cudaSuccess) return e;
+    if ((e = launch_compact(b, plan, ws, b.sampling != Sampling::kNone, st)) != cudaSuccess) return e;
   }
   return launch_attention(b, plan, ws, all_dense, st);
 }

@@ -16,7 +16,8 @@
 namespace ssa::cuda {
 
 constexpr uint32_t kMaxBatchItems = 32;
-constexpr uint32_t kMaxRadixBlocks = 128;  // thread blocks per row in radix top-k
+constexpr uint32_t kScoreBins = 1024;      // top-k histogram bins (by distance to the row maximum)
+constexpr uint32_t kMaxCompactBlocks = 256;  // thread blocks per row compacting the bitmaps
 constexpr uint32_t kMaxSplits = 256;       // attention splits per row (split-K)
 
 struct DecodeShape {
@@ -45,8 +46,6 @@ struct DecodeItem {
   uint64_t score_base = 0;   // floats: row h at score_base + h * n_pad
   uint64_t select_base = 0;  // u32 entries: row h at select_base + h * select_cap
   uint32_t select_cap = 0;   // >= n_select, >= 1
-  uint32_t hash_cap = 0;     // power of two >= 2 * n_select
-  uint64_t hash_base = 0;    // u32 entries: row h at hash_base + h * hash_cap
 };
 
 enum class Proxy : uint32_t { kNone = 0, kPq = 1, kExact = 2 };
@@ -70,12 +69,14 @@ struct DecodeBatch {
 // Per-row (item, q head) state kept in device memory during one decode.
 struct RowState {
   uint32_t max_key;    // order-preserving bits of the largest candidate proxy score
-  uint32_t topk_k;     // how many candidates radix top-k keeps in this row
+  uint32_t min_key;    // ... and of the smallest (sets the top-k histogram bin width)
+  uint32_t topk_k;     // how many candidates top-k keeps in this row
   uint32_t n_heavy;    // |H|
   uint32_t n_draws;    // m
   uint32_t n_unique;   // |S|
-  uint32_t radix_prefix;     // radix top-k: high bits of the k-th largest key found so far
-  uint32_t radix_remaining;  // radix top-k: values still needed inside that prefix
+  uint32_t cut_bin;    // top-k: candidates in bins < cut_bin are selected outright,
+  uint32_t cut_need;   //   cut_need of those in bin cut_bin (found among n_cut of them)
+  uint32_t n_cut;
   uint32_t pad_;
   double w_total;      // sum over the residual R of exp(s~ - max) (uniform: |R|)
   double w_heavy;      // sum over H of exp(s~ - max) (statistics only)
@@ -84,19 +85,22 @@ struct RowState {
 };
 
 // Device buffers of one decode, carved from one allocation (see plan_workspace).
+// Bitmaps hold one bit per candidate (offset j = token - sink_end), one 32-bit
+// word per 32-candidate sampling block, laid out like bsum.
 struct Workspace {
   float* lut = nullptr;            // [rows][M][K] proxy lookup tables
   float* scores = nullptr;         // per-row proxy scores, -inf where masked
+  uint32_t* cut = nullptr;         // per-row candidates of the top-k boundary bin (scores layout)
   double* bsum = nullptr;          // per 32-token block residual weight
   double* csum = nullptr;          // per 1024-token chunk residual weight
   double* cprefix = nullptr;       // inclusive prefix of csum per row
-  uint32_t* hist = nullptr;        // [rows][4][256] radix histograms
-  uint32_t* blkcnt = nullptr;      // [rows][kMaxRadixBlocks][2] (greater, equal) counts
-  uint32_t* heavy = nullptr;       // per-row heavy lists (select_base layout)
-  uint32_t* uniq = nullptr;        // per-row unique samples, insertion order
-  uint32_t* uniq_sorted = nullptr; // the same, sorted by token index
+  uint32_t* heavy_bits = nullptr;  // bitmap of the heavy set H
+  uint32_t* sample_bits = nullptr; // bitmap of the sampled tokens S
+  uint32_t* hist = nullptr;        // [rows][kScoreBins] top-k histograms
+  uint64_t* compact_counts = nullptr;  // [rows][compact_blocks] set bits per compaction block
+  uint32_t* heavy = nullptr;       // per-row heavy lists (select_base layout), token order
+  uint32_t* uniq_sorted = nullptr; // per-row unique samples, token order
   float* log_pi = nullptr;         // log inclusion probability of each sorted sample
-  uint32_t* hash = nullptr;        // per-row open-addressing tables (hash_base layout)
   uint32_t* sort_keys = nullptr;   // adaptive: score keys of the top-k' candidates
   uint32_t* sort_keys2 = nullptr;
   uint32_t* sort_vals2 = nullptr;
@@ -111,13 +115,17 @@ struct Workspace {
 
 struct WorkspacePlan {
   size_t total_bytes = 0;
-  size_t off_lut = 0, off_scores = 0, off_bsum = 0, off_csum = 0, off_cprefix = 0;
-  size_t off_hist = 0, off_blkcnt = 0, off_heavy = 0, off_uniq = 0, off_uniq_sorted = 0, off_log_pi = 0;
-  size_t off_hash = 0, off_sort_keys = 0, off_sort_keys2 = 0, off_sort_vals2 = 0;
+  size_t off_lut = 0, off_scores = 0, off_cut = 0, off_bsum = 0, off_csum = 0, off_cprefix = 0;
+  size_t off_heavy_bits = 0, off_sample_bits = 0, off_hist = 0, off_compact_counts = 0, off_heavy = 0;
+  size_t off_uniq_sorted = 0, off_log_pi = 0;
+  size_t off_sort_keys = 0, off_sort_keys2 = 0, off_sort_vals2 = 0;
   size_t off_probs = 0, off_seg_begin = 0, off_seg_end = 0, off_rows = 0, off_partial = 0;
   size_t off_sort_temp = 0, sort_temp_bytes = 0;
-  uint64_t score_floats = 0, select_entries = 0, hash_entries = 0;
-  uint32_t rows = 0, n_splits = 0, radix_blocks = 0, n_pad_max = 0, select_cap_max = 0;
+  uint64_t score_floats = 0, select_entries = 0;
+  uint32_t rows = 0, n_splits = 0, n_pad_max = 0, select_cap_max = 0;
+  uint32_t scan_blocks = 0;  // thread blocks per row of the full-row passes (histogram, filter)
+  uint32_t score_tile = 0;   // tokens per PQ scoring block
+  uint32_t compact_blocks = 0, compact_words = 0;  // bitmap compaction: blocks per row, words each
 };
 
 }  // namespace ssa::cuda

@@ -94,4 +94,30 @@ __device__ __forceinline__ uint32_t row_of(uint32_t item, uint32_t head, uint32_
   return item * n_q + head;
 }
 
+// Offset of head h's first 32-candidate block in the per-block arrays of the
+// workspace (bsum and the heavy/sample bitmaps: one entry per block).
+__device__ __forceinline__ size_t row_block_base(const DecodeItem& it, uint32_t h) {
+  return it.score_base / 32 + size_t{h} * (it.n_pad / 32);
+}
+
+// Top-k histogram bin of a candidate score: its distance below the row maximum
+// in kScoreBins equal steps over [min, max] (at most 32 logits; lower scores share
+// the last bin). Non-increasing in the score, so every candidate of a lower bin
+// has a strictly larger score than every candidate of a higher one; only the
+// boundary bin needs exact comparisons. Every kernel builds it from the same
+// RowState fields, so they all agree on each candidate's bin.
+struct ScoreBins {
+  float mx, inv_w;
+  __device__ explicit ScoreBins(const RowState& st) {
+    mx = key_float(st.max_key);
+    float span = mx - key_float(st.min_key);
+    if (!(span <= 32.f)) span = 32.f;  // also NaN or infinite
+    inv_w = span > 0.f ? static_cast<float>(kScoreBins) / span : 0.f;
+  }
+  __device__ uint32_t bin(float s) const {
+    const float f = (mx - s) * inv_w;
+    return f < static_cast<float>(kScoreBins - 1) ? static_cast<uint32_t>(f) : kScoreBins - 1;
+  }
+};
+
 }  // namespace ssa::cuda

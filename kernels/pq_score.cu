@@ -4,7 +4,8 @@
 //          one block reads the codes of its tokens once for all q heads of a GQA
 //          group (up to 8 heads per pass, their tables in shared memory).
 //   exact: s_i = q . k_i / sqrt(d) (oracle top-k), reading every key.
-// Both also record each row's largest candidate score (order-preserving bits).
+// Both also record each row's largest and smallest candidate scores
+// (order-preserving bits): top-k bins the scores by their distance to the maximum.
 #include <cuda_runtime.h>
 
 #include "device_util.cuh"
@@ -17,8 +18,6 @@ namespace {
 constexpr int kScoreThreads = 256;
 constexpr int kTokensPerThread = 4;
 constexpr int kSubTile = kScoreThreads * kTokensPerThread;  // 1024 tokens per pass
-constexpr int kSubTiles = 4;                                 // passes per block (LUT load amortised)
-constexpr int kScoreTile = kSubTile * kSubTiles;
 constexpr size_t kLutSmemLimit = 192 * 1024;
 
 __global__ void init_rows_kernel(DecodeBatch b, RowState* rows) {
@@ -28,39 +27,37 @@ __global__ void init_rows_kernel(DecodeBatch b, RowState* rows) {
   const DecodeItem& it = b.items[item];
   RowState r{};
   r.max_key = 0u;
+  r.min_key = 0xffffffffu;
   const uint32_t heavy = b.heavy == HeavyRule::kAdaptive ? 0u : it.n_heavy;
   r.n_heavy = heavy;
   r.topk_k = b.heavy == HeavyRule::kAdaptive ? it.n_select : heavy;
   r.n_draws = b.sampling == Sampling::kNone ? 0u : it.n_select - heavy;
-  r.radix_prefix = 0u;
-  r.radix_remaining = r.topk_k;
   rows[row_of(item, h, b.shape.n_q_heads)] = r;
 }
 
+// One block per (subspace, q head, item), one thread per centroid.
 template <typename T>
 __global__ void build_lut_kernel(DecodeBatch b, float* lut) {
-  const uint32_t item = blockIdx.y, h = blockIdx.x;
+  const uint32_t m = blockIdx.x, h = blockIdx.y, item = blockIdx.z;
   const DecodeItem& it = b.items[item];
   if (it.sink_end >= it.local_begin) return;  // dense item: no proxy
   const uint32_t M = b.shape.pq_subspaces, K = b.shape.pq_centroids;
   const uint32_t D = b.shape.head_dim, sub = D / M;
   const uint32_t kvh = h / b.shape.group();
-  const T* q = static_cast<const T*>(it.q) + size_t{h} * D;
+  const T* q = static_cast<const T*>(it.q) + size_t{h} * D + m * sub;
   extern __shared__ float qs[];
   // As the CPU backend: q pre-multiplied by 1/sqrt(d), products and sums rounded
   // one by one (no fused multiply-add), so the tables match it bit for bit.
   const float scale = 1.0f / sqrtf(static_cast<float>(D));
-  for (uint32_t i = threadIdx.x; i < D; i += blockDim.x) qs[i] = Elem<T>::load(q + i) * scale;
+  for (uint32_t i = threadIdx.x; i < sub; i += blockDim.x) qs[i] = Elem<T>::load(q + i) * scale;
   __syncthreads();
-  float* out = lut + size_t{row_of(item, h, b.shape.n_q_heads)} * M * K;
-  const float* cb = it.codebooks + size_t{kvh} * M * K * sub;
-  for (uint32_t i = threadIdx.x; i < M * K; i += blockDim.x) {
-    const uint32_t m = i / K;
-    const float* c = cb + size_t{i} * sub;
-    const float* qm = qs + m * sub;
+  float* out = lut + (size_t{row_of(item, h, b.shape.n_q_heads)} * M + m) * K;
+  const float* cb = it.codebooks + (size_t{kvh} * M + m) * K * sub;
+  for (uint32_t c = threadIdx.x; c < K; c += blockDim.x) {
+    const float* cc = cb + size_t{c} * sub;
     float acc = 0.f;
-    for (uint32_t j = 0; j < sub; ++j) acc = __fadd_rn(acc, __fmul_rn(qm[j], c[j]));
-    out[i] = acc;
+    for (uint32_t j = 0; j < sub; ++j) acc = __fadd_rn(acc, __fmul_rn(qs[j], cc[j]));
+    out[c] = acc;
   }
 }
 
@@ -82,12 +79,13 @@ __device__ __forceinline__ void lut_entries(const float* p, float* v) {
 }
 
 template <int GH>
-__global__ void __launch_bounds__(kScoreThreads) pq_score_kernel(DecodeBatch b, Workspace ws) {
+__global__ void __launch_bounds__(kScoreThreads) pq_score_kernel(DecodeBatch b, Workspace ws,
+                                                                uint32_t tile) {
   extern __shared__ float lut_s[];  // [M][K][GH]: the GH heads' entries of a code side by side
-  __shared__ uint32_t smax[GH];
+  __shared__ uint32_t smax[GH], smin[GH];
   const uint32_t item = blockIdx.z;
   const DecodeItem& it = b.items[item];
-  const uint32_t tile0 = blockIdx.x * kScoreTile;
+  const uint32_t tile0 = blockIdx.x * tile;
   if (it.sink_end >= it.local_begin || tile0 >= it.n_tokens) return;
   const uint32_t M = b.shape.pq_subspaces, K = b.shape.pq_centroids;
   const uint32_t G = b.shape.group();
@@ -100,15 +98,22 @@ __global__ void __launch_bounds__(kScoreThreads) pq_score_kernel(DecodeBatch b, 
 #pragma unroll
     for (int g = 0; g < GH; ++g) lut_s[i * GH + g] = lut[static_cast<size_t>(g) * M * K + i];
   }
-  if (threadIdx.x < GH) smax[threadIdx.x] = 0u;
+  if (threadIdx.x < GH) {
+    smax[threadIdx.x] = 0u;
+    smin[threadIdx.x] = 0xffffffffu;
+  }
   __syncthreads();
 
-  uint32_t local_max[GH];
+  uint32_t local_max[GH], local_min[GH];
 #pragma unroll
-  for (int g = 0; g < GH; ++g) local_max[g] = 0u;
-  for (int sub_tile = 0; sub_tile < kSubTiles; ++sub_tile) {
-    const uint32_t t0 = tile0 + sub_tile * kSubTile + threadIdx.x * kTokensPerThread;
-    if (t0 >= it.n_tokens) break;
+  for (int g = 0; g < GH; ++g) {
+    local_max[g] = 0u;
+    local_min[g] = 0xffffffffu;
+  }
+  const uint32_t tile_end = min(it.n_tokens, tile0 + tile);
+  for (uint32_t sub0 = tile0; sub0 < tile_end; sub0 += kSubTile) {
+    const uint32_t t0 = sub0 + threadIdx.x * kTokensPerThread;
+    if (t0 >= tile_end) break;
     const uint32_t page = t0 >> b.shape.page_shift;
     const uint32_t slot = t0 & (b.shape.page_tokens - 1);
     const uint8_t* codes = it.code_pages[page] + size_t{kvh} * M * b.shape.page_tokens + slot;
@@ -139,18 +144,26 @@ __global__ void __launch_bounds__(kScoreThreads) pq_score_kernel(DecodeBatch b, 
         const bool cand = t >= it.sink_end && t < it.local_begin;
         const float s = cand ? acc[g][j] : -INFINITY;
         out[t] = s;
-        if (cand) local_max[g] = max(local_max[g], float_key(s));
+        if (cand) {
+          local_max[g] = max(local_max[g], float_key(s));
+          local_min[g] = min(local_min[g], float_key(s));
+        }
       }
     }
   }
 #pragma unroll
   for (int g = 0; g < GH; ++g) {
     const uint32_t w = __reduce_max_sync(0xffffffffu, local_max[g]);
-    if ((threadIdx.x & 31) == 0 && w != 0u) atomicMax(&smax[g], w);
+    const uint32_t v = __reduce_min_sync(0xffffffffu, local_min[g]);
+    if ((threadIdx.x & 31) == 0 && w != 0u) {
+      atomicMax(&smax[g], w);
+      atomicMin(&smin[g], v);
+    }
   }
   __syncthreads();
   if (threadIdx.x < GH && smax[threadIdx.x] != 0u) {
     atomicMax(&ws.rows[row0 + threadIdx.x].max_key, smax[threadIdx.x]);
+    atomicMin(&ws.rows[row0 + threadIdx.x].min_key, smin[threadIdx.x]);
   }
 }
 
@@ -162,6 +175,7 @@ __global__ void __launch_bounds__(128) exact_score_kernel(DecodeBatch b, Workspa
   constexpr int kTile = 256;
   extern __shared__ float qs[];  // [G][D]
   uint32_t* smax = reinterpret_cast<uint32_t*>(qs + b.shape.group() * D);
+  uint32_t* smin = smax + b.shape.group();
   const uint32_t item = blockIdx.z;
   const DecodeItem& it = b.items[item];
   const uint32_t tile0 = blockIdx.x * kTile;
@@ -172,7 +186,10 @@ __global__ void __launch_bounds__(128) exact_score_kernel(DecodeBatch b, Workspa
   const T* q = static_cast<const T*>(it.q) + size_t{h0} * D;
   const float scale = 1.0f / sqrtf(static_cast<float>(D));
   for (uint32_t i = threadIdx.x; i < G * D; i += blockDim.x) qs[i] = Elem<T>::load(q + i) * scale;
-  for (uint32_t i = threadIdx.x; i < G; i += blockDim.x) smax[i] = 0u;
+  for (uint32_t i = threadIdx.x; i < G; i += blockDim.x) {
+    smax[i] = 0u;
+    smin[i] = 0xffffffffu;
+  }
   __syncthreads();
   const int lane = threadIdx.x % RS::kTpr, grp = threadIdx.x / RS::kTpr;
   const uint32_t end = min(it.n_tokens, tile0 + kTile);
@@ -202,13 +219,19 @@ __global__ void __launch_bounds__(128) exact_score_kernel(DecodeBatch b, Workspa
       if (lane == 0 && in) {
         const float s = cand ? dot : -INFINITY;
         ws.scores[it.score_base + size_t{h0 + g} * it.n_pad + t] = s;
-        if (cand) atomicMax(&smax[g], float_key(s));
+        if (cand) {
+          atomicMax(&smax[g], float_key(s));
+          atomicMin(&smin[g], float_key(s));
+        }
       }
     }
   }
   __syncthreads();
   for (uint32_t g = threadIdx.x; g < G; g += blockDim.x) {
-    if (smax[g] != 0u) atomicMax(&ws.rows[row_of(item, h0 + g, b.shape.n_q_heads)].max_key, smax[g]);
+    if (smax[g] == 0u) continue;
+    RowState& st = ws.rows[row_of(item, h0 + g, b.shape.n_q_heads)];
+    atomicMax(&st.max_key, smax[g]);
+    atomicMin(&st.min_key, smin[g]);
   }
 }
 
@@ -226,9 +249,9 @@ cudaError_t launch_pq_score_gh(const DecodeBatch& b, const WorkspacePlan& plan,
   const size_t smem = size_t{GH} * b.shape.pq_subspaces * b.shape.pq_centroids * sizeof(float);
   cudaError_t e = ensure_dynamic_smem(reinterpret_cast<const void*>(pq_score_kernel<GH>), smem);
   if (e != cudaSuccess) return e;
-  const dim3 grid((plan.n_pad_max + kScoreTile - 1) / kScoreTile,
+  const dim3 grid((plan.n_pad_max + plan.score_tile - 1) / plan.score_tile,
                   b.shape.n_kv_heads * (b.shape.group() / GH), b.n_items);
-  pq_score_kernel<GH><<<grid, kScoreThreads, smem, st>>>(b, ws);
+  pq_score_kernel<GH><<<grid, kScoreThreads, smem, st>>>(b, ws, plan.score_tile);
   return cudaGetLastError();
 }
 
@@ -249,10 +272,11 @@ cudaError_t launch_init_rows(const DecodeBatch& b, const WorkspacePlan& plan, co
 cudaError_t launch_pq_scores(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
                              cudaStream_t st) {
   cudaError_t e = cudaSuccess;
-  const size_t qsmem = b.shape.head_dim * sizeof(float);
+  const size_t qsmem = b.shape.head_dim / b.shape.pq_subspaces * sizeof(float);
   dispatch_dtype(b.shape.dtype, [&](auto t) {
     using T = decltype(t);
-    build_lut_kernel<T><<<dim3(b.shape.n_q_heads, b.n_items), 256, qsmem, st>>>(b, ws.lut);
+    build_lut_kernel<T><<<dim3(b.shape.pq_subspaces, b.shape.n_q_heads, b.n_items),
+                          min(b.shape.pq_centroids, 256u), qsmem, st>>>(b, ws.lut);
     e = cudaGetLastError();
   });
   if (e != cudaSuccess) return e;
@@ -268,7 +292,7 @@ cudaError_t launch_pq_scores(const DecodeBatch& b, const WorkspacePlan& plan, co
 cudaError_t launch_exact_scores(const DecodeBatch& b, const WorkspacePlan& plan,
                                 const Workspace& ws, cudaStream_t st) {
   cudaError_t e = cudaErrorInvalidValue;
-  const size_t smem = size_t{b.shape.group()} * (b.shape.head_dim + 1) * sizeof(float);
+  const size_t smem = size_t{b.shape.group()} * (b.shape.head_dim + 2) * sizeof(float);
   dispatch_head_dim(b.shape.head_dim, [&](auto dc) {
     constexpr int D = decltype(dc)::value;
     dispatch_dtype(b.shape.dtype, [&](auto t) {

@@ -14,8 +14,12 @@ cudaError_t launch_pq_scores(const DecodeBatch& b, const WorkspacePlan& plan, co
                              cudaStream_t st);
 cudaError_t launch_exact_scores(const DecodeBatch& b, const WorkspacePlan& plan,
                                 const Workspace& ws, cudaStream_t st);
-cudaError_t launch_radix_topk(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
-                              cudaStream_t st);
+cudaError_t launch_topk(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
+                        cudaStream_t st);
+// Heavy bitmap (and, with samples, the sample bitmap) -> token-ordered lists,
+// n_unique, log pi of each sample and w_heavy.
+cudaError_t launch_compact(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
+                           bool samples, cudaStream_t st);
 cudaError_t launch_adaptive_heavy(const DecodeBatch& b, const WorkspacePlan& plan,
                                   const Workspace& ws, cudaStream_t st);
 cudaError_t launch_sampling(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
@@ -25,5 +29,6 @@ cudaError_t launch_attention(const DecodeBatch& b, const WorkspacePlan& plan, co
 uint32_t dense_heads_per_block(uint32_t group);
 const char* pq_shape_unsupported(const DecodeShape& s);
 size_t segmented_sort_temp_bytes(uint32_t rows, uint64_t entries);
+uint32_t compact_words_per_block(uint32_t n_pad_max);
 
 }  // namespace ssa::cuda

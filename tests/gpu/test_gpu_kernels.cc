@@ -239,15 +239,6 @@ void check_sampled_row(const Run& r, const TestLayer& t, uint32_t h, const std::
   RowView v = fetch_row(r, h);
   const uint32_t sink = r.plan.sink_end, lb = r.plan.local_begin;
   const ssa_method m = r.p.method;
-  // The sampler masks heavy tokens out of the score buffer (-inf): put back the
-  // float64 proxy for them (so ties below are near-ties, within 1e-5).
-  {
-    const auto q = scaled_q(t, h);
-    for (uint32_t i : v.heavy) {
-      CHECK(v.scores[i] == -INFINITY);
-      v.scores[i] = static_cast<float>(pq_logit(t, h, i, q));
-    }
-  }
   const float slack = 1e-5f;
   // Heavy set: top |H| of the candidates.
   if (m != SSA_METHOD_SSA_ADAPTIVE) {

@@ -1,0 +1,222 @@
+// Top-k of each row's candidate scores, as a bitmap of the selected candidates.
+// Two passes over the scores, then work only on the few candidates near the cut:
+//  1. histogram: every candidate's bin by distance below the row maximum
+//     (ScoreBins, device_util.cuh: 1024 bins over at most 32 logits);
+//  2. resolve: the boundary bin holding the k-th largest score, how many of its
+//     candidates are still needed;
+//  3. filter: one ballot per 32 candidates writes the bitmap words of the bins
+//     above the boundary (selected outright) and appends the boundary bin's
+//     candidates to a short list;
+//  4. refine: one block per row radix-selects, over that list only, the exact
+//     score bits of the k-th largest value (8 bits a pass) and, where equal
+//     scores straddle the cut, the lowest token indices among them; it sets their
+//     bits.
+// The selected set is exactly the CPU's top-k (ties to the lower index); the
+// bitmap does not depend on thread timing, and kernels/bitmap_compact.cu turns it
+// into a token-ordered list.
+#include <cub/block/block_reduce.cuh>
+#include <cub/block/block_scan.cuh>
+
+#include "device_util.cuh"
+#include "stages.h"
+
+namespace ssa::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kRefineThreads = 1024;
+static_assert(kScoreBins == kRefineThreads, "resolve: one thread per bin");
+
+struct Row {
+  const DecodeItem* it;
+  uint32_t h, row, nc;
+  const float* cand_scores;  // scores of candidate 0 (token sink_end)
+  __device__ bool sparse() const { return it->sink_end < it->local_begin && it->n_select > 0; }
+};
+
+__device__ Row row_here(const DecodeBatch& b, const Workspace& ws) {
+  Row r;
+  r.it = &b.items[blockIdx.z];
+  r.h = blockIdx.y;
+  r.row = row_of(blockIdx.z, blockIdx.y, b.shape.n_q_heads);
+  r.nc = r.it->local_begin - r.it->sink_end;
+  r.cand_scores = ws.scores + r.it->score_base + size_t{r.h} * r.it->n_pad + r.it->sink_end;
+  return r;
+}
+
+__global__ void __launch_bounds__(kThreads) hist_kernel(DecodeBatch b, Workspace ws) {
+  const Row r = row_here(b, ws);
+  if (!r.sparse()) return;
+  const RowState& st = ws.rows[r.row];
+  if (st.topk_k == 0) return;
+  __shared__ uint32_t hist_s[kScoreBins];
+  for (uint32_t i = threadIdx.x; i < kScoreBins; i += kThreads) hist_s[i] = 0;
+  __syncthreads();
+  const ScoreBins bins(st);
+  const uint32_t per = (r.nc + gridDim.x - 1) / gridDim.x;
+  const uint32_t begin = min(r.nc, blockIdx.x * per), end = min(r.nc, begin + per);
+  for (uint32_t j = begin + threadIdx.x; j < end; j += kThreads) {
+    atomicAdd(&hist_s[bins.bin(r.cand_scores[j])], 1u);
+  }
+  __syncthreads();
+  uint32_t* hist = ws.hist + size_t{r.row} * kScoreBins;
+  for (uint32_t i = threadIdx.x; i < kScoreBins; i += kThreads) {
+    if (hist_s[i]) atomicAdd(&hist[i], hist_s[i]);
+  }
+}
+
+// One block per row, one thread per bin (bin 0 = scores nearest the maximum).
+__global__ void __launch_bounds__(kRefineThreads) resolve_kernel(DecodeBatch b, Workspace ws) {
+  const Row r = row_here(b, ws);
+  if (!r.sparse()) return;
+  RowState& st = ws.rows[r.row];
+  const uint32_t k = st.topk_k;
+  if (k == 0) return;
+  using Scan = cub::BlockScan<uint32_t, kRefineThreads>;
+  __shared__ typename Scan::TempStorage tmp;
+  const uint32_t c = ws.hist[size_t{r.row} * kScoreBins + threadIdx.x];
+  uint32_t incl, total;
+  Scan(tmp).InclusiveSum(c, incl, total);
+  const uint32_t excl = incl - c;
+  if (total <= k) {  // every candidate is selected
+    if (threadIdx.x == 0) {
+      st.topk_k = total;
+      if (b.heavy == HeavyRule::kFixed) st.n_heavy = total;
+      st.cut_bin = kScoreBins;
+      st.cut_need = 0;
+    }
+  } else if (excl < k && k <= incl) {
+    st.cut_bin = threadIdx.x;
+    st.cut_need = k - excl;
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) filter_kernel(DecodeBatch b, Workspace ws) {
+  const Row r = row_here(b, ws);
+  if (!r.sparse()) return;
+  RowState& st = ws.rows[r.row];
+  const uint32_t k = st.topk_k, cut_bin = st.cut_bin;
+  const bool collect = k > 0 && st.cut_need > 0;
+  const ScoreBins bins(st);
+  uint32_t* bits = ws.heavy_bits + row_block_base(*r.it, r.h);
+  uint32_t* cut = ws.cut + r.it->score_base + size_t{r.h} * r.it->n_pad;
+  const uint32_t words = (r.nc + 31) / 32;
+  const uint32_t per = (words + gridDim.x - 1) / gridDim.x;
+  const uint32_t begin = min(words, blockIdx.x * per), end = min(words, begin + per);
+  const uint32_t lane = threadIdx.x & 31;
+  for (uint32_t w = begin + threadIdx.x / 32; w < end; w += kThreads / 32) {
+    const uint32_t j = w * 32 + lane;
+    uint32_t bin = kScoreBins;  // none
+    if (k > 0 && j < r.nc) bin = bins.bin(r.cand_scores[j]);
+    const uint32_t sel = __ballot_sync(0xffffffffu, bin < cut_bin);
+    if (lane == 0) bits[w] = sel;
+    const uint32_t in_cut = __ballot_sync(0xffffffffu, collect && bin == cut_bin);
+    if (in_cut) {
+      uint32_t base = 0;
+      if (lane == 0) base = atomicAdd(&st.n_cut, __popc(in_cut));
+      base = __shfl_sync(0xffffffffu, base, 0);
+      if (in_cut & (1u << lane)) cut[base + __popc(in_cut & ((1u << lane) - 1u))] = j;
+    }
+  }
+}
+
+// The `need`-th largest of the 32-bit keys key(i) over the list entries i with
+// use(i) (need >= 1 and at most their count), 8 bits a pass from the top. Returns
+// the key; *rem is how many entries equal to it are among the `need` largest.
+// Every thread of the block must call it.
+template <typename KeyFn>
+__device__ uint32_t block_select(uint32_t n, uint32_t need, KeyFn key, uint32_t* rem) {
+  using Scan = cub::BlockScan<uint32_t, kRefineThreads>;
+  __shared__ typename Scan::TempStorage tmp;
+  __shared__ uint32_t hist_s[256];
+  __shared__ uint32_t prefix_s, rem_s;
+  if (threadIdx.x == 0) {
+    prefix_s = 0;
+    rem_s = need;
+  }
+  for (int pass = 0; pass < 4; ++pass) {
+    if (threadIdx.x < 256) hist_s[threadIdx.x] = 0;
+    __syncthreads();
+    const int shift = 24 - 8 * pass;
+    const uint32_t mask = pass == 0 ? 0u : (0xffffffffu << (32 - 8 * pass));
+    const uint32_t prefix = prefix_s;
+    for (uint32_t i = threadIdx.x; i < n; i += kRefineThreads) {
+      uint32_t kv;
+      if (key(i, &kv) && (kv & mask) == prefix) atomicAdd(&hist_s[(kv >> shift) & 255u], 1u);
+    }
+    __syncthreads();
+    const uint32_t bin = 255u - threadIdx.x;  // thread 0 holds the top bin
+    const uint32_t c = threadIdx.x < 256 ? hist_s[bin] : 0u;
+    const uint32_t kr = rem_s;
+    uint32_t incl;
+    Scan(tmp).InclusiveSum(c, incl);
+    const uint32_t excl = incl - c;
+    __syncthreads();  // everyone has read rem_s
+    if (threadIdx.x < 256 && c > 0 && excl < kr && kr <= incl) {
+      prefix_s = prefix | (bin << shift);
+      rem_s = kr - excl;
+    }
+    __syncthreads();
+  }
+  *rem = rem_s;
+  const uint32_t out = prefix_s;
+  __syncthreads();  // the shared state may be reused by the next call
+  return out;
+}
+
+// One block per row: exact cut inside the boundary bin's candidate list.
+__global__ void __launch_bounds__(kRefineThreads) refine_kernel(DecodeBatch b, Workspace ws) {
+  const Row r = row_here(b, ws);
+  if (!r.sparse()) return;
+  const RowState& st = ws.rows[r.row];
+  const uint32_t need = st.cut_need, n = min(st.n_cut, r.nc);
+  if (st.topk_k == 0 || need == 0 || n == 0) return;
+  uint32_t* bits = ws.heavy_bits + row_block_base(*r.it, r.h);
+  const uint32_t* cut = ws.cut + r.it->score_base + size_t{r.h} * r.it->n_pad;
+  uint32_t thr = 0, eq_need = 0, max_j = 0xffffffffu;
+  if (need < n) {
+    thr = block_select(n, need, [&](uint32_t i, uint32_t* k) {
+      *k = float_key(r.cand_scores[cut[i]]);
+      return true;
+    }, &eq_need);
+    // Equal scores across the cut: keep the eq_need lowest token indices (the
+    // largest ~j) among them, as the CPU does.
+    using Reduce = cub::BlockReduce<uint32_t, kRefineThreads>;
+    __shared__ typename Reduce::TempStorage red;
+    uint32_t eq = 0;
+    for (uint32_t i = threadIdx.x; i < n; i += kRefineThreads) eq += float_key(r.cand_scores[cut[i]]) == thr;
+    __shared__ uint32_t eq_s;
+    const uint32_t eq_total = Reduce(red).Sum(eq);
+    if (threadIdx.x == 0) eq_s = eq_total;
+    __syncthreads();
+    if (eq_s > eq_need) {
+      uint32_t unused;
+      max_j = ~block_select(n, eq_need, [&](uint32_t i, uint32_t* k) {
+        *k = ~cut[i];
+        return float_key(r.cand_scores[cut[i]]) == thr;
+      }, &unused);
+    }
+  }
+  for (uint32_t i = threadIdx.x; i < n; i += kRefineThreads) {
+    const uint32_t j = cut[i];
+    const uint32_t key = float_key(r.cand_scores[j]);
+    if (need >= n || key > thr || (key == thr && j <= max_j)) atomicOr(&bits[j >> 5], 1u << (j & 31));
+  }
+}
+
+}  // namespace
+
+cudaError_t launch_topk(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
+                        cudaStream_t st) {
+  const dim3 scan_grid(plan.scan_blocks, b.shape.n_q_heads, b.n_items);
+  const dim3 row_grid(1, b.shape.n_q_heads, b.n_items);
+  cudaError_t e = cudaMemsetAsync(ws.hist, 0, size_t{plan.rows} * kScoreBins * sizeof(uint32_t), st);
+  if (e != cudaSuccess) return e;
+  hist_kernel<<<scan_grid, kThreads, 0, st>>>(b, ws);
+  resolve_kernel<<<row_grid, kRefineThreads, 0, st>>>(b, ws);
+  filter_kernel<<<scan_grid, kThreads, 0, st>>>(b, ws);
+  refine_kernel<<<row_grid, kRefineThreads, 0, st>>>(b, ws);
+  return cudaGetLastError();
+}
+
+}  // namespace ssa::cuda

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# One GPU experiment in one call: build (incremental), the GPU tests, a small
+# slice of the benchmark matrix and per-kernel times of one 1M-token decode.
+#   SSA_DEBS=.debs bash scripts/gpu_quick.sh [gpu_decode_bench arguments]
+# Logs go to $OUT (default ./gpu_out).
+set -uo pipefail
+OUT=${OUT:-$PWD/gpu_out}
+export OUT
+SSA_GPU_STAGES=build,test bash scripts/gpu_check.sh || exit 1
+export LD_LIBRARY_PATH=/tmp/prefix/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+BENCH=build-gpu/bench/gpu_decode_bench
+ARGS=("$@")
+[ ${#ARGS[@]} -gt 0 ] || ARGS=(--configs paper --contexts 128K,1M --batches 1,16 --sparsity 20,50 --seeds 1)
+"$BENCH" "${ARGS[@]}" 2>&1 | grep -v '^{' | tee "$OUT/bench_quick.log"
+SSA_BENCH_PROFILE=1 ncu --clock-control none --metrics gpu__time_duration.sum "$BENCH" >"$OUT/ncu.log" 2>&1
+grep -E "^  [a-zA-Z_].*\(|gpu__time" "$OUT/ncu.log" | paste - - |
+  sed -E 's/\((ssa::)?DecodeBatch.*Context/ /; s/^ *(void )?//' | awk '{print $1, $(NF-1), $NF}' |
+  tee "$OUT/ncu_kernels.txt"
