@@ -9,7 +9,8 @@
 //     a sampled token's logit has log(pi) subtracted (log pi computed per unique
 //     sample by the sampler, kernels/stratified_sample.cu).
 //   dense (GH q heads of one KV head per block): every token, each K/V row read
-//     once for all GH heads of the GQA group.
+//     once for all GH heads of the GQA group. Only for what the tensor-core kernel
+//     (dense_attention_mma.cu: f16/bf16, head dims 64-256, groups <= 16) leaves.
 #include "device_util.cuh"
 #include "head_dim.cuh"
 #include "stages.h"
@@ -245,18 +246,22 @@ uint32_t dense_heads_per_block(uint32_t group) {
 cudaError_t launch_attention(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
                              bool all_dense, cudaStream_t st) {
   cudaError_t e = cudaErrorInvalidValue;
-  const uint32_t gh = all_dense ? dense_heads_per_block(b.shape.group()) : 1;
-  dispatch_head_dim(b.shape.head_dim, [&](auto dc) {
-    constexpr int D = decltype(dc)::value;
-    dispatch_dtype(b.shape.dtype, [&](auto t) {
-      using T = decltype(t);
-      if (!all_dense) e = launch_split<D, T, 1, true>(b, plan, ws, st);
-      else if (gh == 8) e = launch_split<D, T, 8, false>(b, plan, ws, st);
-      else if (gh == 4) e = launch_split<D, T, 4, false>(b, plan, ws, st);
-      else if (gh == 2) e = launch_split<D, T, 2, false>(b, plan, ws, st);
-      else e = launch_split<D, T, 1, false>(b, plan, ws, st);
+  if (all_dense && dense_mma_supported(b.shape)) {
+    e = launch_dense_mma(b, plan, ws, st);
+  } else {
+    const uint32_t gh = all_dense ? dense_heads_per_block(b.shape.group()) : 1;
+    dispatch_head_dim(b.shape.head_dim, [&](auto dc) {
+      constexpr int D = decltype(dc)::value;
+      dispatch_dtype(b.shape.dtype, [&](auto t) {
+        using T = decltype(t);
+        if (!all_dense) e = launch_split<D, T, 1, true>(b, plan, ws, st);
+        else if (gh == 8) e = launch_split<D, T, 8, false>(b, plan, ws, st);
+        else if (gh == 4) e = launch_split<D, T, 4, false>(b, plan, ws, st);
+        else if (gh == 2) e = launch_split<D, T, 2, false>(b, plan, ws, st);
+        else e = launch_split<D, T, 1, false>(b, plan, ws, st);
+      });
     });
-  });
+  }
   if (e != cudaSuccess) return e;
   dispatch_dtype(b.shape.dtype, [&](auto t) {
     using T = decltype(t);

@@ -27,6 +27,12 @@ cudaError_t launch_sampling(const DecodeBatch& b, const WorkspacePlan& plan, con
 cudaError_t launch_attention(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
                              bool all_dense, cudaStream_t st);
 uint32_t dense_heads_per_block(uint32_t group);
+// Tensor-core dense attention (dense_attention_mma.cu): f16/bf16, head dims 64,
+// 128, 256, GQA groups up to 16; one block per (split, KV head, item).
+bool dense_mma_supported(const DecodeShape& s);
+uint32_t dense_mma_splits(const DecodeShape& s, uint32_t n_items, uint32_t max_tokens, int sm_count);
+cudaError_t launch_dense_mma(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
+                             cudaStream_t st);
 const char* pq_shape_unsupported(const DecodeShape& s);
 size_t segmented_sort_temp_bytes(uint32_t rows, uint64_t entries);
 uint32_t compact_words_per_block(uint32_t n_pad_max);

@@ -118,6 +118,38 @@ TEST_CASE("gpu dense decode of a batch of sessions of different lengths in one l
   }
 }
 
+// GQA groups 1, 8 and 16 (one and two 8-head MMA tiles), 16-token pages (a 64-token
+// stage spans 4 pages), split bounds off page boundaries (37 splits) and empty
+// trailing splits (250 splits of 13 tokens: 231 used).
+TEST_CASE("gpu dense decode for GQA groups 1, 8 and 16 with 16-token pages and empty splits") {
+  SSA_GPU_TEST_OR_SKIP();
+  const uint32_t shapes[3][2] = {{2, 2}, {16, 2}, {16, 1}};  // {q heads, KV heads}
+  for (DType dt : {DType::kF16, DType::kBF16, DType::kF32}) {
+    for (uint32_t d : {64u, 128u, 256u}) {
+      for (const auto& sh : shapes) {
+        TestLayer t;
+        build_layer(t, sh[0], sh[1], d, dt, 3001, 16, 16, 16, 31 * d + sh[0]);
+        for (uint32_t splits : {0u, 37u, 250u}) {
+          Run r;
+          setup_run(r, t, SSA_METHOD_DENSE, 0, 0.4f, 128, 128, 0);
+          r.b.n_splits = splits;
+          const std::vector<float> got = run_and_fetch(r, t);
+          double worst = 0;
+          for (uint32_t h = 0; h < t.L.n_q_heads; ++h) {
+            std::vector<uint32_t> all(t.n);
+            for (uint32_t i = 0; i < t.n; ++i) all[i] = i;
+            const auto ref = attend_ref(t, h, all, std::vector<double>(t.n, 0.0));
+            worst = std::max(worst, rel_err(got, ref, size_t{h} * d));
+          }
+          INFO(dtype_name(dt), " d=", d, " G=", sh[0] / sh[1], " splits=", r.dec.plan.n_splits, " rel err ",
+               worst);
+          CHECK(worst <= tolerance(dt));
+        }
+      }
+    }
+  }
+}
+
 // Host view of one row of the workspace after a sparse run.
 struct RowView {
   RowState st;

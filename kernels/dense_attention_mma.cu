@@ -1,0 +1,403 @@
+// Dense split-K decode attention on tensor cores (flash decoding), f16 and bf16,
+// head dims 64, 128 and 256. Same inputs and the same partial results
+// ([m, l, acc[D]] per row and split, merged by merge_splits_kernel) as the
+// CUDA-core kernel in sparse_attention.cu, which keeps f32, the other head dims,
+// groups above 16 and every sparse row.
+//
+// Why: the CUDA-core kernel reduces every q.k dot product with warp shuffles and
+// rescales per token, so it is issue-bound at about half of the memory bandwidth.
+// Here one block serves all G q heads of a KV head over one split; K and V tiles
+// stream through a cp.async ring in shared memory and both products run on
+// mma.sync.m16n8k16 (f32 accumulate), so a K/V byte costs a few instructions.
+//
+// The products are computed transposed, with tokens as the MMA rows and the q heads
+// of the group as the 8 columns: S^T = K Q^T, O^T += V^T P^T. A KV tile is then the
+// row-major A operand straight from shared memory (ldmatrix; .trans for V), q fits
+// the small B operand (D/8 registers), the accumulator O^T has no padding rows for
+// G <= 8, and every thread holds the same two heads in S^T and in O^T, so the online
+// softmax rescale needs no data movement. P^T goes from accumulator layout to
+// B-operand layout with one movmatrix (8x8 transpose) per 8 tokens. G = 16 uses
+// two 8-head tiles, each on its own warps over the same shared-memory tiles.
+//
+// Block: kTokenGroups x kHeadTiles warps; a stage holds kTile = 16 * kTokenGroups
+// tokens and warp (token group tg, head tile ht) takes tokens [16 tg, 16 tg + 16)
+// of each stage. Each warp keeps its own softmax state; the warps of a head tile
+// merge by log-sum-exp at the end. Logits are kept in base 2 (q.k * log2(e) /
+// sqrt(D)); m is written in natural-log units as the merge expects.
+#include <algorithm>
+#include <type_traits>
+
+#include "device_util.cuh"
+#include "head_dim.cuh"
+#include "stages.h"
+
+namespace ssa::cuda {
+namespace {
+
+constexpr int kTokenGroups = 4;
+constexpr int kTile = 16 * kTokenGroups;  // tokens per pipeline stage
+
+template <int D>
+struct MmaShape {
+  // +16 bytes per shared-memory row: the 8 rows an ldmatrix reads start 4 banks
+  // apart instead of on the same bank (row pitch would be a multiple of 128 B).
+  static constexpr int kPitch = D + 8;
+  static constexpr int kStageElems = 2 * kTile * kPitch;  // K tile, then V tile
+  // Stages in flight vs blocks per SM: D = 64: 4 x 18 KB (3 blocks/SM);
+  // D = 128: 3 x 34 KB (2 blocks/SM); D = 256: 3 x 66 KB (1 block/SM). Each
+  // keeps 64 KB or more of loads in flight per SM.
+  static constexpr int kStages = D == 64 ? 4 : 3;
+  static constexpr int kOutPitch = D + 4;  // merge area: conflict-free fragment stores
+  static constexpr size_t smem_bytes(int head_tiles) {
+    const size_t ring = size_t{kStages} * kStageElems * 2;
+    const size_t merge = size_t{kTokenGroups} * head_tiles * 8 * (kOutPitch + 2) * sizeof(float);
+    return ring > merge ? ring : merge;
+  }
+};
+
+template <int D>
+uint32_t blocks_per_sm() {
+  // 228 KB of shared memory per SM on sm_90, 1 KB of it reserved per block.
+  return static_cast<uint32_t>((228 * 1024) / (MmaShape<D>::smem_bytes(1) + 1024));
+}
+
+// ---- PTX wrappers ---------------------------------------------------------------
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte global -> shared copy; bytes = 0 writes zeros (rows past the split end,
+// so that a zero weight never meets uninitialised shared memory).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, uint32_t bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
+  uint32_t y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
+}
+
+// c += a * b, m16n8k16, f32 accumulate.
+template <typename T>
+__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  if constexpr (std::is_same_v<T, __half>) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+// Two floats as one register of T (lo in the low half).
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (std::is_same_v<T, __half>) {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  } else {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  }
+}
+
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// ---- the kernel -----------------------------------------------------------------
+
+// Fragment notation (PTX ISA, mma.m16n8k16 f16/bf16): lane = 4 * g + t4.
+//   A (16x16, row): reg0 (g, 2t4..+1), reg1 (g+8, 2t4..), reg2 (g, 2t4+8..), reg3 (g+8, 2t4+8..)
+//   B (16x8, col):  reg0 (k 2t4..+1, n g), reg1 (k 2t4+8..+1, n g)
+//   C (16x8, f32):  c0,c1 (g, 2t4 + {0,1}), c2,c3 (g+8, 2t4 + {0,1})
+template <int D, typename T, int kHeadTiles>
+__global__ void __launch_bounds__(kTokenGroups * kHeadTiles * 32)
+    dense_mma_kernel(DecodeBatch b, Workspace ws, uint32_t n_splits) {
+  using S = MmaShape<D>;
+  constexpr int kWarps = kTokenGroups * kHeadTiles, kThreads = kWarps * 32;
+  constexpr int kP = S::kPitch;
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  T* ring = reinterpret_cast<T*>(smem_raw);
+
+  const uint32_t item = blockIdx.z, kvh = blockIdx.y, split = blockIdx.x;
+  const DecodeItem& it = b.items[item];
+  const uint32_t G = b.shape.group();
+  // The split rule of attention_split_kernel (same partial layout).
+  const uint32_t N = it.n_tokens;
+  const uint32_t per = (N + n_splits - 1) / n_splits;
+  const uint32_t p0 = min(N, split * per), p1 = min(N, p0 + per);
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int ht = warp % kHeadTiles, tg = warp / kHeadTiles;
+  const int g = lane >> 2, t4 = lane & 3;
+
+  // q^T as B fragments: head ht * 8 + g, dims kk * 16 + 2 t4 + {0, 1, 8, 9}. q is
+  // used unscaled (exact in T); the scale is applied to S in f32.
+  uint32_t qf[D / 16][2];
+  {
+    const uint32_t head = ht * 8 + g;
+    const T* q = static_cast<const T*>(it.q) + (size_t{kvh} * G + head) * D + 2 * t4;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      qf[kk][0] = head < G ? *reinterpret_cast<const uint32_t*>(q + kk * 16) : 0u;
+      qf[kk][1] = head < G ? *reinterpret_cast<const uint32_t*>(q + kk * 16 + 8) : 0u;
+    }
+  }
+  const float scale_log2 = 1.4426950408889634f / sqrtf(static_cast<float>(D));
+
+  // This thread's two heads (2 t4, 2 t4 + 1 of the head tile): running max (base 2)
+  // and this thread's share of the sum (reduced over g at the end).
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  float o[D / 16][4];  // O^T: dims mt * 16 + g (+8), heads 2 t4 + {0, 1}
+#pragma unroll
+  for (int mt = 0; mt < D / 16; ++mt) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.f;
+
+  const uint32_t page_mask = b.shape.page_tokens - 1, page_shift = b.shape.page_shift;
+  const size_t row_base = size_t{kvh} * b.shape.page_tokens;
+  const size_t v_off = size_t{b.shape.page_tokens} * b.shape.n_kv_heads * D;
+  // Copies tile `tile` of the split into ring stage `stage`: 16-byte chunks, a row's
+  // chunks on consecutive threads. The page is looked up per row, so any page size
+  // works; rows past p1 are zero-filled.
+  auto load_tile = [&](uint32_t tile, int stage) {
+    constexpr int kChunks = D / 8;
+    T* ks = ring + stage * S::kStageElems;
+    T* vs = ks + kTile * kP;
+    const uint32_t t0 = p0 + tile * kTile;
+    static_assert((kTile * kChunks) % kThreads == 0, "whole copy rounds");
+#pragma unroll
+    for (int k = 0; k < kTile * kChunks / kThreads; ++k) {
+      const int c = k * kThreads + threadIdx.x;
+      const int r = c / kChunks, col = (c % kChunks) * 8;
+      const uint32_t t = t0 + r;
+      const uint32_t tt = t < p1 ? t : p0;  // a readable row; no bytes are copied
+      const T* kp = reinterpret_cast<const T*>(it.kv_pages[tt >> page_shift]) +
+                    (row_base + (tt & page_mask)) * D + col;
+      const uint32_t bytes = t < p1 ? 16u : 0u;
+      cp_async16(ks + r * kP + col, kp, bytes);
+      cp_async16(vs + r * kP + col, kp + v_off, bytes);
+    }
+  };
+
+  const uint32_t n_tiles = (p1 - p0 + kTile - 1) / kTile;
+#pragma unroll
+  for (int s = 0; s < S::kStages - 1; ++s) {
+    if (static_cast<uint32_t>(s) < n_tiles) load_tile(s, s);
+    cp_async_commit();  // one group per stage, empty or not, keeps the wait count fixed
+  }
+
+  for (uint32_t i = 0; i < n_tiles; ++i) {
+    cp_async_wait<S::kStages - 2>();  // tile i has landed (this thread's copies)
+    __syncthreads();                  // ... everyone's; and stage i - 1 is free again
+    {
+      const uint32_t next = i + S::kStages - 1;
+      if (next < n_tiles) load_tile(next, next % S::kStages);
+      cp_async_commit();
+    }
+    const T* ks = ring + (i % S::kStages) * S::kStageElems + tg * 16 * kP;
+    const T* vs = ks + kTile * kP;
+
+    // S^T (16 tokens x 8 heads) = K Q^T; two accumulators halve the dependent chain.
+    float sa[4] = {0.f, 0.f, 0.f, 0.f}, sb[4] = {0.f, 0.f, 0.f, 0.f};
+    {
+      // ldmatrix x4 lane address: matrix lane / 8 = (rows +8 if odd, cols +8 if >= 2).
+      const T* kr = ks + (lane % 16) * kP + (lane / 16) * 8;
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t a[4];
+        ldmatrix_x4(a, kr + kk * 16);
+        mma16816<T>((kk & 1) ? sb : sa, a, qf[kk][0], qf[kk][1]);
+      }
+    }
+    // Tokens g and g + 8 of this warp's 16; past the split end: -inf.
+    const uint32_t tok = p0 + i * kTile + tg * 16 + g;
+    float s[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const bool valid = tok + (j >= 2 ? 8 : 0) < p1;
+      s[j] = valid ? (sa[j] + sb[j]) * scale_log2 : -INFINITY;
+    }
+
+    // Online softmax per head (column): max over the 16 tokens = over g (lane bits 2-4).
+    float corr[2], p[4];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      float mx = fmaxf(s[j], s[j + 2]);
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+      const float m_new = fmaxf(m[j], mx);
+      // Nothing finite seen yet: subtract 0, so exp2(-inf) = 0 and never inf - inf.
+      const float m_use = m_new == -INFINITY ? 0.f : m_new;
+      corr[j] = exp2_approx(m[j] - m_use);
+      p[j] = exp2_approx(s[j] - m_use);
+      p[j + 2] = exp2_approx(s[j + 2] - m_use);
+      l[j] = l[j] * corr[j] + p[j] + p[j + 2];
+      m[j] = m_new;
+    }
+#pragma unroll
+    for (int mt = 0; mt < D / 16; ++mt) {
+      o[mt][0] *= corr[0];
+      o[mt][1] *= corr[1];
+      o[mt][2] *= corr[0];
+      o[mt][3] *= corr[1];
+    }
+
+    // P^T: (tokens g, g + 8) x (heads 2 t4, 2 t4 + 1) is the 8x8 fragment layout of
+    // [token][head]; transposed it is (head g) x (tokens 2 t4, 2 t4 + 1) = B operand.
+    const uint32_t pb0 = movmatrix_trans(pack2<T>(p[0], p[1]));
+    const uint32_t pb1 = movmatrix_trans(pack2<T>(p[2], p[3]));
+
+    // O^T (D x 8 heads) += V^T P^T; V^T tiles by ldmatrix.trans of the [token][dim]
+    // rows: matrix lane / 8 = (dims +8 if odd, tokens +8 if >= 2).
+    const T* vr = vs + ((lane % 8) + (lane / 16) * 8) * kP + ((lane / 8) & 1) * 8;
+#pragma unroll
+    for (int mt = 0; mt < D / 16; ++mt) {
+      uint32_t a[4];
+      ldmatrix_x4_trans(a, vr + mt * 16);
+      mma16816<T>(o[mt], a, pb0, pb1);
+    }
+  }
+
+  // Sum of this warp's weights per head: the 8 lanes of each t4.
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    l[j] += __shfl_xor_sync(0xffffffffu, l[j], 4);
+    l[j] += __shfl_xor_sync(0xffffffffu, l[j], 8);
+    l[j] += __shfl_xor_sync(0xffffffffu, l[j], 16);
+  }
+
+  // Merge the token groups of each head tile through shared memory (the ring is
+  // free once every copy has landed and every warp is past its last tile).
+  cp_async_wait<0>();
+  __syncthreads();
+  constexpr int kOP = S::kOutPitch;
+  float* obuf = reinterpret_cast<float*>(smem_raw);  // [warp][8 heads][kOP]
+  float* mlbuf = obuf + kWarps * 8 * kOP;            // [warp][8 heads][m, l]
+  {
+    float* ow = obuf + warp * 8 * kOP;
+#pragma unroll
+    for (int mt = 0; mt < D / 16; ++mt) {
+      const int d = mt * 16 + g;
+      ow[(2 * t4) * kOP + d] = o[mt][0];
+      ow[(2 * t4 + 1) * kOP + d] = o[mt][1];
+      ow[(2 * t4) * kOP + d + 8] = o[mt][2];
+      ow[(2 * t4 + 1) * kOP + d + 8] = o[mt][3];
+    }
+    if (g == 0) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        mlbuf[(warp * 8 + 2 * t4 + j) * 2] = m[j];
+        mlbuf[(warp * 8 + 2 * t4 + j) * 2 + 1] = l[j];
+      }
+    }
+  }
+  __syncthreads();
+  constexpr float kLn2 = 0.6931471805599453f;
+  for (uint32_t i = threadIdx.x; i < G * D; i += kThreads) {
+    const uint32_t h = i / D, d = i % D;
+    const int h_tile = h / 8, hh = h % 8;
+    float M = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < kTokenGroups; ++j)
+      M = fmaxf(M, mlbuf[((j * kHeadTiles + h_tile) * 8 + hh) * 2]);
+    float L = 0.f, A = 0.f;
+    if (M != -INFINITY) {
+#pragma unroll
+      for (int j = 0; j < kTokenGroups; ++j) {
+        const int w = j * kHeadTiles + h_tile;
+        const float mw = mlbuf[(w * 8 + hh) * 2];
+        if (mw == -INFINITY) continue;
+        const float f = exp2_approx(mw - M);
+        L += mlbuf[(w * 8 + hh) * 2 + 1] * f;
+        A += obuf[(w * 8 + hh) * kOP + d] * f;
+      }
+    }
+    const uint32_t row = row_of(item, kvh * G + h, b.shape.n_q_heads);
+    float* out = ws.partial + (size_t{row} * n_splits + split) * (D + 2);
+    if (d == 0) {
+      out[0] = M * kLn2;  // -inf stays -inf
+      out[1] = L;
+    }
+    out[2 + d] = A;
+  }
+}
+
+template <int D, typename T, int kHeadTiles>
+cudaError_t launch_typed(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
+                         cudaStream_t st) {
+  const size_t smem = MmaShape<D>::smem_bytes(kHeadTiles);
+  auto kernel = dense_mma_kernel<D, T, kHeadTiles>;
+  cudaError_t e = ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), smem);
+  if (e != cudaSuccess) return e;
+  kernel<<<dim3(plan.n_splits, b.shape.n_kv_heads, b.n_items), kTokenGroups * kHeadTiles * 32, smem, st>>>(
+      b, ws, plan.n_splits);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+bool dense_mma_supported(const DecodeShape& s) {
+  const bool dtype_ok = s.dtype == DType::kF16 || s.dtype == DType::kBF16;
+  const bool dim_ok = s.head_dim == 64 || s.head_dim == 128 || s.head_dim == 256;
+  return dtype_ok && dim_ok && s.n_kv_heads > 0 && s.group() >= 1 && s.group() <= 16;
+}
+
+uint32_t dense_mma_splits(const DecodeShape& s, uint32_t n_items, uint32_t max_tokens, int sm_count) {
+  uint32_t per_sm = 1;
+  dispatch_head_dim(s.head_dim, [&](auto dc) { per_sm = blocks_per_sm<decltype(dc)::value>(); });
+  // One block per (split, KV head, item). Two full waves of resident blocks: equal
+  // blocks finish together, and a second wave hides the first one's pipeline fill.
+  // Splits of fewer than 4 tiles would be mostly fill and merge.
+  const uint32_t slots = std::max(per_sm, 1u) * static_cast<uint32_t>(std::max(sm_count, 1));
+  const uint32_t base = s.n_kv_heads * n_items;
+  uint32_t splits = std::max(2 * slots / base, 1u);
+  splits = std::min(splits, (max_tokens + 4 * kTile - 1) / (4 * kTile));
+  return std::clamp<uint32_t>(splits, 1, kMaxSplits);
+}
+
+cudaError_t launch_dense_mma(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
+                             cudaStream_t st) {
+  cudaError_t e = cudaErrorInvalidValue;
+  if (!dense_mma_supported(b.shape)) return e;
+  const bool two_tiles = b.shape.group() > 8;
+  dispatch_head_dim(b.shape.head_dim, [&](auto dc) {
+    constexpr int D = decltype(dc)::value;
+    if constexpr (D == 64 || D == 128 || D == 256) {
+      dispatch_dtype(b.shape.dtype, [&](auto t) {
+        using T = decltype(t);
+        if constexpr (!std::is_same_v<T, float>) {
+          e = two_tiles ? launch_typed<D, T, 2>(b, plan, ws, st) : launch_typed<D, T, 1>(b, plan, ws, st);
+        }
+      });
+    }
+  });
+  return e;
+}
+
+}  // namespace ssa::cuda
