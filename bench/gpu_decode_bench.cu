@@ -74,6 +74,7 @@ const uint4* g_flush = nullptr;
 uint32_t* g_sink = nullptr;
 std::chrono::steady_clock::time_point g_start;
 double g_budget_s = 270.0;  // later cases are reported as skipped (see --time-budget-s)
+uint32_t g_sparse_splits = 0;  // --sparse-splits: attention splits of sparse methods (0 = automatic)
 
 double elapsed_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - g_start).count();
@@ -427,6 +428,7 @@ void run_method(const Case& c, const std::vector<Session>& sess, const Method& m
     it.n_select = sparse ? k - kSink - kLocal : 0;
     it.n_heavy = sparse ? static_cast<uint32_t>(m.h * it.n_select + 0.5f) : 0;
   }
+  if (m.sparsity != 0) b.n_splits = g_sparse_splits;
   WorkspacePlan plan;
   cudaError_t e = plan_workspace(&b, sms, &plan);
   if (e != cudaSuccess) {
@@ -632,7 +634,8 @@ bool parse_list(const char* s, std::vector<uint32_t>* out) {
 void usage() {
   fprintf(stderr,
           "usage: gpu_decode_bench [--out FILE] [--configs paper,llama8b] [--contexts 128K,512K,1M]\n"
-          "         [--batches 1,16] [--sparsity 10,20,50,100] [--seeds 3] [--time-budget-s 270]\n");
+          "         [--batches 1,16] [--sparsity 10,20,50,100] [--seeds 3] [--time-budget-s 270]\n"
+          "         [--sparse-splits N]\n");
 }
 
 }  // namespace
@@ -663,6 +666,9 @@ int main(int argc, char** argv) {
     } else if (a == "--seeds" && ok) {
       n_seeds = atoi(v);
       ok = n_seeds >= 1 && n_seeds <= 9;
+    } else if (a == "--sparse-splits" && ok) {
+      g_sparse_splits = static_cast<uint32_t>(atoi(v));
+      ok = g_sparse_splits <= kMaxSplits;
     } else if (a == "--time-budget-s" && ok) {
       g_budget_s = atof(v);
       ok = g_budget_s > 0;

@@ -56,8 +56,9 @@ __device__ __forceinline__ uint32_t n_candidates(const DecodeItem& it) {
 
 // The hierarchy runs over candidate offsets j = t - sink_end (chunk c holds
 // candidates [1024 c, 1024 c + 1024)), exactly as the CPU sampler cuts it. One
-// warp per chunk, one thread per 32-candidate block: each thread sums its block
-// in order (no shuffles per block), one warp sum gives the chunk.
+// warp per chunk: it reads the chunk's scores coalesced into shared memory, then
+// each lane sums one 32-candidate block in order (no shuffles per block), and one
+// warp sum gives the chunk.
 // mode 0: residual hierarchy (bsum, csum) + proxy residual mass, and the sample
 // bitmap cleared; mode 1: only the candidate total w_all (adaptive heavy set, all
 // candidates).
@@ -65,6 +66,7 @@ constexpr int kChunksPerBlock = 8;
 
 __global__ void __launch_bounds__(32 * kChunksPerBlock) hierarchy_kernel(DecodeBatch b, Workspace ws,
                                                                          int mode) {
+  __shared__ float tile_s[kChunksPerBlock][kBlocksPerChunk][kBlockTokens + 1];  // +1: no bank conflicts
   const RowRef r = row_ref(b);
   const DecodeItem& it = *r.it;
   const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x & 31;
@@ -73,22 +75,26 @@ __global__ void __launch_bounds__(32 * kChunksPerBlock) hierarchy_kernel(DecodeB
   if (it.n_select == 0 || chunk * kChunkTokens >= nc) return;  // whole warps leave
   const RowState& st = ws.rows[r.row];
   const float mx = key_float(st.max_key);
+  const float* cs = row_scores(ws, r) + it.sink_end + size_t{chunk} * kChunkTokens;
+  const uint32_t n_here = min(kChunkTokens, nc - chunk * kChunkTokens);
+  float (*tile)[kBlockTokens + 1] = tile_s[warp];
+#pragma unroll 8
+  for (uint32_t k = 0; k < kBlocksPerChunk; ++k) {
+    const uint32_t i = k * kBlockTokens + lane;
+    tile[k][lane] = i < n_here ? cs[i] : -INFINITY;
+  }
+  __syncwarp();
   const uint32_t blk_in_row = chunk * kBlocksPerChunk + lane;
   const size_t blk = row_block_base(it, r.h) + blk_in_row;
-  const uint32_t j0 = blk_in_row * kBlockTokens;
-  const float* s = row_scores(ws, r) + it.sink_end + j0;
-  const uint32_t heavy = mode == 0 && j0 < nc ? ws.heavy_bits[blk] : 0u;
+  const uint32_t heavy = mode == 0 && lane * kBlockTokens < n_here ? ws.heavy_bits[blk] : 0u;
   const bool uniform = b.sampling == Sampling::kUniform;
-  const uint32_t n = j0 < nc ? min(kBlockTokens, nc - j0) : 0u;
-  float v[kBlockTokens];
-#pragma unroll
-  for (uint32_t i = 0; i < kBlockTokens; ++i) v[i] = i < n ? s[i] : -INFINITY;
   double w = 0.0, pw = 0.0;
-#pragma unroll
+#pragma unroll 8
   for (uint32_t i = 0; i < kBlockTokens; ++i) {
+    const float v = tile[lane][i];
     const bool hv = (heavy >> i) & 1u;
-    pw += static_cast<double>(residual_weight(v[i], mx, false, hv));
-    if (mode == 0) w += static_cast<double>(residual_weight(v[i], mx, uniform, hv));
+    pw += static_cast<double>(residual_weight(v, mx, false, hv));
+    if (mode == 0) w += static_cast<double>(residual_weight(v, mx, uniform, hv));
   }
   if (mode == 0) {  // also the empty blocks at the end of the last chunk: 0
     ws.bsum[blk] = w;
@@ -105,6 +111,7 @@ __global__ void __launch_bounds__(32 * kChunksPerBlock) hierarchy_kernel(DecodeB
   }
 }
 
+// Chunk prefix sums for rows too long for the sampler's shared memory (see below).
 __global__ void __launch_bounds__(1024) chunk_prefix_kernel(DecodeBatch b, Workspace ws) {
   const RowRef r = row_ref(b);
   const DecodeItem& it = *r.it;
@@ -126,20 +133,60 @@ __global__ void __launch_bounds__(1024) chunk_prefix_kernel(DecodeBatch b, Works
   if (threadIdx.x == 0) ws.rows[r.row].w_total = carry;
 }
 
-__global__ void sample_kernel(DecodeBatch b, Workspace ws) {
+constexpr uint32_t kSampleThreads = 256;
+constexpr uint32_t kPrefixSmem = 4096;  // rows of up to 4M candidates: chunk prefixes in shared memory
+constexpr uint32_t kPrefixPerThread = kPrefixSmem / kSampleThreads;
+
+// Every block of a row first builds the row's chunk prefix sums in shared memory
+// (a few KB from L2, the same deterministic order in every block, no separate
+// kernel), so the binary search per draw reads shared memory; block 0 records the
+// total. Longer rows use the prefixes of chunk_prefix_kernel from global memory.
+__global__ void __launch_bounds__(kSampleThreads) sample_kernel(DecodeBatch b, Workspace ws) {
+  __shared__ double prefix_s[kPrefixSmem];
+  __shared__ double total_s;
   const RowRef r = row_ref(b);
   const DecodeItem& it = *r.it;
   RowState& st = ws.rows[r.row];
   const uint32_t j = blockIdx.x * blockDim.x + threadIdx.x;
-  if (j >= st.n_draws || !(st.w_total > 0.0)) return;
-  const uint64_t step = b.step_dev ? *b.step_dev : b.step;
-  const RngStream stream = make_rng_stream(b.seed, step, b.layer, r.h);
-  const Philox4 v = rng_draw(stream, j);
+  if (it.n_select == 0 || blockIdx.x * blockDim.x >= st.n_draws) return;  // whole block
   const uint32_t nc = n_candidates(it);
   const uint32_t n_chunks = (nc + kChunkTokens - 1) / kChunkTokens;
   const size_t cbase = (it.score_base / kChunkTokens) + size_t{r.h} * (it.n_pad / kChunkTokens);
   const size_t bbase = row_block_base(it, r.h);
-  const uint32_t chunk = pick_from_prefix(ws.cprefix + cbase, n_chunks, rng_uniform(v.v[0]) * st.w_total);
+  const double* prefix = ws.cprefix + cbase;
+  double w_total;
+  if (n_chunks <= kPrefixSmem) {
+    using Scan = cub::BlockScan<double, kSampleThreads>;
+    __shared__ typename Scan::TempStorage tmp;
+    const uint32_t c0 = threadIdx.x * kPrefixPerThread;
+    double v[kPrefixPerThread], sum = 0.0;
+#pragma unroll
+    for (uint32_t i = 0; i < kPrefixPerThread; ++i) {
+      v[i] = c0 + i < n_chunks ? ws.csum[cbase + c0 + i] : 0.0;
+      sum += v[i];
+    }
+    double run, total;
+    Scan(tmp).ExclusiveSum(sum, run, total);
+#pragma unroll
+    for (uint32_t i = 0; i < kPrefixPerThread; ++i) {
+      run += v[i];
+      prefix_s[c0 + i] = run;
+    }
+    if (threadIdx.x == 0) {
+      total_s = total;
+      if (blockIdx.x == 0) st.w_total = total;
+    }
+    __syncthreads();
+    prefix = prefix_s;
+    w_total = total_s;
+  } else {
+    w_total = st.w_total;
+  }
+  if (j >= st.n_draws || !(w_total > 0.0)) return;
+  const uint64_t step = b.step_dev ? *b.step_dev : b.step;
+  const RngStream stream = make_rng_stream(b.seed, step, b.layer, r.h);
+  const Philox4 v = rng_draw(stream, j);
+  const uint32_t chunk = pick_from_prefix(prefix, n_chunks, rng_uniform(v.v[0]) * w_total);
   // The 32 block sums of the chunk and then the 32 scores of the block: all loads
   // issued before the scans (independent, in flight together).
   double bs[kBlocksPerChunk];
@@ -159,9 +206,28 @@ __global__ void sample_kernel(DecodeBatch b, Workspace ws) {
   const bool uniform = b.sampling == Sampling::kUniform;
   const uint32_t heavy = ws.heavy_bits[bbase + blk];
   const uint32_t n = min(kBlockTokens, nc - blk * kBlockTokens);
+  // The block's 32 scores as 16-byte loads from the aligned address at or below
+  // (row starts are 16-byte aligned). Past the last candidate the loads may run
+  // into the next row or the buffer after the scores, inside the workspace; those
+  // values are masked.
+  const uint32_t o = static_cast<uint32_t>((reinterpret_cast<uintptr_t>(s) >> 2) & 3u);
+  const float4* a4 = reinterpret_cast<const float4*>(s - o);
+  float raw[kBlockTokens + 4];
+#pragma unroll
+  for (uint32_t i = 0; i < kBlockTokens / 4; ++i) {
+    const float4 q4 = a4[i];
+    raw[4 * i] = q4.x; raw[4 * i + 1] = q4.y; raw[4 * i + 2] = q4.z; raw[4 * i + 3] = q4.w;
+  }
+  {
+    const float4 q4 = o + n > kBlockTokens ? a4[kBlockTokens / 4] : make_float4(0.f, 0.f, 0.f, 0.f);
+    raw[32] = q4.x; raw[33] = q4.y; raw[34] = q4.z; raw[35] = q4.w;
+  }
   float sv[kBlockTokens];
 #pragma unroll
-  for (uint32_t i = 0; i < kBlockTokens; ++i) sv[i] = i < n ? s[i] : -INFINITY;
+  for (uint32_t i = 0; i < kBlockTokens; ++i) {
+    const float x = o == 0 ? raw[i] : o == 1 ? raw[i + 1] : o == 2 ? raw[i + 2] : raw[i + 3];
+    sv[i] = i < n ? x : -INFINITY;
+  }
   double run = 0.0;
   uint32_t pick = 0, last_positive = 0;
   bool found = false;
@@ -279,9 +345,11 @@ cudaError_t launch_sampling(const DecodeBatch& b, const WorkspacePlan& plan, con
   cudaError_t e;
   if (b.sampling == Sampling::kNone) return cudaSuccess;
   if ((e = hierarchy(b, plan, ws, 0, st)) != cudaSuccess) return e;
-  chunk_prefix_kernel<<<dim3(1, b.shape.n_q_heads, b.n_items), 1024, 0, st>>>(b, ws);
-  const dim3 grid((plan.select_cap_max + 255) / 256, b.shape.n_q_heads, b.n_items);
-  sample_kernel<<<grid, 256, 0, st>>>(b, ws);
+  if (plan.n_pad_max / kChunkTokens > kPrefixSmem)
+    chunk_prefix_kernel<<<dim3(1, b.shape.n_q_heads, b.n_items), 1024, 0, st>>>(b, ws);
+  const dim3 grid((plan.select_cap_max + kSampleThreads - 1) / kSampleThreads, b.shape.n_q_heads,
+                  b.n_items);
+  sample_kernel<<<grid, kSampleThreads, 0, st>>>(b, ws);
   return cudaGetLastError();
 }
 

@@ -55,8 +55,18 @@ __global__ void __launch_bounds__(kThreads) hist_kernel(DecodeBatch b, Workspace
   const ScoreBins bins(st);
   const uint32_t per = (r.nc + gridDim.x - 1) / gridDim.x;
   const uint32_t begin = min(r.nc, blockIdx.x * per), end = min(r.nc, begin + per);
-  for (uint32_t j = begin + threadIdx.x; j < end; j += kThreads) {
-    atomicAdd(&hist_s[bins.bin(r.cand_scores[j])], 1u);
+  // Four loads in flight per thread before their four shared-memory updates.
+  for (uint32_t j0 = begin + threadIdx.x; j0 < end; j0 += 4 * kThreads) {
+    float v[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const uint32_t j = j0 + u * kThreads;
+      v[u] = j < end ? r.cand_scores[j] : 0.f;
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      if (j0 + u * kThreads < end) atomicAdd(&hist_s[bins.bin(v[u])], 1u);
+    }
   }
   __syncthreads();
   uint32_t* hist = ws.hist + size_t{r.row} * kScoreBins;
@@ -106,8 +116,7 @@ __global__ void __launch_bounds__(kThreads) filter_kernel(DecodeBatch b, Workspa
   const uint32_t lane = threadIdx.x & 31;
   for (uint32_t w = begin + threadIdx.x / 32; w < end; w += kThreads / 32) {
     const uint32_t j = w * 32 + lane;
-    uint32_t bin = kScoreBins;  // none
-    if (k > 0 && j < r.nc) bin = bins.bin(r.cand_scores[j]);
+    const uint32_t bin = k > 0 && j < r.nc ? bins.bin(r.cand_scores[j]) : kScoreBins;  // kScoreBins: none
     const uint32_t sel = __ballot_sync(0xffffffffu, bin < cut_bin);
     if (lane == 0) bits[w] = sel;
     const uint32_t in_cut = __ballot_sync(0xffffffffu, collect && bin == cut_bin);
