@@ -17,6 +17,9 @@
 // selection into lists | attention + split merge): the stage split, medians per
 // stage.
 //
+// Every decode is also timed replayed from a CUDA graph captured once per input
+// set (ms_graph): the kernels without the host's per-kernel launch gaps.
+//
 // The device-to-device copy bandwidth (cudaMemcpy of 4 GiB, read + write bytes
 // per second) is measured first: byte floors are bytes / that bandwidth.
 //
@@ -480,7 +483,7 @@ void run_method(const Case& c, const std::vector<Session>& sess, const Method& m
     if (r == cudaSuccess) r = cudaEventRecord(ev[4]);
     return r;
   };
-  std::vector<double> total_seeds, reps;
+  std::vector<double> total_seeds, reps, graph_seeds;
   std::array<std::vector<double>, 4> stage_seeds;
   for (int seed = 0; seed < n_seeds; ++seed) {
     for (uint32_t i = 0; i < c.batch && e == cudaSuccess; ++i)
@@ -491,6 +494,33 @@ void run_method(const Case& c, const std::vector<Session>& sess, const Method& m
     if (e != cudaSuccess) break;
     total_seeds.push_back(t.med[0]);
     reps.push_back(t.reps);
+    // The same decode replayed from a CUDA graph (one launch instead of one per
+    // kernel): what the kernels take without host launch gaps.
+    {
+      cudaStream_t cs = nullptr;
+      cudaGraph_t graph = nullptr;
+      cudaGraphExec_t exec = nullptr;
+      e = cudaStreamCreate(&cs);  // blocking: ordered with the default stream
+      if (e == cudaSuccess) e = cudaStreamBeginCapture(cs, cudaStreamCaptureModeThreadLocal);
+      if (e == cudaSuccess) {
+        const cudaError_t run = run_decode(b, plan, ws, cs);
+        e = cudaStreamEndCapture(cs, &graph);
+        if (run != cudaSuccess) e = run;
+      }
+      if (e == cudaSuccess) e = cudaGraphInstantiate(&exec, graph, 0);
+      auto graph_fn = [&](cudaEvent_t* ev) -> cudaError_t {
+        cudaError_t r = cudaEventRecord(ev[0]);
+        if (r == cudaSuccess) r = cudaGraphLaunch(exec, cs);
+        if (r == cudaSuccess) r = cudaEventRecord(ev[1]);
+        return r;
+      };
+      if (e == cudaSuccess) e = measure(graph_fn, 2, &t);
+      if (e == cudaSuccess) graph_seeds.push_back(t.med[0]);
+      if (exec) cudaGraphExecDestroy(exec);
+      if (graph) cudaGraphDestroy(graph);
+      if (cs) cudaStreamDestroy(cs);
+      if (e != cudaSuccess) break;
+    }
     if (sparse) {
       if ((e = measure(stage_fn, 5, &t)) != cudaSuccess) break;
       for (int i = 0; i < 4; ++i) stage_seeds[i].push_back(t.med[i]);
@@ -513,7 +543,8 @@ void run_method(const Case& c, const std::vector<Session>& sess, const Method& m
   if (m.sampling != Sampling::kNone) j.num("h", m.h);
   j.num("ms", ms).nums("ms_seeds", total_seeds).nums("reps", reps)
       .integer("bytes", static_cast<unsigned long long>(llround(bytes)))
-      .num("gbps", bytes / (ms * 1e6)).integer("splits", plan.n_splits);
+      .num("gbps", bytes / (ms * 1e6)).integer("splits", plan.n_splits)
+      .num("ms_graph", median(graph_seeds));
   if (copy_gbps > 0) j.num("floor_ms", bytes / (copy_gbps * 1e6));
   char stages[200] = "";
   if (sparse) {
@@ -525,8 +556,8 @@ void run_method(const Case& c, const std::vector<Session>& sess, const Method& m
     snprintf(stages, sizeof stages, " | score %.3f top-k %.3f sample %.3f attn %.3f", sc, tk, sa, at);
   }
   emit_line(j.done());
-  note("%s n=%u batch=%u %s %ux: %.3f ms (%.0f GB/s, %u splits)%s", s.name, n, c.batch, m.name, m.sparsity, ms,
-       bytes / (ms * 1e6), plan.n_splits, stages);
+  note("%s n=%u batch=%u %s %ux: %.3f ms, graph %.3f ms (%.0f GB/s, %u splits)%s", s.name, n, c.batch, m.name,
+       m.sparsity, ms, median(graph_seeds), bytes / (ms * 1e6), plan.n_splits, stages);
 }
 
 void run_case(const Case& c, const std::vector<uint32_t>& sparsities, int sms, int n_seeds, double copy_gbps) {

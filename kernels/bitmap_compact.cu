@@ -4,7 +4,7 @@
 // words, the next adds up the counts of the blocks before it, scans its own and
 // writes. With samples it also computes each sample's log inclusion probability,
 //   p = w / W_R, pi = 1 - (1 - p)^m (common/inclusion_probability.h),
-// from the sample's own proxy weight, and the row's heavy mass (statistics).
+// from the sample's own proxy weight.
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
@@ -67,10 +67,7 @@ __global__ void __launch_bounds__(kThreads) count_kernel(DecodeBatch b, Workspac
   using Reduce = cub::BlockReduce<uint64_t, kThreads>;
   __shared__ typename Reduce::TempStorage tmp;
   const uint64_t total = Reduce(tmp).Sum(mine);
-  if (threadIdx.x == 0) {
-    p.counts[blockIdx.x] = total;
-    if (blockIdx.x == 0) p.st->w_heavy = 0.0;
-  }
+  if (threadIdx.x == 0) p.counts[blockIdx.x] = total;
 }
 
 __global__ void __launch_bounds__(kThreads) write_kernel(DecodeBatch b, Workspace ws, bool samples,
@@ -79,11 +76,9 @@ __global__ void __launch_bounds__(kThreads) write_kernel(DecodeBatch b, Workspac
   if (!p.sparse()) return;
   using Reduce = cub::BlockReduce<uint64_t, kThreads>;
   using Scan = cub::BlockScan<uint64_t, kThreads>;
-  using DReduce = cub::BlockReduce<double, kThreads>;
   __shared__ union {
     typename Reduce::TempStorage reduce;
     typename Scan::TempStorage scan;
-    typename DReduce::TempStorage dreduce;
   } tmp;
   __shared__ uint64_t before_s;
   // Block 0 also totals the row (list lengths); the others need only their offset.
@@ -122,32 +117,56 @@ __global__ void __launch_bounds__(kThreads) write_kernel(DecodeBatch b, Workspac
   const bool uniform = b.sampling == Sampling::kUniform;
   const double m = static_cast<double>(p.st->n_draws), w_total = p.st->w_total;
   uint32_t oh = static_cast<uint32_t>(off >> 32), os = static_cast<uint32_t>(off);
-  double w_heavy = 0.0;
-  for (uint32_t w = a; w < e; ++w) {
-    uint32_t hw = p.hb[w];
-    uint32_t sw = samples ? p.sb[w] & ~hw : 0u;
-    while (hw) {
-      const uint32_t j = w * 32 + __ffs(hw) - 1;
-      hw &= hw - 1;
-      if (oh < it.select_cap) heavy[oh] = it.sink_end + j;
-      ++oh;
-      w_heavy += static_cast<double>(expf(s[j] - mx));
+  // Four words (128 candidates) at a time, all loads issued before they are used:
+  // the words, then the scores of up to 8 samples at once.
+  for (uint32_t c = a; c < e; c += 4) {
+    uint32_t hw[4], sw[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      hw[u] = c + u < e ? p.hb[c + u] : 0u;
+      sw[u] = samples && c + u < e ? p.sb[c + u] : 0u;
     }
-    while (sw) {
-      const uint32_t j = w * 32 + __ffs(sw) - 1;
-      sw &= sw - 1;
-      if (os < it.select_cap) {
-        sampled[os] = it.sink_end + j;
-        const double pj = (uniform ? 1.0 : static_cast<double>(expf(s[j] - mx))) / w_total;
-        log_pi[os] = static_cast<float>(log(inclusion_probability(pj, m, static_cast<double>(b.pi_min))));
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      sw[u] &= ~hw[u];
+      while (hw[u]) {
+        const uint32_t j = (c + u) * 32 + __ffs(hw[u]) - 1;
+        hw[u] &= hw[u] - 1;
+        if (oh < it.select_cap) heavy[oh] = it.sink_end + j;
+        ++oh;
       }
-      ++os;
+    }
+    uint64_t lo = sw[0] | uint64_t{sw[1]} << 32, hi = sw[2] | uint64_t{sw[3]} << 32;
+    while (lo | hi) {
+      uint32_t jj[8];
+      float sv[8];
+      bool ok[8];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        uint32_t bit = 0;
+        ok[k] = (lo | hi) != 0;
+        if (lo) {
+          bit = __ffsll(lo) - 1;
+          lo &= lo - 1;
+        } else if (hi) {
+          bit = 64 + __ffsll(hi) - 1;
+          hi &= hi - 1;
+        }
+        jj[k] = c * 32 + bit;
+        sv[k] = ok[k] && !uniform ? s[jj[k]] : 0.f;
+      }
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        if (!ok[k]) continue;
+        if (os < it.select_cap) {
+          sampled[os] = it.sink_end + jj[k];
+          const double pj = (uniform ? 1.0 : static_cast<double>(expf(sv[k] - mx))) / w_total;
+          log_pi[os] = static_cast<float>(log(inclusion_probability(pj, m, static_cast<double>(b.pi_min))));
+        }
+        ++os;
+      }
     }
   }
-  __syncthreads();
-  const double wh = DReduce(tmp.dreduce).Sum(w_heavy);
-  // Statistics only: the order of these additions across blocks is not fixed.
-  if (threadIdx.x == 0 && wh != 0.0) atomicAdd(&p.st->w_heavy, wh);
 }
 
 }  // namespace

@@ -79,7 +79,7 @@ struct RowState {
   uint32_t n_cut;
   uint32_t pad_;
   double w_total;      // sum over the residual R of exp(s~ - max) (uniform: |R|)
-  double w_heavy;      // sum over H of exp(s~ - max) (statistics only)
+  double w_heavy;      // sum over H of exp(s~ - max) (statistics only, sampling methods)
   double w_all;        // adaptive: sum over C of exp(s~ - max)
   double w_resid_proxy;  // sum over R of exp(s~ - max), also when sampling uniformly
 };

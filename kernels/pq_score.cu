@@ -8,6 +8,8 @@
 // (order-preserving bits): top-k bins the scores by their distance to the maximum.
 #include <cuda_runtime.h>
 
+#include <algorithm>
+
 #include "device_util.cuh"
 #include "head_dim.cuh"
 #include "stages.h"
@@ -20,9 +22,15 @@ constexpr int kTokensPerThread = 4;
 constexpr int kSubTile = kScoreThreads * kTokensPerThread;  // 1024 tokens per pass
 constexpr size_t kLutSmemLimit = 192 * 1024;
 
-__global__ void init_rows_kernel(DecodeBatch b, RowState* rows) {
+// One block per item: the row states of its q heads, and its rows' top-k
+// histograms zeroed (saves a memset launch per decode).
+__global__ void init_rows_kernel(DecodeBatch b, RowState* rows, uint32_t* hist) {
   const uint32_t item = blockIdx.x;
   const uint32_t h = threadIdx.x;
+  if (hist) {
+    uint32_t* hi = hist + size_t{row_of(item, 0, b.shape.n_q_heads)} * kScoreBins;
+    for (uint32_t i = threadIdx.x; i < b.shape.n_q_heads * kScoreBins; i += blockDim.x) hi[i] = 0;
+  }
   if (h >= b.shape.n_q_heads) return;
   const DecodeItem& it = b.items[item];
   RowState r{};
@@ -265,7 +273,9 @@ const char* pq_shape_unsupported(const DecodeShape& s) {
 
 cudaError_t launch_init_rows(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
                              cudaStream_t st) {
-  init_rows_kernel<<<b.n_items, (b.shape.n_q_heads + 31) / 32 * 32, 0, st>>>(b, ws.rows);
+  const bool sparse = b.proxy != Proxy::kNone;
+  const uint32_t threads = std::max(256u, (b.shape.n_q_heads + 31) / 32 * 32);
+  init_rows_kernel<<<b.n_items, threads, 0, st>>>(b, ws.rows, sparse ? ws.hist : nullptr);
   return cudaGetLastError();
 }
 

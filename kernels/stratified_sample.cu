@@ -59,8 +59,8 @@ __device__ __forceinline__ uint32_t n_candidates(const DecodeItem& it) {
 // warp per chunk: it reads the chunk's scores coalesced into shared memory, then
 // each lane sums one 32-candidate block in order (no shuffles per block), and one
 // warp sum gives the chunk.
-// mode 0: residual hierarchy (bsum, csum) + proxy residual mass, and the sample
-// bitmap cleared; mode 1: only the candidate total w_all (adaptive heavy set, all
+// mode 0: residual hierarchy (bsum, csum) + proxy residual and heavy masses, and
+// the sample bitmap cleared; mode 1: only the candidate total w_all (adaptive heavy set, all
 // candidates).
 constexpr int kChunksPerBlock = 8;
 
@@ -86,25 +86,34 @@ __global__ void __launch_bounds__(32 * kChunksPerBlock) hierarchy_kernel(DecodeB
   __syncwarp();
   const uint32_t blk_in_row = chunk * kBlocksPerChunk + lane;
   const size_t blk = row_block_base(it, r.h) + blk_in_row;
-  const uint32_t heavy = mode == 0 && lane * kBlockTokens < n_here ? ws.heavy_bits[blk] : 0u;
+  const uint32_t heavy = mode == 0 && lane * kBlockTokens < n_here ? ws.heavy_bits[blk] : 0u;  // mode 1: none
   const bool uniform = b.sampling == Sampling::kUniform;
-  double w = 0.0, pw = 0.0;
+  // One exponential per candidate, shared by the three sums (the same float
+  // values residual_weight gives).
+  double w = 0.0, pw = 0.0, hw = 0.0;
 #pragma unroll 8
   for (uint32_t i = 0; i < kBlockTokens; ++i) {
     const float v = tile[lane][i];
     const bool hv = (heavy >> i) & 1u;
-    pw += static_cast<double>(residual_weight(v, mx, false, hv));
-    if (mode == 0) w += static_cast<double>(residual_weight(v, mx, uniform, hv));
+    const float e = v == -INFINITY ? 0.f : expf(v - mx);
+    if (hv) {
+      hw += static_cast<double>(e);
+    } else {
+      pw += static_cast<double>(e);
+      w += uniform && v != -INFINITY ? 1.0 : static_cast<double>(e);
+    }
   }
   if (mode == 0) {  // also the empty blocks at the end of the last chunk: 0
     ws.bsum[blk] = w;
     ws.sample_bits[blk] = 0u;
   }
-  const double cw = warp_sum(w), cp = warp_sum(pw);
+  const double cw = warp_sum(w), cp = warp_sum(pw), ch = mode == 0 ? warp_sum(hw) : 0.0;
   if (lane == 0) {
     if (mode == 0) {
       ws.csum[(it.score_base / kChunkTokens) + size_t{r.h} * (it.n_pad / kChunkTokens) + chunk] = cw;
+      // Statistics only (the order of these additions is not fixed).
       if (cp != 0.0) atomicAdd(&ws.rows[r.row].w_resid_proxy, cp);
+      if (ch != 0.0) atomicAdd(&ws.rows[r.row].w_heavy, ch);
     } else if (cp != 0.0) {
       atomicAdd(&ws.rows[r.row].w_all, cp);
     }

@@ -173,8 +173,13 @@ __device__ uint32_t block_select(uint32_t n, uint32_t need, KeyFn key, uint32_t*
   return out;
 }
 
-// One block per row: exact cut inside the boundary bin's candidate list.
+// One block per row: exact cut inside the boundary bin's candidate list. Lists of
+// up to kStaged candidates are first copied to shared memory with their keys, so
+// the radix passes do not repeat the two dependent global loads per candidate.
+constexpr uint32_t kStaged = 4096;
+
 __global__ void __launch_bounds__(kRefineThreads) refine_kernel(DecodeBatch b, Workspace ws) {
+  __shared__ uint32_t key_s[kStaged], j_s[kStaged];
   const Row r = row_here(b, ws);
   if (!r.sparse()) return;
   const RowState& st = ws.rows[r.row];
@@ -182,10 +187,21 @@ __global__ void __launch_bounds__(kRefineThreads) refine_kernel(DecodeBatch b, W
   if (st.topk_k == 0 || need == 0 || n == 0) return;
   uint32_t* bits = ws.heavy_bits + row_block_base(*r.it, r.h);
   const uint32_t* cut = ws.cut + r.it->score_base + size_t{r.h} * r.it->n_pad;
+  const bool staged = n <= kStaged;
+  if (staged) {
+    for (uint32_t i = threadIdx.x; i < n; i += kRefineThreads) {
+      const uint32_t j = cut[i];
+      j_s[i] = j;
+      key_s[i] = float_key(r.cand_scores[j]);
+    }
+    __syncthreads();
+  }
+  auto cand = [&](uint32_t i) { return staged ? j_s[i] : cut[i]; };
+  auto key_of = [&](uint32_t i) { return staged ? key_s[i] : float_key(r.cand_scores[cut[i]]); };
   uint32_t thr = 0, eq_need = 0, max_j = 0xffffffffu;
   if (need < n) {
     thr = block_select(n, need, [&](uint32_t i, uint32_t* k) {
-      *k = float_key(r.cand_scores[cut[i]]);
+      *k = key_of(i);
       return true;
     }, &eq_need);
     // Equal scores across the cut: keep the eq_need lowest token indices (the
@@ -193,7 +209,7 @@ __global__ void __launch_bounds__(kRefineThreads) refine_kernel(DecodeBatch b, W
     using Reduce = cub::BlockReduce<uint32_t, kRefineThreads>;
     __shared__ typename Reduce::TempStorage red;
     uint32_t eq = 0;
-    for (uint32_t i = threadIdx.x; i < n; i += kRefineThreads) eq += float_key(r.cand_scores[cut[i]]) == thr;
+    for (uint32_t i = threadIdx.x; i < n; i += kRefineThreads) eq += key_of(i) == thr;
     __shared__ uint32_t eq_s;
     const uint32_t eq_total = Reduce(red).Sum(eq);
     if (threadIdx.x == 0) eq_s = eq_total;
@@ -201,14 +217,14 @@ __global__ void __launch_bounds__(kRefineThreads) refine_kernel(DecodeBatch b, W
     if (eq_s > eq_need) {
       uint32_t unused;
       max_j = ~block_select(n, eq_need, [&](uint32_t i, uint32_t* k) {
-        *k = ~cut[i];
-        return float_key(r.cand_scores[cut[i]]) == thr;
+        *k = ~cand(i);
+        return key_of(i) == thr;
       }, &unused);
     }
   }
   for (uint32_t i = threadIdx.x; i < n; i += kRefineThreads) {
-    const uint32_t j = cut[i];
-    const uint32_t key = float_key(r.cand_scores[j]);
+    const uint32_t j = cand(i);
+    const uint32_t key = key_of(i);
     if (need >= n || key > thr || (key == thr && j <= max_j)) atomicOr(&bits[j >> 5], 1u << (j & 31));
   }
 }
@@ -219,8 +235,7 @@ cudaError_t launch_topk(const DecodeBatch& b, const WorkspacePlan& plan, const W
                         cudaStream_t st) {
   const dim3 scan_grid(plan.scan_blocks, b.shape.n_q_heads, b.n_items);
   const dim3 row_grid(1, b.shape.n_q_heads, b.n_items);
-  cudaError_t e = cudaMemsetAsync(ws.hist, 0, size_t{plan.rows} * kScoreBins * sizeof(uint32_t), st);
-  if (e != cudaSuccess) return e;
+  // The histograms were zeroed by init_rows_kernel.
   hist_kernel<<<scan_grid, kThreads, 0, st>>>(b, ws);
   resolve_kernel<<<row_grid, kRefineThreads, 0, st>>>(b, ws);
   filter_kernel<<<scan_grid, kThreads, 0, st>>>(b, ws);
