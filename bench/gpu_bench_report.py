@@ -174,7 +174,7 @@ def group_table(data, g, out):
                                                                        else -1), r["rec"]))
     best = data.best_dense(g)
     out.append("| method | sparsity | k | ms | graph ms | ms per input set | GB/s | x best dense | byte floor ms | "
-               "ms / floor | stages ms: score / top-k / sample / attn | splits |")
+               "ms / floor | stages ms: score / top-k / sample / lists / attn | splits |")
     out.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in allrows:
         sp = int(r.get("sparsity", 0))
@@ -193,7 +193,7 @@ def group_table(data, g, out):
         floor = nbytes / (data.bw * 1e6) if nbytes and data.bw else None
         sp_x = best["ms"] / ms if best and ms else None
         st = r.get("stages")
-        st_s = " / ".join(fmt(st.get(k)) for k in ("score", "topk", "sample", "attn")) if isinstance(st, dict) else ""
+        st_s = " / ".join(fmt(st.get(k)) for k in ("score", "topk", "sample", "lists", "attn")) if isinstance(st, dict) else ""
         mark = " (best dense)" if best is r else ""
         out.append(f"| {label(r)}{mark} | {spl} | {r.get('k', '')} | {fmt(ms)} | {fmt(num(r.get('ms_graph')))} | {seeds_s} | "
                    f"{fmt(gbps, 0)} | {fmt(sp_x, 2)} | {fmt(floor)} | {fmt(ms / floor if ms and floor else None, 1)} "

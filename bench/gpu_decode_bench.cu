@@ -13,9 +13,9 @@
 // the median of those runs is one input set's time. Several input sets (query
 // seeds, also the sampling seed); the reported time is the median over them.
 // Sparse methods are also timed with events between the stages of the same
-// pipeline (init rows + PQ scores | top-k | sampling + compaction of the
-// selection into lists | attention + split merge): the stage split, medians per
-// stage.
+// pipeline (init rows + PQ scores | top-k | sampling | compaction of the
+// selection bitmaps into lists | attention + split merge): the stage split,
+// medians per stage.
 //
 // Every decode is also timed replayed from a CUDA graph captured once per input
 // set (ms_graph): the kernels without the host's per-kernel launch gaps.
@@ -72,7 +72,7 @@ constexpr size_t kFlushBytes = size_t{256} << 20;
 
 bool g_profile = false;
 FILE* g_out = nullptr;
-cudaEvent_t g_ev[5];
+cudaEvent_t g_ev[6];
 const uint4* g_flush = nullptr;
 uint32_t* g_sink = nullptr;
 std::chrono::steady_clock::time_point g_start;
@@ -477,14 +477,15 @@ void run_method(const Case& c, const std::vector<Session>& sess, const Method& m
     if (r == cudaSuccess) r = launch_topk(b, plan, ws, nullptr);
     if (r == cudaSuccess) r = cudaEventRecord(ev[2]);
     if (r == cudaSuccess) r = launch_sampling(b, plan, ws, nullptr);
-    if (r == cudaSuccess) r = launch_compact(b, plan, ws, b.sampling != Sampling::kNone, nullptr);
     if (r == cudaSuccess) r = cudaEventRecord(ev[3]);
-    if (r == cudaSuccess) r = launch_attention(b, plan, ws, false, nullptr);
+    if (r == cudaSuccess) r = launch_compact(b, plan, ws, b.sampling != Sampling::kNone, nullptr);
     if (r == cudaSuccess) r = cudaEventRecord(ev[4]);
+    if (r == cudaSuccess) r = launch_attention(b, plan, ws, false, nullptr);
+    if (r == cudaSuccess) r = cudaEventRecord(ev[5]);
     return r;
   };
   std::vector<double> total_seeds, reps, graph_seeds;
-  std::array<std::vector<double>, 4> stage_seeds;
+  std::array<std::vector<double>, 5> stage_seeds;
   for (int seed = 0; seed < n_seeds; ++seed) {
     for (uint32_t i = 0; i < c.batch && e == cudaSuccess; ++i)
       e = fill(s.dtype, sess[i].q, size_t{s.nq} * s.d, 1000003ull * (seed + 1) + i);
@@ -522,8 +523,8 @@ void run_method(const Case& c, const std::vector<Session>& sess, const Method& m
       if (e != cudaSuccess) break;
     }
     if (sparse) {
-      if ((e = measure(stage_fn, 5, &t)) != cudaSuccess) break;
-      for (int i = 0; i < 4; ++i) stage_seeds[i].push_back(t.med[i]);
+      if ((e = measure(stage_fn, 6, &t)) != cudaSuccess) break;
+      for (int i = 0; i < 5; ++i) stage_seeds[i].push_back(t.med[i]);
     }
   }
   if (e != cudaSuccess) {
@@ -549,11 +550,12 @@ void run_method(const Case& c, const std::vector<Session>& sess, const Method& m
   char stages[200] = "";
   if (sparse) {
     const double sc = median(stage_seeds[0]), tk = median(stage_seeds[1]), sa = median(stage_seeds[2]),
-                 at = median(stage_seeds[3]);
+                 li = median(stage_seeds[3]), at = median(stage_seeds[4]);
     Json st;
-    st.num("score", sc).num("topk", tk).num("sample", sa).num("attn", at);
+    st.num("score", sc).num("topk", tk).num("sample", sa).num("lists", li).num("attn", at);
     j.raw("stages", st.done());
-    snprintf(stages, sizeof stages, " | score %.3f top-k %.3f sample %.3f attn %.3f", sc, tk, sa, at);
+    snprintf(stages, sizeof stages, " | score %.3f top-k %.3f sample %.3f lists %.3f attn %.3f", sc, tk, sa,
+             li, at);
   }
   emit_line(j.done());
   note("%s n=%u batch=%u %s %ux: %.3f ms, graph %.3f ms (%.0f GB/s, %u splits)%s", s.name, n, c.batch, m.name,

@@ -86,12 +86,12 @@ cudaError_t plan_workspace(DecodeBatch* b, int sm_count, WorkspacePlan* plan) {
   p.scan_blocks = std::clamp<uint32_t>((1024 + p.rows - 1) / p.rows, 1,
                                        std::min<uint32_t>(64, (p.n_pad_max + 2047) / 2048));
   // PQ scoring: every block loads its lookup tables once, so it takes as many
-  // tokens as leave about two blocks per multiprocessor (and at least 4096).
+  // tokens as leave about two blocks per multiprocessor (whole 1024-token passes).
   {
     const uint64_t groups = uint64_t{s.n_kv_heads} * b->n_items;  // one pass per GQA group
     const uint64_t want = std::max<uint64_t>(1, 2ull * std::max(sm_count, 1) / std::max<uint64_t>(groups, 1));
     uint64_t tile = (p.n_pad_max + want - 1) / want;
-    tile = std::max<uint64_t>(4096, (tile + 4095) / 4096 * 4096);
+    tile = std::max<uint64_t>(1024, (tile + 1023) / 1024 * 1024);
     p.score_tile = static_cast<uint32_t>(std::min<uint64_t>(tile, 1u << 30));
   }
   if (b->n_splits) {

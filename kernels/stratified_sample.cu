@@ -206,10 +206,13 @@ __global__ void __launch_bounds__(kSampleThreads) sample_kernel(DecodeBatch b, W
     bs[2 * i] = d.x;
     bs[2 * i + 1] = d.y;
   }
-  const uint32_t blk = chunk * kBlocksPerChunk +
-                       pick_by_scan(bs, kBlocksPerChunk, rng_uniform(v.v[1]) * ws.csum[cbase + chunk]);
+  const uint32_t in_chunk = pick_by_scan(bs, kBlocksPerChunk, rng_uniform(v.v[1]) * ws.csum[cbase + chunk]);
+  const uint32_t blk = chunk * kBlocksPerChunk + in_chunk;
+  double block_w = 0.0;  // bs[in_chunk], without a dynamic index (bs stays in registers)
+#pragma unroll
+  for (uint32_t i = 0; i < kBlocksPerChunk; ++i) block_w = i == in_chunk ? bs[i] : block_w;
   // Candidate within the block: pick_by_scan over weights computed on the fly.
-  const double target = rng_uniform(v.v[2]) * ws.bsum[bbase + blk];
+  const double target = rng_uniform(v.v[2]) * block_w;
   const float* s = row_scores(ws, r) + it.sink_end + size_t{blk} * kBlockTokens;
   const float mx = key_float(st.max_key);
   const bool uniform = b.sampling == Sampling::kUniform;
