@@ -98,6 +98,8 @@ cudaError_t plan_workspace(DecodeBatch* b, int sm_count, WorkspacePlan* plan) {
     p.n_splits = std::min(b->n_splits, kMaxSplits);
   } else if (all_dense && dense_mma_supported(s)) {
     p.n_splits = dense_mma_splits(s, b->n_items, max_read, sm_count);
+  } else if (!all_dense && sparse_gather_supported(s)) {
+    p.n_splits = sparse_gather_splits(s, p.rows, max_read, sm_count);
   } else {
     const uint32_t base = all_dense ? s.n_kv_heads * (s.group() / dense_heads_per_block(s.group())) *
                                           b->n_items

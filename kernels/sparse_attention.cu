@@ -7,7 +7,8 @@
 // semantics), so the result does not depend on how the work was cut.
 //   sparse rows (GH = 1): read set = sink, local, heavy list, sorted unique samples;
 //     a sampled token's logit has log(pi) subtracted (log pi computed per unique
-//     sample by the sampler, kernels/stratified_sample.cu).
+//     sample by the sampler, kernels/stratified_sample.cu). Only for what the
+//     gather kernel (sparse_gather_attention.cu: f16/bf16, head dims 64-256) leaves.
 //   dense (GH q heads of one KV head per block): every token, each K/V row read
 //     once for all GH heads of the GQA group. Only for what the tensor-core kernel
 //     (dense_attention_mma.cu: f16/bf16, head dims 64-256, groups <= 16) leaves.
@@ -248,6 +249,8 @@ cudaError_t launch_attention(const DecodeBatch& b, const WorkspacePlan& plan, co
   cudaError_t e = cudaErrorInvalidValue;
   if (all_dense && dense_mma_supported(b.shape)) {
     e = launch_dense_mma(b, plan, ws, st);
+  } else if (!all_dense && sparse_gather_supported(b.shape)) {
+    e = launch_sparse_gather(b, plan, ws, st);
   } else {
     const uint32_t gh = all_dense ? dense_heads_per_block(b.shape.group()) : 1;
     dispatch_head_dim(b.shape.head_dim, [&](auto dc) {

@@ -33,6 +33,12 @@ bool dense_mma_supported(const DecodeShape& s);
 uint32_t dense_mma_splits(const DecodeShape& s, uint32_t n_items, uint32_t max_tokens, int sm_count);
 cudaError_t launch_dense_mma(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
                              cudaStream_t st);
+// Sparse rows through a cp.async ring (sparse_gather_attention.cu): f16/bf16,
+// head dims 64, 128, 256; one block per (split, q head, item).
+bool sparse_gather_supported(const DecodeShape& s);
+uint32_t sparse_gather_splits(const DecodeShape& s, uint32_t rows, uint32_t max_read, int sm_count);
+cudaError_t launch_sparse_gather(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
+                                 cudaStream_t st);
 const char* pq_shape_unsupported(const DecodeShape& s);
 size_t segmented_sort_temp_bytes(uint32_t rows, uint64_t entries);
 uint32_t compact_words_per_block(uint32_t n_pad_max);

@@ -341,6 +341,79 @@ TEST_CASE("gpu sampling methods: read-set rules and the estimator match float64"
   }
 }
 
+// Sparse rows of every head dim the gather kernel serves, both 2-byte types and
+// 16-token pages: the estimator against float64 with automatic splits, one split
+// (a long read set through the whole stage ring) and 250 splits (a few tokens each,
+// the trailing ones empty).
+TEST_CASE("gpu sparse attention: head dims 64/128/256, f16 and bf16, 16-token pages, 1 to 250 splits") {
+  SSA_GPU_TEST_OR_SKIP();
+  for (DType dt : {DType::kF16, DType::kBF16}) {
+    for (uint32_t d : {64u, 128u, 256u}) {
+      TestLayer t;
+      build_layer(t, 4, 2, d, dt, 7000, 16, 16, 64, 77 * d + (dt == DType::kBF16 ? 1 : 0));
+      for (uint32_t splits : {0u, 1u, 250u}) {
+        Run r;
+        setup_run(r, t, SSA_METHOD_SSA, 1500, 0.4f, 64, 64, 3);
+        r.b.n_splits = splits;
+        const auto got = run_and_fetch(r, t);
+        INFO(dtype_name(dt), " d=", d, " splits=", r.dec.plan.n_splits);
+        for (uint32_t h = 0; h < t.L.n_q_heads; ++h)
+          check_sampled_row(r, t, h, got, std::max(2e-3, tolerance(dt)));
+      }
+    }
+  }
+}
+
+// A dense item (read set = every token) between two sparse items of other lengths
+// in one sparse launch set with 250 splits: the dense item against float64, each
+// sparse item against its own single-item run (same samples: the sampler's stream
+// does not depend on the item).
+TEST_CASE("gpu sparse attention: a dense item inside a sparse batch of different lengths") {
+  SSA_GPU_TEST_OR_SKIP();
+  const uint32_t lens[3] = {5000, 300, 9000};
+  constexpr uint32_t kNq = 4, kD = 256;
+  for (DType dt : {DType::kF16, DType::kBF16}) {
+    TestLayer t[3];
+    for (int i = 0; i < 3; ++i) build_layer(t[i], kNq, 2, kD, dt, lens[i], 16, 16, 64, 900 + i);
+    const size_t item_bytes = size_t{kNq} * t[0].L.row_bytes();
+    Run r;
+    setup_run(r, t[0], SSA_METHOD_SSA, 400, 0.4f, 64, 64, 2);
+    DevBuf<uint8_t> out(3 * item_bytes);
+    CUDA_OK(cudaMemset(out.p, 0xff, out.n));
+    r.b.n_items = 3;
+    r.b.n_splits = 250;
+    for (int i = 0; i < 3; ++i) {
+      r.b.items[i] = item_of(t[i], out.p + i * item_bytes);
+      cuda::plan_item(plan_decode(lens[i], r.p), r.p, &r.b.items[i]);
+    }
+    r.b.items[1].sink_end = r.b.items[1].local_begin = lens[1];
+    r.b.items[1].n_select = r.b.items[1].n_heavy = 0;
+    CUDA_OK(r.dec.run(&r.b));
+    CUDA_OK(cudaDeviceSynchronize());
+    const auto got = decode_out(dt, out.download(out.n), 3 * kNq * kD);
+    for (int i = 0; i < 3; ++i) {
+      std::vector<float> single;
+      if (i != 1) {
+        Run s;
+        setup_run(s, t[i], SSA_METHOD_SSA, 400, 0.4f, 64, 64, 2);
+        single = run_and_fetch(s, t[i]);
+      }
+      for (uint32_t h = 0; h < kNq; ++h) {
+        std::vector<double> ref;
+        if (i == 1) {
+          std::vector<uint32_t> all(lens[1]);
+          for (uint32_t j = 0; j < lens[1]; ++j) all[j] = j;
+          ref = attend_ref(t[1], h, all, std::vector<double>(lens[1], 0.0));
+        } else {
+          ref.assign(single.begin() + h * kD, single.begin() + (h + 1) * kD);
+        }
+        INFO(dtype_name(dt), " item ", i, " head ", h);
+        CHECK(rel_err(got, ref, (size_t{static_cast<uint32_t>(i)} * kNq + h) * kD) <= tolerance(dt));
+      }
+    }
+  }
+}
+
 TEST_CASE("gpu empirical inclusion frequencies match pi") {
   SSA_GPU_TEST_OR_SKIP();
   TestLayer t;
