@@ -44,7 +44,7 @@ fi
 if has sanitize; then
   for tool in memcheck racecheck; do
     log "compute-sanitizer $tool"
-    compute-sanitizer --tool "$tool" --error-exitcode 9 "$TESTS" -tc="gpu small end-to-end*,gpu snapshots*" \
+    compute-sanitizer --tool "$tool" --error-exitcode 9 "$TESTS" -tc="${SSA_SANITIZE_TESTS:-gpu small end-to-end*,gpu snapshots*}" \
       >"$OUT/sanitizer_$tool.log" 2>&1 || rc=1
     tail -4 "$OUT/sanitizer_$tool.log" | tee -a "$OUT/summary.txt"
   done
@@ -59,7 +59,8 @@ if has bench && [ -x "$BUILD/bench/gpu_decode_bench" ]; then
   t0=$(date +%s)
   RAW="$OUT/bench_raw.log"
   echo "{\"rec\":\"meta\",\"src\":\"git\",\"commit\":\"$(git rev-parse --short HEAD 2>/dev/null || echo unknown)\"}" >"$RAW"
-  "$BUILD/bench/gpu_decode_bench" 2>&1 | tee -a "$RAW" | grep --line-buffered -v '^{'
+  # SSA_BENCH_ARGS: extra gpu_decode_bench arguments (e.g. --seeds 2 --time-budget-s 200).
+  "$BUILD/bench/gpu_decode_bench" ${SSA_BENCH_ARGS:-} 2>&1 | tee -a "$RAW" | grep --line-buffered -v '^{'
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
   if [ -f bench/gpu_sdpa_bench.py ]; then
     PYTHONUNBUFFERED=1 python3 bench/gpu_sdpa_bench.py 2>&1 | tee -a "$RAW" | grep --line-buffered -v '^{'
