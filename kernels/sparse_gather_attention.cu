@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <type_traits>
 
+#include "cp_async.cuh"
 #include "device_util.cuh"
 #include "head_dim.cuh"
 #include "stages.h"
@@ -50,22 +51,6 @@ struct GatherShape {
   static_assert(kTile <= kThreads, "one resolving thread per token of a stage");
   static_assert((kTile * kChunks) % kThreads == 0, "whole copy rounds");
 };
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-// 16-byte global -> shared copy; bytes = 0 writes zeros (positions past the split
-// end: their weight is 0 and must never meet uninitialised shared memory).
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, uint32_t bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
-               "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
 
 template <int D, typename T>
 __global__ void __launch_bounds__(kThreads) sparse_gather_kernel(DecodeBatch b, Workspace ws,

@@ -1,0 +1,26 @@
+// Asynchronous global -> shared copies (sm_80+ cp.async), shared by the kernels
+// that stream K/V rows through a shared-memory ring.
+#pragma once
+
+#include <stdint.h>
+
+namespace ssa::cuda {
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte global -> shared copy; bytes = 0 writes zeros (positions past a split's
+// end: their weight is 0 and must never meet uninitialised shared memory).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, uint32_t bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+}  // namespace ssa::cuda
