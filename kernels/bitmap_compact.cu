@@ -112,7 +112,7 @@ __global__ void __launch_bounds__(kThreads) write_kernel(DecodeBatch b, Workspac
   uint32_t* heavy = ws.heavy + sel;
   uint32_t* sampled = ws.uniq_sorted + sel;
   float* log_pi = ws.log_pi + sel;
-  const float* s = ws.scores + it.score_base + size_t{p.h} * it.n_pad + it.sink_end;
+  const float* s = ws.scores + row_token_base(it, p.h) + it.sink_end;
   const float mx = key_float(p.st->max_key);
   const bool uniform = b.sampling == Sampling::kUniform;
   const double m = static_cast<double>(p.st->n_draws), w_total = p.st->w_total;

@@ -94,6 +94,35 @@ __device__ __forceinline__ uint32_t row_of(uint32_t item, uint32_t head, uint32_
   return item * n_q + head;
 }
 
+// Read set of q head h of an item (row: its RowState index). A dense item (also
+// inside a sparse batch) reads every token in order.
+__device__ __forceinline__ ReadSet row_read_set(const DecodeItem& it, const Workspace& ws, uint32_t row,
+                                                uint32_t h) {
+  ReadSet rs{it.n_tokens, it.n_tokens, 0, 0, 0, nullptr, nullptr, nullptr};
+  if (it.sink_end < it.local_begin) {
+    const RowState& st = ws.rows[row];
+    const size_t sel = it.select_base + size_t{h} * it.select_cap;
+    rs = ReadSet{it.sink_end, it.local_begin, it.n_tokens - it.local_begin, st.n_heavy,
+                 st.n_unique, ws.heavy + sel, ws.uniq_sorted + sel, ws.log_pi + sel};
+  }
+  return rs;
+}
+
+// Positions [*p0, *p1) of a read set of P positions that split `split` of
+// n_splits takes (contiguous, equal lengths but the last).
+__device__ __forceinline__ void split_range(uint32_t P, uint32_t n_splits, uint32_t split, uint32_t* p0,
+                                            uint32_t* p1) {
+  const uint32_t per = (P + n_splits - 1) / n_splits;
+  *p0 = min(P, split * per);
+  *p1 = min(P, *p0 + per);
+}
+
+// Offset of head h's row in the per-token arrays of the workspace (scores and the
+// top-k boundary list): rows of n_pad entries, one per q head, item after item.
+__device__ __forceinline__ size_t row_token_base(const DecodeItem& it, uint32_t h) {
+  return it.score_base + size_t{h} * it.n_pad;
+}
+
 // Offset of head h's first 32-candidate block in the per-block arrays of the
 // workspace (bsum and the heavy/sample bitmaps: one entry per block).
 __device__ __forceinline__ size_t row_block_base(const DecodeItem& it, uint32_t h) {

@@ -43,16 +43,10 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(DecodeBatch b
   }
   const uint32_t row0 = row_of(item, h0, b.shape.n_q_heads);
 
-  ReadSet rs{it.n_tokens, it.n_tokens, 0, 0, 0, nullptr, nullptr, nullptr};
-  if (kSparse && it.sink_end < it.local_begin) {
-    const RowState& st = ws.rows[row0];
-    const size_t sel = it.select_base + size_t{h0} * it.select_cap;
-    rs = ReadSet{it.sink_end, it.local_begin, it.n_tokens - it.local_begin, st.n_heavy,
-                 st.n_unique, ws.heavy + sel, ws.uniq_sorted + sel, ws.log_pi + sel};
-  }
-  const uint32_t P = rs.size();
-  const uint32_t per = (P + n_splits - 1) / n_splits;
-  const uint32_t p0 = min(P, split * per), p1 = min(P, p0 + per);
+  const ReadSet rs = kSparse ? row_read_set(it, ws, row0, h0)
+                             : ReadSet{it.n_tokens, it.n_tokens, 0, 0, 0, nullptr, nullptr, nullptr};
+  uint32_t p0, p1;
+  split_range(rs.size(), n_splits, split, &p0, &p1);
 
   const int lane = threadIdx.x % kTpr, grp = threadIdx.x / kTpr;
   const float scale = 1.0f / sqrtf(static_cast<float>(D));

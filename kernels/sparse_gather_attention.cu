@@ -67,18 +67,9 @@ __global__ void __launch_bounds__(kThreads) sparse_gather_kernel(DecodeBatch b, 
   const uint32_t kvh = h / b.shape.group();
   const uint32_t row = row_of(item, h, b.shape.n_q_heads);
 
-  // Read set as in attention_split_kernel: a dense item of a sparse batch reads
-  // every token in order.
-  ReadSet rs{it.n_tokens, it.n_tokens, 0, 0, 0, nullptr, nullptr, nullptr};
-  if (it.sink_end < it.local_begin) {
-    const RowState& st = ws.rows[row];
-    const size_t sel = it.select_base + size_t{h} * it.select_cap;
-    rs = ReadSet{it.sink_end, it.local_begin, it.n_tokens - it.local_begin, st.n_heavy,
-                 st.n_unique, ws.heavy + sel, ws.uniq_sorted + sel, ws.log_pi + sel};
-  }
-  const uint32_t P = rs.size();
-  const uint32_t per = (P + n_splits - 1) / n_splits;
-  const uint32_t p0 = min(P, split * per), p1 = min(P, p0 + per);
+  const ReadSet rs = row_read_set(it, ws, row, h);
+  uint32_t p0, p1;
+  split_range(rs.size(), n_splits, split, &p0, &p1);
   const uint32_t n_tiles = (p1 - p0 + kTile - 1) / kTile;
 
   const int tid = threadIdx.x;

@@ -37,7 +37,7 @@ __device__ RowRef row_ref(const DecodeBatch& b) {
 }
 
 __device__ __forceinline__ float* row_scores(const Workspace& ws, const RowRef& r) {
-  return ws.scores + r.it->score_base + size_t{r.h} * r.it->n_pad;
+  return ws.scores + row_token_base(*r.it, r.h);
 }
 __device__ __forceinline__ size_t row_select(const RowRef& r) {
   return r.it->select_base + size_t{r.h} * r.it->select_cap;

@@ -40,7 +40,7 @@ __device__ Row row_here(const DecodeBatch& b, const Workspace& ws) {
   r.h = blockIdx.y;
   r.row = row_of(blockIdx.z, blockIdx.y, b.shape.n_q_heads);
   r.nc = r.it->local_begin - r.it->sink_end;
-  r.cand_scores = ws.scores + r.it->score_base + size_t{r.h} * r.it->n_pad + r.it->sink_end;
+  r.cand_scores = ws.scores + row_token_base(*r.it, r.h) + r.it->sink_end;
   return r;
 }
 
@@ -109,7 +109,7 @@ __global__ void __launch_bounds__(kThreads) filter_kernel(DecodeBatch b, Workspa
   const bool collect = k > 0 && st.cut_need > 0;
   const ScoreBins bins(st);
   uint32_t* bits = ws.heavy_bits + row_block_base(*r.it, r.h);
-  uint32_t* cut = ws.cut + r.it->score_base + size_t{r.h} * r.it->n_pad;
+  uint32_t* cut = ws.cut + row_token_base(*r.it, r.h);
   const uint32_t words = (r.nc + 31) / 32;
   const uint32_t per = (words + gridDim.x - 1) / gridDim.x;
   const uint32_t begin = min(words, blockIdx.x * per), end = min(words, begin + per);
@@ -186,7 +186,7 @@ __global__ void __launch_bounds__(kRefineThreads) refine_kernel(DecodeBatch b, W
   const uint32_t need = st.cut_need, n = min(st.n_cut, r.nc);
   if (st.topk_k == 0 || need == 0 || n == 0) return;
   uint32_t* bits = ws.heavy_bits + row_block_base(*r.it, r.h);
-  const uint32_t* cut = ws.cut + r.it->score_base + size_t{r.h} * r.it->n_pad;
+  const uint32_t* cut = ws.cut + row_token_base(*r.it, r.h);
   const bool staged = n <= kStaged;
   if (staged) {
     for (uint32_t i = threadIdx.x; i < n; i += kRefineThreads) {
