@@ -52,21 +52,27 @@ __device__ __forceinline__ void thread_words(const Span& p, uint32_t words_per_b
   *e = min(p.w1, *a + per);
 }
 
+// Set bits of words [a, e): heavy in the high half, samples (never heavy) in the
+// low half, so one scan or sum serves both lists.
+__device__ uint64_t bit_counts(const Span& p, uint32_t a, uint32_t e, bool samples) {
+  uint64_t n = 0;
+  for (uint32_t w = a; w < e; ++w) {
+    const uint32_t hw = p.hb[w];
+    n += uint64_t{static_cast<uint32_t>(__popc(hw))} << 32;
+    if (samples) n += static_cast<uint32_t>(__popc(p.sb[w] & ~hw));
+  }
+  return n;
+}
+
 __global__ void __launch_bounds__(kThreads) count_kernel(DecodeBatch b, Workspace ws, bool samples,
                                                          uint32_t words_per_block) {
   const Span p = span_here(b, ws, words_per_block);
   if (!p.sparse()) return;
   uint32_t a, e;
   thread_words(p, words_per_block, &a, &e);
-  uint64_t mine = 0;
-  for (uint32_t w = a; w < e; ++w) {
-    const uint32_t hw = p.hb[w];
-    mine += uint64_t{static_cast<uint32_t>(__popc(hw))} << 32;
-    if (samples) mine += static_cast<uint32_t>(__popc(p.sb[w] & ~hw));
-  }
   using Reduce = cub::BlockReduce<uint64_t, kThreads>;
   __shared__ typename Reduce::TempStorage tmp;
-  const uint64_t total = Reduce(tmp).Sum(mine);
+  const uint64_t total = Reduce(tmp).Sum(bit_counts(p, a, e, samples));
   if (threadIdx.x == 0) p.counts[blockIdx.x] = total;
 }
 
@@ -84,9 +90,7 @@ __global__ void __launch_bounds__(kThreads) write_kernel(DecodeBatch b, Workspac
   // Block 0 also totals the row (list lengths); the others need only their offset.
   const uint32_t upto = blockIdx.x == 0 ? gridDim.x : blockIdx.x;
   uint64_t part = 0;
-  for (uint32_t i = threadIdx.x; i < upto; i += kThreads) {
-    if (blockIdx.x == 0 || i < blockIdx.x) part += p.counts[i];
-  }
+  for (uint32_t i = threadIdx.x; i < upto; i += kThreads) part += p.counts[i];
   const uint64_t sum = Reduce(tmp.reduce).Sum(part);
   if (threadIdx.x == 0) {
     before_s = blockIdx.x == 0 ? 0 : sum;
@@ -98,14 +102,8 @@ __global__ void __launch_bounds__(kThreads) write_kernel(DecodeBatch b, Workspac
   __syncthreads();
   uint32_t a, e;
   thread_words(p, words_per_block, &a, &e);
-  uint64_t mine = 0;
-  for (uint32_t w = a; w < e; ++w) {
-    const uint32_t hw = p.hb[w];
-    mine += uint64_t{static_cast<uint32_t>(__popc(hw))} << 32;
-    if (samples) mine += static_cast<uint32_t>(__popc(p.sb[w] & ~hw));
-  }
   uint64_t off;
-  Scan(tmp.scan).ExclusiveSum(mine, off);
+  Scan(tmp.scan).ExclusiveSum(bit_counts(p, a, e, samples), off);
   off += before_s;
   const DecodeItem& it = *p.it;
   const size_t sel = it.select_base + size_t{p.h} * it.select_cap;
