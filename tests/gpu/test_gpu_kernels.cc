@@ -68,6 +68,19 @@ double tolerance(DType dt) { return dt == DType::kF16 ? 1e-3 : dt == DType::kBF1
 
 const char* dtype_name(DType dt) { return dt == DType::kF16 ? "f16" : dt == DType::kBF16 ? "bf16" : "f32"; }
 
+// Largest relative error over the q heads of a dense decode against the float64
+// attention over every token.
+double dense_worst_err(const TestLayer& t, const std::vector<float>& got) {
+  std::vector<uint32_t> all(t.n);
+  for (uint32_t i = 0; i < t.n; ++i) all[i] = i;
+  double worst = 0;
+  for (uint32_t h = 0; h < t.L.n_q_heads; ++h) {
+    const auto ref = attend_ref(t, h, all, std::vector<double>(t.n, 0.0));
+    worst = std::max(worst, rel_err(got, ref, size_t{h} * t.L.head_dim));
+  }
+  return worst;
+}
+
 TEST_CASE("gpu dense split-K decode matches float64 for f16, bf16, f32 and head dims 64/128/256") {
   SSA_GPU_TEST_OR_SKIP();
   for (DType dt : {DType::kF16, DType::kBF16, DType::kF32}) {
@@ -77,13 +90,7 @@ TEST_CASE("gpu dense split-K decode matches float64 for f16, bf16, f32 and head 
       Run r;
       setup_run(r, t, SSA_METHOD_DENSE, 0, 0.4f, 128, 128, 0);
       const std::vector<float> got = run_and_fetch(r, t);
-      double worst = 0;
-      for (uint32_t h = 0; h < t.L.n_q_heads; ++h) {
-        std::vector<uint32_t> all(t.n);
-        for (uint32_t i = 0; i < t.n; ++i) all[i] = i;
-        const auto ref = attend_ref(t, h, all, std::vector<double>(t.n, 0.0));
-        worst = std::max(worst, rel_err(got, ref, size_t{h} * d));
-      }
+      const double worst = dense_worst_err(t, got);
       INFO(dtype_name(dt), " d=", d, " splits=", r.dec.plan.n_splits, " rel err ", worst);
       CHECK(worst <= tolerance(dt));
     }
@@ -134,13 +141,7 @@ TEST_CASE("gpu dense decode for GQA groups 1, 8 and 16 with 16-token pages and e
           setup_run(r, t, SSA_METHOD_DENSE, 0, 0.4f, 128, 128, 0);
           r.b.n_splits = splits;
           const std::vector<float> got = run_and_fetch(r, t);
-          double worst = 0;
-          for (uint32_t h = 0; h < t.L.n_q_heads; ++h) {
-            std::vector<uint32_t> all(t.n);
-            for (uint32_t i = 0; i < t.n; ++i) all[i] = i;
-            const auto ref = attend_ref(t, h, all, std::vector<double>(t.n, 0.0));
-            worst = std::max(worst, rel_err(got, ref, size_t{h} * d));
-          }
+          const double worst = dense_worst_err(t, got);
           INFO(dtype_name(dt), " d=", d, " G=", sh[0] / sh[1], " splits=", r.dec.plan.n_splits, " rel err ",
                worst);
           CHECK(worst <= tolerance(dt));
