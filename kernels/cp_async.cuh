@@ -17,6 +17,10 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, uint32_t 
                "r"(bytes)
                : "memory");
 }
+// 4-byte global -> shared copy (cached in L1).
+__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_addr(dst)), "l"(src) : "memory");
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {

@@ -15,8 +15,10 @@
 #include "stages.h"
 
 namespace ssa::cuda {
+// Raises a kernel's dynamic shared-memory limit once per device. Not only above
+// 48 KB: the default limit also counts the kernel's static shared memory.
 cudaError_t ensure_dynamic_smem(const void* kernel, size_t bytes) {
-  if (bytes <= 48 * 1024) return cudaSuccess;
+  if (bytes == 0) return cudaSuccess;
   int dev = 0;
   cudaError_t e = cudaGetDevice(&dev);
   if (e != cudaSuccess) return e;
@@ -25,6 +27,12 @@ cudaError_t ensure_dynamic_smem(const void* kernel, size_t bytes) {
   std::lock_guard<std::mutex> lock(mu);
   size_t& g = granted[{dev, kernel}];
   if (g >= bytes) return cudaSuccess;
+  cudaFuncAttributes attr{};
+  if ((e = cudaFuncGetAttributes(&attr, kernel)) != cudaSuccess) return e;
+  if (bytes + attr.sharedSizeBytes <= 48 * 1024) {
+    g = bytes;
+    return cudaSuccess;
+  }
   e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
   if (e == cudaSuccess) g = bytes;
   return e;

@@ -88,7 +88,7 @@ struct RowState {
 // Bitmaps hold one bit per candidate (offset j = token - sink_end), one 32-bit
 // word per 32-candidate sampling block, laid out like bsum.
 struct Workspace {
-  float* lut = nullptr;            // [rows][M][K] proxy lookup tables
+  float* lut = nullptr;            // proxy lookup tables, M*K per row (pq_score.cu: lut_offset)
   float* scores = nullptr;         // per-row proxy scores, -inf where masked
   uint32_t* cut = nullptr;         // per-row candidates of the top-k boundary bin (scores layout)
   double* bsum = nullptr;          // per 32-token block residual weight

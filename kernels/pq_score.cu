@@ -6,10 +6,21 @@
 //   exact: s_i = q . k_i / sqrt(d) (oracle top-k), reading every key.
 // Both also record each row's largest and smallest candidate scores
 // (order-preserving bits): top-k bins the scores by their distance to the maximum.
+//
+// Why the PQ tables are laid out [c][m] and each lane walks the subspaces in its
+// own rotated order: table reads are gathers at random codes, and with the entries
+// of one subspace side by side ([m][c]) the lanes of a warp hit the same shared-memory
+// banks at random, about 2.5x the ideal number of wavefronts. With [c][m] the bank
+// of an entry depends only on m, so lanes that read different subspaces at the same
+// step never conflict, whatever the codes. The sum order then differs per lane (and
+// from the CPU's m = 0..M-1); scores agree with it to float rounding, and the
+// lookup tables themselves match it bit for bit.
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <type_traits>
 
+#include "cp_async.cuh"
 #include "device_util.cuh"
 #include "head_dim.cuh"
 #include "stages.h"
@@ -17,10 +28,36 @@
 namespace ssa::cuda {
 namespace {
 
+// PQ scoring: 256 threads of 4 tokens (one 32-bit code word per subspace) and two
+// blocks per multiprocessor measured fastest at 1M tokens (512 threads or 8 tokens
+// per thread were 10-35% slower).
 constexpr int kScoreThreads = 256;
 constexpr int kTokensPerThread = 4;
-constexpr int kSubTile = kScoreThreads * kTokensPerThread;  // 1024 tokens per pass
-constexpr size_t kLutSmemLimit = 192 * 1024;
+constexpr uint32_t kSubTile = kScoreThreads * kTokensPerThread;  // 1024 tokens per pass
+constexpr size_t kScoreSmemLimit = 220 * 1024;
+
+// The GH heads' entries of one (code, subspace) pair are stored as P vectors of W
+// floats: GH = 1, 2, 4 -> one float, float2, float4; GH = 8 -> two float4 planes.
+template <int GH>
+struct LutVec {
+  static constexpr int W = GH >= 4 ? 4 : GH;
+  static constexpr int P = GH / W;
+};
+
+// Offset (floats) of head g's entry for (subspace m, code c) inside the tables of
+// one pass over GH heads: [plane][c][m][W].
+template <int GH>
+__host__ __device__ __forceinline__ uint32_t lut_offset(uint32_t g, uint32_t m, uint32_t c,
+                                                       uint32_t M, uint32_t K) {
+  constexpr int W = LutVec<GH>::W;
+  return ((g / W * K + c) * M + m) * W + g % W;
+}
+
+size_t score_smem_bytes(int gh, const DecodeShape& s) {
+  // tables + two passes of code words (the next pass is copied during this one)
+  return (size_t{static_cast<uint32_t>(gh)} * s.pq_centroids + 2 * kScoreThreads) *
+         s.pq_subspaces * sizeof(float);
+}
 
 // One block per item: the row states of its q heads, and its rows' top-k
 // histograms zeroed (saves a memset launch per decode).
@@ -44,7 +81,7 @@ __global__ void init_rows_kernel(DecodeBatch b, RowState* rows, uint32_t* hist) 
 }
 
 // One block per (subspace, q head, item), one thread per centroid.
-template <typename T>
+template <typename T, int GH>
 __global__ void build_lut_kernel(DecodeBatch b, float* lut) {
   const uint32_t m = blockIdx.x, h = blockIdx.y, item = blockIdx.z;
   const DecodeItem& it = b.items[item];
@@ -59,29 +96,35 @@ __global__ void build_lut_kernel(DecodeBatch b, float* lut) {
   const float scale = 1.0f / sqrtf(static_cast<float>(D));
   for (uint32_t i = threadIdx.x; i < sub; i += blockDim.x) qs[i] = Elem<T>::load(q + i) * scale;
   __syncthreads();
-  float* out = lut + (size_t{row_of(item, h, b.shape.n_q_heads)} * M + m) * K;
+  // The tables of the GH heads scored in one pass, in the layout the scoring
+  // kernel copies straight into shared memory.
+  const uint32_t g = h % GH;
+  float* out = lut + size_t{row_of(item, h - g, b.shape.n_q_heads)} * M * K;
   const float* cb = it.codebooks + (size_t{kvh} * M + m) * K * sub;
   for (uint32_t c = threadIdx.x; c < K; c += blockDim.x) {
     const float* cc = cb + size_t{c} * sub;
     float acc = 0.f;
     for (uint32_t j = 0; j < sub; ++j) acc = __fadd_rn(acc, __fmul_rn(qs[j], cc[j]));
-    out[c] = acc;
+    out[lut_offset<GH>(g, m, c, M, K)] = acc;
   }
 }
 
-// The GH table entries of one code, stored together: one vector load.
+// One (code, subspace) pair's entries for the GH heads, vector loads.
 template <int GH>
-__device__ __forceinline__ void lut_entries(const float* p, float* v) {
-  if constexpr (GH == 1) {
-    v[0] = p[0];
-  } else if constexpr (GH == 2) {
-    const float2 a = *reinterpret_cast<const float2*>(p);
-    v[0] = a.x; v[1] = a.y;
-  } else {
+__device__ __forceinline__ void lut_entries(const float* lut_s, uint32_t m, uint32_t c, uint32_t M,
+                                            uint32_t K, float* v) {
+  constexpr int W = LutVec<GH>::W, P = LutVec<GH>::P;
 #pragma unroll
-    for (int i = 0; i < GH; i += 4) {
-      const float4 a = *reinterpret_cast<const float4*>(p + i);
-      v[i] = a.x; v[i + 1] = a.y; v[i + 2] = a.z; v[i + 3] = a.w;
+  for (int p = 0; p < P; ++p) {
+    const float* e = lut_s + lut_offset<GH>(p * W, m, c, M, K);
+    if constexpr (W == 1) {
+      v[0] = e[0];
+    } else if constexpr (W == 2) {
+      const float2 a = *reinterpret_cast<const float2*>(e);
+      v[0] = a.x; v[1] = a.y;
+    } else {
+      const float4 a = *reinterpret_cast<const float4*>(e);
+      v[p * 4] = a.x; v[p * 4 + 1] = a.y; v[p * 4 + 2] = a.z; v[p * 4 + 3] = a.w;
     }
   }
 }
@@ -89,22 +132,29 @@ __device__ __forceinline__ void lut_entries(const float* p, float* v) {
 template <int GH>
 __global__ void __launch_bounds__(kScoreThreads) pq_score_kernel(DecodeBatch b, Workspace ws,
                                                                 uint32_t tile) {
-  extern __shared__ float lut_s[];  // [M][K][GH]: the GH heads' entries of a code side by side
+  extern __shared__ float4 smem4[];
+  float* lut_s = reinterpret_cast<float*>(smem4);  // [P][K][M][W], see lut_offset
   __shared__ uint32_t smax[GH], smin[GH];
   const uint32_t item = blockIdx.z;
   const DecodeItem& it = b.items[item];
   const uint32_t tile0 = blockIdx.x * tile;
   if (it.sink_end >= it.local_begin || tile0 >= it.n_tokens) return;
   const uint32_t M = b.shape.pq_subspaces, K = b.shape.pq_centroids;
+  // Each thread's code words of its current 4 tokens, one row per subspace: the
+  // rotated walk below indexes them by a lane-dependent m.
+  uint32_t* codes_s = reinterpret_cast<uint32_t*>(lut_s + size_t{GH} * M * K) + threadIdx.x;  // [2][M][threads]
   const uint32_t G = b.shape.group();
   const uint32_t chunks = G / GH;
   const uint32_t kvh = blockIdx.y / chunks;
   const uint32_t h0 = kvh * G + (blockIdx.y % chunks) * GH;
   const uint32_t row0 = row_of(item, h0, b.shape.n_q_heads);
   const float* lut = ws.lut + size_t{row0} * M * K;
-  for (uint32_t i = threadIdx.x; i < M * K; i += kScoreThreads) {
-#pragma unroll
-    for (int g = 0; g < GH; ++g) lut_s[i * GH + g] = lut[static_cast<size_t>(g) * M * K + i];
+  const uint32_t n_lut = GH * M * K;
+  if (n_lut % 4 == 0) {
+    for (uint32_t i = threadIdx.x; i < n_lut / 4; i += kScoreThreads)
+      smem4[i] = reinterpret_cast<const float4*>(lut)[i];
+  } else {
+    for (uint32_t i = threadIdx.x; i < n_lut; i += kScoreThreads) lut_s[i] = lut[i];
   }
   if (threadIdx.x < GH) {
     smax[threadIdx.x] = 0u;
@@ -118,47 +168,67 @@ __global__ void __launch_bounds__(kScoreThreads) pq_score_kernel(DecodeBatch b, 
     local_max[g] = 0u;
     local_min[g] = 0xffffffffu;
   }
+  const uint32_t m_first = (threadIdx.x & 31) % M;
   const uint32_t tile_end = min(it.n_tokens, tile0 + tile);
-  for (uint32_t sub0 = tile0; sub0 < tile_end; sub0 += kSubTile) {
+  // The next pass's code words are copied while this pass looks up its own
+  // (each thread copies and reads only its own words: no block barrier).
+  auto stage_codes = [&](uint32_t sub0, uint32_t buf) {
+    const uint32_t t0 = sub0 + threadIdx.x * kTokensPerThread;
+    if (t0 < tile_end) {
+      const uint32_t page = t0 >> b.shape.page_shift;
+      const uint32_t slot = t0 & (b.shape.page_tokens - 1);
+      const uint8_t* codes = it.code_pages[page] + size_t{kvh} * M * b.shape.page_tokens + slot;
+      for (uint32_t m = 0; m < M; ++m)
+        cp_async4(codes_s + (buf * M + m) * kScoreThreads, codes + size_t{m} * b.shape.page_tokens);
+    }
+    cp_async_commit();
+  };
+  stage_codes(tile0, 0);
+  uint32_t buf = 0;
+  for (uint32_t sub0 = tile0; sub0 < tile_end; sub0 += kSubTile, buf ^= 1) {
+    stage_codes(sub0 + kSubTile, buf ^ 1);
+    cp_async_wait<1>();
     const uint32_t t0 = sub0 + threadIdx.x * kTokensPerThread;
     if (t0 >= tile_end) break;
-    const uint32_t page = t0 >> b.shape.page_shift;
-    const uint32_t slot = t0 & (b.shape.page_tokens - 1);
-    const uint8_t* codes = it.code_pages[page] + size_t{kvh} * M * b.shape.page_tokens + slot;
+    const uint32_t* my_codes = codes_s + buf * M * kScoreThreads;
     float acc[GH][kTokensPerThread];
 #pragma unroll
     for (int g = 0; g < GH; ++g)
 #pragma unroll
       for (int j = 0; j < kTokensPerThread; ++j) acc[g][j] = 0.f;
-    for (uint32_t m = 0; m < M; ++m) {
-      const uchar4 c = *reinterpret_cast<const uchar4*>(codes + size_t{m} * b.shape.page_tokens);
-      const uint32_t cc[4] = {c.x, c.y, c.z, c.w};
-      const float* l = lut_s + size_t{m} * K * GH;
+    uint32_t m = m_first;
+#pragma unroll 2
+    for (uint32_t step = 0; step < M; ++step) {
+      const uint32_t cw = my_codes[m * kScoreThreads];
 #pragma unroll
       for (int j = 0; j < kTokensPerThread; ++j) {
         float v[GH];
-        lut_entries<GH>(l + cc[j] * GH, v);
+        lut_entries<GH>(lut_s, m, (cw >> (8 * j)) & 0xffu, M, K, v);
 #pragma unroll
         for (int g = 0; g < GH; ++g) acc[g][j] += v[g];
       }
+      m = m + 1 == M ? 0 : m + 1;
     }
+    // Masked positions (sink, local, the padding past the last token) get -inf;
+    // one float4 store per row (t0 and each row's base are multiples of 4).
 #pragma unroll
     for (int g = 0; g < GH; ++g) {
-      float* out = ws.scores + it.score_base + static_cast<size_t>(h0 + g) * it.n_pad;
+      float s[kTokensPerThread];
 #pragma unroll
       for (int j = 0; j < kTokensPerThread; ++j) {
         const uint32_t t = t0 + j;
-        if (t >= it.n_tokens) break;
         const bool cand = t >= it.sink_end && t < it.local_begin;
-        const float s = cand ? acc[g][j] : -INFINITY;
-        out[t] = s;
+        s[j] = cand ? acc[g][j] : -INFINITY;
         if (cand) {
-          local_max[g] = max(local_max[g], float_key(s));
-          local_min[g] = min(local_min[g], float_key(s));
+          local_max[g] = max(local_max[g], float_key(s[j]));
+          local_min[g] = min(local_min[g], float_key(s[j]));
         }
       }
+      float* out = ws.scores + it.score_base + static_cast<size_t>(h0 + g) * it.n_pad + t0;
+      *reinterpret_cast<float4*>(out) = make_float4(s[0], s[1], s[2], s[3]);
     }
   }
+  cp_async_wait<0>();
 #pragma unroll
   for (int g = 0; g < GH; ++g) {
     const uint32_t w = __reduce_max_sync(0xffffffffu, local_max[g]);
@@ -244,9 +314,8 @@ __global__ void __launch_bounds__(128) exact_score_kernel(DecodeBatch b, Workspa
 }
 
 int heads_per_pass(const DecodeShape& s) {
-  const size_t lut_bytes = size_t{s.pq_subspaces} * s.pq_centroids * sizeof(float);
   for (int gh : {8, 4, 2, 1}) {
-    if (s.group() % gh == 0 && gh * lut_bytes <= kLutSmemLimit) return gh;
+    if (s.group() % gh == 0 && score_smem_bytes(gh, s) <= kScoreSmemLimit) return gh;
   }
   return 0;
 }
@@ -254,7 +323,7 @@ int heads_per_pass(const DecodeShape& s) {
 template <int GH>
 cudaError_t launch_pq_score_gh(const DecodeBatch& b, const WorkspacePlan& plan,
                                const Workspace& ws, cudaStream_t st) {
-  const size_t smem = size_t{GH} * b.shape.pq_subspaces * b.shape.pq_centroids * sizeof(float);
+  const size_t smem = score_smem_bytes(GH, b.shape);
   cudaError_t e = ensure_dynamic_smem(reinterpret_cast<const void*>(pq_score_kernel<GH>), smem);
   if (e != cudaSuccess) return e;
   const dim3 grid((plan.n_pad_max + plan.score_tile - 1) / plan.score_tile,
@@ -283,20 +352,25 @@ cudaError_t launch_pq_scores(const DecodeBatch& b, const WorkspacePlan& plan, co
                              cudaStream_t st) {
   cudaError_t e = cudaSuccess;
   const size_t qsmem = b.shape.head_dim / b.shape.pq_subspaces * sizeof(float);
-  dispatch_dtype(b.shape.dtype, [&](auto t) {
-    using T = decltype(t);
-    build_lut_kernel<T><<<dim3(b.shape.pq_subspaces, b.shape.n_q_heads, b.n_items),
-                          min(b.shape.pq_centroids, 256u), qsmem, st>>>(b, ws.lut);
-    e = cudaGetLastError();
-  });
-  if (e != cudaSuccess) return e;
+  const dim3 lut_grid(b.shape.pq_subspaces, b.shape.n_q_heads, b.n_items);
+  const uint32_t lut_threads = min(b.shape.pq_centroids, 256u);
+  auto run = [&](auto gh) {
+    constexpr int GH = decltype(gh)::value;
+    dispatch_dtype(b.shape.dtype, [&](auto t) {
+      using T = decltype(t);
+      build_lut_kernel<T, GH><<<lut_grid, lut_threads, qsmem, st>>>(b, ws.lut);
+      e = cudaGetLastError();
+    });
+    if (e == cudaSuccess) e = launch_pq_score_gh<GH>(b, plan, ws, st);
+  };
   switch (heads_per_pass(b.shape)) {
-    case 8: return launch_pq_score_gh<8>(b, plan, ws, st);
-    case 4: return launch_pq_score_gh<4>(b, plan, ws, st);
-    case 2: return launch_pq_score_gh<2>(b, plan, ws, st);
-    case 1: return launch_pq_score_gh<1>(b, plan, ws, st);
+    case 8: run(std::integral_constant<int, 8>{}); break;
+    case 4: run(std::integral_constant<int, 4>{}); break;
+    case 2: run(std::integral_constant<int, 2>{}); break;
+    case 1: run(std::integral_constant<int, 1>{}); break;
     default: return cudaErrorInvalidValue;
   }
+  return e;
 }
 
 cudaError_t launch_exact_scores(const DecodeBatch& b, const WorkspacePlan& plan,
