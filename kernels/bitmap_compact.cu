@@ -158,7 +158,8 @@ __global__ void __launch_bounds__(kThreads) write_kernel(DecodeBatch b, Workspac
         if (!ok[k]) continue;
         if (os < it.select_cap) {
           sampled[os] = it.sink_end + jj[k];
-          const double pj = (uniform ? 1.0 : static_cast<double>(expf(sv[k] - mx))) / w_total;
+          // The sampler's exact probability: fixed-point weight over the total.
+          const double pj = static_cast<double>(cand_weight(sv[k], mx, uniform).fixed) / w_total;
           log_pi[os] = static_cast<float>(log(inclusion_probability(pj, m, static_cast<double>(b.pi_min))));
         }
         ++os;

@@ -160,9 +160,9 @@ Workspace bind_workspace(void* base, const WorkspacePlan& p) {
   w.lut = reinterpret_cast<float*>(c + p.off_lut);
   w.scores = reinterpret_cast<float*>(c + p.off_scores);
   w.cut = reinterpret_cast<uint32_t*>(c + p.off_cut);
-  w.bsum = reinterpret_cast<double*>(c + p.off_bsum);
-  w.csum = reinterpret_cast<double*>(c + p.off_csum);
-  w.cprefix = reinterpret_cast<double*>(c + p.off_cprefix);
+  w.bsum = reinterpret_cast<uint64_t*>(c + p.off_bsum);
+  w.csum = reinterpret_cast<uint64_t*>(c + p.off_csum);
+  w.cprefix = reinterpret_cast<uint64_t*>(c + p.off_cprefix);
   w.heavy_bits = reinterpret_cast<uint32_t*>(c + p.off_heavy_bits);
   w.sample_bits = reinterpret_cast<uint32_t*>(c + p.off_sample_bits);
   w.hist = reinterpret_cast<uint32_t*>(c + p.off_hist);

@@ -19,6 +19,7 @@ constexpr uint32_t kMaxBatchItems = 32;
 constexpr uint32_t kScoreBins = 1024;      // top-k histogram bins (by distance to the row maximum)
 constexpr uint32_t kMaxCompactBlocks = 256;  // thread blocks per row compacting the bitmaps
 constexpr uint32_t kMaxSplits = 256;       // attention splits per row (split-K)
+constexpr uint32_t kMaxSampledCandidates = 1u << 26;  // fixed-point weight sums fit 64 bits
 
 struct DecodeShape {
   uint32_t n_q_heads = 0, n_kv_heads = 0, head_dim = 0;
@@ -78,7 +79,7 @@ struct RowState {
   uint32_t cut_need;   //   cut_need of those in bin cut_bin (found among n_cut of them)
   uint32_t n_cut;
   uint32_t pad_;
-  double w_total;      // sum over the residual R of exp(s~ - max) (uniform: |R|)
+  double w_total;      // sum over the residual R of fixed_weight (device_util.cuh), in 2^-38 units
   double w_heavy;      // sum over H of exp(s~ - max) (statistics only, sampling methods)
   double w_all;        // adaptive: sum over C of exp(s~ - max)
   double w_resid_proxy;  // sum over R of exp(s~ - max), also when sampling uniformly
@@ -91,9 +92,9 @@ struct Workspace {
   float* lut = nullptr;            // proxy lookup tables, M*K per row (pq_score.cu: lut_offset)
   float* scores = nullptr;         // per-row proxy scores, -inf where masked
   uint32_t* cut = nullptr;         // per-row candidates of the top-k boundary bin (scores layout)
-  double* bsum = nullptr;          // per 32-token block residual weight
-  double* csum = nullptr;          // per 1024-token chunk residual weight
-  double* cprefix = nullptr;       // inclusive prefix of csum per row
+  uint64_t* bsum = nullptr;        // per 32-token block residual weight (fixed point)
+  uint64_t* csum = nullptr;        // per 1024-token chunk residual weight (fixed point)
+  uint64_t* cprefix = nullptr;     // inclusive prefix of csum per row
   uint32_t* heavy_bits = nullptr;  // bitmap of the heavy set H
   uint32_t* sample_bits = nullptr; // bitmap of the sampled tokens S
   uint32_t* hist = nullptr;        // [rows][kScoreBins] top-k histograms

@@ -7,6 +7,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "common/sampling_hierarchy.h"
 #include "decode_types.h"
 
 namespace ssa::cuda {
@@ -68,6 +69,32 @@ __device__ __forceinline__ double warp_sum(double v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
+__device__ __forceinline__ uint64_t warp_sum(uint64_t v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Residual sampling weights in fixed point: w = exp(s~ - max) in [0, 1] (1 when
+// sampling uniformly) times 2^38, rounded. Integer sums are exact and the same in
+// any order, so the top-k filter can sum each block before the boundary bin is
+// resolved, and the refine step subtracts the boundary candidates it selects with
+// atomics, both without changing a bit between runs. Sums of up to 2^26
+// candidates stay below 2^64 (kMaxSampledCandidates); weights under 2^-39 of the
+// maximum (27 logits below it) round to 0 and are never drawn.
+constexpr double kWeightOne = 274877906944.0;  // 2^38
+// A candidate's proposal weight e = exp(s~ - max), as the CPU computes it, and its
+// fixed-point sampling weight (e, or 1 when sampling uniformly); 0 for a masked score.
+struct CandWeight {
+  float e;
+  uint64_t fixed;
+};
+__device__ __forceinline__ CandWeight cand_weight(float s, float mx, bool uniform) {
+  if (s == -INFINITY) return {0.f, 0};
+  const float e = expf(s - mx);
+  return {e, uniform ? static_cast<uint64_t>(kWeightOne)
+                     : __double2ull_rn(static_cast<double>(e) * kWeightOne)};
+}
 
 // Token of read-set position p of a row: sink tokens, local tokens, heavy list,
 // then the sorted unique samples (the only positions with pi < 1).
@@ -126,7 +153,19 @@ __device__ __forceinline__ size_t row_token_base(const DecodeItem& it, uint32_t 
 // Offset of head h's first 32-candidate block in the per-block arrays of the
 // workspace (bsum and the heavy/sample bitmaps: one entry per block).
 __device__ __forceinline__ size_t row_block_base(const DecodeItem& it, uint32_t h) {
-  return it.score_base / 32 + size_t{h} * (it.n_pad / 32);
+  return it.score_base / kBlockTokens + size_t{h} * (it.n_pad / kBlockTokens);
+}
+
+// ... and of its first 1024-candidate chunk in the per-chunk arrays (csum, cprefix).
+__device__ __forceinline__ size_t row_chunk_base(const DecodeItem& it, uint32_t h) {
+  return it.score_base / kChunkTokens + size_t{h} * (it.n_pad / kChunkTokens);
+}
+
+// Whether the top-k filter also sums the residual weights per block and chunk:
+// with the fixed heavy rule the heavy set is final after top-k. The adaptive rule
+// drops some top-k candidates later, and its sums come from a separate pass.
+__device__ __forceinline__ bool filter_sums_residual(const DecodeBatch& b) {
+  return b.sampling != Sampling::kNone && b.heavy == HeavyRule::kFixed;
 }
 
 // Top-k histogram bin of a candidate score: its distance below the row maximum

@@ -1,7 +1,9 @@
 // Sampling of the residual R = C \ H (SSA_SPEC.md steps 1-2 on the GPU).
 //  1. Residual weights w_i = exp(s~_i - max) (or 1 for uniform sampling), 0 for
-//     the tokens of the heavy bitmap, are summed per 32-token block and per
-//     1024-token chunk; chunk sums get a prefix scan.
+//     the tokens of the heavy bitmap, in fixed point (cand_weight, device_util.cuh),
+//     are summed per 32-token block and per 1024-token chunk: by the top-k filter
+//     (kernels/topk_select.cu) for the fixed heavy rule, by hierarchy_kernel
+//     below for the adaptive one. Chunk sums get a prefix scan.
 //  2. Each of the m draws of a row is one thread: Philox draw j of the stream
 //     (seed, step, layer, q head) gives three uniforms that pick a chunk (binary
 //     search of the prefix), a block within it and a token within the block, with
@@ -43,13 +45,6 @@ __device__ __forceinline__ size_t row_select(const RowRef& r) {
   return r.it->select_base + size_t{r.h} * r.it->select_cap;
 }
 
-// Residual weight of a candidate, as the CPU backend computes it: float
-// expf(s~ - max), or 1 when sampling uniformly; 0 for a heavy token.
-__device__ __forceinline__ float residual_weight(float s, float mx, bool uniform, bool heavy) {
-  if (heavy || s == -INFINITY) return 0.f;
-  return uniform ? 1.0f : expf(s - mx);
-}
-
 __device__ __forceinline__ uint32_t n_candidates(const DecodeItem& it) {
   return it.local_begin - it.sink_end;
 }
@@ -59,9 +54,9 @@ __device__ __forceinline__ uint32_t n_candidates(const DecodeItem& it) {
 // warp per chunk: it reads the chunk's scores coalesced into shared memory, then
 // each lane sums one 32-candidate block in order (no shuffles per block), and one
 // warp sum gives the chunk.
-// mode 0: residual hierarchy (bsum, csum) + proxy residual and heavy masses, and
-// the sample bitmap cleared; mode 1: only the candidate total w_all (adaptive heavy set, all
-// candidates).
+// mode 0 (adaptive heavy rule, after the heavy set is final): residual hierarchy
+// (bsum, csum) + proxy residual and heavy masses, and the sample bitmap cleared;
+// mode 1: only the candidate total w_all (adaptive heavy set, all candidates).
 constexpr int kChunksPerBlock = 8;
 
 __global__ void __launch_bounds__(32 * kChunksPerBlock) hierarchy_kernel(DecodeBatch b, Workspace ws,
@@ -88,29 +83,28 @@ __global__ void __launch_bounds__(32 * kChunksPerBlock) hierarchy_kernel(DecodeB
   const size_t blk = row_block_base(it, r.h) + blk_in_row;
   const uint32_t heavy = mode == 0 && lane * kBlockTokens < n_here ? ws.heavy_bits[blk] : 0u;  // mode 1: none
   const bool uniform = b.sampling == Sampling::kUniform;
-  // One exponential per candidate, shared by the three sums (the same float
-  // values residual_weight gives).
-  double w = 0.0, pw = 0.0, hw = 0.0;
+  // One exponential per candidate, shared by the three sums.
+  uint64_t w = 0;
+  double pw = 0.0, hw = 0.0;
 #pragma unroll 8
   for (uint32_t i = 0; i < kBlockTokens; ++i) {
-    const float v = tile[lane][i];
-    const bool hv = (heavy >> i) & 1u;
-    const float e = v == -INFINITY ? 0.f : expf(v - mx);
-    if (hv) {
-      hw += static_cast<double>(e);
+    const CandWeight wt = cand_weight(tile[lane][i], mx, uniform);
+    if ((heavy >> i) & 1u) {
+      hw += static_cast<double>(wt.e);
     } else {
-      pw += static_cast<double>(e);
-      w += uniform && v != -INFINITY ? 1.0 : static_cast<double>(e);
+      pw += static_cast<double>(wt.e);
+      w += wt.fixed;
     }
   }
   if (mode == 0) {  // also the empty blocks at the end of the last chunk: 0
     ws.bsum[blk] = w;
     ws.sample_bits[blk] = 0u;
   }
-  const double cw = warp_sum(w), cp = warp_sum(pw), ch = mode == 0 ? warp_sum(hw) : 0.0;
+  const uint64_t cw = warp_sum(w);
+  const double cp = warp_sum(pw), ch = mode == 0 ? warp_sum(hw) : 0.0;
   if (lane == 0) {
     if (mode == 0) {
-      ws.csum[(it.score_base / kChunkTokens) + size_t{r.h} * (it.n_pad / kChunkTokens) + chunk] = cw;
+      ws.csum[row_chunk_base(it, r.h) + chunk] = cw;
       // Statistics only (the order of these additions is not fixed).
       if (cp != 0.0) atomicAdd(&ws.rows[r.row].w_resid_proxy, cp);
       if (ch != 0.0) atomicAdd(&ws.rows[r.row].w_heavy, ch);
@@ -125,21 +119,21 @@ __global__ void __launch_bounds__(1024) chunk_prefix_kernel(DecodeBatch b, Works
   const RowRef r = row_ref(b);
   const DecodeItem& it = *r.it;
   if (it.n_select == 0) return;
-  using Scan = cub::BlockScan<double, 1024>;
+  using Scan = cub::BlockScan<uint64_t, 1024>;
   __shared__ typename Scan::TempStorage tmp;
   const uint32_t n = (n_candidates(it) + kChunkTokens - 1) / kChunkTokens;
-  const size_t base = (it.score_base / kChunkTokens) + size_t{r.h} * (it.n_pad / kChunkTokens);
-  double carry = 0.0;
+  const size_t base = row_chunk_base(it, r.h);
+  uint64_t carry = 0;
   for (uint32_t c0 = 0; c0 < n; c0 += 1024) {
     const uint32_t c = c0 + threadIdx.x;
-    const double v = c < n ? ws.csum[base + c] : 0.0;
-    double incl, total;
+    const uint64_t v = c < n ? ws.csum[base + c] : 0;
+    uint64_t incl, total;
     Scan(tmp).InclusiveSum(v, incl, total);
     if (c < n) ws.cprefix[base + c] = carry + incl;
     carry += total;
     __syncthreads();
   }
-  if (threadIdx.x == 0) ws.rows[r.row].w_total = carry;
+  if (threadIdx.x == 0) ws.rows[r.row].w_total = static_cast<double>(carry);
 }
 
 constexpr uint32_t kSampleThreads = 256;
@@ -151,8 +145,8 @@ constexpr uint32_t kPrefixPerThread = kPrefixSmem / kSampleThreads;
 // kernel), so the binary search per draw reads shared memory; block 0 records the
 // total. Longer rows use the prefixes of chunk_prefix_kernel from global memory.
 __global__ void __launch_bounds__(kSampleThreads) sample_kernel(DecodeBatch b, Workspace ws) {
-  __shared__ double prefix_s[kPrefixSmem];
-  __shared__ double total_s;
+  __shared__ uint64_t prefix_s[kPrefixSmem];
+  __shared__ uint64_t total_s;
   const RowRef r = row_ref(b);
   const DecodeItem& it = *r.it;
   RowState& st = ws.rows[r.row];
@@ -160,21 +154,21 @@ __global__ void __launch_bounds__(kSampleThreads) sample_kernel(DecodeBatch b, W
   if (it.n_select == 0 || blockIdx.x * blockDim.x >= st.n_draws) return;  // whole block
   const uint32_t nc = n_candidates(it);
   const uint32_t n_chunks = (nc + kChunkTokens - 1) / kChunkTokens;
-  const size_t cbase = (it.score_base / kChunkTokens) + size_t{r.h} * (it.n_pad / kChunkTokens);
+  const size_t cbase = row_chunk_base(it, r.h);
   const size_t bbase = row_block_base(it, r.h);
-  const double* prefix = ws.cprefix + cbase;
-  double w_total;
+  const uint64_t* prefix = ws.cprefix + cbase;
+  uint64_t w_total;
   if (n_chunks <= kPrefixSmem) {
-    using Scan = cub::BlockScan<double, kSampleThreads>;
+    using Scan = cub::BlockScan<uint64_t, kSampleThreads>;
     __shared__ typename Scan::TempStorage tmp;
     const uint32_t c0 = threadIdx.x * kPrefixPerThread;
-    double v[kPrefixPerThread], sum = 0.0;
+    uint64_t v[kPrefixPerThread], sum = 0;
 #pragma unroll
     for (uint32_t i = 0; i < kPrefixPerThread; ++i) {
-      v[i] = c0 + i < n_chunks ? ws.csum[cbase + c0 + i] : 0.0;
+      v[i] = c0 + i < n_chunks ? ws.csum[cbase + c0 + i] : 0;
       sum += v[i];
     }
-    double run, total;
+    uint64_t run, total;
     Scan(tmp).ExclusiveSum(sum, run, total);
 #pragma unroll
     for (uint32_t i = 0; i < kPrefixPerThread; ++i) {
@@ -183,36 +177,43 @@ __global__ void __launch_bounds__(kSampleThreads) sample_kernel(DecodeBatch b, W
     }
     if (threadIdx.x == 0) {
       total_s = total;
-      if (blockIdx.x == 0) st.w_total = total;
+      if (blockIdx.x == 0) st.w_total = static_cast<double>(total);
     }
     __syncthreads();
     prefix = prefix_s;
     w_total = total_s;
   } else {
-    w_total = st.w_total;
+    w_total = prefix[n_chunks - 1];
   }
-  if (j >= st.n_draws || !(w_total > 0.0)) return;
+  if (j >= st.n_draws || w_total == 0) return;
   const uint64_t step = b.step_dev ? *b.step_dev : b.step;
   const RngStream stream = make_rng_stream(b.seed, step, b.layer, r.h);
   const Philox4 v = rng_draw(stream, j);
-  const uint32_t chunk = pick_from_prefix(prefix, n_chunks, rng_uniform(v.v[0]) * w_total);
+  // Integer targets u * total (a rounding up to the total itself picks the last
+  // weighted entry, as on the CPU).
+  auto target = [](uint32_t bits, uint64_t total) {
+    return static_cast<uint64_t>(rng_uniform(bits) * static_cast<double>(total));
+  };
+  const uint32_t chunk = pick_from_prefix(prefix, n_chunks, target(v.v[0], w_total));
   // The 32 block sums of the chunk and then the 32 scores of the block: all loads
   // issued before the scans (independent, in flight together).
-  double bs[kBlocksPerChunk];
-  const double2* bs2 = reinterpret_cast<const double2*>(ws.bsum + bbase + size_t{chunk} * kBlocksPerChunk);
+  uint64_t bs[kBlocksPerChunk];
+  const ulonglong2* bs2 =
+      reinterpret_cast<const ulonglong2*>(ws.bsum + bbase + size_t{chunk} * kBlocksPerChunk);
 #pragma unroll
   for (uint32_t i = 0; i < kBlocksPerChunk / 2; ++i) {
-    const double2 d = bs2[i];
+    const ulonglong2 d = bs2[i];
     bs[2 * i] = d.x;
     bs[2 * i + 1] = d.y;
   }
-  const uint32_t in_chunk = pick_by_scan(bs, kBlocksPerChunk, rng_uniform(v.v[1]) * ws.csum[cbase + chunk]);
+  const uint32_t in_chunk =
+      pick_by_scan(bs, kBlocksPerChunk, target(v.v[1], ws.csum[cbase + chunk]));
   const uint32_t blk = chunk * kBlocksPerChunk + in_chunk;
-  double block_w = 0.0;  // bs[in_chunk], without a dynamic index (bs stays in registers)
+  uint64_t block_w = 0;  // bs[in_chunk], without a dynamic index (bs stays in registers)
 #pragma unroll
   for (uint32_t i = 0; i < kBlocksPerChunk; ++i) block_w = i == in_chunk ? bs[i] : block_w;
   // Candidate within the block: pick_by_scan over weights computed on the fly.
-  const double target = rng_uniform(v.v[2]) * block_w;
+  const uint64_t in_block = target(v.v[2], block_w);
   const float* s = row_scores(ws, r) + it.sink_end + size_t{blk} * kBlockTokens;
   const float mx = key_float(st.max_key);
   const bool uniform = b.sampling == Sampling::kUniform;
@@ -240,16 +241,16 @@ __global__ void __launch_bounds__(kSampleThreads) sample_kernel(DecodeBatch b, W
     const float x = o == 0 ? raw[i] : o == 1 ? raw[i + 1] : o == 2 ? raw[i + 2] : raw[i + 3];
     sv[i] = i < n ? x : -INFINITY;
   }
-  double run = 0.0;
+  uint64_t run = 0;
   uint32_t pick = 0, last_positive = 0;
   bool found = false;
 #pragma unroll
   for (uint32_t i = 0; i < kBlockTokens; ++i) {
-    const float w = residual_weight(sv[i], mx, uniform, (heavy >> i) & 1u);
+    const uint64_t w = (heavy >> i) & 1u ? 0 : cand_weight(sv[i], mx, uniform).fixed;
     if (!found && w > 0) {
-      run += static_cast<double>(w);
+      run += w;
       last_positive = i;
-      if (run > target) {
+      if (run > in_block) {
         pick = i;
         found = true;
       }
@@ -356,7 +357,8 @@ cudaError_t launch_sampling(const DecodeBatch& b, const WorkspacePlan& plan, con
                             cudaStream_t st) {
   cudaError_t e;
   if (b.sampling == Sampling::kNone) return cudaSuccess;
-  if ((e = hierarchy(b, plan, ws, 0, st)) != cudaSuccess) return e;
+  // The fixed heavy rule's sums come from the top-k filter.
+  if (b.heavy == HeavyRule::kAdaptive && (e = hierarchy(b, plan, ws, 0, st)) != cudaSuccess) return e;
   if (plan.n_pad_max / kChunkTokens > kPrefixSmem)
     chunk_prefix_kernel<<<dim3(1, b.shape.n_q_heads, b.n_items), 1024, 0, st>>>(b, ws);
   const dim3 grid((plan.select_cap_max + kSampleThreads - 1) / kSampleThreads, b.shape.n_q_heads,

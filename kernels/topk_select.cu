@@ -4,13 +4,14 @@
 //     (ScoreBins, device_util.cuh: 1024 bins over at most 32 logits);
 //  2. resolve: the boundary bin holding the k-th largest score, how many of its
 //     candidates are still needed;
-//  3. filter: one ballot per 32 candidates writes the bitmap words of the bins
-//     above the boundary (selected outright) and appends the boundary bin's
-//     candidates to a short list;
+//  3. filter: writes the bitmap words of the bins above the boundary (selected
+//     outright), appends the boundary bin's candidates to a short list and, for
+//     the sampling methods with the fixed heavy rule, sums the residual weights
+//     per block and chunk for the sampler (saving it a pass over the scores);
 //  4. refine: one block per row radix-selects, over that list only, the exact
 //     score bits of the k-th largest value (8 bits a pass) and, where equal
 //     scores straddle the cut, the lowest token indices among them; it sets their
-//     bits.
+//     bits and takes them out of the residual sums.
 // The selected set is exactly the CPU's top-k (ties to the lower index); the
 // bitmap does not depend on thread timing, and kernels/bitmap_compact.cu turns it
 // into a token-ordered list.
@@ -101,31 +102,88 @@ __global__ void __launch_bounds__(kRefineThreads) resolve_kernel(DecodeBatch b, 
   }
 }
 
+// One warp per 1024-candidate chunk: the chunk's scores go through shared memory
+// so that each lane then owns one 32-candidate block (its bitmap word, its
+// boundary-bin candidates and, with filter_sums_residual, its residual weight sum
+// for the sampler, in the layout stratified_sample.cu reads). Boundary-bin
+// candidates are counted as residual here; refine subtracts those it selects.
 __global__ void __launch_bounds__(kThreads) filter_kernel(DecodeBatch b, Workspace ws) {
+  constexpr uint32_t kWarps = kThreads / 32;
+  __shared__ float tile_s[kWarps][kBlocksPerChunk][kBlockTokens + 1];  // +1: no bank conflicts
   const Row r = row_here(b, ws);
   if (!r.sparse()) return;
   RowState& st = ws.rows[r.row];
   const uint32_t k = st.topk_k, cut_bin = st.cut_bin;
   const bool collect = k > 0 && st.cut_need > 0;
+  const bool sums = filter_sums_residual(b), uniform = b.sampling == Sampling::kUniform;
   const ScoreBins bins(st);
-  uint32_t* bits = ws.heavy_bits + row_block_base(*r.it, r.h);
+  const size_t bbase = row_block_base(*r.it, r.h), cbase = row_chunk_base(*r.it, r.h);
   uint32_t* cut = ws.cut + row_token_base(*r.it, r.h);
-  const uint32_t words = (r.nc + 31) / 32;
-  const uint32_t per = (words + gridDim.x - 1) / gridDim.x;
-  const uint32_t begin = min(words, blockIdx.x * per), end = min(words, begin + per);
-  const uint32_t lane = threadIdx.x & 31;
-  for (uint32_t w = begin + threadIdx.x / 32; w < end; w += kThreads / 32) {
-    const uint32_t j = w * 32 + lane;
-    const uint32_t bin = k > 0 && j < r.nc ? bins.bin(r.cand_scores[j]) : kScoreBins;  // kScoreBins: none
-    const uint32_t sel = __ballot_sync(0xffffffffu, bin < cut_bin);
-    if (lane == 0) bits[w] = sel;
-    const uint32_t in_cut = __ballot_sync(0xffffffffu, collect && bin == cut_bin);
-    if (in_cut) {
-      uint32_t base = 0;
-      if (lane == 0) base = atomicAdd(&st.n_cut, __popc(in_cut));
-      base = __shfl_sync(0xffffffffu, base, 0);
-      if (in_cut & (1u << lane)) cut[base + __popc(in_cut & ((1u << lane) - 1u))] = j;
+  const uint32_t chunks = (r.nc + kChunkTokens - 1) / kChunkTokens;
+  const uint32_t per = (chunks + gridDim.x - 1) / gridDim.x;
+  const uint32_t c_begin = min(chunks, blockIdx.x * per), c_end = min(chunks, c_begin + per);
+  const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+  float (*tile)[kBlockTokens + 1] = tile_s[warp];
+  double heavy_mass = 0.0, resid_mass = 0.0;  // statistics (RowState::w_heavy, w_resid_proxy)
+  for (uint32_t c = c_begin + warp; c < c_end; c += kWarps) {
+    const uint32_t j0 = c * kChunkTokens;
+    const uint32_t n_here = min(kChunkTokens, r.nc - j0);
+#pragma unroll 8
+    for (uint32_t q = 0; q < kBlocksPerChunk; ++q) {
+      const uint32_t i = q * kBlockTokens + lane;
+      tile[q][lane] = i < n_here ? r.cand_scores[j0 + i] : -INFINITY;
     }
+    __syncwarp();
+    const uint32_t n_mine = lane * kBlockTokens < n_here ? min(kBlockTokens, n_here - lane * kBlockTokens) : 0u;
+    uint32_t sel = 0, in_cut = 0;
+    uint64_t resid = 0;
+#pragma unroll 8
+    for (uint32_t i = 0; i < kBlockTokens; ++i) {
+      const float v = tile[lane][i];
+      const uint32_t bin = k > 0 && i < n_mine ? bins.bin(v) : kScoreBins;  // kScoreBins: none
+      const bool heavy = bin < cut_bin;
+      sel |= uint32_t{heavy} << i;
+      in_cut |= uint32_t{collect && bin == cut_bin} << i;
+      if (sums) {
+        const CandWeight w = cand_weight(v, bins.mx, uniform);
+        if (heavy) {
+          heavy_mass += w.e;
+        } else {
+          resid += w.fixed;
+          resid_mass += w.e;
+        }
+      }
+    }
+    const uint32_t blk = c * kBlocksPerChunk + lane;
+    ws.heavy_bits[bbase + blk] = sel;
+    if (sums) {
+      ws.bsum[bbase + blk] = resid;
+      ws.sample_bits[bbase + blk] = 0u;
+      const uint64_t chunk_sum = warp_sum(resid);
+      if (lane == 0) ws.csum[cbase + c] = chunk_sum;
+    }
+    // The boundary candidates: one slot reservation per warp, lanes in order.
+    const uint32_t n_cut = __popc(in_cut);
+    uint32_t incl = n_cut;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const uint32_t t = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += t;
+    }
+    const uint32_t total = __shfl_sync(0xffffffffu, incl, 31);
+    if (total) {
+      uint32_t base = 0;
+      if (lane == 0) base = atomicAdd(&st.n_cut, total);
+      base = __shfl_sync(0xffffffffu, base, 0) + incl - n_cut;
+      for (uint32_t m = in_cut; m; m &= m - 1) cut[base++] = j0 + lane * kBlockTokens + __ffs(m) - 1;
+    }
+    __syncwarp();  // the tile is reused by this warp's next chunk
+  }
+  if (sums) {
+    heavy_mass = warp_sum(heavy_mass);
+    resid_mass = warp_sum(resid_mass);
+    if (lane == 0 && heavy_mass != 0.0) atomicAdd(&st.w_heavy, heavy_mass);
+    if (lane == 0 && resid_mass != 0.0) atomicAdd(&st.w_resid_proxy, resid_mass);
   }
 }
 
@@ -182,7 +240,7 @@ __global__ void __launch_bounds__(kRefineThreads) refine_kernel(DecodeBatch b, W
   __shared__ uint32_t key_s[kStaged], j_s[kStaged];
   const Row r = row_here(b, ws);
   if (!r.sparse()) return;
-  const RowState& st = ws.rows[r.row];
+  RowState& st = ws.rows[r.row];
   const uint32_t need = st.cut_need, n = min(st.n_cut, r.nc);
   if (st.topk_k == 0 || need == 0 || n == 0) return;
   uint32_t* bits = ws.heavy_bits + row_block_base(*r.it, r.h);
@@ -222,10 +280,29 @@ __global__ void __launch_bounds__(kRefineThreads) refine_kernel(DecodeBatch b, W
       }, &unused);
     }
   }
+  // Set the bits; with filter_sums_residual, take the selected candidates out of
+  // the residual sums the filter counted them in (integer atomics: exact).
+  const bool sums = filter_sums_residual(b), uniform = b.sampling == Sampling::kUniform;
+  const float mx = key_float(st.max_key);
+  const size_t bbase = row_block_base(*r.it, r.h), cbase = row_chunk_base(*r.it, r.h);
+  double moved = 0.0;
   for (uint32_t i = threadIdx.x; i < n; i += kRefineThreads) {
     const uint32_t j = cand(i);
     const uint32_t key = key_of(i);
-    if (need >= n || key > thr || (key == thr && j <= max_j)) atomicOr(&bits[j >> 5], 1u << (j & 31));
+    if (need >= n || key > thr || (key == thr && j <= max_j)) {
+      atomicOr(&bits[j >> 5], 1u << (j & 31));
+      if (sums) {
+        const CandWeight w = cand_weight(key_float(key), mx, uniform);
+        const unsigned long long minus = 0ull - w.fixed;
+        atomicAdd(reinterpret_cast<unsigned long long*>(&ws.bsum[bbase + (j >> 5)]), minus);
+        atomicAdd(reinterpret_cast<unsigned long long*>(&ws.csum[cbase + (j >> 10)]), minus);
+        moved += w.e;
+      }
+    }
+  }
+  if (moved != 0.0) {  // statistics only
+    atomicAdd(&st.w_heavy, moved);
+    atomicAdd(&st.w_resid_proxy, -moved);
   }
 }
 

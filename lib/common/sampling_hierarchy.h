@@ -20,7 +20,8 @@ constexpr uint32_t kBlocksPerChunk = kChunkTokens / kBlockTokens;
 // Index of the first prefix entry > target in an inclusive prefix-sum array of n
 // entries (binary search), skipping zero-weight entries. Clamped to the last entry
 // with weight, so rounding at the top end never selects an empty entry.
-SSA_HD uint32_t pick_from_prefix(const double* inclusive_prefix, uint32_t n, double target) {
+template <typename W>
+SSA_HD uint32_t pick_from_prefix(const W* inclusive_prefix, uint32_t n, W target) {
   uint32_t lo = 0, hi = n - 1;
   while (lo < hi) {  // smallest i with prefix[i] > target
     const uint32_t mid = lo + (hi - lo) / 2;
@@ -31,15 +32,16 @@ SSA_HD uint32_t pick_from_prefix(const double* inclusive_prefix, uint32_t n, dou
   return lo;
 }
 
-// Linear scan over n weights: first i whose running sum exceeds target; clamped to
-// the last positive weight (rounding). Requires at least one positive weight.
-template <typename W>
-SSA_HD uint32_t pick_by_scan(const W* w, uint32_t n, double target) {
-  double run = 0.0;
+// Linear scan over n weights: first i whose running sum (in Acc) exceeds target;
+// clamped to the last positive weight (rounding). Requires at least one positive
+// weight.
+template <typename W, typename Acc = double>
+SSA_HD uint32_t pick_by_scan(const W* w, uint32_t n, Acc target) {
+  Acc run = 0;
   uint32_t last_positive = 0;
   for (uint32_t i = 0; i < n; ++i) {
     if (w[i] > 0) {
-      run += static_cast<double>(w[i]);
+      run += static_cast<Acc>(w[i]);
       last_positive = i;
       if (run > target) return i;
     }

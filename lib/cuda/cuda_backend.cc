@@ -411,6 +411,13 @@ absl::Status run_launch_set(const std::vector<Job>& jobs, uint32_t layer_index, 
   bool all_dense = true;
   for (const Job& j : jobs) all_dense = all_dense && j.plan.dense;
   set_method(all_dense ? SSA_METHOD_DENSE : p.method, &b);
+  if (b.sampling != Sampling::kNone) {
+    for (const Job& j : jobs) {
+      if (!j.plan.dense && j.plan.candidates() > kMaxSampledCandidates)
+        return absl::UnimplementedError(
+            "CUDA backend: sampling over more than 2^26 candidate tokens in one session");
+    }
+  }
   b.pi_min = p.pi_min;
   b.layer = layer_index;
   b.seed = seed;
