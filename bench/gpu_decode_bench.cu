@@ -27,7 +27,8 @@
 // "error", "fatal"; lines starting with '#' are progress notes) on stdout and,
 // with --out FILE, also into FILE. bench/gpu_bench_report.py turns them into
 // markdown tables. SSA_BENCH_PROFILE=1: one untimed decode of each method for
-// the paper shape at 1M, batch 1, 50x (for a profiler that records every kernel).
+// the paper shape at batch 1, 50x, at 1M tokens or the first of --contexts (for
+// a profiler that records every kernel).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -680,6 +681,7 @@ int main(int argc, char** argv) {
                         sparsities = {10u, 20u, 50u, 100u};
   std::vector<const ModelShape*> shapes = {&kShapes[0], &kShapes[1]};
   int n_seeds = 3;
+  bool contexts_given = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const char* v = i + 1 < argc ? argv[i + 1] : nullptr;
@@ -691,6 +693,7 @@ int main(int argc, char** argv) {
         return 2;
       }
     } else if (a == "--contexts" && ok) {
+      contexts_given = true;
       ok = parse_list(v, &contexts);
     } else if (a == "--batches" && ok) {
       ok = parse_list(v, &batches);
@@ -731,7 +734,7 @@ int main(int argc, char** argv) {
   }
   if (g_profile) {
     shapes = {&kShapes[0]};
-    contexts = {1048576u};
+    contexts = {contexts_given ? contexts[0] : 1048576u};
     batches = {1u};
     sparsities = {50u};
   }

@@ -132,7 +132,7 @@ cudaError_t plan_workspace(DecodeBatch* b, int sm_count, WorkspacePlan* plan) {
   p.off_heavy_bits = take(score / 32 * 4);
   p.off_sample_bits = take(score / 32 * 4);
   p.off_hist = take(all_dense ? 0 : rows * kScoreBins * 4);
-  p.compact_words = compact_words_per_block(p.n_pad_max);
+  p.compact_words = compact_words_per_block(p.n_pad_max, p.rows, sm_count);
   p.compact_blocks = (p.n_pad_max / 32 + p.compact_words - 1) / p.compact_words;
   p.off_compact_counts = take(all_dense ? 0 : rows * p.compact_blocks * 8);
   p.off_heavy = take(sel * 4);

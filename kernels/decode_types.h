@@ -78,7 +78,7 @@ struct RowState {
   uint32_t cut_bin;    // top-k: candidates in bins < cut_bin are selected outright,
   uint32_t cut_need;   //   cut_need of those in bin cut_bin (found among n_cut of them)
   uint32_t n_cut;
-  uint32_t pad_;
+  uint32_t hist_blocks_done;  // top-k histogram blocks finished (the last one resolves)
   double w_total;      // sum over the residual R of fixed_weight (device_util.cuh), in 2^-38 units
   double w_heavy;      // sum over H of exp(s~ - max) (statistics only, sampling methods)
   double w_all;        // adaptive: sum over C of exp(s~ - max)

@@ -59,8 +59,22 @@ size_t score_smem_bytes(int gh, const DecodeShape& s) {
          s.pq_subspaces * sizeof(float);
 }
 
+// The state of row (item, h) before a sparse decode; its top-k histogram is zeroed
+// by the caller.
+__device__ RowState initial_row(const DecodeBatch& b, const DecodeItem& it) {
+  RowState r{};
+  r.max_key = 0u;
+  r.min_key = 0xffffffffu;
+  const uint32_t heavy = b.heavy == HeavyRule::kAdaptive ? 0u : it.n_heavy;
+  r.n_heavy = heavy;
+  r.topk_k = b.heavy == HeavyRule::kAdaptive ? it.n_select : heavy;
+  r.n_draws = b.sampling == Sampling::kNone ? 0u : it.n_select - heavy;
+  return r;
+}
+
 // One block per item: the row states of its q heads, and its rows' top-k
-// histograms zeroed (saves a memset launch per decode).
+// histograms zeroed (saves a memset launch per decode). With the PQ proxy the
+// lookup-table kernel does this instead (one launch fewer).
 __global__ void init_rows_kernel(DecodeBatch b, RowState* rows, uint32_t* hist) {
   const uint32_t item = blockIdx.x;
   const uint32_t h = threadIdx.x;
@@ -69,22 +83,19 @@ __global__ void init_rows_kernel(DecodeBatch b, RowState* rows, uint32_t* hist) 
     for (uint32_t i = threadIdx.x; i < b.shape.n_q_heads * kScoreBins; i += blockDim.x) hi[i] = 0;
   }
   if (h >= b.shape.n_q_heads) return;
-  const DecodeItem& it = b.items[item];
-  RowState r{};
-  r.max_key = 0u;
-  r.min_key = 0xffffffffu;
-  const uint32_t heavy = b.heavy == HeavyRule::kAdaptive ? 0u : it.n_heavy;
-  r.n_heavy = heavy;
-  r.topk_k = b.heavy == HeavyRule::kAdaptive ? it.n_select : heavy;
-  r.n_draws = b.sampling == Sampling::kNone ? 0u : it.n_select - heavy;
-  rows[row_of(item, h, b.shape.n_q_heads)] = r;
+  rows[row_of(item, h, b.shape.n_q_heads)] = initial_row(b, b.items[item]);
 }
 
 // One block per (subspace, q head, item), one thread per centroid.
 template <typename T, int GH>
-__global__ void build_lut_kernel(DecodeBatch b, float* lut) {
+__global__ void build_lut_kernel(DecodeBatch b, float* lut, RowState* rows, uint32_t* hist) {
   const uint32_t m = blockIdx.x, h = blockIdx.y, item = blockIdx.z;
   const DecodeItem& it = b.items[item];
+  const uint32_t row = row_of(item, h, b.shape.n_q_heads);
+  if (m == 0) {  // the row's initial state (init_rows_kernel's work)
+    for (uint32_t i = threadIdx.x; i < kScoreBins; i += blockDim.x) hist[size_t{row} * kScoreBins + i] = 0;
+    if (threadIdx.x == 0) rows[row] = initial_row(b, it);
+  }
   if (it.sink_end >= it.local_begin) return;  // dense item: no proxy
   const uint32_t M = b.shape.pq_subspaces, K = b.shape.pq_centroids;
   const uint32_t D = b.shape.head_dim, sub = D / M;
@@ -342,6 +353,7 @@ const char* pq_shape_unsupported(const DecodeShape& s) {
 
 cudaError_t launch_init_rows(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
                              cudaStream_t st) {
+  if (b.proxy == Proxy::kPq) return cudaSuccess;  // build_lut_kernel does it
   const bool sparse = b.proxy != Proxy::kNone;
   const uint32_t threads = std::max(256u, (b.shape.n_q_heads + 31) / 32 * 32);
   init_rows_kernel<<<b.n_items, threads, 0, st>>>(b, ws.rows, sparse ? ws.hist : nullptr);
@@ -358,7 +370,7 @@ cudaError_t launch_pq_scores(const DecodeBatch& b, const WorkspacePlan& plan, co
     constexpr int GH = decltype(gh)::value;
     dispatch_dtype(b.shape.dtype, [&](auto t) {
       using T = decltype(t);
-      build_lut_kernel<T, GH><<<lut_grid, lut_threads, qsmem, st>>>(b, ws.lut);
+      build_lut_kernel<T, GH><<<lut_grid, lut_threads, qsmem, st>>>(b, ws.lut, ws.rows, ws.hist);
       e = cudaGetLastError();
     });
     if (e == cudaSuccess) e = launch_pq_score_gh<GH>(b, plan, ws, st);

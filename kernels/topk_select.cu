@@ -2,8 +2,8 @@
 // Two passes over the scores, then work only on the few candidates near the cut:
 //  1. histogram: every candidate's bin by distance below the row maximum
 //     (ScoreBins, device_util.cuh: 1024 bins over at most 32 logits);
-//  2. resolve: the boundary bin holding the k-th largest score, how many of its
-//     candidates are still needed;
+//  2. resolve (the histogram's last block of each row): the boundary bin holding
+//     the k-th largest score, how many of its candidates are still needed;
 //  3. filter: writes the bitmap words of the bins above the boundary (selected
 //     outright), appends the boundary bin's candidates to a short list and, for
 //     the sampling methods with the fixed heavy rule, sums the residual weights
@@ -26,7 +26,7 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kRefineThreads = 1024;
-static_assert(kScoreBins == kRefineThreads, "resolve: one thread per bin");
+static_assert(kScoreBins % kThreads == 0, "resolve: whole bins per thread");
 
 struct Row {
   const DecodeItem* it;
@@ -45,12 +45,16 @@ __device__ Row row_here(const DecodeBatch& b, const Workspace& ws) {
   return r;
 }
 
+// The last block of each row to finish its histogram also resolves the boundary
+// bin (no separate launch): bin 0 holds the scores nearest the maximum.
 __global__ void __launch_bounds__(kThreads) hist_kernel(DecodeBatch b, Workspace ws) {
   const Row r = row_here(b, ws);
   if (!r.sparse()) return;
-  const RowState& st = ws.rows[r.row];
-  if (st.topk_k == 0) return;
+  RowState& st = ws.rows[r.row];
+  const uint32_t k = st.topk_k;
+  if (k == 0) return;
   __shared__ uint32_t hist_s[kScoreBins];
+  __shared__ bool last_s;
   for (uint32_t i = threadIdx.x; i < kScoreBins; i += kThreads) hist_s[i] = 0;
   __syncthreads();
   const ScoreBins bins(st);
@@ -74,21 +78,24 @@ __global__ void __launch_bounds__(kThreads) hist_kernel(DecodeBatch b, Workspace
   for (uint32_t i = threadIdx.x; i < kScoreBins; i += kThreads) {
     if (hist_s[i]) atomicAdd(&hist[i], hist_s[i]);
   }
-}
-
-// One block per row, one thread per bin (bin 0 = scores nearest the maximum).
-__global__ void __launch_bounds__(kRefineThreads) resolve_kernel(DecodeBatch b, Workspace ws) {
-  const Row r = row_here(b, ws);
-  if (!r.sparse()) return;
-  RowState& st = ws.rows[r.row];
-  const uint32_t k = st.topk_k;
-  if (k == 0) return;
-  using Scan = cub::BlockScan<uint32_t, kRefineThreads>;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last_s = atomicAdd(&st.hist_blocks_done, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!last_s) return;
+  __threadfence();
+  // Resolve: kBinsPerThread consecutive bins per thread, one block scan.
+  constexpr uint32_t kBinsPerThread = kScoreBins / kThreads;
+  using Scan = cub::BlockScan<uint32_t, kThreads>;
   __shared__ typename Scan::TempStorage tmp;
-  const uint32_t c = ws.hist[size_t{r.row} * kScoreBins + threadIdx.x];
-  uint32_t incl, total;
-  Scan(tmp).InclusiveSum(c, incl, total);
-  const uint32_t excl = incl - c;
+  uint32_t c[kBinsPerThread], mine = 0;
+#pragma unroll
+  for (uint32_t i = 0; i < kBinsPerThread; ++i) {
+    c[i] = __ldcg(&hist[threadIdx.x * kBinsPerThread + i]);  // other blocks' atomics: from L2
+    mine += c[i];
+  }
+  uint32_t run, total;
+  Scan(tmp).ExclusiveSum(mine, run, total);
   if (total <= k) {  // every candidate is selected
     if (threadIdx.x == 0) {
       st.topk_k = total;
@@ -96,9 +103,15 @@ __global__ void __launch_bounds__(kRefineThreads) resolve_kernel(DecodeBatch b, 
       st.cut_bin = kScoreBins;
       st.cut_need = 0;
     }
-  } else if (excl < k && k <= incl) {
-    st.cut_bin = threadIdx.x;
-    st.cut_need = k - excl;
+    return;
+  }
+#pragma unroll
+  for (uint32_t i = 0; i < kBinsPerThread; ++i) {
+    if (run < k && k <= run + c[i]) {
+      st.cut_bin = threadIdx.x * kBinsPerThread + i;
+      st.cut_need = k - run;
+    }
+    run += c[i];
   }
 }
 
@@ -314,7 +327,6 @@ cudaError_t launch_topk(const DecodeBatch& b, const WorkspacePlan& plan, const W
   const dim3 row_grid(1, b.shape.n_q_heads, b.n_items);
   // The histograms were zeroed by init_rows_kernel.
   hist_kernel<<<scan_grid, kThreads, 0, st>>>(b, ws);
-  resolve_kernel<<<row_grid, kRefineThreads, 0, st>>>(b, ws);
   filter_kernel<<<scan_grid, kThreads, 0, st>>>(b, ws);
   refine_kernel<<<row_grid, kRefineThreads, 0, st>>>(b, ws);
   return cudaGetLastError();
