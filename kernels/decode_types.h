@@ -79,8 +79,6 @@ struct RowState {
   uint32_t cut_need;   //   cut_need of those in bin cut_bin (found among n_cut of them)
   uint32_t n_cut;
   uint32_t hist_blocks_done;  // top-k histogram blocks finished (the last one resolves)
-  uint32_t splits_done;       // sparse attention splits finished (the last one merges)
-  uint32_t pad_;
   double w_total;      // sum over the residual R of fixed_weight (device_util.cuh), in 2^-38 units
   double w_heavy;      // sum over H of exp(s~ - max) (statistics only, sampling methods)
   double w_all;        // adaptive: sum over C of exp(s~ - max)

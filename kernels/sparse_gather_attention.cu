@@ -1,10 +1,9 @@
 // Attention of the sparse rows (one q head over its own read set: sink, local,
 // heavy list, sorted unique samples) for f16/bf16 and head dims 64, 128, 256.
 // Same split rule, math and partial results ([m, l, acc[D]] per row and split,
-// natural-log units) as the kSparse path of
+// natural-log units, merged by merge_splits_kernel) as the kSparse path of
 // attention_split_kernel in sparse_attention.cu, which keeps f32 and the other
-// head dims. The last split of a row to finish merges the row's partials
-// (merge_splits.cuh), saving the merge launch.
+// head dims.
 //
 // Why: a gathered row is only worth its bytes in flight. The register kernel holds
 // 4 tokens per lane group and must first load the token id (heavy/sample list) and
@@ -25,7 +24,6 @@
 #include <type_traits>
 
 #include "cp_async.cuh"
-#include "merge_splits.cuh"
 #include "device_util.cuh"
 #include "head_dim.cuh"
 #include "stages.h"
@@ -246,20 +244,6 @@ __global__ void __launch_bounds__(kThreads) sparse_gather_kernel(DecodeBatch b, 
     }
     out[2 + d] = A;
   }
-
-  // The row's last split to finish merges the row (no merge launch); the
-  // counter was zeroed with the row state.
-  __shared__ bool last_s;
-  __threadfence();
-  __syncthreads();
-  if (tid == 0) last_s = atomicAdd(&ws.rows[row].splits_done, 1u) == n_splits - 1;
-  __syncthreads();
-  if (!last_s) return;
-  __threadfence();
-  static_assert(S::smem_bytes >= (kMaxSplits + 32) * sizeof(float), "merge scratch");
-  float* merge_s = reinterpret_cast<float*>(smem_raw);  // the ring is free: n_splits + 32 floats
-  merge_row_splits(ws.partial + size_t{row} * n_splits * (D + 2), n_splits, D, merge_s, merge_s + kMaxSplits,
-                   static_cast<T*>(it.out) + size_t{h} * D);
 }
 
 template <int D, typename T>
