@@ -325,7 +325,7 @@ cudaError_t launch_topk(const DecodeBatch& b, const WorkspacePlan& plan, const W
                         cudaStream_t st) {
   const dim3 scan_grid(plan.scan_blocks, b.shape.n_q_heads, b.n_items);
   const dim3 row_grid(1, b.shape.n_q_heads, b.n_items);
-  // The histograms were zeroed by init_rows_kernel.
+  // The histograms were zeroed by build_lut_kernel (PQ proxy) or init_rows_kernel.
   hist_kernel<<<scan_grid, kThreads, 0, st>>>(b, ws);
   filter_kernel<<<scan_grid, kThreads, 0, st>>>(b, ws);
   refine_kernel<<<row_grid, kRefineThreads, 0, st>>>(b, ws);
