@@ -17,9 +17,10 @@ import math
 import sys
 
 LABEL = {"dense": "ours dense", "sdpa_flash": "SDPA flash", "sdpa_cudnn": "SDPA cuDNN",
-         "sdpa_efficient": "SDPA efficient", "pq_topk": "PQ_TOPK", "ssa": "SSA"}
-ORDER = {"dense": 0, "sdpa_flash": 1, "sdpa_cudnn": 2, "sdpa_efficient": 3, "pq_topk": 10, "ssa": 11}
-DENSE = ("dense", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient")
+         "sdpa_efficient": "SDPA efficient", "flashinfer": "FlashInfer", "pq_topk": "PQ_TOPK", "ssa": "SSA"}
+ORDER = {"dense": 0, "sdpa_flash": 1, "sdpa_cudnn": 2, "sdpa_efficient": 3, "flashinfer": 4, "pq_topk": 10,
+         "ssa": 11}
+DENSE = ("dense", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "flashinfer")
 CONFIG_ORDER = {"paper": 0, "llama8b": 1}
 K128, M1 = 131072, 1048576
 
@@ -203,13 +204,20 @@ def group_table(data, g, out):
 
 def report(data, lines, raw):
     out = ["# GPU decode benchmark matrix\n"]
+    seen = []
     for m in data.meta:
+        if m in seen:  # the same process metadata from a second run (e.g. the FlashInfer process)
+            continue
+        seen.append(m)
         if m.get("src") == "ours":
             out.append(f"- Device: {m.get('device')} ({m.get('sms')} SMs, L2 {fmt(m.get('l2_mb'), 0)} MB, "
                        f"{fmt(m.get('mem_gb'), 1)} GB), driver {m.get('driver')}, runtime {m.get('runtime')}; "
                        f"kMaxBatchItems {m.get('max_batch_items')} (batch 16 is one launch set).")
         elif m.get("src") == "sdpa":
             out.append(f"- PyTorch {m.get('torch')} (CUDA {m.get('cuda')}, cuDNN {m.get('cudnn')}) on {m.get('device')}.")
+        elif m.get("src") == "flashinfer":
+            out.append(f"- FlashInfer {m.get('version')}: its batch decode templates compiled into gpu_decode_bench, "
+                       f"over the same K/V pages (page 256, HND); each case's output is checked against ours dense.")
         elif m.get("commit"):
             out.append(f"- Commit {m.get('commit')}.")
     for src, r in sorted(data.bw_recs.items()):

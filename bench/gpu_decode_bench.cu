@@ -26,7 +26,9 @@
 // Output: one JSON object per line (records "meta", "copy_bw", "result",
 // "error", "fatal"; lines starting with '#' are progress notes) on stdout and,
 // with --out FILE, also into FILE. bench/gpu_bench_report.py turns them into
-// markdown tables. SSA_BENCH_PROFILE=1: one untimed decode of each method for
+// markdown tables. Built with -DSSA_FLASHINFER_DIR, it also times FlashInfer's
+// batch decode over the same pages (bench/flashinfer_decode.h) as a dense
+// baseline. SSA_BENCH_PROFILE=1: one untimed decode of each method for
 // the paper shape at batch 1, 50x, at 1M tokens or the first of --contexts (for
 // a profiler that records every kernel).
 #include <cuda_bf16.h>
@@ -48,6 +50,9 @@
 #include "kernels/cuda_decode.h"
 #include "kernels/pq_index.h"
 #include "kernels/stages.h"
+#ifdef SSA_WITH_FLASHINFER
+#include "flashinfer_decode.h"
+#endif
 
 using namespace ssa;
 using namespace ssa::cuda;
@@ -79,6 +84,11 @@ uint32_t* g_sink = nullptr;
 std::chrono::steady_clock::time_point g_start;
 double g_budget_s = 270.0;  // later cases are reported as skipped (see --time-budget-s)
 uint32_t g_sparse_splits = 0;  // --sparse-splits: attention splits of sparse methods (0 = automatic)
+// --methods: which of dense, pq_topk, ssa, flashinfer run (FlashInfer only when
+// asked: scripts/gpu_check.sh runs it in a process of its own, so that a fault in
+// it cannot take the other results with it).
+std::vector<std::string> g_methods = {"dense", "pq_topk", "ssa"};
+bool method_on(const char* m) { return std::find(g_methods.begin(), g_methods.end(), m) != g_methods.end(); }
 
 double elapsed_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - g_start).count();
@@ -383,9 +393,9 @@ struct Method {
 struct Case {
   const ModelShape* ms;
   uint32_t n, batch;
-  Json base() const {
+  Json base(const char* src = "ours") const {
     Json j;
-    j.str("src", "ours").str("config", ms->name).str("dtype", ms->dtype_name).integer("nq", ms->nq)
+    j.str("src", src).str("config", ms->name).str("dtype", ms->dtype_name).integer("nq", ms->nq)
         .integer("nkv", ms->nkv).integer("d", ms->d).integer("n", n).integer("batch", batch);
     return j;
   }
@@ -398,23 +408,13 @@ void case_error(const Case& c, const char* method, uint32_t sparsity, const std:
   note("ERROR %s n=%u batch=%u %s %ux: %s", c.ms->name, c.n, c.batch, method, sparsity, msg.c_str());
 }
 
-// Runs (or reports the failure of) one method over all sessions of the case.
-void run_method(const Case& c, const std::vector<Session>& sess, const Method& m, int sms, int n_seeds,
-                double copy_gbps) {
+// The launch set of one method over all sessions of the case (budget k per q head).
+DecodeBatch make_batch(const Case& c, const std::vector<Session>& sess, const Method& m, uint32_t k) {
   const ModelShape& s = *c.ms;
   const bool sparse = m.proxy != Proxy::kNone;
   const uint32_t n = c.n;
-  const uint32_t k = sparse ? (n + m.sparsity - 1) / m.sparsity : n;
-  if (sparse && k <= kSink + kLocal + 1) {
-    case_error(c, m.name, m.sparsity, "budget k too small for sink + local");
-    return;
-  }
   DecodeBatch b{};
   b.shape = DecodeShape{s.nq, s.nkv, s.d, kPage, kPageShift, kM, kK, s.dtype};
-  if (const char* why = unsupported_shape(b.shape, sparse)) {
-    case_error(c, m.name, m.sparsity, std::string("unsupported shape: ") + why);
-    return;
-  }
   b.n_items = c.batch;
   b.proxy = m.proxy;
   b.sampling = m.sampling;
@@ -433,6 +433,25 @@ void run_method(const Case& c, const std::vector<Session>& sess, const Method& m
     it.n_heavy = sparse ? static_cast<uint32_t>(m.h * it.n_select + 0.5f) : 0;
   }
   if (m.sparsity != 0) b.n_splits = g_sparse_splits;
+  return b;
+}
+
+// Runs (or reports the failure of) one method over all sessions of the case.
+void run_method(const Case& c, const std::vector<Session>& sess, const Method& m, int sms, int n_seeds,
+                double copy_gbps) {
+  const ModelShape& s = *c.ms;
+  const bool sparse = m.proxy != Proxy::kNone;
+  const uint32_t n = c.n;
+  const uint32_t k = sparse ? (n + m.sparsity - 1) / m.sparsity : n;
+  if (sparse && k <= kSink + kLocal + 1) {
+    case_error(c, m.name, m.sparsity, "budget k too small for sink + local");
+    return;
+  }
+  DecodeBatch b = make_batch(c, sess, m, k);
+  if (const char* why = unsupported_shape(b.shape, sparse)) {
+    case_error(c, m.name, m.sparsity, std::string("unsupported shape: ") + why);
+    return;
+  }
   WorkspacePlan plan;
   cudaError_t e = plan_workspace(&b, sms, &plan);
   if (e != cudaSuccess) {
@@ -563,6 +582,118 @@ void run_method(const Case& c, const std::vector<Session>& sess, const Method& m
        m.sparsity, ms, median(graph_seeds), bytes / (ms * 1e6), plan.n_splits, stages);
 }
 
+#ifdef SSA_WITH_FLASHINFER
+float to_float(DType t, const uint8_t* p, size_t i) {
+  uint16_t u;
+  memcpy(&u, p + 2 * i, 2);
+  if (t == DType::kF16) {
+    __half h;
+    memcpy(&h, &u, 2);
+    return __half2float(h);
+  }
+  __nv_bfloat16 h;
+  memcpy(&h, &u, 2);
+  return __bfloat162float(h);
+}
+
+// FlashInfer's batch decode (bench/flashinfer_decode.h) over the same pages and the
+// same queries as ours, timed the same way. Its output for the first input set is
+// compared with our dense decode's: both are exact attention, so they must agree
+// to f16/bf16 rounding, which also checks that FlashInfer reads the pages right.
+void run_flashinfer(const Case& c, const std::vector<Session>& sess, const uint8_t* kv_pool, int sms,
+                    int n_seeds, double copy_gbps) {
+  const ModelShape& s = *c.ms;
+  const char* name = "flashinfer";
+  const size_t qn = size_t{s.nq} * s.d;  // elements per item
+  Arena a;
+  uint8_t* q = static_cast<uint8_t*>(a.get(c.batch * qn * 2, "FlashInfer q"));
+  uint8_t* out = static_cast<uint8_t*>(a.get(c.batch * qn * 2, "FlashInfer out"));
+  if (!a.error.empty()) {
+    case_error(c, name, 0, a.error);
+    return;
+  }
+  const ssa_bench::FlashInferArgs args{s.nq, s.nkv, s.d, kPage, c.batch, c.n, s.dtype == DType::kBF16,
+                                       kv_pool, q, out};
+  std::string why;
+  auto fi = ssa_bench::FlashInferDecode::create(args, &why);
+  if (!fi) {
+    if (!context_ok()) fatal(std::string(s.name) + " flashinfer: " + why);
+    case_error(c, name, 0, why);
+    return;
+  }
+  auto fn = [&](cudaEvent_t* ev) -> cudaError_t {
+    cudaError_t r = cudaEventRecord(ev[0]);
+    if (r == cudaSuccess) r = fi->run(nullptr);
+    if (r == cudaSuccess) r = cudaEventRecord(ev[1]);
+    return r;
+  };
+  std::vector<double> seeds_ms, reps;
+  double max_diff = 0.0, max_ref = 0.0;
+  cudaError_t e = cudaSuccess;
+  for (int seed = 0; seed < n_seeds && e == cudaSuccess; ++seed) {
+    for (uint32_t i = 0; i < c.batch && e == cudaSuccess; ++i) {
+      const uint64_t qseed = 1000003ull * (seed + 1) + i;  // as run_method's input set `seed`
+      e = fill(s.dtype, q + i * qn * 2, qn, qseed);
+      if (e == cudaSuccess && seed == 0) e = fill(s.dtype, sess[i].q, qn, qseed);
+    }
+    Timing t;
+    if (e == cudaSuccess) e = measure(fn, 2, &t);
+    if (e != cudaSuccess) break;
+    seeds_ms.push_back(t.med[0]);
+    reps.push_back(t.reps);
+    if (seed != 0) continue;
+    // Our dense decode of the same queries, for the comparison.
+    const Method dense{"dense", Proxy::kNone, Sampling::kNone, 0.f, 0};
+    DecodeBatch b = make_batch(c, sess, dense, c.n);
+    WorkspacePlan plan;
+    if ((e = plan_workspace(&b, sms, &plan)) != cudaSuccess) break;
+    Arena wa;
+    void* blob = wa.get(plan.total_bytes, "workspace");
+    if (!blob) {
+      case_error(c, name, 0, wa.error);
+      return;
+    }
+    if ((e = run_decode(b, plan, bind_workspace(blob, plan), nullptr)) != cudaSuccess) break;
+    if ((e = cudaDeviceSynchronize()) != cudaSuccess) break;
+    std::vector<uint8_t> got(c.batch * qn * 2), ref(qn * 2);
+    if ((e = cudaMemcpy(got.data(), out, got.size(), cudaMemcpyDeviceToHost)) != cudaSuccess) break;
+    for (uint32_t i = 0; i < c.batch && e == cudaSuccess; ++i) {
+      if ((e = cudaMemcpy(ref.data(), sess[i].out, ref.size(), cudaMemcpyDeviceToHost)) != cudaSuccess) break;
+      for (size_t j = 0; j < qn; ++j) {
+        const float r = to_float(s.dtype, ref.data(), j), g = to_float(s.dtype, got.data(), i * qn + j);
+        max_ref = std::max(max_ref, double(fabsf(r)));
+        max_diff = std::max(max_diff, double(fabsf(r - g)));
+      }
+    }
+  }
+  if (e != cudaSuccess) {
+    const std::string msg = cudaGetErrorString(e);
+    if (!context_ok()) fatal(std::string(s.name) + " n=" + std::to_string(c.n) + " flashinfer: " + msg);
+    case_error(c, name, 0, msg);
+    return;
+  }
+  // f16/bf16 outputs of two exact attentions: a few units in the last place.
+  if (!(max_diff <= 2e-2 * max_ref + 1e-3)) {
+    char buf[160];
+    snprintf(buf, sizeof buf, "output differs from our dense decode: max abs diff %.3g (max |out| %.3g)",
+             max_diff, max_ref);
+    case_error(c, name, 0, buf);
+    return;
+  }
+  const double bytes = c.batch * double(c.n) * s.nkv * s.d * 2.0 * 2;
+  const double ms = median(seeds_ms);
+  Json j = c.base("flashinfer");
+  j.str("rec", "result").str("method", name).integer("sparsity", 0).integer("k", c.n);
+  j.num("ms", ms).nums("ms_seeds", seeds_ms).nums("reps", reps)
+      .integer("bytes", static_cast<unsigned long long>(llround(bytes))).num("gbps", bytes / (ms * 1e6))
+      .num("max_abs_diff_vs_dense", max_diff).num("max_abs_dense", max_ref);
+  if (copy_gbps > 0) j.num("floor_ms", bytes / (copy_gbps * 1e6));
+  emit_line(j.done());
+  note("%s n=%u batch=%u flashinfer: %.3f ms (%.0f GB/s; max abs diff vs our dense %.2g)", s.name, c.n,
+       c.batch, ms, bytes / (ms * 1e6), max_diff);
+}
+#endif
+
 void run_case(const Case& c, const std::vector<uint32_t>& sparsities, int sms, int n_seeds, double copy_gbps) {
   const ModelShape& s = *c.ms;
   const uint32_t n = c.n, B = c.batch;
@@ -587,9 +718,12 @@ void run_case(const Case& c, const std::vector<uint32_t>& sparsities, int sms, i
   std::vector<Session> sess(B);
   const PqIndexShape is{s.nkv, s.d, kM, kK, kPage, kPageShift, s.dtype};
   cudaError_t e = cudaSuccess;
+  // All sessions' K/V pages in one pool (a page-table baseline such as FlashInfer
+  // indexes pages from one base).
+  uint8_t* kv_pool = static_cast<uint8_t*>(arena.get(kv_page * pages * B, "K/V pages"));
   for (uint32_t i = 0; i < B && arena.error.empty() && e == cudaSuccess; ++i) {
     Session& ss = sess[i];
-    ss.kv = static_cast<uint8_t*>(arena.get(kv_page * pages, "K/V pages"));
+    ss.kv = kv_pool + kv_page * pages * i;
     ss.codes = static_cast<uint8_t*>(arena.get(code_page * pages, "code pages"));
     ss.kv_table = static_cast<const uint8_t**>(arena.get(size_t{pages} * 8, "page table"));
     ss.code_table = static_cast<uint8_t**>(arena.get(size_t{pages} * 8, "code page table"));
@@ -636,6 +770,7 @@ void run_case(const Case& c, const std::vector<uint32_t>& sparsities, int sms, i
     methods.push_back({"ssa", Proxy::kPq, Sampling::kProxy, kSsaH, sp});
   }
   for (const Method& m : methods) {
+    if (!method_on(m.name)) continue;
     if (g_profile && m.sparsity != 0 && m.sparsity != 50) continue;
     if (elapsed_s() > g_budget_s) {
       case_error(c, m.name, m.sparsity, "skipped: time budget spent");
@@ -643,6 +778,12 @@ void run_case(const Case& c, const std::vector<uint32_t>& sparsities, int sms, i
     }
     run_method(c, sess, m, sms, n_seeds, copy_gbps);
   }
+#ifdef SSA_WITH_FLASHINFER
+  if (!g_profile && method_on("flashinfer")) {
+    if (elapsed_s() > g_budget_s) case_error(c, "flashinfer", 0, "skipped: time budget spent");
+    else run_flashinfer(c, sess, kv_pool, sms, n_seeds, copy_gbps);
+  }
+#endif
 }
 
 // ---- arguments ------------------------------------------------------------------
@@ -669,7 +810,7 @@ void usage() {
   fprintf(stderr,
           "usage: gpu_decode_bench [--out FILE] [--configs paper,llama8b] [--contexts 128K,512K,1M]\n"
           "         [--batches 1,16] [--sparsity 10,20,50,100] [--seeds 3] [--time-budget-s 270]\n"
-          "         [--sparse-splits N]\n");
+          "         [--sparse-splits N] [--methods dense,pq_topk,ssa,flashinfer]\n");
 }
 
 }  // namespace
@@ -702,6 +843,21 @@ int main(int argc, char** argv) {
     } else if (a == "--seeds" && ok) {
       n_seeds = atoi(v);
       ok = n_seeds >= 1 && n_seeds <= 9;
+    } else if (a == "--methods" && ok) {
+      g_methods.clear();
+      for (const char* p = v; *p;) {
+        const char* e = strchr(p, ',');
+        const std::string m(p, e ? e - p : strlen(p));
+        ok = ok && (m == "dense" || m == "pq_topk" || m == "ssa" || m == "flashinfer");
+#ifndef SSA_WITH_FLASHINFER
+        if (m == "flashinfer") {
+          fprintf(stderr, "flashinfer: built without -DSSA_FLASHINFER_DIR\n");
+          return 2;
+        }
+#endif
+        g_methods.push_back(m);
+        p = e ? e + 1 : p + m.size();
+      }
     } else if (a == "--sparse-splits" && ok) {
       g_sparse_splits = static_cast<uint32_t>(atoi(v));
       ok = g_sparse_splits <= kMaxSplits;
@@ -758,6 +914,9 @@ int main(int argc, char** argv) {
                 .integer("max_batch_items", kMaxBatchItems).integer("seeds", n_seeds).num("target_ms", kTargetMs)
                 .integer("page_tokens", kPage).integer("pq_m", kM).integer("pq_k", kK).integer("sink", kSink)
                 .integer("local", kLocal).num("flush_mb", kFlushBytes / 1048576.0).done());
+#ifdef SSA_WITH_FLASHINFER
+  emit_line(Json().str("rec", "meta").str("src", "flashinfer").str("version", SSA_FLASHINFER_VERSION).done());
+#endif
   const double copy_gbps = g_profile ? 0.0 : measure_copy_bandwidth();
   for (const ModelShape* ms : shapes)
     for (uint32_t n : contexts)

@@ -4,7 +4,8 @@
 # small case, and the GPU decode benchmark matrix (report in $OUT/bench.md). Logs
 # go to $OUT (default ./gpu_out).
 # Abseil, xxHash and doctest may come as .deb files in $SSA_DEBS (default
-# ../.debs); they are unpacked under /tmp/prefix, never into /.
+# ../.debs); they are unpacked under /tmp/prefix, never into /. FlashInfer's
+# headers in $SSA_FLASHINFER (default .flashinfer) add it as a dense baseline.
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
@@ -27,8 +28,13 @@ BUILD=${SSA_GPU_BUILD:-build-gpu}
 if has build; then
   log "configure + build"
   t0=$(date +%s)
+  # FlashInfer's headers (scripts/fetch_flashinfer_headers.sh), when present, add
+  # its batch decode to the benchmark as a dense baseline.
+  FI=${SSA_FLASHINFER:-.flashinfer}
+  FI_ARG=()
+  [ -f "$FI/VERSION" ] && FI_ARG=(-DSSA_FLASHINFER_DIR="$(cd "$FI" && pwd)")
   cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
-    -DSSA_BUILD_EXAMPLES=ON >"$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
+    -DSSA_BUILD_EXAMPLES=ON "${FI_ARG[@]}" >"$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
   cmake --build "$BUILD" -j "$(nproc)" >"$OUT/build.log" 2>&1 || { grep -E "error" -A3 "$OUT/build.log" | head -60; exit 1; }
   log "built in $(( $(date +%s) - t0 )) s"
 fi
@@ -62,6 +68,12 @@ if has bench && [ -x "$BUILD/bench/gpu_decode_bench" ]; then
   # SSA_BENCH_ARGS: extra gpu_decode_bench arguments (e.g. --seeds 2 --time-budget-s 200).
   "$BUILD/bench/gpu_decode_bench" ${SSA_BENCH_ARGS:-} 2>&1 | tee -a "$RAW" | grep --line-buffered -v '^{'
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+  # FlashInfer (when built in) in a process of its own: a fault there cannot take
+  # the other results with it.
+  if grep -q "^SSA_FLASHINFER_DIR:PATH=." "$BUILD/CMakeCache.txt" 2>/dev/null; then
+    "$BUILD/bench/gpu_decode_bench" ${SSA_BENCH_ARGS:-} --methods flashinfer 2>&1 | tee -a "$RAW" | grep --line-buffered -v '^{'
+    [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+  fi
   if [ -f bench/gpu_sdpa_bench.py ]; then
     PYTHONUNBUFFERED=1 python3 bench/gpu_sdpa_bench.py 2>&1 | tee -a "$RAW" | grep --line-buffered -v '^{'
     [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
