@@ -19,7 +19,7 @@ constexpr uint32_t kMaxBatchItems = 32;
 constexpr uint32_t kScoreBins = 1024;      // top-k histogram bins (by distance to the row maximum)
 constexpr uint32_t kMaxCompactBlocks = 256;  // thread blocks per row compacting the bitmaps
 constexpr uint32_t kMaxSplits = 256;       // attention splits per row (split-K)
-constexpr uint32_t kMaxSampledCandidates = 1u << 26;  // fixed-point weight sums fit 64 bits
+constexpr uint32_t kMaxSampledCandidates = (1u << 26) - 1;  // fixed-point weight sums fit 64 bits
 
 struct DecodeShape {
   uint32_t n_q_heads = 0, n_kv_heads = 0, head_dim = 0;

@@ -79,9 +79,10 @@ __device__ __forceinline__ uint64_t warp_sum(uint64_t v) {
 // sampling uniformly) times 2^38, rounded. Integer sums are exact and the same in
 // any order, so the top-k filter can sum each block before the boundary bin is
 // resolved, and the refine step subtracts the boundary candidates it selects with
-// atomics, both without changing a bit between runs. Sums of up to 2^26
-// candidates stay below 2^64 (kMaxSampledCandidates); weights under 2^-39 of the
-// maximum (27 logits below it) round to 0 and are never drawn.
+// atomics, both without changing a bit between runs. Each weight is at most 2^38,
+// so the sums of fewer than 2^26 candidates (kMaxSampledCandidates) stay below
+// 2^64; weights under 2^-39 of the maximum (27 logits below it) round to 0 and
+// are never drawn.
 constexpr double kWeightOne = 274877906944.0;  // 2^38
 // A candidate's proposal weight e = exp(s~ - max), as the CPU computes it, and its
 // fixed-point sampling weight (e, or 1 when sampling uniformly); 0 for a masked score.

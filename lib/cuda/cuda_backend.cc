@@ -415,7 +415,7 @@ absl::Status run_launch_set(const std::vector<Job>& jobs, uint32_t layer_index, 
     for (const Job& j : jobs) {
       if (!j.plan.dense && j.plan.candidates() > kMaxSampledCandidates)
         return absl::UnimplementedError(
-            "CUDA backend: sampling over more than 2^26 candidate tokens in one session");
+            "CUDA backend: sampling over 2^26 or more candidate tokens in one session");
     }
   }
   b.pi_min = p.pi_min;
