@@ -33,6 +33,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402  (sets thread limits before numpy)
 import numpy as np  # noqa: E402
+from numpy_decoder import NumpyCache  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -470,8 +471,7 @@ def cmd_check(args):
         errs.append(float(np.max(np.linalg.norm(out - ref, axis=1) / np.linalg.norm(ref, axis=1))))
         return out
 
-    ref_cache = (common.smollm.NumpyCache if args.model == "smollm2" else __import__("gemma3").NumpyCache)(
-        model, K, V)
+    ref_cache = NumpyCache(model, K, V)
     a, b = logits0, logits0
     pos = len(ids)
     for _ in range(args.steps):

@@ -31,12 +31,12 @@ import heapq
 import os
 import sys
 import time
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from attention_ref import dense_attention  # noqa: E402
+from numpy_decoder import NumpyCache, NumpyDecoder  # noqa: E402
 
 GGUF_NAME = "gemma-3-270m-q4_k_m.gguf"
 SWA_PATTERN = 6          # layer i is global iff (i + 1) % 6 == 0
@@ -193,16 +193,14 @@ class Tokenizer:
 
 # --------------------------------------------------------------------------- model
 
-AttnFn = Callable[[int, np.ndarray, np.ndarray, np.ndarray], np.ndarray]
-
-
 def gelu_tanh(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1.0 + np.tanh(np.float32(0.7978845608028654) * (x + np.float32(0.044715) * x * x * x)))
 
 
-class Gemma3:
+class Gemma3(NumpyDecoder):
     add_bos = True           # documents are encoded after <bos>
     cache_tag = "gemma3-"    # prefill cache file names
+    report_every = 6
 
     def __init__(self, path: Optional[str] = None, verbose: bool = True):
         import gguf
@@ -324,90 +322,8 @@ class Gemma3:
     def embed_tokens(self, ids) -> np.ndarray:
         return self.embed[np.asarray(ids, dtype=np.int64)].astype(np.float32) * self.embed_scale
 
-    # -- prefill: dense causal attention in numpy (windowed on local layers)
-    def prefill(self, ids: Sequence[int], past=None, chunk: int = 256, verbose: bool = False):
-        """As SmolLM.prefill: returns (logits of the last position, K list [layer] of
-        [P + T, n_kv, d] post-RoPE, V list). K/V of every position are returned for
-        every layer; local layers only attend to the last `window` of them."""
-        ids = np.asarray(ids, dtype=np.int64)
-        T = len(ids)
-        P = 0 if past is None else past[0][0].shape[0]
-        nq, nkv, d = self.n_q, self.n_kv, self.head_dim
-        g = nq // nkv
-        scale = np.float32(1.0 / np.sqrt(d))
-        W = self.window
-        x = self.embed_tokens(ids)
-        pos = np.arange(P, P + T)
-        Ks, Vs = [], []
-        t0 = time.time()
-        for li, L in enumerate(self.layers):
-            h = self._rms(x, L["attn_norm"])
-            q, k, v = self._qkv(L, h, pos)
-            if past is not None:
-                k = np.concatenate([past[0][li], k], 0)
-                v = np.concatenate([past[1][li], v], 0)
-            Ks.append(k)
-            Vs.append(v)
-            attn = np.empty((T, nq, d), dtype=np.float32)
-            for s in range(0, T, chunk):
-                e = min(T, s + chunk)
-                C = e - s
-                k0 = max(0, P + s - W + 1) if L["local"] else 0     # first key any query here may see
-                qpos = np.arange(P + s, P + e)[:, None]
-                kpos = np.arange(k0, P + e)[None, :]
-                masked = kpos > qpos
-                if L["local"]:
-                    masked |= kpos <= qpos - W
-                for kh in range(nkv):
-                    qg = q[s:e, kh * g:(kh + 1) * g, :].transpose(1, 0, 2).reshape(g * C, d)
-                    sc = (qg @ k[k0:P + e, kh, :].T) * scale
-                    sc = sc.reshape(g, C, P + e - k0)
-                    sc[:, masked] = -np.inf
-                    sc -= sc.max(axis=-1, keepdims=True)
-                    np.exp(sc, out=sc)
-                    sc /= sc.sum(axis=-1, keepdims=True)
-                    o = sc.reshape(g * C, P + e - k0) @ v[k0:P + e, kh, :]
-                    attn[s:e, kh * g:(kh + 1) * g, :] = o.reshape(g, C, d).transpose(1, 0, 2)
-            x = x + self._rms(attn.reshape(T, nq * d) @ L["wo"], L["post_attn"])
-            x = x + self._mlp(L, x)
-            if verbose and (li % 6 == 5 or li == self.n_layers - 1):
-                print("  prefill %d tokens (+%d cached): layer %d/%d (%.0fs)" % (
-                    T, P, li + 1, self.n_layers, time.time() - t0), flush=True)
-        return self.logits(x[-1]), Ks, Vs
-
-    # -- one decode step with pluggable attention
-    def step(self, token: int, position: int, attend: AttnFn) -> np.ndarray:
-        """Feeds one token at `position`; attend(layer, q, k, v) must append k, v to
-        that layer's cache and return the attention output over it (over the last
-        `window` positions on local layers). Returns logits."""
-        nq, d = self.n_q, self.head_dim
-        x = self.embed_tokens([token])
-        pos = np.array([position])
-        for li, L in enumerate(self.layers):
-            h = self._rms(x, L["attn_norm"])
-            q, k, v = self._qkv(L, h, pos)
-            o = attend(li, np.ascontiguousarray(q[0]), np.ascontiguousarray(k[0]), np.ascontiguousarray(v[0]))
-            x = x + self._rms(o.reshape(1, nq * d) @ L["wo"], L["post_attn"])
-            x = x + self._mlp(L, x)
-        return self.logits(x[0])
-
-
-class NumpyCache:
-    """Dense decode attention in numpy over a growing per-layer cache (reference);
-    local layers see only the last `window` positions."""
-
-    def __init__(self, model: Gemma3, Ks, Vs):
-        self.m = model
-        self.K = list(Ks)
-        self.V = list(Vs)
-
-    def __call__(self, layer, q, k, v):
-        self.K[layer] = np.concatenate([self.K[layer], k[None]], 0)
-        self.V[layer] = np.concatenate([self.V[layer], v[None]], 0)
-        K, V = self.K[layer], self.V[layer]
-        if self.m.layers[layer]["local"]:
-            K, V = K[-self.m.window:], V[-self.m.window:]
-        return dense_attention(q, K, V)
+    def _attn_out(self, L: dict, attn: np.ndarray) -> np.ndarray:
+        return self._rms(attn @ L["wo"], L["post_attn"])
 
 
 @functools.lru_cache(maxsize=1)

@@ -12,10 +12,14 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
+import sys
 import time
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from numpy_decoder import NumpyDecoder  # noqa: E402
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -148,12 +152,7 @@ class Tokenizer:
 
 # --------------------------------------------------------------------------- model
 
-AttnFn = Callable[[int, np.ndarray, np.ndarray, np.ndarray], np.ndarray]
-"""attend(layer, q [n_q, d], k [n_kv, d], v [n_kv, d]) -> out [n_q, d]; the callee
-stores k, v of the new token (position = its cache length) before attending."""
-
-
-class SmolLM:
+class SmolLM(NumpyDecoder):
     def __init__(self, path: Optional[str] = None, verbose: bool = True):
         import gguf
         from gguf import quants
@@ -247,87 +246,11 @@ class SmolLM:
     def logits(self, x_last: np.ndarray) -> np.ndarray:
         return self._rms(x_last, self.out_norm) @ self.lm_head.T
 
-    # -- prefill: dense causal attention in numpy
-    def prefill(self, ids: Sequence[int], past=None, chunk: int = 256, verbose: bool = False):
-        """Runs tokens densely (causal). `past` = (K list, V list) of earlier
-        positions continues a previous prefill. Returns (logits of the last position
-        [vocab], K list [layer] of [P + T, n_kv, d] post-RoPE, V list likewise)."""
-        ids = np.asarray(ids, dtype=np.int64)
-        T = len(ids)
-        P = 0 if past is None else past[0][0].shape[0]
-        nq, nkv, d = self.n_q, self.n_kv, self.head_dim
-        g = nq // nkv
-        scale = np.float32(1.0 / np.sqrt(d))
-        x = self.embed[ids].astype(np.float32)
-        pos = np.arange(P, P + T)
-        Ks, Vs = [], []
-        t0 = time.time()
-        for li, L in enumerate(self.layers):
-            h = self._rms(x, L["attn_norm"])
-            q, k, v = self._qkv(L, h, pos)
-            if past is not None:
-                k = np.concatenate([past[0][li], k], 0)
-                v = np.concatenate([past[1][li], v], 0)
-            Ks.append(k)
-            Vs.append(v)
-            attn = np.empty((T, nq, d), dtype=np.float32)
-            for s in range(0, T, chunk):
-                e = min(T, s + chunk)
-                C = e - s
-                upper = np.triu(np.ones((C, C), dtype=bool), 1)   # key j > query i inside the block
-                for kh in range(nkv):
-                    qg = q[s:e, kh * g:(kh + 1) * g, :].transpose(1, 0, 2).reshape(g * C, d)
-                    sc = (qg @ k[:P + e, kh, :].T) * scale                 # [g*C, P+e]
-                    sc = sc.reshape(g, C, P + e)
-                    diag = sc[:, :, P + s:]
-                    diag[:, upper] = -np.inf
-                    sc -= sc.max(axis=-1, keepdims=True)
-                    np.exp(sc, out=sc)
-                    sc /= sc.sum(axis=-1, keepdims=True)
-                    o = sc.reshape(g * C, P + e) @ v[:P + e, kh, :]        # [g*C, d]
-                    attn[s:e, kh * g:(kh + 1) * g, :] = o.reshape(g, C, d).transpose(1, 0, 2)
-            x = x + attn.reshape(T, nq * d) @ L["wo"]
-            x = x + self._mlp(L, x)
-            if verbose and (li % 10 == 9 or li == self.n_layers - 1):
-                print("  prefill %d tokens (+%d cached): layer %d/%d (%.0fs)" % (
-                    T, P, li + 1, self.n_layers, time.time() - t0), flush=True)
-        return self.logits(x[-1]), Ks, Vs
+    def embed_tokens(self, ids) -> np.ndarray:
+        return self.embed[np.asarray(ids, dtype=np.int64)].astype(np.float32)
 
-    # -- one decode step with pluggable attention
-    def step(self, token: int, position: int, attend: AttnFn) -> np.ndarray:
-        """Feeds one token at `position`; attend(layer, q, k, v) must append k, v to
-        that layer's cache and return the attention output. Returns logits."""
-        nq, d = self.n_q, self.head_dim
-        x = self.embed[int(token)][None, :].astype(np.float32)
-        pos = np.array([position])
-        for li, L in enumerate(self.layers):
-            h = self._rms(x, L["attn_norm"])
-            q, k, v = self._qkv(L, h, pos)
-            o = attend(li, np.ascontiguousarray(q[0]), np.ascontiguousarray(k[0]), np.ascontiguousarray(v[0]))
-            x = x + o.reshape(1, nq * d) @ L["wo"]
-            x = x + self._mlp(L, x)
-        return self.logits(x[0])
-
-
-class NumpyCache:
-    """Dense decode attention in numpy over a growing per-layer cache (reference)."""
-
-    def __init__(self, model: SmolLM, Ks, Vs):
-        self.m = model
-        self.K = list(Ks)
-        self.V = list(Vs)
-
-    def __call__(self, layer, q, k, v):
-        self.K[layer] = np.concatenate([self.K[layer], k[None]], 0)
-        self.V[layer] = np.concatenate([self.V[layer], v[None]], 0)
-        K, V = self.K[layer], self.V[layer]
-        g = self.m.n_q // self.m.n_kv
-        out = np.empty_like(q)
-        for h in range(self.m.n_q):
-            s = K[:, h // g, :] @ q[h] / np.sqrt(self.m.head_dim)
-            p = np.exp(s - s.max())
-            out[h] = (p / p.sum()) @ V[:, h // g, :]
-        return out
+    def _attn_out(self, L: dict, attn: np.ndarray) -> np.ndarray:
+        return attn @ L["wo"]
 
 
 @functools.lru_cache(maxsize=1)
