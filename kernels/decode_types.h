@@ -79,7 +79,7 @@ struct RowState {
   uint32_t cut_need;   //   cut_need of those in bin cut_bin (found among n_cut of them)
   uint32_t n_cut;
   uint32_t hist_blocks_done;  // top-k histogram blocks finished (the last one resolves)
-  double w_total;      // sum over the residual R of fixed_weight (device_util.cuh), in 2^-38 units
+  double w_total;      // sum over the residual R of the fixed-point weights (cand_weight, device_util.cuh)
   double w_heavy;      // sum over H of exp(s~ - max) (statistics only, sampling methods)
   double w_all;        // adaptive: sum over C of exp(s~ - max)
   double w_resid_proxy;  // sum over R of exp(s~ - max), also when sampling uniformly

@@ -162,6 +162,23 @@ __device__ __forceinline__ size_t row_chunk_base(const DecodeItem& it, uint32_t 
   return it.score_base / kChunkTokens + size_t{h} * (it.n_pad / kChunkTokens);
 }
 
+// Shared-memory tile of one warp's 1024-candidate chunk, padded so that a lane
+// reading down its own row does not conflict with the others.
+using ChunkTile = float[kBlocksPerChunk][kBlockTokens + 1];
+
+// Loads the chunk's scores (n_here of them, -inf past the end) coalesced, so that
+// afterwards lane l reads its 32-candidate block as tile[l][0..31]: each lane then
+// handles one block in order without shuffles. Every lane of the warp calls it.
+__device__ __forceinline__ void load_chunk_tile(ChunkTile& tile, const float* chunk_scores, uint32_t n_here,
+                                                uint32_t lane) {
+#pragma unroll 8
+  for (uint32_t q = 0; q < kBlocksPerChunk; ++q) {
+    const uint32_t i = q * kBlockTokens + lane;
+    tile[q][lane] = i < n_here ? chunk_scores[i] : -INFINITY;
+  }
+  __syncwarp();
+}
+
 // Whether the top-k filter also sums the residual weights per block and chunk:
 // with the fixed heavy rule the heavy set is final after top-k. The adaptive rule
 // drops some top-k candidates later, and its sums come from a separate pass.

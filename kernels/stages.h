@@ -17,7 +17,7 @@ cudaError_t launch_exact_scores(const DecodeBatch& b, const WorkspacePlan& plan,
 cudaError_t launch_topk(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
                         cudaStream_t st);
 // Heavy bitmap (and, with samples, the sample bitmap) -> token-ordered lists,
-// n_unique, log pi of each sample and w_heavy.
+// n_heavy, n_unique and log pi of each sample.
 cudaError_t launch_compact(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
                            bool samples, cudaStream_t st);
 cudaError_t launch_adaptive_heavy(const DecodeBatch& b, const WorkspacePlan& plan,

@@ -61,7 +61,7 @@ constexpr int kChunksPerBlock = 8;
 
 __global__ void __launch_bounds__(32 * kChunksPerBlock) hierarchy_kernel(DecodeBatch b, Workspace ws,
                                                                          int mode) {
-  __shared__ float tile_s[kChunksPerBlock][kBlocksPerChunk][kBlockTokens + 1];  // +1: no bank conflicts
+  __shared__ ChunkTile tile_s[kChunksPerBlock];
   const RowRef r = row_ref(b);
   const DecodeItem& it = *r.it;
   const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x & 31;
@@ -72,13 +72,8 @@ __global__ void __launch_bounds__(32 * kChunksPerBlock) hierarchy_kernel(DecodeB
   const float mx = key_float(st.max_key);
   const float* cs = row_scores(ws, r) + it.sink_end + size_t{chunk} * kChunkTokens;
   const uint32_t n_here = min(kChunkTokens, nc - chunk * kChunkTokens);
-  float (*tile)[kBlockTokens + 1] = tile_s[warp];
-#pragma unroll 8
-  for (uint32_t k = 0; k < kBlocksPerChunk; ++k) {
-    const uint32_t i = k * kBlockTokens + lane;
-    tile[k][lane] = i < n_here ? cs[i] : -INFINITY;
-  }
-  __syncwarp();
+  ChunkTile& tile = tile_s[warp];
+  load_chunk_tile(tile, cs, n_here, lane);
   const uint32_t blk_in_row = chunk * kBlocksPerChunk + lane;
   const size_t blk = row_block_base(it, r.h) + blk_in_row;
   const uint32_t heavy = mode == 0 && lane * kBlockTokens < n_here ? ws.heavy_bits[blk] : 0u;  // mode 1: none

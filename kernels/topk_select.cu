@@ -122,7 +122,7 @@ __global__ void __launch_bounds__(kThreads) hist_kernel(DecodeBatch b, Workspace
 // candidates are counted as residual here; refine subtracts those it selects.
 __global__ void __launch_bounds__(kThreads) filter_kernel(DecodeBatch b, Workspace ws) {
   constexpr uint32_t kWarps = kThreads / 32;
-  __shared__ float tile_s[kWarps][kBlocksPerChunk][kBlockTokens + 1];  // +1: no bank conflicts
+  __shared__ ChunkTile tile_s[kWarps];
   const Row r = row_here(b, ws);
   if (!r.sparse()) return;
   RowState& st = ws.rows[r.row];
@@ -136,17 +136,12 @@ __global__ void __launch_bounds__(kThreads) filter_kernel(DecodeBatch b, Workspa
   const uint32_t per = (chunks + gridDim.x - 1) / gridDim.x;
   const uint32_t c_begin = min(chunks, blockIdx.x * per), c_end = min(chunks, c_begin + per);
   const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-  float (*tile)[kBlockTokens + 1] = tile_s[warp];
+  ChunkTile& tile = tile_s[warp];
   double heavy_mass = 0.0, resid_mass = 0.0;  // statistics (RowState::w_heavy, w_resid_proxy)
   for (uint32_t c = c_begin + warp; c < c_end; c += kWarps) {
     const uint32_t j0 = c * kChunkTokens;
     const uint32_t n_here = min(kChunkTokens, r.nc - j0);
-#pragma unroll 8
-    for (uint32_t q = 0; q < kBlocksPerChunk; ++q) {
-      const uint32_t i = q * kBlockTokens + lane;
-      tile[q][lane] = i < n_here ? r.cand_scores[j0 + i] : -INFINITY;
-    }
-    __syncwarp();
+    load_chunk_tile(tile, r.cand_scores + j0, n_here, lane);
     const uint32_t n_mine = lane * kBlockTokens < n_here ? min(kBlockTokens, n_here - lane * kBlockTokens) : 0u;
     uint32_t sel = 0, in_cut = 0;
     uint64_t resid = 0;
