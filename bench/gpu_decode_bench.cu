@@ -436,6 +436,10 @@ DecodeBatch make_batch(const Case& c, const std::vector<Session>& sess, const Me
   return b;
 }
 
+// The query of batch item `item` in input set `input_set` (the same for every
+// method of a case, so that the methods decode the same queries).
+uint64_t query_seed(int input_set, uint32_t item) { return 1000003ull * (input_set + 1) + item; }
+
 // Runs (or reports the failure of) one method over all sessions of the case.
 void run_method(const Case& c, const std::vector<Session>& sess, const Method& m, int sms, int n_seeds,
                 double copy_gbps) {
@@ -469,7 +473,7 @@ void run_method(const Case& c, const std::vector<Session>& sess, const Method& m
   if (g_profile) {
     // The query of the first input set, as the timed runs use.
     for (uint32_t i = 0; i < c.batch && e == cudaSuccess; ++i)
-      e = fill(s.dtype, sess[i].q, size_t{s.nq} * s.d, 1000003ull + i);
+      e = fill(s.dtype, sess[i].q, size_t{s.nq} * s.d, query_seed(0, i));
     if (e == cudaSuccess) e = run_decode(b, plan, ws, nullptr);
     if (e == cudaSuccess) e = cudaDeviceSynchronize();
     if (e != cudaSuccess) {
@@ -508,7 +512,7 @@ void run_method(const Case& c, const std::vector<Session>& sess, const Method& m
   std::array<std::vector<double>, 5> stage_seeds;
   for (int seed = 0; seed < n_seeds; ++seed) {
     for (uint32_t i = 0; i < c.batch && e == cudaSuccess; ++i)
-      e = fill(s.dtype, sess[i].q, size_t{s.nq} * s.d, 1000003ull * (seed + 1) + i);
+      e = fill(s.dtype, sess[i].q, size_t{s.nq} * s.d, query_seed(seed, i));
     b.seed = 1 + seed;
     Timing t;
     if (e == cudaSuccess) e = measure(total_fn, 2, &t);
@@ -583,19 +587,6 @@ void run_method(const Case& c, const std::vector<Session>& sess, const Method& m
 }
 
 #ifdef SSA_WITH_FLASHINFER
-float to_float(DType t, const uint8_t* p, size_t i) {
-  uint16_t u;
-  memcpy(&u, p + 2 * i, 2);
-  if (t == DType::kF16) {
-    __half h;
-    memcpy(&h, &u, 2);
-    return __half2float(h);
-  }
-  __nv_bfloat16 h;
-  memcpy(&h, &u, 2);
-  return __bfloat162float(h);
-}
-
 // FlashInfer's batch decode (bench/flashinfer_decode.h) over the same pages and the
 // same queries as ours, timed the same way. Its output for the first input set is
 // compared with our dense decode's: both are exact attention, so they must agree
@@ -632,9 +623,8 @@ void run_flashinfer(const Case& c, const std::vector<Session>& sess, const uint8
   cudaError_t e = cudaSuccess;
   for (int seed = 0; seed < n_seeds && e == cudaSuccess; ++seed) {
     for (uint32_t i = 0; i < c.batch && e == cudaSuccess; ++i) {
-      const uint64_t qseed = 1000003ull * (seed + 1) + i;  // as run_method's input set `seed`
-      e = fill(s.dtype, q + i * qn * 2, qn, qseed);
-      if (e == cudaSuccess && seed == 0) e = fill(s.dtype, sess[i].q, qn, qseed);
+      e = fill(s.dtype, q + i * qn * 2, qn, query_seed(seed, i));
+      if (e == cudaSuccess && seed == 0) e = fill(s.dtype, sess[i].q, qn, query_seed(seed, i));
     }
     Timing t;
     if (e == cudaSuccess) e = measure(fn, 2, &t);
@@ -660,7 +650,7 @@ void run_flashinfer(const Case& c, const std::vector<Session>& sess, const uint8
     for (uint32_t i = 0; i < c.batch && e == cudaSuccess; ++i) {
       if ((e = cudaMemcpy(ref.data(), sess[i].out, ref.size(), cudaMemcpyDeviceToHost)) != cudaSuccess) break;
       for (size_t j = 0; j < qn; ++j) {
-        const float r = to_float(s.dtype, ref.data(), j), g = to_float(s.dtype, got.data(), i * qn + j);
+        const float r = load_as_f32(ref.data(), s.dtype, j), g = load_as_f32(got.data(), s.dtype, i * qn + j);
         max_ref = std::max(max_ref, double(fabsf(r)));
         max_diff = std::max(max_diff, double(fabsf(r - g)));
       }
