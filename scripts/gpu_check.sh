@@ -64,7 +64,7 @@ if has bench && [ -x "$BUILD/bench/gpu_decode_bench" ]; then
   log "benchmark matrix"
   t0=$(date +%s)
   RAW="$OUT/bench_raw.log"
-  echo "{\"rec\":\"meta\",\"src\":\"git\",\"commit\":\"$(git rev-parse --short HEAD 2>/dev/null || echo unknown)\"}" >"$RAW"
+  echo "{\"rec\":\"meta\",\"src\":\"git\",\"commit\":\"${SSA_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}\"}" >"$RAW"
   # SSA_BENCH_ARGS: extra gpu_decode_bench arguments (e.g. --seeds 2 --time-budget-s 200).
   "$BUILD/bench/gpu_decode_bench" ${SSA_BENCH_ARGS:-} 2>&1 | tee -a "$RAW" | grep --line-buffered -v '^{'
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
