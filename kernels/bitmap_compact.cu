@@ -10,6 +10,7 @@
 
 #include "common/inclusion_probability.h"
 #include "device_util.cuh"
+#include "stage_launch.cuh"
 #include "stages.h"
 
 namespace ssa::cuda {
@@ -66,6 +67,7 @@ __device__ uint64_t bit_counts(const Span& p, uint32_t a, uint32_t e, bool sampl
 
 __global__ void __launch_bounds__(kThreads) count_kernel(DecodeBatch b, Workspace ws, bool samples,
                                                          uint32_t words_per_block) {
+  stage_begin();
   const Span p = span_here(b, ws, words_per_block);
   if (!p.sparse()) return;
   uint32_t a, e;
@@ -78,6 +80,7 @@ __global__ void __launch_bounds__(kThreads) count_kernel(DecodeBatch b, Workspac
 
 __global__ void __launch_bounds__(kThreads) write_kernel(DecodeBatch b, Workspace ws, bool samples,
                                                          uint32_t words_per_block) {
+  stage_begin();
   const Span p = span_here(b, ws, words_per_block);
   if (!p.sparse()) return;
   using Reduce = cub::BlockReduce<uint64_t, kThreads>;
@@ -186,9 +189,9 @@ uint32_t compact_words_per_block(uint32_t n_pad_max, uint32_t rows, int sm_count
 cudaError_t launch_compact(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
                            bool samples, cudaStream_t st) {
   const dim3 grid(plan.compact_blocks, b.shape.n_q_heads, b.n_items);
-  count_kernel<<<grid, kThreads, 0, st>>>(b, ws, samples, plan.compact_words);
-  write_kernel<<<grid, kThreads, 0, st>>>(b, ws, samples, plan.compact_words);
-  return cudaGetLastError();
+  const cudaError_t e = launch_stage(b, count_kernel, grid, kThreads, 0, st, b, ws, samples, plan.compact_words);
+  if (e != cudaSuccess) return e;
+  return launch_stage(b, write_kernel, grid, kThreads, 0, st, b, ws, samples, plan.compact_words);
 }
 
 }  // namespace ssa::cuda

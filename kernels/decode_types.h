@@ -64,6 +64,7 @@ struct DecodeBatch {
   uint64_t seed = 0, step = 0;
   const uint64_t* step_dev = nullptr;  // when set, the step is read from here (graphs)
   uint32_t n_splits = 0;               // attention splits per row; 0 = automatic
+  bool overlap_launches = true;        // programmatic dependent launch between stages (stage_launch.cuh)
   DecodeItem items[kMaxBatchItems];
 };
 

@@ -30,6 +30,7 @@
 #include "cp_async.cuh"
 #include "device_util.cuh"
 #include "head_dim.cuh"
+#include "stage_launch.cuh"
 #include "stages.h"
 
 namespace ssa::cuda {
@@ -123,6 +124,7 @@ __device__ __forceinline__ float exp2_approx(float x) {
 template <int D, typename T, int kHeadTiles>
 __global__ void __launch_bounds__(kTokenGroups * kHeadTiles * 32)
     dense_mma_kernel(DecodeBatch b, Workspace ws, uint32_t n_splits) {
+  stage_begin();
   using S = MmaShape<D>;
   constexpr int kWarps = kTokenGroups * kHeadTiles, kThreads = kWarps * 32;
   constexpr int kP = S::kPitch;
@@ -339,9 +341,8 @@ cudaError_t launch_typed(const DecodeBatch& b, const WorkspacePlan& plan, const 
   auto kernel = dense_mma_kernel<D, T, kHeadTiles>;
   cudaError_t e = ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), smem);
   if (e != cudaSuccess) return e;
-  kernel<<<dim3(plan.n_splits, b.shape.n_kv_heads, b.n_items), kTokenGroups * kHeadTiles * 32, smem, st>>>(
-      b, ws, plan.n_splits);
-  return cudaGetLastError();
+  return launch_stage(b, kernel, dim3(plan.n_splits, b.shape.n_kv_heads, b.n_items),
+                      kTokenGroups * kHeadTiles * 32, smem, st, b, ws, plan.n_splits);
 }
 
 }  // namespace

@@ -23,6 +23,7 @@
 #include "cp_async.cuh"
 #include "device_util.cuh"
 #include "head_dim.cuh"
+#include "stage_launch.cuh"
 #include "stages.h"
 
 namespace ssa::cuda {
@@ -76,6 +77,7 @@ __device__ RowState initial_row(const DecodeBatch& b, const DecodeItem& it) {
 // histograms zeroed (saves a memset launch per decode). With the PQ proxy the
 // lookup-table kernel does this instead (one launch fewer).
 __global__ void init_rows_kernel(DecodeBatch b, RowState* rows, uint32_t* hist) {
+  stage_begin();
   const uint32_t item = blockIdx.x;
   const uint32_t h = threadIdx.x;
   if (hist) {
@@ -89,6 +91,7 @@ __global__ void init_rows_kernel(DecodeBatch b, RowState* rows, uint32_t* hist) 
 // One block per (subspace, q head, item), one thread per centroid.
 template <typename T, int GH>
 __global__ void build_lut_kernel(DecodeBatch b, float* lut, RowState* rows, uint32_t* hist) {
+  stage_begin();
   const uint32_t m = blockIdx.x, h = blockIdx.y, item = blockIdx.z;
   const DecodeItem& it = b.items[item];
   const uint32_t row = row_of(item, h, b.shape.n_q_heads);
@@ -143,6 +146,7 @@ __device__ __forceinline__ void lut_entries(const float* lut_s, uint32_t m, uint
 template <int GH>
 __global__ void __launch_bounds__(kScoreThreads) pq_score_kernel(DecodeBatch b, Workspace ws,
                                                                 uint32_t tile) {
+  stage_begin();
   extern __shared__ float4 smem4[];
   float* lut_s = reinterpret_cast<float*>(smem4);  // [P][K][M][W], see lut_offset
   __shared__ uint32_t smax[GH], smin[GH];
@@ -259,6 +263,7 @@ __global__ void __launch_bounds__(kScoreThreads) pq_score_kernel(DecodeBatch b, 
 // Exact scores for all q heads of one KV head; groups of TPR lanes take tokens.
 template <int D, typename T>
 __global__ void __launch_bounds__(128) exact_score_kernel(DecodeBatch b, Workspace ws) {
+  stage_begin();
   using RS = RowSplit<D>;
   constexpr int kGroups = 128 / RS::kTpr;
   constexpr int kTile = 256;
@@ -339,8 +344,7 @@ cudaError_t launch_pq_score_gh(const DecodeBatch& b, const WorkspacePlan& plan,
   if (e != cudaSuccess) return e;
   const dim3 grid((plan.n_pad_max + plan.score_tile - 1) / plan.score_tile,
                   b.shape.n_kv_heads * (b.shape.group() / GH), b.n_items);
-  pq_score_kernel<GH><<<grid, kScoreThreads, smem, st>>>(b, ws, plan.score_tile);
-  return cudaGetLastError();
+  return launch_stage(b, pq_score_kernel<GH>, grid, kScoreThreads, smem, st, b, ws, plan.score_tile);
 }
 
 }  // namespace
@@ -356,8 +360,8 @@ cudaError_t launch_init_rows(const DecodeBatch& b, const WorkspacePlan& plan, co
   if (b.proxy == Proxy::kPq) return cudaSuccess;  // build_lut_kernel does it
   const bool sparse = b.proxy != Proxy::kNone;
   const uint32_t threads = std::max(256u, (b.shape.n_q_heads + 31) / 32 * 32);
-  init_rows_kernel<<<b.n_items, threads, 0, st>>>(b, ws.rows, sparse ? ws.hist : nullptr);
-  return cudaGetLastError();
+  return launch_stage(b, init_rows_kernel, b.n_items, threads, 0, st, b, ws.rows,
+                      sparse ? ws.hist : nullptr);
 }
 
 cudaError_t launch_pq_scores(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
@@ -370,8 +374,8 @@ cudaError_t launch_pq_scores(const DecodeBatch& b, const WorkspacePlan& plan, co
     constexpr int GH = decltype(gh)::value;
     dispatch_dtype(b.shape.dtype, [&](auto t) {
       using T = decltype(t);
-      build_lut_kernel<T, GH><<<lut_grid, lut_threads, qsmem, st>>>(b, ws.lut, ws.rows, ws.hist);
-      e = cudaGetLastError();
+      e = launch_stage(b, build_lut_kernel<T, GH>, lut_grid, lut_threads, qsmem, st, b, ws.lut, ws.rows,
+                       ws.hist);
     });
     if (e == cudaSuccess) e = launch_pq_score_gh<GH>(b, plan, ws, st);
   };
@@ -396,8 +400,7 @@ cudaError_t launch_exact_scores(const DecodeBatch& b, const WorkspacePlan& plan,
       e = ensure_dynamic_smem(reinterpret_cast<const void*>(exact_score_kernel<D, T>), smem);
       if (e != cudaSuccess) return;
       const dim3 grid((plan.n_pad_max + 255) / 256, b.shape.n_kv_heads, b.n_items);
-      exact_score_kernel<D, T><<<grid, 128, smem, st>>>(b, ws);
-      e = cudaGetLastError();
+      e = launch_stage(b, exact_score_kernel<D, T>, grid, 128, smem, st, b, ws);
     });
   });
   return e;

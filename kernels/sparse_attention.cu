@@ -14,6 +14,7 @@
 //     (dense_attention_mma.cu: f16/bf16, head dims 64-256, groups <= 16) leaves.
 #include "device_util.cuh"
 #include "head_dim.cuh"
+#include "stage_launch.cuh"
 #include "stages.h"
 
 namespace ssa::cuda {
@@ -24,6 +25,7 @@ constexpr int kThreads = 128;
 template <int D, typename T, int GH, bool kSparse>
 __global__ void __launch_bounds__(kThreads) attention_split_kernel(DecodeBatch b, Workspace ws,
                                                                    uint32_t n_splits) {
+  stage_begin();
   using RS = RowSplit<D>;
   constexpr int kEpt = RS::kEpt, kTpr = RS::kTpr, kGroups = kThreads / kTpr;
   constexpr int kUnroll = GH >= 4 ? 2 : 4;
@@ -175,6 +177,7 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(DecodeBatch b
 // its dimensions over the splits (independent, coalesced loads).
 template <typename T>
 __global__ void __launch_bounds__(256) merge_splits_kernel(DecodeBatch b, Workspace ws, uint32_t n_splits) {
+  stage_begin();
   __shared__ float scale[kMaxSplits];
   __shared__ float red[256 / 32];
   const uint32_t item = blockIdx.y, h = blockIdx.x;
@@ -224,8 +227,8 @@ cudaError_t launch_split(const DecodeBatch& b, const WorkspacePlan& plan, const 
   cudaError_t e = ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), smem);
   if (e != cudaSuccess) return e;
   const uint32_t ys = kSparse ? b.shape.n_q_heads : b.shape.n_kv_heads * (b.shape.group() / GH);
-  kernel<<<dim3(plan.n_splits, ys, b.n_items), kThreads, smem, st>>>(b, ws, plan.n_splits);
-  return cudaGetLastError();
+  return launch_stage(b, kernel, dim3(plan.n_splits, ys, b.n_items), kThreads, smem, st, b, ws,
+                      plan.n_splits);
 }
 
 }  // namespace
@@ -262,8 +265,8 @@ cudaError_t launch_attention(const DecodeBatch& b, const WorkspacePlan& plan, co
   if (e != cudaSuccess) return e;
   dispatch_dtype(b.shape.dtype, [&](auto t) {
     using T = decltype(t);
-    merge_splits_kernel<T><<<dim3(b.shape.n_q_heads, b.n_items), 256, 0, st>>>(b, ws, plan.n_splits);
-    e = cudaGetLastError();
+    e = launch_stage(b, merge_splits_kernel<T>, dim3(b.shape.n_q_heads, b.n_items), 256, 0, st, b, ws,
+                     plan.n_splits);
   });
   return e;
 }

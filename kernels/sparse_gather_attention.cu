@@ -26,6 +26,7 @@
 #include "cp_async.cuh"
 #include "device_util.cuh"
 #include "head_dim.cuh"
+#include "stage_launch.cuh"
 #include "stages.h"
 
 namespace ssa::cuda {
@@ -55,6 +56,7 @@ struct GatherShape {
 template <int D, typename T>
 __global__ void __launch_bounds__(kThreads) sparse_gather_kernel(DecodeBatch b, Workspace ws,
                                                                  uint32_t n_splits) {
+  stage_begin();
   using S = GatherShape<D>;
   constexpr int kEpt = S::kEpt, kTpr = S::kTpr, kTile = S::kTile;
   extern __shared__ __align__(16) uint8_t smem_raw[];
@@ -253,8 +255,8 @@ cudaError_t launch_typed(const DecodeBatch& b, const WorkspacePlan& plan, const 
   auto kernel = sparse_gather_kernel<D, T>;
   cudaError_t e = ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), smem);
   if (e != cudaSuccess) return e;
-  kernel<<<dim3(plan.n_splits, b.shape.n_q_heads, b.n_items), kThreads, smem, st>>>(b, ws, plan.n_splits);
-  return cudaGetLastError();
+  return launch_stage(b, kernel, dim3(plan.n_splits, b.shape.n_q_heads, b.n_items), kThreads, smem, st, b,
+                      ws, plan.n_splits);
 }
 
 template <int D>

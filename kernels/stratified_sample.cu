@@ -20,6 +20,7 @@
 #include "common/sampling_hierarchy.h"
 #include "common/water_filling.h"
 #include "device_util.cuh"
+#include "stage_launch.cuh"
 #include "stages.h"
 
 namespace ssa::cuda {
@@ -61,6 +62,7 @@ constexpr int kChunksPerBlock = 8;
 
 __global__ void __launch_bounds__(32 * kChunksPerBlock) hierarchy_kernel(DecodeBatch b, Workspace ws,
                                                                          int mode) {
+  stage_begin();
   __shared__ ChunkTile tile_s[kChunksPerBlock];
   const RowRef r = row_ref(b);
   const DecodeItem& it = *r.it;
@@ -111,6 +113,7 @@ __global__ void __launch_bounds__(32 * kChunksPerBlock) hierarchy_kernel(DecodeB
 
 // Chunk prefix sums for rows too long for the sampler's shared memory (see below).
 __global__ void __launch_bounds__(1024) chunk_prefix_kernel(DecodeBatch b, Workspace ws) {
+  stage_begin();
   const RowRef r = row_ref(b);
   const DecodeItem& it = *r.it;
   if (it.n_select == 0) return;
@@ -140,6 +143,7 @@ constexpr uint32_t kPrefixPerThread = kPrefixSmem / kSampleThreads;
 // kernel), so the binary search per draw reads shared memory; block 0 records the
 // total. Longer rows use the prefixes of chunk_prefix_kernel from global memory.
 __global__ void __launch_bounds__(kSampleThreads) sample_kernel(DecodeBatch b, Workspace ws) {
+  stage_begin();
   __shared__ uint64_t prefix_s[kPrefixSmem];
   __shared__ uint64_t total_s;
   const RowRef r = row_ref(b);
@@ -256,6 +260,7 @@ __global__ void __launch_bounds__(kSampleThreads) sample_kernel(DecodeBatch b, W
 }
 
 __global__ void segments_kernel(DecodeBatch b, Workspace ws) {
+  stage_begin();
   const uint32_t item = blockIdx.x, h = threadIdx.x;
   if (h >= b.shape.n_q_heads) return;
   const DecodeItem& it = b.items[item];
@@ -268,6 +273,7 @@ __global__ void segments_kernel(DecodeBatch b, Workspace ws) {
 
 // Adaptive: score keys of the k' top candidates, for a descending segmented sort.
 __global__ void candidate_keys_kernel(DecodeBatch b, Workspace ws) {
+  stage_begin();
   const RowRef r = row_ref(b);
   const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= ws.rows[r.row].topk_k) return;
@@ -276,6 +282,7 @@ __global__ void candidate_keys_kernel(DecodeBatch b, Workspace ws) {
 }
 
 __global__ void candidate_probs_kernel(DecodeBatch b, Workspace ws) {
+  stage_begin();
   const RowRef r = row_ref(b);
   const RowState& st = ws.rows[r.row];
   const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -286,6 +293,7 @@ __global__ void candidate_probs_kernel(DecodeBatch b, Workspace ws) {
 }
 
 __global__ void water_fill_kernel(DecodeBatch b, Workspace ws) {
+  stage_begin();
   const uint32_t item = blockIdx.x, h = threadIdx.x;
   if (h >= b.shape.n_q_heads) return;
   const DecodeItem& it = b.items[item];
@@ -299,6 +307,7 @@ __global__ void water_fill_kernel(DecodeBatch b, Workspace ws) {
 
 // The top-k' candidates past the first n_heavy (by score) leave the heavy bitmap.
 __global__ void drop_light_kernel(DecodeBatch b, Workspace ws) {
+  stage_begin();
   const RowRef r = row_ref(b);
   const RowState& st = ws.rows[r.row];
   const uint32_t i = st.n_heavy + blockIdx.x * blockDim.x + threadIdx.x;
@@ -311,8 +320,7 @@ cudaError_t hierarchy(const DecodeBatch& b, const WorkspacePlan& plan, const Wor
                       int mode, cudaStream_t st) {
   const uint32_t chunks = plan.n_pad_max / kChunkTokens;
   const dim3 grid((chunks + kChunksPerBlock - 1) / kChunksPerBlock, b.shape.n_q_heads, b.n_items);
-  hierarchy_kernel<<<grid, 32 * kChunksPerBlock, 0, st>>>(b, ws, mode);
-  return cudaGetLastError();
+  return launch_stage(b, hierarchy_kernel, grid, 32 * kChunksPerBlock, 0, st, b, ws, mode);
 }
 
 }  // namespace
@@ -333,19 +341,17 @@ cudaError_t launch_adaptive_heavy(const DecodeBatch& b, const WorkspacePlan& pla
   if ((e = hierarchy(b, plan, ws, 1, st)) != cudaSuccess) return e;
   const dim3 grid((plan.select_cap_max + 255) / 256, b.shape.n_q_heads, b.n_items);
   const uint32_t hb = (b.shape.n_q_heads + 31) / 32 * 32;
-  candidate_keys_kernel<<<grid, 256, 0, st>>>(b, ws);
-  segments_kernel<<<b.n_items, hb, 0, st>>>(b, ws);
-  if ((e = cudaGetLastError()) != cudaSuccess) return e;
+  if ((e = launch_stage(b, candidate_keys_kernel, grid, 256, 0, st, b, ws)) != cudaSuccess) return e;
+  if ((e = launch_stage(b, segments_kernel, b.n_items, hb, 0, st, b, ws)) != cudaSuccess) return e;
   size_t bytes = ws.sort_temp_bytes;
   e = cub::DeviceSegmentedRadixSort::SortPairsDescending(
       ws.sort_temp, bytes, ws.sort_keys, ws.sort_keys2, ws.heavy, ws.sort_vals2,
       static_cast<int>(plan.select_entries), static_cast<int>(plan.rows), ws.seg_begin, ws.seg_end,
       0, 32, st);
   if (e != cudaSuccess) return e;
-  candidate_probs_kernel<<<grid, 256, 0, st>>>(b, ws);
-  water_fill_kernel<<<b.n_items, hb, 0, st>>>(b, ws);
-  drop_light_kernel<<<grid, 256, 0, st>>>(b, ws);
-  return cudaGetLastError();
+  if ((e = launch_stage(b, candidate_probs_kernel, grid, 256, 0, st, b, ws)) != cudaSuccess) return e;
+  if ((e = launch_stage(b, water_fill_kernel, b.n_items, hb, 0, st, b, ws)) != cudaSuccess) return e;
+  return launch_stage(b, drop_light_kernel, grid, 256, 0, st, b, ws);
 }
 
 cudaError_t launch_sampling(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
@@ -354,12 +360,13 @@ cudaError_t launch_sampling(const DecodeBatch& b, const WorkspacePlan& plan, con
   if (b.sampling == Sampling::kNone) return cudaSuccess;
   // The fixed heavy rule's sums come from the top-k filter.
   if (b.heavy == HeavyRule::kAdaptive && (e = hierarchy(b, plan, ws, 0, st)) != cudaSuccess) return e;
-  if (plan.n_pad_max / kChunkTokens > kPrefixSmem)
-    chunk_prefix_kernel<<<dim3(1, b.shape.n_q_heads, b.n_items), 1024, 0, st>>>(b, ws);
+  if (plan.n_pad_max / kChunkTokens > kPrefixSmem &&
+      (e = launch_stage(b, chunk_prefix_kernel, dim3(1, b.shape.n_q_heads, b.n_items), 1024, 0, st, b, ws)) !=
+          cudaSuccess)
+    return e;
   const dim3 grid((plan.select_cap_max + kSampleThreads - 1) / kSampleThreads, b.shape.n_q_heads,
                   b.n_items);
-  sample_kernel<<<grid, kSampleThreads, 0, st>>>(b, ws);
-  return cudaGetLastError();
+  return launch_stage(b, sample_kernel, grid, kSampleThreads, 0, st, b, ws);
 }
 
 }  // namespace ssa::cuda

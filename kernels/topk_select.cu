@@ -19,6 +19,7 @@
 #include <cub/block/block_scan.cuh>
 
 #include "device_util.cuh"
+#include "stage_launch.cuh"
 #include "stages.h"
 
 namespace ssa::cuda {
@@ -48,6 +49,7 @@ __device__ Row row_here(const DecodeBatch& b, const Workspace& ws) {
 // The last block of each row to finish its histogram also resolves the boundary
 // bin (no separate launch): bin 0 holds the scores nearest the maximum.
 __global__ void __launch_bounds__(kThreads) hist_kernel(DecodeBatch b, Workspace ws) {
+  stage_begin();
   const Row r = row_here(b, ws);
   if (!r.sparse()) return;
   RowState& st = ws.rows[r.row];
@@ -121,6 +123,7 @@ __global__ void __launch_bounds__(kThreads) hist_kernel(DecodeBatch b, Workspace
 // for the sampler, in the layout stratified_sample.cu reads). Boundary-bin
 // candidates are counted as residual here; refine subtracts those it selects.
 __global__ void __launch_bounds__(kThreads) filter_kernel(DecodeBatch b, Workspace ws) {
+  stage_begin();
   constexpr uint32_t kWarps = kThreads / 32;
   __shared__ ChunkTile tile_s[kWarps];
   const Row r = row_here(b, ws);
@@ -245,6 +248,7 @@ __device__ uint32_t block_select(uint32_t n, uint32_t need, KeyFn key, uint32_t*
 constexpr uint32_t kStaged = 4096;
 
 __global__ void __launch_bounds__(kRefineThreads) refine_kernel(DecodeBatch b, Workspace ws) {
+  stage_begin();
   __shared__ uint32_t key_s[kStaged], j_s[kStaged];
   const Row r = row_here(b, ws);
   if (!r.sparse()) return;
@@ -321,10 +325,10 @@ cudaError_t launch_topk(const DecodeBatch& b, const WorkspacePlan& plan, const W
   const dim3 scan_grid(plan.scan_blocks, b.shape.n_q_heads, b.n_items);
   const dim3 row_grid(1, b.shape.n_q_heads, b.n_items);
   // The histograms were zeroed by build_lut_kernel (PQ proxy) or init_rows_kernel.
-  hist_kernel<<<scan_grid, kThreads, 0, st>>>(b, ws);
-  filter_kernel<<<scan_grid, kThreads, 0, st>>>(b, ws);
-  refine_kernel<<<row_grid, kRefineThreads, 0, st>>>(b, ws);
-  return cudaGetLastError();
+  cudaError_t e = launch_stage(b, hist_kernel, scan_grid, kThreads, 0, st, b, ws);
+  if (e == cudaSuccess) e = launch_stage(b, filter_kernel, scan_grid, kThreads, 0, st, b, ws);
+  if (e == cudaSuccess) e = launch_stage(b, refine_kernel, row_grid, kRefineThreads, 0, st, b, ws);
+  return e;
 }
 
 }  // namespace ssa::cuda
