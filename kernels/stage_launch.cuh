@@ -1,12 +1,16 @@
 // Launches of the decode stages with programmatic dependent launch (sm_90).
 // A decode is a chain of short kernels, each reading what the previous one
-// wrote. Launched plainly, each waits for the previous grid to drain before its
-// own blocks are even scheduled, which at 128K tokens costs about as much as a
-// small kernel runs. With the launch attribute, the next stage's blocks may be
-// scheduled while the previous stage's last blocks still run; every stage kernel
-// begins with stage_begin(), which waits until the previous grid has completed
-// and its writes are visible, and only then lets its own dependents launch. So
-// the stages still run strictly one after another, only their launches overlap.
+// wrote. Launched plainly, a stage's grid is set up only after the previous grid
+// has drained and flushed, a gap of a few microseconds per stage: about a tenth
+// of a 128K-token decode. With the launch attribute, the next grid is set up
+// while the previous one runs and starts once the previous grid's blocks have
+// all exited; every stage kernel begins with stage_begin(), which waits until
+// the previous grid has completed and its writes are visible. So the stages
+// still run strictly one after another; only the launch work overlaps.
+// No stage signals its dependents early (griddepcontrol.launch_dependents): that
+// lets the next grid's waiting blocks take room on the multiprocessors while the
+// previous grid still runs, and measured 2-3% slower at batch 16
+// (bench/RESULTS.md).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -22,9 +26,6 @@ namespace ssa::cuda {
 __device__ __forceinline__ void stage_begin() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
-  // All blocks of this grid being resident is what lets the next stage launch,
-  // so its waiting blocks never take room this grid still needs.
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
 
