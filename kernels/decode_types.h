@@ -80,7 +80,6 @@ struct RowState {
   uint32_t cut_need;   //   cut_need of those in bin cut_bin (found among n_cut of them)
   uint32_t n_cut;
   uint32_t hist_blocks_done;  // top-k histogram blocks finished (the last one resolves)
-  float bin_top, bin_inv_w;   // top-k histogram bins (ScoreBins, device_util.cuh)
   double w_total;      // sum over the residual R of the fixed-point weights (cand_weight, device_util.cuh)
   double w_heavy;      // sum over H of exp(s~ - max) (statistics only, sampling methods)
   double w_all;        // adaptive: sum over C of exp(s~ - max)
@@ -92,7 +91,6 @@ struct RowState {
 // word per 32-candidate sampling block, laid out like bsum.
 struct Workspace {
   float* lut = nullptr;            // proxy lookup tables, M*K per row (pq_score.cu: lut_offset)
-  float* lut_bounds = nullptr;     // per row and subspace: largest, then smallest table entry
   float* scores = nullptr;         // per-row proxy scores, -inf where masked
   uint32_t* cut = nullptr;         // per-row candidates of the top-k boundary bin (scores layout)
   uint64_t* bsum = nullptr;        // per 32-token block residual weight (fixed point)
@@ -119,7 +117,7 @@ struct Workspace {
 
 struct WorkspacePlan {
   size_t total_bytes = 0;
-  size_t off_lut = 0, off_lut_bounds = 0, off_scores = 0, off_cut = 0, off_bsum = 0, off_csum = 0, off_cprefix = 0;
+  size_t off_lut = 0, off_scores = 0, off_cut = 0, off_bsum = 0, off_csum = 0, off_cprefix = 0;
   size_t off_heavy_bits = 0, off_sample_bits = 0, off_hist = 0, off_compact_counts = 0, off_heavy = 0;
   size_t off_uniq_sorted = 0, off_log_pi = 0;
   size_t off_sort_keys = 0, off_sort_keys2 = 0, off_sort_vals2 = 0;

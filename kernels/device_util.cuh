@@ -186,31 +186,23 @@ __device__ __forceinline__ bool filter_sums_residual(const DecodeBatch& b) {
   return b.sampling != Sampling::kNone && b.heavy == HeavyRule::kFixed;
 }
 
-// Top-k histogram bin of a candidate score: its distance below `top` in
-// kScoreBins equal steps over at most 32 logits (lower scores, and NaN, share the
-// last bin; scores above top, from rounding, the first). Non-increasing in the
-// score, so every candidate of a lower bin has a strictly larger score than every
-// candidate of a higher one; only the boundary bin needs exact comparisons.
-// top and the step are fixed per row before the histogram is counted (RowState::
-// bin_top, bin_inv_w), so every kernel agrees on each candidate's bin:
-//  - PQ proxy: from the lookup tables, [sum of the smallest entries, sum of the
-//    largest] bounds every score, so the scoring kernel can count the histogram
-//    as it writes the scores (no pass over them);
-//  - exact proxy: the scores' own [min, max].
+// Top-k histogram bin of a candidate score: its distance below the row maximum
+// in kScoreBins equal steps over [min, max] (at most 32 logits; lower scores share
+// the last bin). Non-increasing in the score, so every candidate of a lower bin
+// has a strictly larger score than every candidate of a higher one; only the
+// boundary bin needs exact comparisons. Every kernel builds it from the same
+// RowState fields, so they all agree on each candidate's bin.
 struct ScoreBins {
-  float top, inv_w;
-  ScoreBins() = default;
-  __device__ explicit ScoreBins(const RowState& st) : top(st.bin_top), inv_w(st.bin_inv_w) {}
-  // Bins for scores in [lo, hi].
-  __device__ ScoreBins(float hi, float lo) : top(hi) {
-    float span = hi - lo;
+  float mx, inv_w;
+  __device__ explicit ScoreBins(const RowState& st) {
+    mx = key_float(st.max_key);
+    float span = mx - key_float(st.min_key);
     if (!(span <= 32.f)) span = 32.f;  // also NaN or infinite
     inv_w = span > 0.f ? static_cast<float>(kScoreBins) / span : 0.f;
   }
   __device__ uint32_t bin(float s) const {
-    const float f = (top - s) * inv_w;
-    if (!(f < static_cast<float>(kScoreBins - 1))) return kScoreBins - 1;
-    return f > 0.f ? static_cast<uint32_t>(f) : 0u;
+    const float f = (mx - s) * inv_w;
+    return f < static_cast<float>(kScoreBins - 1) ? static_cast<uint32_t>(f) : kScoreBins - 1;
   }
 };
 

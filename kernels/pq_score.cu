@@ -5,10 +5,7 @@
 //          group (up to 8 heads per pass, their tables in shared memory).
 //   exact: s_i = q . k_i / sqrt(d) (oracle top-k), reading every key.
 // Both also record each row's largest and smallest candidate scores
-// (order-preserving bits). The PQ kernel also counts each row's top-k histogram
-// as it scores (bins from the lookup tables' bounds, ScoreBins in device_util.cuh),
-// and its last block per GQA pass resolves the top-k boundary: top-k then starts
-// at its filter, with no pass of its own over the scores.
+// (order-preserving bits): top-k bins the scores by their distance to the maximum.
 //
 // Why the PQ tables are laid out [c][m] and each lane walks the subspaces in its
 // own rotated order: table reads are gathers at random codes, and with the entries
@@ -28,7 +25,6 @@
 #include "head_dim.cuh"
 #include "stage_launch.cuh"
 #include "stages.h"
-#include "topk_boundary.cuh"
 
 namespace ssa::cuda {
 namespace {
@@ -60,10 +56,8 @@ __host__ __device__ __forceinline__ uint32_t lut_offset(uint32_t g, uint32_t m, 
 
 size_t score_smem_bytes(int gh, const DecodeShape& s) {
   // tables + two passes of code words (the next pass is copied during this one)
-  // + the heads' top-k histograms
   return (size_t{static_cast<uint32_t>(gh)} * s.pq_centroids + 2 * kScoreThreads) *
-             s.pq_subspaces * sizeof(float) +
-         size_t{static_cast<uint32_t>(gh)} * kScoreBins * sizeof(uint32_t);
+         s.pq_subspaces * sizeof(float);
 }
 
 // The state of row (item, h) before a sparse decode; its top-k histogram is zeroed
@@ -94,12 +88,9 @@ __global__ void init_rows_kernel(DecodeBatch b, RowState* rows, uint32_t* hist) 
   rows[row_of(item, h, b.shape.n_q_heads)] = initial_row(b, b.items[item]);
 }
 
-// One block per (subspace, q head, item), one thread per centroid. Also records
-// the subspace's largest and smallest entry: summed over the subspaces they bound
-// every score of the row (the top-k histogram's range).
+// One block per (subspace, q head, item), one thread per centroid.
 template <typename T, int GH>
-__global__ void build_lut_kernel(DecodeBatch b, float* lut, float* bounds, RowState* rows,
-                                 uint32_t* hist) {
+__global__ void build_lut_kernel(DecodeBatch b, float* lut, RowState* rows, uint32_t* hist) {
   stage_begin();
   const uint32_t m = blockIdx.x, h = blockIdx.y, item = blockIdx.z;
   const DecodeItem& it = b.items[item];
@@ -124,27 +115,11 @@ __global__ void build_lut_kernel(DecodeBatch b, float* lut, float* bounds, RowSt
   const uint32_t g = h % GH;
   float* out = lut + size_t{row_of(item, h - g, b.shape.n_q_heads)} * M * K;
   const float* cb = it.codebooks + (size_t{kvh} * M + m) * K * sub;
-  uint32_t hi = 0u, lo = 0xffffffffu;  // order-preserving keys (float_key)
   for (uint32_t c = threadIdx.x; c < K; c += blockDim.x) {
     const float* cc = cb + size_t{c} * sub;
     float acc = 0.f;
     for (uint32_t j = 0; j < sub; ++j) acc = __fadd_rn(acc, __fmul_rn(qs[j], cc[j]));
     out[lut_offset<GH>(g, m, c, M, K)] = acc;
-    hi = max(hi, float_key(acc));
-    lo = min(lo, float_key(acc));
-  }
-  __shared__ uint32_t hi_s, lo_s;
-  if (threadIdx.x == 0) {
-    hi_s = 0u;
-    lo_s = 0xffffffffu;
-  }
-  __syncthreads();
-  atomicMax(&hi_s, hi);  // at most 256 threads, any block size
-  atomicMin(&lo_s, lo);
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    bounds[(size_t{row} * M + m) * 2] = key_float(hi_s);
-    bounds[(size_t{row} * M + m) * 2 + 1] = key_float(lo_s);
   }
 }
 
@@ -183,8 +158,6 @@ __global__ void __launch_bounds__(kScoreThreads) pq_score_kernel(DecodeBatch b, 
   // Each thread's code words of its current 4 tokens, one row per subspace: the
   // rotated walk below indexes them by a lane-dependent m.
   uint32_t* codes_s = reinterpret_cast<uint32_t*>(lut_s + size_t{GH} * M * K) + threadIdx.x;  // [2][M][threads]
-  uint32_t* hist_s = reinterpret_cast<uint32_t*>(lut_s + size_t{GH} * M * K + 2 * M * kScoreThreads);  // [GH][bins]
-  __shared__ ScoreBins bins_s[GH];
   const uint32_t G = b.shape.group();
   const uint32_t chunks = G / GH;
   const uint32_t kvh = blockIdx.y / chunks;
@@ -198,28 +171,11 @@ __global__ void __launch_bounds__(kScoreThreads) pq_score_kernel(DecodeBatch b, 
   } else {
     for (uint32_t i = threadIdx.x; i < n_lut; i += kScoreThreads) lut_s[i] = lut[i];
   }
-  for (uint32_t i = threadIdx.x; i < GH * kScoreBins; i += kScoreThreads) hist_s[i] = 0u;
   if (threadIdx.x < GH) {
     smax[threadIdx.x] = 0u;
     smin[threadIdx.x] = 0xffffffffu;
-    // The row's histogram range, summed in subspace order (the same in every block).
-    const float2* bd = reinterpret_cast<const float2*>(ws.lut_bounds) + size_t{row0 + threadIdx.x} * M;
-    float hi = 0.f, lo = 0.f;
-    for (uint32_t m = 0; m < M; ++m) {
-      const float2 v = bd[m];
-      hi += v.x;
-      lo += v.y;
-    }
-    bins_s[threadIdx.x] = ScoreBins(hi, lo);
-    if (blockIdx.x == 0) {  // for the top-k filter
-      ws.rows[row0 + threadIdx.x].bin_top = bins_s[threadIdx.x].top;
-      ws.rows[row0 + threadIdx.x].bin_inv_w = bins_s[threadIdx.x].inv_w;
-    }
   }
   __syncthreads();
-  ScoreBins bins[GH];
-#pragma unroll
-  for (int g = 0; g < GH; ++g) bins[g] = bins_s[g];
 
   uint32_t local_max[GH], local_min[GH];
 #pragma unroll
@@ -281,7 +237,6 @@ __global__ void __launch_bounds__(kScoreThreads) pq_score_kernel(DecodeBatch b, 
         if (cand) {
           local_max[g] = max(local_max[g], float_key(s[j]));
           local_min[g] = min(local_min[g], float_key(s[j]));
-          atomicAdd(&hist_s[g * kScoreBins + bins[g].bin(s[j])], 1u);
         }
       }
       float* out = ws.scores + it.score_base + static_cast<size_t>(h0 + g) * it.n_pad + t0;
@@ -302,21 +257,6 @@ __global__ void __launch_bounds__(kScoreThreads) pq_score_kernel(DecodeBatch b, 
   if (threadIdx.x < GH && smax[threadIdx.x] != 0u) {
     atomicMax(&ws.rows[row0 + threadIdx.x].max_key, smax[threadIdx.x]);
     atomicMin(&ws.rows[row0 + threadIdx.x].min_key, smin[threadIdx.x]);
-  }
-  uint32_t* hist = ws.hist + size_t{row0} * kScoreBins;  // the GH rows' histograms, side by side
-  for (uint32_t i = threadIdx.x; i < GH * kScoreBins; i += kScoreThreads) {
-    if (hist_s[i]) atomicAdd(&hist[i], hist_s[i]);
-  }
-  // The last of the pass's blocks over this item resolves the GH rows' boundaries.
-  const uint32_t n_blocks = (it.n_tokens + tile - 1) / tile;
-  if (!last_block_to_finish(&ws.rows[row0].hist_blocks_done, n_blocks)) return;
-  // The code-word buffers are free now (every copy was waited for above).
-  using Tmp = typename BoundaryScan<kScoreThreads>::TempStorage;
-  static_assert(sizeof(Tmp) <= 2 * kScoreThreads * sizeof(uint32_t), "fits the code buffers of one subspace");
-  Tmp& tmp = *reinterpret_cast<Tmp*>(lut_s + size_t{GH} * M * K);
-  for (int g = 0; g < GH; ++g) {
-    RowState& st = ws.rows[row0 + g];
-    if (__ldcg(&st.topk_k) > 0) resolve_topk_boundary<kScoreThreads>(b, st, hist + g * kScoreBins, tmp);
   }
 }
 
@@ -434,8 +374,8 @@ cudaError_t launch_pq_scores(const DecodeBatch& b, const WorkspacePlan& plan, co
     constexpr int GH = decltype(gh)::value;
     dispatch_dtype(b.shape.dtype, [&](auto t) {
       using T = decltype(t);
-      e = launch_stage(b, build_lut_kernel<T, GH>, lut_grid, lut_threads, qsmem, st, b, ws.lut,
-                       ws.lut_bounds, ws.rows, ws.hist);
+      e = launch_stage(b, build_lut_kernel<T, GH>, lut_grid, lut_threads, qsmem, st, b, ws.lut, ws.rows,
+                       ws.hist);
     });
     if (e == cudaSuccess) e = launch_pq_score_gh<GH>(b, plan, ws, st);
   };

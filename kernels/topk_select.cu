@@ -21,13 +21,13 @@
 #include "device_util.cuh"
 #include "stage_launch.cuh"
 #include "stages.h"
-#include "topk_boundary.cuh"
 
 namespace ssa::cuda {
 namespace {
 
 constexpr int kThreads = 256;
 constexpr int kRefineThreads = 1024;
+static_assert(kScoreBins % kThreads == 0, "resolve: whole bins per thread");
 
 struct Row {
   const DecodeItem* it;
@@ -53,15 +53,13 @@ __global__ void __launch_bounds__(kThreads) hist_kernel(DecodeBatch b, Workspace
   const Row r = row_here(b, ws);
   if (!r.sparse()) return;
   RowState& st = ws.rows[r.row];
-  if (st.topk_k == 0) return;
+  const uint32_t k = st.topk_k;
+  if (k == 0) return;
   __shared__ uint32_t hist_s[kScoreBins];
+  __shared__ bool last_s;
   for (uint32_t i = threadIdx.x; i < kScoreBins; i += kThreads) hist_s[i] = 0;
   __syncthreads();
-  const ScoreBins bins(key_float(st.max_key), key_float(st.min_key));
-  if (blockIdx.x == 0 && threadIdx.x == 0) {  // for the filter (every block computes the same)
-    st.bin_top = bins.top;
-    st.bin_inv_w = bins.inv_w;
-  }
+  const ScoreBins bins(st);
   const uint32_t per = (r.nc + gridDim.x - 1) / gridDim.x;
   const uint32_t begin = min(r.nc, blockIdx.x * per), end = min(r.nc, begin + per);
   // Four loads in flight per thread before their four shared-memory updates.
@@ -82,8 +80,41 @@ __global__ void __launch_bounds__(kThreads) hist_kernel(DecodeBatch b, Workspace
   for (uint32_t i = threadIdx.x; i < kScoreBins; i += kThreads) {
     if (hist_s[i]) atomicAdd(&hist[i], hist_s[i]);
   }
-  __shared__ typename BoundaryScan<kThreads>::TempStorage tmp;
-  if (last_block_to_finish(&st.hist_blocks_done, gridDim.x)) resolve_topk_boundary<kThreads>(b, st, hist, tmp);
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last_s = atomicAdd(&st.hist_blocks_done, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!last_s) return;
+  __threadfence();
+  // Resolve: kBinsPerThread consecutive bins per thread, one block scan.
+  constexpr uint32_t kBinsPerThread = kScoreBins / kThreads;
+  using Scan = cub::BlockScan<uint32_t, kThreads>;
+  __shared__ typename Scan::TempStorage tmp;
+  uint32_t c[kBinsPerThread], mine = 0;
+#pragma unroll
+  for (uint32_t i = 0; i < kBinsPerThread; ++i) {
+    c[i] = __ldcg(&hist[threadIdx.x * kBinsPerThread + i]);  // other blocks' atomics: from L2
+    mine += c[i];
+  }
+  uint32_t run, total;
+  Scan(tmp).ExclusiveSum(mine, run, total);
+  if (total <= k) {  // every candidate is selected
+    if (threadIdx.x == 0) {
+      st.topk_k = total;
+      if (b.heavy == HeavyRule::kFixed) st.n_heavy = total;
+      st.cut_bin = kScoreBins;
+      st.cut_need = 0;
+    }
+    return;
+  }
+#pragma unroll
+  for (uint32_t i = 0; i < kBinsPerThread; ++i) {
+    if (run < k && k <= run + c[i]) {
+      st.cut_bin = threadIdx.x * kBinsPerThread + i;
+      st.cut_need = k - run;
+    }
+    run += c[i];
+  }
 }
 
 // One warp per 1024-candidate chunk: the chunk's scores go through shared memory
@@ -102,7 +133,6 @@ __global__ void __launch_bounds__(kThreads) filter_kernel(DecodeBatch b, Workspa
   const bool collect = k > 0 && st.cut_need > 0;
   const bool sums = filter_sums_residual(b), uniform = b.sampling == Sampling::kUniform;
   const ScoreBins bins(st);
-  const float mx = key_float(st.max_key);
   const size_t bbase = row_block_base(*r.it, r.h), cbase = row_chunk_base(*r.it, r.h);
   uint32_t* cut = ws.cut + row_token_base(*r.it, r.h);
   const uint32_t chunks = (r.nc + kChunkTokens - 1) / kChunkTokens;
@@ -126,7 +156,7 @@ __global__ void __launch_bounds__(kThreads) filter_kernel(DecodeBatch b, Workspa
       sel |= uint32_t{heavy} << i;
       in_cut |= uint32_t{collect && bin == cut_bin} << i;
       if (sums) {
-        const CandWeight w = cand_weight(v, mx, uniform);
+        const CandWeight w = cand_weight(v, bins.mx, uniform);
         if (heavy) {
           heavy_mass += w.e;
         } else {
@@ -294,11 +324,8 @@ cudaError_t launch_topk(const DecodeBatch& b, const WorkspacePlan& plan, const W
                         cudaStream_t st) {
   const dim3 scan_grid(plan.scan_blocks, b.shape.n_q_heads, b.n_items);
   const dim3 row_grid(1, b.shape.n_q_heads, b.n_items);
-  // With the PQ proxy the scoring kernel has counted the histograms and resolved
-  // the boundaries; the exact proxy's come from hist_kernel (the histograms were
-  // zeroed by init_rows_kernel).
-  cudaError_t e = cudaSuccess;
-  if (b.proxy != Proxy::kPq) e = launch_stage(b, hist_kernel, scan_grid, kThreads, 0, st, b, ws);
+  // The histograms were zeroed by build_lut_kernel (PQ proxy) or init_rows_kernel.
+  cudaError_t e = launch_stage(b, hist_kernel, scan_grid, kThreads, 0, st, b, ws);
   if (e == cudaSuccess) e = launch_stage(b, filter_kernel, scan_grid, kThreads, 0, st, b, ws);
   if (e == cudaSuccess) e = launch_stage(b, refine_kernel, row_grid, kRefineThreads, 0, st, b, ws);
   return e;
