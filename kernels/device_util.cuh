@@ -83,9 +83,12 @@ __device__ __forceinline__ uint64_t warp_sum(uint64_t v) {
 // so the sums of fewer than 2^26 candidates (kMaxSampledCandidates) stay below
 // 2^64; weights under 2^-39 of the maximum (27 logits below it) round to 0 and
 // are never drawn.
-constexpr double kWeightOne = 274877906944.0;  // 2^38
+constexpr float kWeightOne = 274877906944.0f;  // 2^38
 // A candidate's proposal weight e = exp(s~ - max), as the CPU computes it, and its
 // fixed-point sampling weight (e, or 1 when sampling uniformly); 0 for a masked score.
+// e * 2^38 is exact in float (a power-of-two scale of e <= 1), so rounding it from
+// float gives the same integer as from double, without the two double conversions
+// (a slow pipe, paid for every candidate by the filter and 32 times per draw).
 struct CandWeight {
   float e;
   uint64_t fixed;
@@ -93,8 +96,7 @@ struct CandWeight {
 __device__ __forceinline__ CandWeight cand_weight(float s, float mx, bool uniform) {
   if (s == -INFINITY) return {0.f, 0};
   const float e = expf(s - mx);
-  return {e, uniform ? static_cast<uint64_t>(kWeightOne)
-                     : __double2ull_rn(static_cast<double>(e) * kWeightOne)};
+  return {e, uniform ? static_cast<uint64_t>(kWeightOne) : __float2ull_rn(e * kWeightOne)};
 }
 
 // Token of read-set position p of a row: sink tokens, local tokens, heavy list,

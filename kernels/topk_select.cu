@@ -148,6 +148,7 @@ __global__ void __launch_bounds__(kThreads) filter_kernel(DecodeBatch b, Workspa
     const uint32_t n_mine = lane * kBlockTokens < n_here ? min(kBlockTokens, n_here - lane * kBlockTokens) : 0u;
     uint32_t sel = 0, in_cut = 0;
     uint64_t resid = 0;
+    float heavy_blk = 0.f, resid_blk = 0.f;  // statistics: float within a block, double across
 #pragma unroll 8
     for (uint32_t i = 0; i < kBlockTokens; ++i) {
       const float v = tile[lane][i];
@@ -158,13 +159,15 @@ __global__ void __launch_bounds__(kThreads) filter_kernel(DecodeBatch b, Workspa
       if (sums) {
         const CandWeight w = cand_weight(v, bins.mx, uniform);
         if (heavy) {
-          heavy_mass += w.e;
+          heavy_blk += w.e;
         } else {
           resid += w.fixed;
-          resid_mass += w.e;
+          resid_blk += w.e;
         }
       }
     }
+    heavy_mass += heavy_blk;
+    resid_mass += resid_blk;
     const uint32_t blk = c * kBlocksPerChunk + lane;
     ws.heavy_bits[bbase + blk] = sel;
     if (sums) {
