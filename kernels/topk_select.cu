@@ -62,28 +62,17 @@ __global__ void __launch_bounds__(kThreads) hist_kernel(DecodeBatch b, Workspace
   const ScoreBins bins(st);
   const uint32_t per = (r.nc + gridDim.x - 1) / gridDim.x;
   const uint32_t begin = min(r.nc, blockIdx.x * per), end = min(r.nc, begin + per);
-  // This block's candidates as tokens [tb, te), read in aligned groups of four
-  // (row starts are 16-byte aligned; a group that straddles tb or te counts only
-  // its own tokens). Four 16-byte loads in flight per thread: with 4-byte loads the
-  // pass waited on memory at half the DRAM bandwidth.
-  const float4* row4 = reinterpret_cast<const float4*>(r.cand_scores - r.it->sink_end);
-  const uint32_t tb = r.it->sink_end + begin, te = r.it->sink_end + end;
-  const uint32_t q_end = (te + 3) / 4;
-  for (uint32_t q0 = tb / 4 + threadIdx.x; q0 < q_end; q0 += 4 * kThreads) {
-    float4 v[4];
+  // Four loads in flight per thread before their four shared-memory updates.
+  for (uint32_t j0 = begin + threadIdx.x; j0 < end; j0 += 4 * kThreads) {
+    float v[4];
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
-      const uint32_t q = q0 + u * kThreads;
-      v[u] = q < q_end ? row4[q] : make_float4(0.f, 0.f, 0.f, 0.f);
+      const uint32_t j = j0 + u * kThreads;
+      v[u] = j < end ? r.cand_scores[j] : 0.f;
     }
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
-      const uint32_t t = 4 * (q0 + u * kThreads);
-      const float e[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        if (t + i >= tb && t + i < te) atomicAdd(&hist_s[bins.bin(e[i])], 1u);
-      }
+      if (j0 + u * kThreads < end) atomicAdd(&hist_s[bins.bin(v[u])], 1u);
     }
   }
   __syncthreads();
