@@ -781,6 +781,18 @@ void run_case(const Case& c, const std::vector<uint32_t>& sparsities, int sms, i
 // ---- arguments ------------------------------------------------------------------
 
 // Comma-separated unsigned integers, each with an optional K (x1024) or M (x1048576).
+// A comma-separated list of names ("a,b"; an empty name stays in the list).
+std::vector<std::string> split_names(const char* s) {
+  std::vector<std::string> out;
+  const std::string list = s;
+  for (size_t p = 0; p <= list.size();) {
+    const size_t q = std::min(list.find(',', p), list.size());
+    out.push_back(list.substr(p, q - p));
+    p = q + 1;
+  }
+  return out;
+}
+
 bool parse_list(const char* s, std::vector<uint32_t>* out) {
   out->clear();
   while (*s) {
@@ -836,10 +848,8 @@ int main(int argc, char** argv) {
       n_seeds = atoi(v);
       ok = n_seeds >= 1 && n_seeds <= 9;
     } else if (a == "--methods" && ok) {
-      g_methods.clear();
-      for (const char* p = v; *p;) {
-        const char* e = strchr(p, ',');
-        const std::string m(p, e ? e - p : strlen(p));
+      g_methods = split_names(v);
+      for (const std::string& m : g_methods) {
         ok = ok && (m == "dense" || m == "pq_topk" || m == "ssa" || m == "flashinfer");
 #ifndef SSA_WITH_FLASHINFER
         if (m == "flashinfer") {
@@ -847,8 +857,6 @@ int main(int argc, char** argv) {
           return 2;
         }
 #endif
-        g_methods.push_back(m);
-        p = e ? e + 1 : p + m.size();
       }
     } else if (a == "--sparse-splits" && ok) {
       g_sparse_splits = static_cast<uint32_t>(atoi(v));
@@ -860,17 +868,12 @@ int main(int argc, char** argv) {
       ok = g_budget_s > 0;
     } else if (a == "--configs" && ok) {
       shapes.clear();
-      std::string list = v;
-      size_t p = 0;
-      while (ok && p <= list.size()) {
-        const size_t q = std::min(list.find(',', p), list.size());
-        const std::string name = list.substr(p, q - p);
+      for (const std::string& name : split_names(v)) {
         const ModelShape* found = nullptr;
         for (const ModelShape& ms : kShapes)
           if (name == ms.name) found = &ms;
-        ok = found != nullptr;
+        ok = ok && found != nullptr;
         if (found) shapes.push_back(found);
-        p = q + 1;
       }
     } else {
       ok = false;

@@ -184,7 +184,7 @@ __device__ __forceinline__ void load_chunk_tile(ChunkTile& tile, const float* ch
 // Whether the top-k filter also sums the residual weights per block and chunk:
 // with the fixed heavy rule the heavy set is final after top-k. The adaptive rule
 // drops some top-k candidates later, and its sums come from a separate pass.
-__device__ __forceinline__ bool filter_sums_residual(const DecodeBatch& b) {
+__host__ __device__ __forceinline__ bool filter_sums_residual(const DecodeBatch& b) {
   return b.sampling != Sampling::kNone && b.heavy == HeavyRule::kFixed;
 }
 

@@ -358,8 +358,8 @@ cudaError_t launch_sampling(const DecodeBatch& b, const WorkspacePlan& plan, con
                             cudaStream_t st) {
   cudaError_t e;
   if (b.sampling == Sampling::kNone) return cudaSuccess;
-  // The fixed heavy rule's sums come from the top-k filter.
-  if (b.heavy == HeavyRule::kAdaptive && (e = hierarchy(b, plan, ws, 0, st)) != cudaSuccess) return e;
+  // Otherwise the sums came from the top-k filter.
+  if (!filter_sums_residual(b) && (e = hierarchy(b, plan, ws, 0, st)) != cudaSuccess) return e;
   if (plan.n_pad_max / kChunkTokens > kPrefixSmem &&
       (e = launch_stage(b, chunk_prefix_kernel, dim3(1, b.shape.n_q_heads, b.n_items), 1024, 0, st, b, ws)) !=
           cudaSuccess)
