@@ -105,21 +105,16 @@ __global__ void __launch_bounds__(kThreads) write_kernel(DecodeBatch b, Workspac
   __syncthreads();
   uint32_t a, e;
   thread_words(p, words_per_block, &a, &e);
-  uint64_t off;
-  Scan(tmp.scan).ExclusiveSum(bit_counts(p, a, e, samples), off);
+  uint64_t off, block_total;
+  Scan(tmp.scan).ExclusiveSum(bit_counts(p, a, e, samples), off, block_total);
   off += before_s;
   const DecodeItem& it = *p.it;
   const size_t sel = it.select_base + size_t{p.h} * it.select_cap;
   uint32_t* heavy = ws.heavy + sel;
   uint32_t* sampled = ws.uniq_sorted + sel;
-  float* log_pi = ws.log_pi + sel;
-  const float* s = ws.scores + row_token_base(it, p.h) + it.sink_end;
-  const float mx = key_float(p.st->max_key);
-  const bool uniform = b.sampling == Sampling::kUniform;
-  const double m = static_cast<double>(p.st->n_draws), w_total = p.st->w_total;
   uint32_t oh = static_cast<uint32_t>(off >> 32), os = static_cast<uint32_t>(off);
-  // Four words (128 candidates) at a time, all loads issued before they are used:
-  // the words, then the scores of up to 8 samples at once.
+  // Token indices first, four words (128 candidates) at a time, the words' loads
+  // issued before they are used.
   for (uint32_t c = a; c < e; c += 4) {
     uint32_t hw[4], sw[4];
 #pragma unroll
@@ -130,44 +125,31 @@ __global__ void __launch_bounds__(kThreads) write_kernel(DecodeBatch b, Workspac
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
       sw[u] &= ~hw[u];
-      while (hw[u]) {
-        const uint32_t j = (c + u) * 32 + __ffs(hw[u]) - 1;
-        hw[u] &= hw[u] - 1;
-        if (oh < it.select_cap) heavy[oh] = it.sink_end + j;
-        ++oh;
+      for (; hw[u]; hw[u] &= hw[u] - 1, ++oh) {
+        if (oh < it.select_cap) heavy[oh] = it.sink_end + (c + u) * 32 + __ffs(hw[u]) - 1;
+      }
+      for (; sw[u]; sw[u] &= sw[u] - 1, ++os) {
+        if (os < it.select_cap) sampled[os] = it.sink_end + (c + u) * 32 + __ffs(sw[u]) - 1;
       }
     }
-    uint64_t lo = sw[0] | uint64_t{sw[1]} << 32, hi = sw[2] | uint64_t{sw[3]} << 32;
-    while (lo | hi) {
-      uint32_t jj[8];
-      float sv[8];
-      bool ok[8];
-#pragma unroll
-      for (int k = 0; k < 8; ++k) {
-        uint32_t bit = 0;
-        ok[k] = (lo | hi) != 0;
-        if (lo) {
-          bit = __ffsll(lo) - 1;
-          lo &= lo - 1;
-        } else if (hi) {
-          bit = 64 + __ffsll(hi) - 1;
-          hi &= hi - 1;
-        }
-        jj[k] = c * 32 + bit;
-        sv[k] = ok[k] && !uniform ? s[jj[k]] : 0.f;
-      }
-#pragma unroll
-      for (int k = 0; k < 8; ++k) {
-        if (!ok[k]) continue;
-        if (os < it.select_cap) {
-          sampled[os] = it.sink_end + jj[k];
-          // The sampler's exact probability: fixed-point weight over the total.
-          const double pj = static_cast<double>(cand_weight(sv[k], mx, uniform).fixed) / w_total;
-          log_pi[os] = static_cast<float>(log(inclusion_probability(pj, m, static_cast<double>(b.pi_min))));
-        }
-        ++os;
-      }
-    }
+  }
+  if (!samples) return;
+  // Then each sample's log pi, one sample per thread over the block's part of the
+  // list: samples crowd where the scores are high, so the few threads whose words
+  // hold most of them would otherwise serialise the double math of them all.
+  // The sampler's exact probability: the fixed-point weight over the total.
+  __syncthreads();  // this block's token indices are written
+  const uint32_t s_begin = min(static_cast<uint32_t>(before_s), it.select_cap);
+  const uint32_t s_end = min(static_cast<uint32_t>(before_s + block_total), it.select_cap);
+  const float* s = ws.scores + row_token_base(it, p.h);
+  const float mx = key_float(p.st->max_key);
+  const bool uniform = b.sampling == Sampling::kUniform;
+  const double m = static_cast<double>(p.st->n_draws), w_total = p.st->w_total;
+  float* log_pi = ws.log_pi + sel;
+  for (uint32_t i = s_begin + threadIdx.x; i < s_end; i += kThreads) {
+    const float sv = uniform ? 0.f : s[sampled[i]];
+    const double pj = static_cast<double>(cand_weight(sv, mx, uniform).fixed) / w_total;
+    log_pi[i] = static_cast<float>(log(inclusion_probability(pj, m, static_cast<double>(b.pi_min))));
   }
 }
 
