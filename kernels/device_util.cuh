@@ -87,30 +87,16 @@ constexpr float kWeightOne = 274877906944.0f;  // 2^38
 // A candidate's proposal weight e = exp(s~ - max), as the CPU computes it, and its
 // fixed-point sampling weight (e, or 1 when sampling uniformly); 0 for a masked score.
 // e * 2^38 is exact in float (a power-of-two scale of e <= 1), so rounding it from
-// float gives the same integer as from double.
+// float gives the same integer as from double, without the two double conversions
+// (a slow pipe, paid for every candidate by the filter and 32 times per draw).
 struct CandWeight {
   float e;
   uint64_t fixed;
 };
-
-// The integer nearest to y (ties to even) for finite y in [0, 2^38]: the same value
-// as __float2ull_rn(y), with plain adds, shifts and selects. The conversion
-// instruction runs on the slow pipe (16 lanes a clock per multiprocessor), and the
-// filter pays it for every candidate, the draws 32 times per draw. Below 2^23,
-// adding 2^23 leaves round(y) in the low mantissa bits (the add rounds to nearest
-// even); from 2^23 on y is an integer, its mantissa shifted left by exponent - 23.
-__device__ __forceinline__ uint64_t round_nonneg_to_u64(float y) {
-  constexpr float kTwo23 = 8388608.0f;
-  const uint32_t small = __float_as_uint(__fadd_rn(y, kTwo23)) - 0x4B000000u;
-  const uint32_t u = __float_as_uint(y);
-  const uint64_t big = uint64_t{(u & 0x7FFFFFu) | 0x800000u} << (((u >> 23) - 150u) & 63u);
-  return y < kTwo23 ? uint64_t{small} : big;
-}
-
 __device__ __forceinline__ CandWeight cand_weight(float s, float mx, bool uniform) {
   if (s == -INFINITY) return {0.f, 0};
   const float e = expf(s - mx);
-  return {e, uniform ? static_cast<uint64_t>(kWeightOne) : round_nonneg_to_u64(e * kWeightOne)};
+  return {e, uniform ? static_cast<uint64_t>(kWeightOne) : __float2ull_rn(e * kWeightOne)};
 }
 
 // Token of read-set position p of a row: sink tokens, local tokens, heavy list,
@@ -202,16 +188,6 @@ __host__ __device__ __forceinline__ bool filter_sums_residual(const DecodeBatch&
   return b.sampling != Sampling::kNone && b.heavy == HeavyRule::kFixed;
 }
 
-// min(floor(f), kScoreBins - 1) for a scaled distance f below the row maximum
-// (0 for f < 0, the last bin for NaN): the same value as a float-to-integer
-// conversion, which runs on the slow pipe (16 lanes a clock per multiprocessor)
-// while every candidate passes here twice. For f in [0, 2^23), f + 2^23 added
-// rounding toward zero holds floor(f) in its low mantissa bits.
-__device__ __forceinline__ uint32_t score_bin_of_distance(float f) {
-  const uint32_t fl = __float_as_uint(__fadd_rz(fmaxf(f, 0.f), 8388608.0f)) - 0x4B000000u;
-  return f < static_cast<float>(kScoreBins - 1) ? fl : kScoreBins - 1;
-}
-
 // Top-k histogram bin of a candidate score: its distance below the row maximum
 // in kScoreBins equal steps over [min, max] (at most 32 logits; lower scores share
 // the last bin). Non-increasing in the score, so every candidate of a lower bin
@@ -226,7 +202,10 @@ struct ScoreBins {
     if (!(span <= 32.f)) span = 32.f;  // also NaN or infinite
     inv_w = span > 0.f ? static_cast<float>(kScoreBins) / span : 0.f;
   }
-  __device__ uint32_t bin(float s) const { return score_bin_of_distance((mx - s) * inv_w); }
+  __device__ uint32_t bin(float s) const {
+    const float f = (mx - s) * inv_w;
+    return f < static_cast<float>(kScoreBins - 1) ? static_cast<uint32_t>(f) : kScoreBins - 1;
+  }
 };
 
 }  // namespace ssa::cuda
