@@ -85,7 +85,6 @@ std::chrono::steady_clock::time_point g_start;
 double g_budget_s = 270.0;  // later cases are reported as skipped (see --time-budget-s)
 uint32_t g_sparse_splits = 0;  // --sparse-splits: attention splits of sparse methods (0 = automatic)
 bool g_overlap = true;         // --overlap-launches 0: stages launched plainly (stage_launch.cuh)
-bool g_topk_sampling = true;   // --topk-sampling 0: every score in the top-k histogram (topk_select.cu)
 // --methods: which of dense, pq_topk, ssa, flashinfer run (FlashInfer only when
 // asked: scripts/gpu_check.sh runs it in a process of its own, so that a fault in
 // it cannot take the other results with it).
@@ -436,7 +435,6 @@ DecodeBatch make_batch(const Case& c, const std::vector<Session>& sess, const Me
   }
   if (m.sparsity != 0) b.n_splits = g_sparse_splits;
   b.overlap_launches = g_overlap;
-  b.topk_sampling = g_topk_sampling;
   return b;
 }
 
@@ -816,7 +814,7 @@ void usage() {
   fprintf(stderr,
           "usage: gpu_decode_bench [--out FILE] [--configs paper,llama8b] [--contexts 128K,512K,1M]\n"
           "         [--batches 1,16] [--sparsity 10,20,50,100] [--seeds 3] [--time-budget-s 270]\n"
-          "         [--sparse-splits N] [--overlap-launches 0|1] [--topk-sampling 0|1] [--methods dense,pq_topk,ssa,flashinfer]\n");
+          "         [--sparse-splits N] [--overlap-launches 0|1] [--methods dense,pq_topk,ssa,flashinfer]\n");
 }
 
 }  // namespace
@@ -865,8 +863,6 @@ int main(int argc, char** argv) {
       ok = g_sparse_splits <= kMaxSplits;
     } else if (a == "--overlap-launches" && ok) {
       g_overlap = atoi(v) != 0;
-    } else if (a == "--topk-sampling" && ok) {
-      g_topk_sampling = atoi(v) != 0;
     } else if (a == "--time-budget-s" && ok) {
       g_budget_s = atof(v);
       ok = g_budget_s > 0;
@@ -915,8 +911,7 @@ int main(int argc, char** argv) {
                 .integer("max_batch_items", kMaxBatchItems).integer("seeds", n_seeds).num("target_ms", kTargetMs)
                 .integer("page_tokens", kPage).integer("pq_m", kM).integer("pq_k", kK).integer("sink", kSink)
                 .integer("local", kLocal).num("flush_mb", kFlushBytes / 1048576.0)
-                .integer("overlap_launches", g_overlap ? 1 : 0)
-                .integer("topk_sampling", g_topk_sampling ? 1 : 0).done());
+                .integer("overlap_launches", g_overlap ? 1 : 0).done());
 #ifdef SSA_WITH_FLASHINFER
   emit_line(Json().str("rec", "meta").str("src", "flashinfer").str("version", SSA_FLASHINFER_VERSION).done());
 #endif

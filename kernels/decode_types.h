@@ -65,11 +65,9 @@ struct DecodeBatch {
   const uint64_t* step_dev = nullptr;  // when set, the step is read from here (graphs)
   uint32_t n_splits = 0;               // attention splits per row; 0 = automatic
   bool overlap_launches = true;        // programmatic dependent launch between stages (stage_launch.cuh)
-  // Top-k from a sample of the scores on long rows (topk_select.cu; false: every
-  // row counts every score, as a baseline for measurements), and how many standard
+  // Top-k from a sample of the scores (topk_select.cu): how many standard
   // deviations above the expected count the boundary list reaches. Lower means a
   // shorter list and a likelier fallback to a full pass; only tests change it.
-  bool topk_sampling = true;
   float topk_sample_sigmas = 6.f;
   DecodeItem items[kMaxBatchItems];
 };

@@ -264,16 +264,9 @@ __device__ uint32_t block_select(uint32_t n, uint32_t need, KeyFn key, uint32_t*
     const int shift = 24 - 8 * pass;
     const uint32_t mask = pass == 0 ? 0u : (0xffffffffu << (32 - 8 * pass));
     const uint32_t prefix = prefix_s;
-    // Keys near a cut share their high bits, so many lanes of a warp hit one bin:
-    // the lanes of a bin add their count with one atomic (uniform trip count
-    // across the warp for the match).
-    for (uint32_t i0 = 0; i0 < n; i0 += kRefineThreads) {
-      const uint32_t i = i0 + threadIdx.x;
+    for (uint32_t i = threadIdx.x; i < n; i += kRefineThreads) {
       uint32_t kv;
-      const bool in = i < n && key(i, &kv) && (kv & mask) == prefix;
-      const uint32_t bin = in ? (kv >> shift) & 255u : 256u;
-      const uint32_t peers = __match_any_sync(0xffffffffu, bin);
-      if (in && (threadIdx.x & 31) == __ffs(peers) - 1) atomicAdd(&hist_s[bin], __popc(peers));
+      if (key(i, &kv) && (kv & mask) == prefix) atomicAdd(&hist_s[(kv >> shift) & 255u], 1u);
     }
     __syncthreads();
     const uint32_t bin = 255u - threadIdx.x;  // thread 0 holds the top bin
@@ -351,25 +344,11 @@ __global__ void __launch_bounds__(kRefineThreads) refine_kernel(DecodeBatch b, W
   uint32_t* bits = ws.heavy_bits + row_block_base(*r.it, r.h);
   const uint32_t* cut = ws.cut + row_token_base(*r.it, r.h);
   const bool staged = n <= staged_cap;
-  if (staged) {  // four list entries in flight per thread, then their scores
-    for (uint32_t i0 = threadIdx.x; i0 < n; i0 += 4 * kRefineThreads) {
-      uint32_t j[4];
-      float v[4];
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const uint32_t i = i0 + q * kRefineThreads;
-        j[q] = i < n ? cut[i] : 0u;
-      }
-#pragma unroll
-      for (int q = 0; q < 4; ++q) v[q] = i0 + q * kRefineThreads < n ? r.cand_scores[j[q]] : 0.f;
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const uint32_t i = i0 + q * kRefineThreads;
-        if (i < n) {
-          j_s[i] = j[q];
-          key_s[i] = float_key(v[q]);
-        }
-      }
+  if (staged) {
+    for (uint32_t i = threadIdx.x; i < n; i += kRefineThreads) {
+      const uint32_t j = cut[i];
+      j_s[i] = j;
+      key_s[i] = float_key(r.cand_scores[j]);
     }
     __syncthreads();
   }
@@ -432,7 +411,7 @@ void plan_topk(const DecodeBatch& b, WorkspacePlan* plan) {
   // that the list (k plus a few standard deviations of the sample) fits the
   // staged shared memory of refine.
   constexpr uint32_t kShift = 5, kSampledStaged = 24576, kExactStaged = 4096;
-  bool sample = b.topk_sampling;
+  bool sample = true;
   uint32_t longest = 0;
   for (uint32_t i = 0; i < b.n_items; ++i) {
     const DecodeItem& it = b.items[i];
@@ -446,9 +425,9 @@ void plan_topk(const DecodeBatch& b, WorkspacePlan* plan) {
   plan->topk_sample_shift = sample && longest > 0 ? kShift : 0;
   plan->refine_staged = plan->topk_sample_shift ? kSampledStaged : kExactStaged;
   // The sampled pass reads a thirty-second of the scores: fewer blocks, each
-  // with up to 4096 samples.
+  // with at least 2048 samples.
   const uint32_t n_u = (plan->n_pad_max + (1u << plan->topk_sample_shift) - 1) >> plan->topk_sample_shift;
-  plan->hist_blocks = std::clamp<uint32_t>((n_u + 4095) / 4096, 1, std::max(plan->scan_blocks, 1u));
+  plan->hist_blocks = std::clamp<uint32_t>((n_u + 2047) / 2048, 1, std::max(plan->scan_blocks, 1u));
 }
 
 cudaError_t launch_topk(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
