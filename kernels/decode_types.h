@@ -65,10 +65,6 @@ struct DecodeBatch {
   const uint64_t* step_dev = nullptr;  // when set, the step is read from here (graphs)
   uint32_t n_splits = 0;               // attention splits per row; 0 = automatic
   bool overlap_launches = true;        // programmatic dependent launch between stages (stage_launch.cuh)
-  // Top-k from a sample of the scores (topk_select.cu): how many standard
-  // deviations above the expected count the boundary list reaches. Lower means a
-  // shorter list and a likelier fallback to a full pass; only tests change it.
-  float topk_sample_sigmas = 6.f;
   DecodeItem items[kMaxBatchItems];
 };
 
@@ -80,9 +76,8 @@ struct RowState {
   uint32_t n_heavy;    // |H|
   uint32_t n_draws;    // m
   uint32_t n_unique;   // |S|
-  uint32_t cut_first;  // top-k: candidates in bins < cut_first are selected outright,
-  uint32_t cut_last;   //   those in bins [cut_first, cut_last] go to the boundary list,
-  uint32_t cut_need;   //   cut_need of which are selected (found among n_cut of them)
+  uint32_t cut_bin;    // top-k: candidates in bins < cut_bin are selected outright,
+  uint32_t cut_need;   //   cut_need of those in bin cut_bin (found among n_cut of them)
   uint32_t n_cut;
   uint32_t hist_blocks_done;  // top-k histogram blocks finished (the last one resolves)
   double w_total;      // sum over the residual R of the fixed-point weights (cand_weight, device_util.cuh)
@@ -130,11 +125,7 @@ struct WorkspacePlan {
   size_t off_sort_temp = 0, sort_temp_bytes = 0;
   uint64_t score_floats = 0, select_entries = 0;
   uint32_t rows = 0, n_splits = 0, n_pad_max = 0, select_cap_max = 0;
-  uint32_t scan_blocks = 0;  // thread blocks per row of the full-row passes (filter)
-  // Top-k histogram of one candidate in 2^topk_sample_shift (0: all of them), its
-  // thread blocks per row, and how many boundary candidates refine stages in
-  // shared memory (topk_select.cu).
-  uint32_t topk_sample_shift = 0, hist_blocks = 0, refine_staged = 0;
+  uint32_t scan_blocks = 0;  // thread blocks per row of the full-row passes (histogram, filter)
   uint32_t score_tile = 0;   // tokens per PQ scoring block
   uint32_t compact_blocks = 0, compact_words = 0;  // bitmap compaction: blocks per row, words each
 };

@@ -14,8 +14,6 @@ cudaError_t launch_pq_scores(const DecodeBatch& b, const WorkspacePlan& plan, co
                              cudaStream_t st);
 cudaError_t launch_exact_scores(const DecodeBatch& b, const WorkspacePlan& plan,
                                 const Workspace& ws, cudaStream_t st);
-// The top-k fields of the plan (sampled or full histogram; needs scan_blocks).
-void plan_topk(const DecodeBatch& b, WorkspacePlan* plan);
 cudaError_t launch_topk(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
                         cudaStream_t st);
 // Heavy bitmap (and, with samples, the sample bitmap) -> token-ordered lists,

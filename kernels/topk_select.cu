@@ -1,36 +1,24 @@
 // Top-k of each row's candidate scores, as a bitmap of the selected candidates.
-// Passes over the scores, then work only on the candidates near the cut:
-//  1. histogram: candidates binned by distance below the row maximum (ScoreBins,
-//     device_util.cuh: 1024 bins over at most 32 logits). On long rows with a
-//     small k only one candidate per 32 (a hashed position in each 32-candidate
-//     block) is counted: a twentieth of the pass's time, most of it reading scores;
-//  2. resolve (the histogram's last block of each row): the bins whose candidates
-//     go to a short boundary list. With every candidate counted, the one bin
-//     holding the k-th largest score (the bins above it are selected outright);
-//     from the sample, every bin down to where the sample count exceeds the
-//     expected count of the top k by topk_sample_sigmas standard deviations, so
-//     the list holds the top k unless the sample was unusually skewed;
-//  3. filter: writes the bitmap words of the bins above the list (selected
-//     outright), appends the list's candidates and, for the sampling methods with
-//     the fixed heavy rule, sums the residual weights of the rest per block and
-//     chunk for the sampler (saving it a pass over the scores);
-//  4. refine: one block per row radix-selects, over the list only, the exact
-//     score bits of the cut (8 bits a pass) and, where equal scores straddle it,
-//     the lowest token indices among them; it sets their bits and adds the list
-//     candidates it leaves to the residual sums. Should the list hold fewer than
-//     needed (a skewed sample), it takes all of them and selects the rest from a
-//     full pass over the row: slower, the same result.
+// Two passes over the scores, then work only on the few candidates near the cut:
+//  1. histogram: every candidate's bin by distance below the row maximum
+//     (ScoreBins, device_util.cuh: 1024 bins over at most 32 logits);
+//  2. resolve (the histogram's last block of each row): the boundary bin holding
+//     the k-th largest score, how many of its candidates are still needed;
+//  3. filter: writes the bitmap words of the bins above the boundary (selected
+//     outright), appends the boundary bin's candidates to a short list and, for
+//     the sampling methods with the fixed heavy rule, sums the residual weights
+//     per block and chunk for the sampler (saving it a pass over the scores);
+//  4. refine: one block per row radix-selects, over that list only, the exact
+//     score bits of the k-th largest value (8 bits a pass) and, where equal
+//     scores straddle the cut, the lowest token indices among them; it sets their
+//     bits and takes them out of the residual sums.
 // The selected set is exactly the CPU's top-k (ties to the lower index); the
-// bitmap does not depend on thread timing or on the sample, and
-// kernels/bitmap_compact.cu turns it into a token-ordered list.
+// bitmap does not depend on thread timing, and kernels/bitmap_compact.cu turns it
+// into a token-ordered list.
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
-#include <algorithm>
-#include <cmath>
-
 #include "device_util.cuh"
-#include "head_dim.cuh"
 #include "stage_launch.cuh"
 #include "stages.h"
 
@@ -58,16 +46,9 @@ __device__ Row row_here(const DecodeBatch& b, const Workspace& ws) {
   return r;
 }
 
-// Candidate counted by the histogram at sample index u: every candidate, or with
-// shift > 0 one at a hashed position inside each block of 2^shift (Fibonacci
-// hashing spreads neighbouring blocks' positions).
-__device__ __forceinline__ uint32_t sampled_candidate(uint32_t u, uint32_t shift) {
-  return shift == 0 ? u : (u << shift) + ((u * 0x9E3779B1u) >> (32 - shift));
-}
-
 // The last block of each row to finish its histogram also resolves the boundary
-// bins (no separate launch): bin 0 holds the scores nearest the maximum.
-__global__ void __launch_bounds__(kThreads) hist_kernel(DecodeBatch b, Workspace ws, uint32_t shift) {
+// bin (no separate launch): bin 0 holds the scores nearest the maximum.
+__global__ void __launch_bounds__(kThreads) hist_kernel(DecodeBatch b, Workspace ws) {
   stage_begin();
   const Row r = row_here(b, ws);
   if (!r.sparse()) return;
@@ -79,22 +60,19 @@ __global__ void __launch_bounds__(kThreads) hist_kernel(DecodeBatch b, Workspace
   for (uint32_t i = threadIdx.x; i < kScoreBins; i += kThreads) hist_s[i] = 0;
   __syncthreads();
   const ScoreBins bins(st);
-  const uint32_t n_u = (r.nc + (1u << shift) - 1) >> shift;
-  const uint32_t per = (n_u + gridDim.x - 1) / gridDim.x;
-  const uint32_t begin = min(n_u, blockIdx.x * per), end = min(n_u, begin + per);
+  const uint32_t per = (r.nc + gridDim.x - 1) / gridDim.x;
+  const uint32_t begin = min(r.nc, blockIdx.x * per), end = min(r.nc, begin + per);
   // Four loads in flight per thread before their four shared-memory updates.
-  for (uint32_t u0 = begin + threadIdx.x; u0 < end; u0 += 4 * kThreads) {
+  for (uint32_t j0 = begin + threadIdx.x; j0 < end; j0 += 4 * kThreads) {
     float v[4];
-    bool in[4];
 #pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const uint32_t u = u0 + q * kThreads, j = sampled_candidate(u, shift);
-      in[q] = u < end && j < r.nc;
-      v[q] = in[q] ? r.cand_scores[j] : 0.f;
+    for (int u = 0; u < 4; ++u) {
+      const uint32_t j = j0 + u * kThreads;
+      v[u] = j < end ? r.cand_scores[j] : 0.f;
     }
 #pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      if (in[q]) atomicAdd(&hist_s[bins.bin(v[q])], 1u);
+    for (int u = 0; u < 4; ++u) {
+      if (j0 + u * kThreads < end) atomicAdd(&hist_s[bins.bin(v[u])], 1u);
     }
   }
   __syncthreads();
@@ -108,15 +86,6 @@ __global__ void __launch_bounds__(kThreads) hist_kernel(DecodeBatch b, Workspace
   __syncthreads();
   if (!last_s) return;
   __threadfence();
-  if (r.nc <= k) {  // every candidate is selected
-    if (threadIdx.x == 0) {
-      st.topk_k = r.nc;
-      if (b.heavy == HeavyRule::kFixed) st.n_heavy = r.nc;
-      st.cut_first = st.cut_last = kScoreBins;
-      st.cut_need = 0;
-    }
-    return;
-  }
   // Resolve: kBinsPerThread consecutive bins per thread, one block scan.
   constexpr uint32_t kBinsPerThread = kScoreBins / kThreads;
   using Scan = cub::BlockScan<uint32_t, kThreads>;
@@ -127,43 +96,32 @@ __global__ void __launch_bounds__(kThreads) hist_kernel(DecodeBatch b, Workspace
     c[i] = __ldcg(&hist[threadIdx.x * kBinsPerThread + i]);  // other blocks' atomics: from L2
     mine += c[i];
   }
-  uint32_t run;
-  Scan(tmp).ExclusiveSum(mine, run);
-  if (shift == 0) {  // exact counts: the bin of the k-th largest
-#pragma unroll
-    for (uint32_t i = 0; i < kBinsPerThread; ++i) {
-      if (run < k && k <= run + c[i]) {
-        st.cut_first = st.cut_last = threadIdx.x * kBinsPerThread + i;
-        st.cut_need = k - run;
-      }
-      run += c[i];
+  uint32_t run, total;
+  Scan(tmp).ExclusiveSum(mine, run, total);
+  if (total <= k) {  // every candidate is selected
+    if (threadIdx.x == 0) {
+      st.topk_k = total;
+      if (b.heavy == HeavyRule::kFixed) st.n_heavy = total;
+      st.cut_bin = kScoreBins;
+      st.cut_need = 0;
     }
     return;
   }
-  // From the sample: the top k hold k / 2^shift sampled candidates on average.
-  // The list runs from bin 0 to the first bin where the sample count reaches
-  // `want` (every bin when the sample never does).
-  const float expect = static_cast<float>(k) / static_cast<float>(1u << shift);
-  const float want = expect + b.topk_sample_sigmas * sqrtf(expect) + 1.f;
-  if (threadIdx.x == 0) {
-    st.cut_first = 0;
-    st.cut_last = want <= 0.f ? 0u : kScoreBins - 1;
-    st.cut_need = k;
-  }
-  __syncthreads();
 #pragma unroll
   for (uint32_t i = 0; i < kBinsPerThread; ++i) {
-    if (static_cast<float>(run) < want && want <= static_cast<float>(run + c[i]))
-      st.cut_last = threadIdx.x * kBinsPerThread + i;
+    if (run < k && k <= run + c[i]) {
+      st.cut_bin = threadIdx.x * kBinsPerThread + i;
+      st.cut_need = k - run;
+    }
     run += c[i];
   }
 }
 
 // One warp per 1024-candidate chunk: the chunk's scores go through shared memory
 // so that each lane then owns one 32-candidate block (its bitmap word, its
-// boundary-list candidates and, with filter_sums_residual, its residual weight
-// sum for the sampler, in the layout stratified_sample.cu reads). The list's
-// candidates are left out of the sums here; refine adds those it does not select.
+// boundary-bin candidates and, with filter_sums_residual, its residual weight sum
+// for the sampler, in the layout stratified_sample.cu reads). Boundary-bin
+// candidates are counted as residual here; refine subtracts those it selects.
 __global__ void __launch_bounds__(kThreads) filter_kernel(DecodeBatch b, Workspace ws) {
   stage_begin();
   constexpr uint32_t kWarps = kThreads / 32;
@@ -171,7 +129,7 @@ __global__ void __launch_bounds__(kThreads) filter_kernel(DecodeBatch b, Workspa
   const Row r = row_here(b, ws);
   if (!r.sparse()) return;
   RowState& st = ws.rows[r.row];
-  const uint32_t k = st.topk_k, cut_first = st.cut_first, cut_span = st.cut_last - st.cut_first;
+  const uint32_t k = st.topk_k, cut_bin = st.cut_bin;
   const bool collect = k > 0 && st.cut_need > 0;
   const bool sums = filter_sums_residual(b), uniform = b.sampling == Sampling::kUniform;
   const ScoreBins bins(st);
@@ -195,15 +153,14 @@ __global__ void __launch_bounds__(kThreads) filter_kernel(DecodeBatch b, Workspa
     for (uint32_t i = 0; i < kBlockTokens; ++i) {
       const float v = tile[lane][i];
       const uint32_t bin = k > 0 && i < n_mine ? bins.bin(v) : kScoreBins;  // kScoreBins: none
-      const bool heavy = bin < cut_first;
-      const bool listed = collect && bin - cut_first <= cut_span;  // bin in [cut_first, cut_last]
+      const bool heavy = bin < cut_bin;
       sel |= uint32_t{heavy} << i;
-      in_cut |= uint32_t{listed} << i;
+      in_cut |= uint32_t{collect && bin == cut_bin} << i;
       if (sums) {
         const CandWeight w = cand_weight(v, bins.mx, uniform);
         if (heavy) {
           heavy_blk += w.e;
-        } else if (!listed) {
+        } else {
           resid += w.fixed;
           resid_blk += w.e;
         }
@@ -288,62 +245,22 @@ __device__ uint32_t block_select(uint32_t n, uint32_t need, KeyFn key, uint32_t*
   return out;
 }
 
-// The `need` largest keys among the entries i < n with use(i) (1 <= need <= their
-// count), ties to the lowest candidate index, as the CPU selects: visit(i, j, key,
-// selected) is called once for every used entry. Every thread of the block calls it.
-template <typename CandFn, typename KeyFn, typename UseFn, typename VisitFn>
-__device__ void select_exact(uint32_t n, uint32_t need, CandFn cand, KeyFn key_of, UseFn use,
-                             VisitFn visit) {
-  uint32_t eq_need;
-  const uint32_t thr = block_select(n, need, [&](uint32_t i, uint32_t* k) {
-    if (!use(i)) return false;
-    *k = key_of(i);
-    return true;
-  }, &eq_need);
-  // Equal scores across the cut: keep the eq_need lowest candidate indices (the
-  // largest ~j) among them.
-  using Reduce = cub::BlockReduce<uint32_t, kRefineThreads>;
-  __shared__ typename Reduce::TempStorage red;
-  __shared__ uint32_t eq_s;
-  uint32_t eq = 0;
-  for (uint32_t i = threadIdx.x; i < n; i += kRefineThreads) eq += use(i) && key_of(i) == thr;
-  const uint32_t eq_total = Reduce(red).Sum(eq);
-  if (threadIdx.x == 0) eq_s = eq_total;
-  __syncthreads();
-  uint32_t max_j = 0xffffffffu;
-  if (eq_s > eq_need) {
-    uint32_t unused;
-    max_j = ~block_select(n, eq_need, [&](uint32_t i, uint32_t* k) {
-      if (!use(i) || key_of(i) != thr) return false;
-      *k = ~cand(i);
-      return true;
-    }, &unused);
-  }
-  for (uint32_t i = threadIdx.x; i < n; i += kRefineThreads) {
-    if (!use(i)) continue;
-    const uint32_t key = key_of(i), j = cand(i);
-    visit(i, j, key, key > thr || (key == thr && j <= max_j));
-  }
-}
+// One block per row: exact cut inside the boundary bin's candidate list. Lists of
+// up to kStaged candidates are first copied to shared memory with their keys, so
+// the radix passes do not repeat the two dependent global loads per candidate.
+constexpr uint32_t kStaged = 4096;
 
-// One block per row: the exact cut among the boundary list. Lists of up to
-// `staged` candidates (the plan's refine_staged, dynamic shared memory) are first
-// copied to shared memory with their keys, so the radix passes do not repeat the
-// two dependent global loads per candidate.
-__global__ void __launch_bounds__(kRefineThreads) refine_kernel(DecodeBatch b, Workspace ws,
-                                                               uint32_t staged_cap) {
+__global__ void __launch_bounds__(kRefineThreads) refine_kernel(DecodeBatch b, Workspace ws) {
   stage_begin();
-  extern __shared__ uint32_t refine_smem[];
-  uint32_t* key_s = refine_smem;
-  uint32_t* j_s = refine_smem + staged_cap;
+  __shared__ uint32_t key_s[kStaged], j_s[kStaged];
   const Row r = row_here(b, ws);
   if (!r.sparse()) return;
   RowState& st = ws.rows[r.row];
   const uint32_t need = st.cut_need, n = min(st.n_cut, r.nc);
-  if (st.topk_k == 0 || need == 0) return;
+  if (st.topk_k == 0 || need == 0 || n == 0) return;
   uint32_t* bits = ws.heavy_bits + row_block_base(*r.it, r.h);
   const uint32_t* cut = ws.cut + row_token_base(*r.it, r.h);
-  const bool staged = n <= staged_cap;
+  const bool staged = n <= kStaged;
   if (staged) {
     for (uint32_t i = threadIdx.x; i < n; i += kRefineThreads) {
       const uint32_t j = cut[i];
@@ -354,94 +271,66 @@ __global__ void __launch_bounds__(kRefineThreads) refine_kernel(DecodeBatch b, W
   }
   auto cand = [&](uint32_t i) { return staged ? j_s[i] : cut[i]; };
   auto key_of = [&](uint32_t i) { return staged ? key_s[i] : float_key(r.cand_scores[cut[i]]); };
-  // With filter_sums_residual the filter left the list out of the residual sums:
-  // the candidates refine leaves go in (integer atomics: exact in any order).
+  uint32_t thr = 0, eq_need = 0, max_j = 0xffffffffu;
+  if (need < n) {
+    thr = block_select(n, need, [&](uint32_t i, uint32_t* k) {
+      *k = key_of(i);
+      return true;
+    }, &eq_need);
+    // Equal scores across the cut: keep the eq_need lowest token indices (the
+    // largest ~j) among them, as the CPU does.
+    using Reduce = cub::BlockReduce<uint32_t, kRefineThreads>;
+    __shared__ typename Reduce::TempStorage red;
+    uint32_t eq = 0;
+    for (uint32_t i = threadIdx.x; i < n; i += kRefineThreads) eq += key_of(i) == thr;
+    __shared__ uint32_t eq_s;
+    const uint32_t eq_total = Reduce(red).Sum(eq);
+    if (threadIdx.x == 0) eq_s = eq_total;
+    __syncthreads();
+    if (eq_s > eq_need) {
+      uint32_t unused;
+      max_j = ~block_select(n, eq_need, [&](uint32_t i, uint32_t* k) {
+        *k = ~cand(i);
+        return key_of(i) == thr;
+      }, &unused);
+    }
+  }
+  // Set the bits; with filter_sums_residual, take the selected candidates out of
+  // the residual sums the filter counted them in (integer atomics: exact).
   const bool sums = filter_sums_residual(b), uniform = b.sampling == Sampling::kUniform;
   const float mx = key_float(st.max_key);
   const size_t bbase = row_block_base(*r.it, r.h), cbase = row_chunk_base(*r.it, r.h);
-  double to_heavy = 0.0, to_resid = 0.0;  // statistics only
-  auto add_resid = [&](uint32_t j, uint32_t key, bool add) {
-    const CandWeight w = cand_weight(key_float(key), mx, uniform);
-    const unsigned long long d = add ? w.fixed : 0ull - w.fixed;
-    atomicAdd(reinterpret_cast<unsigned long long*>(&ws.bsum[bbase + (j >> 5)]), d);
-    atomicAdd(reinterpret_cast<unsigned long long*>(&ws.csum[cbase + (j >> 10)]), d);
-    return w.e;
-  };
-  auto visit_listed = [&](uint32_t, uint32_t j, uint32_t key, bool selected) {
-    if (selected) {
+  double moved = 0.0;
+  for (uint32_t i = threadIdx.x; i < n; i += kRefineThreads) {
+    const uint32_t j = cand(i);
+    const uint32_t key = key_of(i);
+    if (need >= n || key > thr || (key == thr && j <= max_j)) {
       atomicOr(&bits[j >> 5], 1u << (j & 31));
-      if (sums) to_heavy += cand_weight(key_float(key), mx, uniform).e;
-    } else if (sums) {
-      to_resid += add_resid(j, key, true);
-    }
-  };
-  auto every = [](uint32_t) { return true; };
-  if (need < n) {
-    select_exact(n, need, cand, key_of, every, visit_listed);
-  } else {
-    for (uint32_t i = threadIdx.x; i < n; i += kRefineThreads) visit_listed(i, cand(i), key_of(i), true);
-    if (need > n) {
-      // The list fell short (a skewed sample): the rest from the whole row, among
-      // the candidates below the list, which the filter counted as residual.
-      const ScoreBins bins(st);
-      const uint32_t last = st.cut_last;
-      auto below = [&](uint32_t i) { return bins.bin(r.cand_scores[i]) > last; };
-      auto row_key = [&](uint32_t i) { return float_key(r.cand_scores[i]); };
-      auto self = [](uint32_t i) { return i; };
-      select_exact(r.nc, need - n, self, row_key, below,
-                   [&](uint32_t, uint32_t j, uint32_t key, bool selected) {
-                     if (!selected) return;
-                     atomicOr(&bits[j >> 5], 1u << (j & 31));
-                     if (sums) {
-                       const double e = add_resid(j, key, false);
-                       to_heavy += e;
-                       to_resid -= e;
-                     }
-                   });
+      if (sums) {
+        const CandWeight w = cand_weight(key_float(key), mx, uniform);
+        const unsigned long long minus = 0ull - w.fixed;
+        atomicAdd(reinterpret_cast<unsigned long long*>(&ws.bsum[bbase + (j >> 5)]), minus);
+        atomicAdd(reinterpret_cast<unsigned long long*>(&ws.csum[cbase + (j >> 10)]), minus);
+        moved += w.e;
+      }
     }
   }
-  if (to_heavy != 0.0) atomicAdd(&st.w_heavy, to_heavy);
-  if (to_resid != 0.0) atomicAdd(&st.w_resid_proxy, to_resid);
+  if (moved != 0.0) {  // statistics only
+    atomicAdd(&st.w_heavy, moved);
+    atomicAdd(&st.w_resid_proxy, -moved);
+  }
 }
 
 }  // namespace
 
-void plan_topk(const DecodeBatch& b, WorkspacePlan* plan) {
-  // Sample the histogram when every sparse row is long and its k small enough
-  // that the list (k plus a few standard deviations of the sample) fits the
-  // staged shared memory of refine.
-  constexpr uint32_t kShift = 5, kSampledStaged = 24576, kExactStaged = 4096;
-  bool sample = true;
-  uint32_t longest = 0;
-  for (uint32_t i = 0; i < b.n_items; ++i) {
-    const DecodeItem& it = b.items[i];
-    if (it.sink_end >= it.local_begin || it.n_select == 0) continue;
-    const uint32_t nc = it.local_begin - it.sink_end;
-    const uint32_t k = b.heavy == HeavyRule::kAdaptive ? it.n_select : it.n_heavy;
-    const double list = k + 8.0 * std::sqrt(static_cast<double>(k) * (1u << kShift)) + 64.0;
-    sample = sample && nc >= 16384 && k <= nc / 16 && list <= kSampledStaged;
-    longest = std::max(longest, nc);
-  }
-  plan->topk_sample_shift = sample && longest > 0 ? kShift : 0;
-  plan->refine_staged = plan->topk_sample_shift ? kSampledStaged : kExactStaged;
-  // The sampled pass reads a thirty-second of the scores: fewer blocks, each
-  // with at least 2048 samples.
-  const uint32_t n_u = (plan->n_pad_max + (1u << plan->topk_sample_shift) - 1) >> plan->topk_sample_shift;
-  plan->hist_blocks = std::clamp<uint32_t>((n_u + 2047) / 2048, 1, std::max(plan->scan_blocks, 1u));
-}
-
 cudaError_t launch_topk(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
                         cudaStream_t st) {
-  const dim3 hist_grid(plan.hist_blocks, b.shape.n_q_heads, b.n_items);
   const dim3 scan_grid(plan.scan_blocks, b.shape.n_q_heads, b.n_items);
   const dim3 row_grid(1, b.shape.n_q_heads, b.n_items);
-  const size_t refine_smem = size_t{plan.refine_staged} * 2 * sizeof(uint32_t);
-  cudaError_t e = ensure_dynamic_smem(reinterpret_cast<const void*>(refine_kernel), refine_smem);
   // The histograms were zeroed by build_lut_kernel (PQ proxy) or init_rows_kernel.
-  if (e == cudaSuccess) e = launch_stage(b, hist_kernel, hist_grid, kThreads, 0, st, b, ws, plan.topk_sample_shift);
+  cudaError_t e = launch_stage(b, hist_kernel, scan_grid, kThreads, 0, st, b, ws);
   if (e == cudaSuccess) e = launch_stage(b, filter_kernel, scan_grid, kThreads, 0, st, b, ws);
-  if (e == cudaSuccess)
-    e = launch_stage(b, refine_kernel, row_grid, kRefineThreads, refine_smem, st, b, ws, plan.refine_staged);
+  if (e == cudaSuccess) e = launch_stage(b, refine_kernel, row_grid, kRefineThreads, 0, st, b, ws);
   return e;
 }
 

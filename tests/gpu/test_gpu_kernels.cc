@@ -233,28 +233,18 @@ void check_topk(const std::vector<float>& scores, uint32_t begin, uint32_t end,
   CHECK(differ == 0);
 }
 
-// Long rows take the top-k histogram from a sample of the scores; a sample margin
-// of -1e9 standard deviations leaves the boundary list short, which forces the
-// full-row fallback of refine. The selection must not change either way.
-constexpr float kForceTopkFallback = -1e9f;
-
 TEST_CASE("gpu radix top-k (PQ_TOPK and ORACLE_TOPK) selects the top k' as the CPU does") {
   SSA_GPU_TEST_OR_SKIP();
   for (ssa_method m : {SSA_METHOD_PQ_TOPK, SSA_METHOD_ORACLE_TOPK}) {
-    for (uint32_t n : {3000u, 70000u, 70001u}) {
-      const bool fallback = n == 70001u;
+    for (uint32_t n : {3000u, 70000u}) {
       TestLayer t;
       build_layer(t, 4, 2, 64, DType::kBF16, n, 256, 8, 64, n + m);
       Run r;
       setup_run(r, t, m, n / 20, 0.4f, 64, 64, 0);
-      if (fallback) r.b.topk_sample_sigmas = kForceTopkFallback;
       const auto got = run_and_fetch(r, t);
-      CHECK(r.dec.plan.topk_sample_shift == (n > 60000u ? 5u : 0u));
       for (uint32_t h = 0; h < 4; ++h) {
         const RowView v = fetch_row(r, h);
         INFO("method ", m, " n ", n, " head ", h);
-        if (fallback) CHECK(v.st.n_cut < r.plan.kprime);  // the list was short
-
         check_topk(v.scores, r.plan.sink_end, r.plan.local_begin, v.heavy, r.plan.kprime);
         CHECK(v.st.n_unique == 0);
         if (m == SSA_METHOD_ORACLE_TOPK) {
@@ -321,9 +311,6 @@ void check_sampled_row(const Run& r, const TestLayer& t, uint32_t h, const std::
   for (uint32_t i = sink; i < lb; ++i) {
     if (!heavy.count(i)) wr += uniform ? 1.0 : exp(static_cast<double>(v.scores[i]) - mx);
   }
-  // The sampler's residual total (fixed point, 2^38 per unit weight), summed by
-  // the filter and corrected by refine for the boundary list.
-  CHECK(fabs(v.st.w_total / 274877906944.0 - wr) <= 1e-5 * wr);
   std::vector<uint32_t> toks;
   std::vector<double> lp;
   for (uint32_t i = 0; i < sink; ++i) toks.push_back(i), lp.push_back(0);
@@ -344,14 +331,12 @@ TEST_CASE("gpu sampling methods: read-set rules and the estimator match float64"
   SSA_GPU_TEST_OR_SKIP();
   for (ssa_method m : {SSA_METHOD_SSA, SSA_METHOD_SAMPLING, SSA_METHOD_HYBRID_UNIFORM,
                        SSA_METHOD_SSA_ADAPTIVE}) {
-    for (uint32_t n : {6000u, 40000u, 40001u}) {
+    for (uint32_t n : {6000u, 40000u}) {
       TestLayer t;
       build_layer(t, 8, 2, 128, DType::kF16, n, 256, 16, 64, n * 7 + m);
       Run r;
       setup_run(r, t, m, n / 20, 0.4f, 128, 128, 5);
-      if (n == 40001u) r.b.topk_sample_sigmas = kForceTopkFallback;
       const auto got = run_and_fetch(r, t);
-      CHECK(r.dec.plan.topk_sample_shift == (n > 30000u ? 5u : 0u));
       for (uint32_t h = 0; h < t.L.n_q_heads; ++h) check_sampled_row(r, t, h, got, 2e-3);
     }
   }
