@@ -311,6 +311,9 @@ void check_sampled_row(const Run& r, const TestLayer& t, uint32_t h, const std::
   for (uint32_t i = sink; i < lb; ++i) {
     if (!heavy.count(i)) wr += uniform ? 1.0 : exp(static_cast<double>(v.scores[i]) - mx);
   }
+  // The sampler's residual total (fixed point, 2^38 per unit weight), summed by
+  // the top-k filter and corrected by refine for the boundary bin.
+  CHECK(fabs(v.st.w_total / 274877906944.0 - wr) <= 1e-5 * wr);
   std::vector<uint32_t> toks;
   std::vector<double> lp;
   for (uint32_t i = 0; i < sink; ++i) toks.push_back(i), lp.push_back(0);
