@@ -4,10 +4,11 @@
 //     are summed per 32-token block and per 1024-token chunk: by the top-k filter
 //     (kernels/topk_select.cu) for the fixed heavy rule, by hierarchy_kernel
 //     below for the adaptive one. Chunk sums get a prefix scan.
-//  2. Each of the m draws of a row is one thread: Philox draw j of the stream
-//     (seed, step, layer, q head) gives three uniforms that pick a chunk (binary
-//     search of the prefix), a block within it and a token within the block, with
-//     the shared functions of common/sampling_hierarchy.h. The step can be read
+//  2. Draw j of a row is Philox draw j of the stream (seed, step, layer, q head):
+//     three uniforms that pick a chunk (one thread, binary search of the prefix),
+//     a block within it and a token within the block (a group of four lanes, each
+//     holding a quarter of the block sums, then of the scores), by the rules of
+//     common/sampling_hierarchy.h over the same integers. The step can be read
 //     from device memory so that a captured graph replays with a new step.
 //  3. A draw sets its token's bit in the sample bitmap: repeated draws of a token
 //     leave one bit, and kernels/bitmap_compact.cu lists the unique samples in
@@ -134,7 +135,55 @@ __global__ void __launch_bounds__(1024) chunk_prefix_kernel(DecodeBatch b, Works
   if (threadIdx.x == 0) ws.rows[r.row].w_total = static_cast<double>(carry);
 }
 
+// A pick over 32 weights held by a group of four lanes (sub-lane s holds entries
+// [8 s, 8 s + 8)): the first entry whose running sum exceeds target(total), else
+// the last positive one, exactly as pick_by_scan (common/sampling_hierarchy.h)
+// over the same integers; with the picked entry's weight. Every lane of the warp
+// calls it (its shuffles span the warp); group0 is the group's first lane.
+struct GroupPick {
+  uint32_t index;
+  uint64_t weight;
+};
+template <typename TargetFn>
+__device__ __forceinline__ GroupPick group_pick(const uint64_t (&w)[8], uint32_t sub, uint32_t group0,
+                                                TargetFn target_of) {
+  uint64_t mine = 0;
+#pragma unroll
+  for (uint32_t e = 0; e < 8; ++e) mine += w[e];
+  // Exclusive scan and total over the four sub-lanes.
+  uint64_t incl = mine;
+#pragma unroll
+  for (uint32_t o = 1; o < 4; o <<= 1) {
+    const uint64_t t = __shfl_up_sync(0xffffffffu, incl, o, 4);
+    if (sub >= o) incl += t;
+  }
+  const uint64_t total = __shfl_sync(0xffffffffu, incl, 3, 4);
+  const uint64_t tgt = target_of(total);
+  uint64_t run = incl - mine;
+  uint32_t first = 32, last_positive = 0;
+#pragma unroll
+  for (uint32_t e = 0; e < 8; ++e) {
+    if (w[e] > 0) {
+      run += w[e];
+      last_positive = 8 * sub + e;
+      if (run > tgt && first == 32) first = 8 * sub + e;
+    }
+  }
+  // Group-wide: the earliest first pick, else the last positive entry.
+#pragma unroll
+  for (uint32_t o = 1; o < 4; o <<= 1) {
+    first = min(first, __shfl_xor_sync(0xffffffffu, first, o, 4));
+    last_positive = max(last_positive, __shfl_xor_sync(0xffffffffu, last_positive, o, 4));
+  }
+  const uint32_t pick = first < 32 ? first : last_positive;
+  uint64_t pw = 0;  // the picked weight, from the sub-lane holding it (no dynamic index)
+#pragma unroll
+  for (uint32_t e = 0; e < 8; ++e) pw = 8 * sub + e == pick ? w[e] : pw;
+  return {pick, __shfl_sync(0xffffffffu, pw, group0 + pick / 8)};
+}
+
 constexpr uint32_t kSampleThreads = 256;
+constexpr uint32_t kDrawsPerGroup = 4;  // 8 groups of 4 lanes: the warp's 32 draws
 constexpr uint32_t kPrefixSmem = 4096;  // rows of up to 4M candidates: chunk prefixes in shared memory
 constexpr uint32_t kPrefixPerThread = kPrefixSmem / kSampleThreads;
 
@@ -142,7 +191,7 @@ constexpr uint32_t kPrefixPerThread = kPrefixSmem / kSampleThreads;
 // (a few KB from L2, the same deterministic order in every block, no separate
 // kernel), so the binary search per draw reads shared memory; block 0 records the
 // total. Longer rows use the prefixes of chunk_prefix_kernel from global memory.
-__global__ void __launch_bounds__(kSampleThreads) sample_kernel(DecodeBatch b, Workspace ws) {
+__global__ void __launch_bounds__(kSampleThreads, 3) sample_kernel(DecodeBatch b, Workspace ws) {
   stage_begin();
   __shared__ uint64_t prefix_s[kPrefixSmem];
   __shared__ uint64_t total_s;
@@ -184,79 +233,99 @@ __global__ void __launch_bounds__(kSampleThreads) sample_kernel(DecodeBatch b, W
   } else {
     w_total = prefix[n_chunks - 1];
   }
-  if (j >= st.n_draws || w_total == 0) return;
-  const uint64_t step = b.step_dev ? *b.step_dev : b.step;
-  const RngStream stream = make_rng_stream(b.seed, step, b.layer, r.h);
-  const Philox4 v = rng_draw(stream, j);
+  // Whole warps leave; inside a warp every lane takes part in its groups' draws.
+  const uint32_t lane = threadIdx.x & 31;
+  if (j - lane >= st.n_draws || w_total == 0) return;
+  const bool mine = j < st.n_draws;
   // Integer targets u * total (a rounding up to the total itself picks the last
   // weighted entry, as on the CPU).
   auto target = [](uint32_t bits, uint64_t total) {
     return static_cast<uint64_t>(rng_uniform(bits) * static_cast<double>(total));
   };
-  const uint32_t chunk = pick_from_prefix(prefix, n_chunks, target(v.v[0], w_total));
-  // The 32 block sums of the chunk and then the 32 scores of the block: all loads
-  // issued before the scans (independent, in flight together).
-  uint64_t bs[kBlocksPerChunk];
-  const ulonglong2* bs2 =
-      reinterpret_cast<const ulonglong2*>(ws.bsum + bbase + size_t{chunk} * kBlocksPerChunk);
-#pragma unroll
-  for (uint32_t i = 0; i < kBlocksPerChunk / 2; ++i) {
-    const ulonglong2 d = bs2[i];
-    bs[2 * i] = d.x;
-    bs[2 * i + 1] = d.y;
+  // Each lane draws its own chunk: Philox draw j of the stream (seed, step,
+  // layer, q head), its first uniform through the chunk prefix sums.
+  uint32_t my_chunk = 0, my_u1 = 0, my_u2 = 0;
+  if (mine) {
+    const uint64_t step = b.step_dev ? *b.step_dev : b.step;
+    const Philox4 v = rng_draw(make_rng_stream(b.seed, step, b.layer, r.h), j);
+    my_chunk = pick_from_prefix(prefix, n_chunks, target(v.v[0], w_total));
+    my_u1 = v.v[1];
+    my_u2 = v.v[2];
   }
-  const uint32_t in_chunk =
-      pick_by_scan(bs, kBlocksPerChunk, target(v.v[1], ws.csum[cbase + chunk]));
-  const uint32_t blk = chunk * kBlocksPerChunk + in_chunk;
-  uint64_t block_w = 0;  // bs[in_chunk], without a dynamic index (bs stays in registers)
+  // The block and token picks go to groups of four lanes: group g takes the
+  // draws of lanes g, g + 8, g + 16 and g + 24, and sub-lane s holds entries
+  // [8 s, 8 s + 8) of the 32 block sums, then of the block's 32 scores. A group
+  // reads each 256-byte row of block sums and each 128-byte block of scores
+  // together, about a third of the cache wavefronts of a draw per thread.
+  const uint32_t g = lane >> 2, sub = lane & 3;
+  const uint32_t group0 = lane & ~3u;
+  uint32_t chunk[kDrawsPerGroup], u1[kDrawsPerGroup], u2[kDrawsPerGroup];
+  bool ok[kDrawsPerGroup];
 #pragma unroll
-  for (uint32_t i = 0; i < kBlocksPerChunk; ++i) block_w = i == in_chunk ? bs[i] : block_w;
-  // Candidate within the block: pick_by_scan over weights computed on the fly.
-  const uint64_t in_block = target(v.v[2], block_w);
-  const float* s = row_scores(ws, r) + it.sink_end + size_t{blk} * kBlockTokens;
-  const float mx = key_float(st.max_key);
-  const bool uniform = b.sampling == Sampling::kUniform;
-  const uint32_t heavy = ws.heavy_bits[bbase + blk];
-  const uint32_t n = min(kBlockTokens, nc - blk * kBlockTokens);
-  // The block's 32 scores as 16-byte loads from the aligned address at or below
-  // (row starts are 16-byte aligned). Past the last candidate the loads may run
-  // into the next row or the buffer after the scores, inside the workspace; those
-  // values are masked.
-  const uint32_t o = static_cast<uint32_t>((reinterpret_cast<uintptr_t>(s) >> 2) & 3u);
-  const float4* a4 = reinterpret_cast<const float4*>(s - o);
-  float raw[kBlockTokens + 4];
-#pragma unroll
-  for (uint32_t i = 0; i < kBlockTokens / 4; ++i) {
-    const float4 q4 = a4[i];
-    raw[4 * i] = q4.x; raw[4 * i + 1] = q4.y; raw[4 * i + 2] = q4.z; raw[4 * i + 3] = q4.w;
+  for (uint32_t d = 0; d < kDrawsPerGroup; ++d) {
+    const uint32_t src = g + 8 * d;
+    chunk[d] = __shfl_sync(0xffffffffu, my_chunk, src);
+    u1[d] = __shfl_sync(0xffffffffu, my_u1, src);
+    u2[d] = __shfl_sync(0xffffffffu, my_u2, src);
+    ok[d] = __shfl_sync(0xffffffffu, mine, src);
   }
-  {
-    const float4 q4 = o + n > kBlockTokens ? a4[kBlockTokens / 4] : make_float4(0.f, 0.f, 0.f, 0.f);
-    raw[32] = q4.x; raw[33] = q4.y; raw[34] = q4.z; raw[35] = q4.w;
-  }
-  float sv[kBlockTokens];
+  // All block-sum loads of the group's draws before any is used.
+  uint64_t bs[kDrawsPerGroup][8];
 #pragma unroll
-  for (uint32_t i = 0; i < kBlockTokens; ++i) {
-    const float x = o == 0 ? raw[i] : o == 1 ? raw[i + 1] : o == 2 ? raw[i + 2] : raw[i + 3];
-    sv[i] = i < n ? x : -INFINITY;
-  }
-  uint64_t run = 0;
-  uint32_t pick = 0, last_positive = 0;
-  bool found = false;
+  for (uint32_t d = 0; d < kDrawsPerGroup; ++d) {
+    const ulonglong2* p = reinterpret_cast<const ulonglong2*>(
+        ws.bsum + bbase + size_t{chunk[d]} * kBlocksPerChunk + 8 * sub);
 #pragma unroll
-  for (uint32_t i = 0; i < kBlockTokens; ++i) {
-    const uint64_t w = (heavy >> i) & 1u ? 0 : cand_weight(sv[i], mx, uniform).fixed;
-    if (!found && w > 0) {
-      run += w;
-      last_positive = i;
-      if (run > in_block) {
-        pick = i;
-        found = true;
-      }
+    for (uint32_t q = 0; q < 4; ++q) {
+      const ulonglong2 a = ok[d] ? p[q] : make_ulonglong2(0, 0);
+      bs[d][2 * q] = a.x;
+      bs[d][2 * q + 1] = a.y;
     }
   }
-  if (!found) pick = last_positive;
-  atomicOr(&ws.sample_bits[bbase + blk], 1u << pick);
+  // The block within the chunk: the first entry whose running sum exceeds the
+  // target (the chunk's total is the sum of its block sums, as csum holds).
+  uint32_t blk[kDrawsPerGroup];
+  uint64_t block_w[kDrawsPerGroup];
+#pragma unroll
+  for (uint32_t d = 0; d < kDrawsPerGroup; ++d) {
+    const GroupPick pk = group_pick(bs[d], sub, group0, [&](uint64_t total) { return target(u1[d], total); });
+    blk[d] = chunk[d] * kBlocksPerChunk + pk.index;
+    block_w[d] = pk.weight;
+  }
+  // The blocks' scores (16-byte loads where the row's candidates start aligned)
+  // and heavy bits, all issued before the weights are computed.
+  const float* row_s = row_scores(ws, r) + it.sink_end;
+  const bool aligned = (it.sink_end & 3u) == 0;
+  float sv[kDrawsPerGroup][8];
+  uint32_t heavy[kDrawsPerGroup];
+#pragma unroll
+  for (uint32_t d = 0; d < kDrawsPerGroup; ++d) {
+    const uint32_t i0 = blk[d] * kBlockTokens + 8 * sub;  // this sub-lane's first candidate
+    const float* p = row_s + i0;
+    heavy[d] = ok[d] ? ws.heavy_bits[bbase + blk[d]] : ~0u;
+    if (aligned && ok[d] && i0 + 8 <= nc) {
+      const float4 a = reinterpret_cast<const float4*>(p)[0], c = reinterpret_cast<const float4*>(p)[1];
+      sv[d][0] = a.x; sv[d][1] = a.y; sv[d][2] = a.z; sv[d][3] = a.w;
+      sv[d][4] = c.x; sv[d][5] = c.y; sv[d][6] = c.z; sv[d][7] = c.w;
+    } else {
+#pragma unroll
+      for (uint32_t e = 0; e < 8; ++e) sv[d][e] = ok[d] && i0 + e < nc ? p[e] : -INFINITY;
+    }
+  }
+  // The candidate within the block, by the same rule over its fixed-point weights
+  // (0 for heavy and masked candidates); one lane sets the sample bit.
+  const float mx = key_float(st.max_key);
+  const bool uniform = b.sampling == Sampling::kUniform;
+#pragma unroll
+  for (uint32_t d = 0; d < kDrawsPerGroup; ++d) {
+    uint64_t w[8];
+#pragma unroll
+    for (uint32_t e = 0; e < 8; ++e)
+      w[e] = (heavy[d] >> (8 * sub + e)) & 1u ? 0 : cand_weight(sv[d][e], mx, uniform).fixed;
+    const uint64_t in_block = target(u2[d], block_w[d]);
+    const GroupPick pk = group_pick(w, sub, group0, [&](uint64_t) { return in_block; });
+    if (ok[d] && sub == 0) atomicOr(&ws.sample_bits[bbase + blk[d]], 1u << pk.index);
+  }
 }
 
 __global__ void segments_kernel(DecodeBatch b, Workspace ws) {

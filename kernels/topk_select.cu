@@ -18,6 +18,8 @@
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
+#include <type_traits>
+
 #include "device_util.cuh"
 #include "stage_launch.cuh"
 #include "stages.h"
@@ -117,11 +119,14 @@ __global__ void __launch_bounds__(kThreads) hist_kernel(DecodeBatch b, Workspace
   }
 }
 
-// One warp per 1024-candidate chunk: the chunk's scores go through shared memory
-// so that each lane then owns one 32-candidate block (its bitmap word, its
-// boundary-bin candidates and, with filter_sums_residual, its residual weight sum
-// for the sampler, in the layout stratified_sample.cu reads). Boundary-bin
-// candidates are counted as residual here; refine subtracts those it selects.
+// One warp per 1024-candidate chunk, each lane owning one 32-candidate block (its
+// bitmap word, its boundary-bin candidates and, with filter_sums_residual, its
+// residual weight sum for the sampler, in the layout stratified_sample.cu reads).
+// Where the row's candidates start 16 bytes aligned (sink_end % 4 == 0), each
+// lane reads its block with 16-byte loads; otherwise the chunk goes through
+// shared memory first (coalesced loads, then each lane reads down its row).
+// Boundary-bin candidates are counted as residual here; refine subtracts those
+// it selects.
 __global__ void __launch_bounds__(kThreads) filter_kernel(DecodeBatch b, Workspace ws) {
   stage_begin();
   constexpr uint32_t kWarps = kThreads / 32;
@@ -139,20 +144,19 @@ __global__ void __launch_bounds__(kThreads) filter_kernel(DecodeBatch b, Workspa
   const uint32_t per = (chunks + gridDim.x - 1) / gridDim.x;
   const uint32_t c_begin = min(chunks, blockIdx.x * per), c_end = min(chunks, c_begin + per);
   const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+  const bool aligned = (r.it->sink_end & 3u) == 0;  // row bases are whole chunks
   ChunkTile& tile = tile_s[warp];
   double heavy_mass = 0.0, resid_mass = 0.0;  // statistics (RowState::w_heavy, w_resid_proxy)
   for (uint32_t c = c_begin + warp; c < c_end; c += kWarps) {
     const uint32_t j0 = c * kChunkTokens;
     const uint32_t n_here = min(kChunkTokens, r.nc - j0);
-    load_chunk_tile(tile, r.cand_scores + j0, n_here, lane);
+    if (!aligned) load_chunk_tile(tile, r.cand_scores + j0, n_here, lane);
     const uint32_t n_mine = lane * kBlockTokens < n_here ? min(kBlockTokens, n_here - lane * kBlockTokens) : 0u;
     uint32_t sel = 0, in_cut = 0;
     uint64_t resid = 0;
     float heavy_blk = 0.f, resid_blk = 0.f;  // statistics: float within a block, double across
-#pragma unroll 8
-    for (uint32_t i = 0; i < kBlockTokens; ++i) {
-      const float v = tile[lane][i];
-      const uint32_t bin = k > 0 && i < n_mine ? bins.bin(v) : kScoreBins;  // kScoreBins: none
+    auto step = [&](float v, uint32_t i, bool valid) {
+      const uint32_t bin = valid ? bins.bin(v) : kScoreBins;  // kScoreBins: none
       const bool heavy = bin < cut_bin;
       sel |= uint32_t{heavy} << i;
       in_cut |= uint32_t{collect && bin == cut_bin} << i;
@@ -165,6 +169,36 @@ __global__ void __launch_bounds__(kThreads) filter_kernel(DecodeBatch b, Workspa
           resid_blk += w.e;
         }
       }
+    };
+    // Direct 16-byte loads, eight candidates at a time; a partial block (the
+    // row's last) masks what lies past its end.
+    auto direct = [&](auto whole) {
+      constexpr bool kWhole = decltype(whole)::value;
+      const float4* p = reinterpret_cast<const float4*>(r.cand_scores + j0 + lane * kBlockTokens);
+#pragma unroll
+      for (uint32_t g = 0; g < kBlockTokens / 8; ++g) {
+        float v[8];
+#pragma unroll
+        for (uint32_t h = 0; h < 2; ++h) {
+          const uint32_t i = 8 * g + 4 * h;
+          const float4 a = kWhole || i < n_mine ? p[2 * g + h] : make_float4(0.f, 0.f, 0.f, 0.f);
+          v[4 * h] = a.x; v[4 * h + 1] = a.y; v[4 * h + 2] = a.z; v[4 * h + 3] = a.w;
+        }
+#pragma unroll
+        for (uint32_t q = 0; q < 8; ++q) {
+          const uint32_t i = 8 * g + q;
+          const bool in = kWhole || i < n_mine;
+          step(in ? v[q] : -INFINITY, i, k > 0 && in);
+        }
+      }
+    };
+    if (!aligned) {
+#pragma unroll 8
+      for (uint32_t i = 0; i < kBlockTokens; ++i) step(tile[lane][i], i, k > 0 && i < n_mine);
+    } else if (n_mine == kBlockTokens) {
+      direct(std::true_type{});
+    } else {
+      direct(std::false_type{});
     }
     heavy_mass += heavy_blk;
     resid_mass += resid_blk;
