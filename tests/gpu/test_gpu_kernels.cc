@@ -240,7 +240,9 @@ TEST_CASE("gpu radix top-k (PQ_TOPK and ORACLE_TOPK) selects the top k' as the C
       TestLayer t;
       build_layer(t, 4, 2, 64, DType::kBF16, n, 256, 8, 64, n + m);
       Run r;
-      setup_run(r, t, m, n / 20, 0.4f, 64, 64, 0);
+      // 61 sink tokens: the candidates start off 16-byte alignment (the filter's
+      // shared-memory path); 64: its direct loads.
+      setup_run(r, t, m, n / 20, 0.4f, n == 3000u ? 61 : 64, 64, 0);
       const auto got = run_and_fetch(r, t);
       for (uint32_t h = 0; h < 4; ++h) {
         const RowView v = fetch_row(r, h);
@@ -338,7 +340,9 @@ TEST_CASE("gpu sampling methods: read-set rules and the estimator match float64"
       TestLayer t;
       build_layer(t, 8, 2, 128, DType::kF16, n, 256, 16, 64, n * 7 + m);
       Run r;
-      setup_run(r, t, m, n / 20, 0.4f, 128, 128, 5);
+      // 127 sink tokens: candidates off 16-byte alignment (the filter's and the
+      // draws' unaligned paths).
+      setup_run(r, t, m, n / 20, 0.4f, n == 6000u ? 127 : 128, 128, 5);
       const auto got = run_and_fetch(r, t);
       for (uint32_t h = 0; h < t.L.n_q_heads; ++h) check_sampled_row(r, t, h, got, 2e-3);
     }
@@ -422,56 +426,60 @@ TEST_CASE("gpu empirical inclusion frequencies match pi") {
   SSA_GPU_TEST_OR_SKIP();
   TestLayer t;
   build_layer(t, 2, 1, 64, DType::kF32, 3000, 64, 8, 32, 99, 1.0f);
-  Run r;
-  setup_run(r, t, SSA_METHOD_SSA, 300, 0.4f, 64, 64, 0);
-  const uint32_t T = 3000;
-  std::vector<std::map<uint32_t, uint32_t>> hits(2);
-  RowView first[2];
-  for (uint32_t step = 0; step < T; ++step) {
-    r.b.step = step;
-    CUDA_OK(r.dec.run(&r.b));
+  // 64 sink tokens: the draws read scores with 16-byte loads; 61: one by one.
+  for (uint32_t sink : {64u, 61u}) {
+    INFO("sink ", sink);
+    Run r;
+    setup_run(r, t, SSA_METHOD_SSA, 300, 0.4f, sink, 64, 0);
+    const uint32_t T = 3000;
+    std::vector<std::map<uint32_t, uint32_t>> hits(2);
+    RowView first[2];
+    for (uint32_t step = 0; step < T; ++step) {
+      r.b.step = step;
+      CUDA_OK(r.dec.run(&r.b));
+      for (uint32_t h = 0; h < 2; ++h) {
+        RowView v = fetch_row(r, h);
+        for (uint32_t i : v.sampled) ++hits[h][i];
+        if (step == 0) first[h] = std::move(v);
+      }
+    }
     for (uint32_t h = 0; h < 2; ++h) {
-      RowView v = fetch_row(r, h);
-      for (uint32_t i : v.sampled) ++hits[h][i];
-      if (step == 0) first[h] = std::move(v);
-    }
-  }
-  for (uint32_t h = 0; h < 2; ++h) {
-    const RowView& v = first[h];
-    std::set<uint32_t> heavy(v.heavy.begin(), v.heavy.end());
-    // pi from the float64 PQ proxy of the reference (independent of the GPU scores).
-    const auto q = scaled_q(t, h);
-    double mx = -INFINITY;
-    std::vector<double> s(t.n, -INFINITY);
-    for (uint32_t i = r.plan.sink_end; i < r.plan.local_begin; ++i) {
-      s[i] = pq_logit(t, h, i, q);
-      mx = std::max(mx, s[i]);
-    }
-    double wr = 0;
-    for (uint32_t i = r.plan.sink_end; i < r.plan.local_begin; ++i)
-      if (!heavy.count(i)) wr += exp(s[i] - mx);
-    uint32_t bad = 0, checked = 0;
-    double sum_pi = 0, sum_f = 0;
-    for (uint32_t i = r.plan.sink_end; i < r.plan.local_begin; ++i) {
-      if (heavy.count(i)) {
-        CHECK(hits[h].count(i) == 0);
-        continue;
+      const RowView& v = first[h];
+      std::set<uint32_t> heavy(v.heavy.begin(), v.heavy.end());
+      // pi from the float64 PQ proxy of the reference (independent of the GPU scores).
+      const auto q = scaled_q(t, h);
+      double mx = -INFINITY;
+      std::vector<double> s(t.n, -INFINITY);
+      for (uint32_t i = r.plan.sink_end; i < r.plan.local_begin; ++i) {
+        s[i] = pq_logit(t, h, i, q);
+        mx = std::max(mx, s[i]);
       }
-      const double p = exp(s[i] - mx) / wr;
-      const double pi = -expm1(static_cast<double>(v.st.n_draws) * log1p(-p));
-      const double f = static_cast<double>(hits[h].count(i) ? hits[h][i] : 0) / T;
-      sum_pi += pi;
-      sum_f += f;
-      const double sigma = sqrt(pi * (1 - pi) / T);
-      if (pi > 1e-3) {
-        ++checked;
-        if (fabs(f - pi) > 5.5 * sigma + 1e-4) ++bad;
+      double wr = 0;
+      for (uint32_t i = r.plan.sink_end; i < r.plan.local_begin; ++i)
+        if (!heavy.count(i)) wr += exp(s[i] - mx);
+      uint32_t bad = 0, checked = 0;
+      double sum_pi = 0, sum_f = 0;
+      for (uint32_t i = r.plan.sink_end; i < r.plan.local_begin; ++i) {
+        if (heavy.count(i)) {
+          CHECK(hits[h].count(i) == 0);
+          continue;
+        }
+        const double p = exp(s[i] - mx) / wr;
+        const double pi = -expm1(static_cast<double>(v.st.n_draws) * log1p(-p));
+        const double f = static_cast<double>(hits[h].count(i) ? hits[h][i] : 0) / T;
+        sum_pi += pi;
+        sum_f += f;
+        const double sigma = sqrt(pi * (1 - pi) / T);
+        if (pi > 1e-3) {
+          ++checked;
+          if (fabs(f - pi) > 5.5 * sigma + 1e-4) ++bad;
+        }
       }
+      INFO("head ", h, " checked ", checked, " sum pi ", sum_pi, " sum freq ", sum_f);
+      CHECK(checked > 50);
+      CHECK(bad == 0);
+      CHECK(fabs(sum_f - sum_pi) < 0.01 * sum_pi);
     }
-    INFO("head ", h, " checked ", checked, " sum pi ", sum_pi, " sum freq ", sum_f);
-    CHECK(checked > 50);
-    CHECK(bad == 0);
-    CHECK(fabs(sum_f - sum_pi) < 0.01 * sum_pi);
   }
 }
 
