@@ -143,7 +143,26 @@ __device__ __forceinline__ void lut_entries(const float* lut_s, uint32_t m, uint
   }
 }
 
+// The entries of code byte j of cw for subspace m, when the tables have 16
+// subspaces and whole float4 vectors (GH >= 4): entry (c, m) of a plane starts at
+// byte c * 256 + m * 16, and one byte permute puts c * 256 in place (instead of
+// extracting the byte, multiplying by M and scaling: a fifth of the scoring
+// loop's instructions). m_base points at subspace m's entries of code 0.
 template <int GH>
+__device__ __forceinline__ void lut_entries_m16(const char* m_base, uint32_t cw, uint32_t j, float* v) {
+  constexpr int P = LutVec<GH>::P;
+  constexpr uint32_t kPlaneBytes = 256u * 16u * 16u;  // K = 256 codes, M = 16, 16 bytes
+  const uint32_t off = __byte_perm(cw, 0u, 0x4404u | (j << 4));  // byte j of cw, times 256
+#pragma unroll
+  for (int p = 0; p < P; ++p) {
+    const float4 a = *reinterpret_cast<const float4*>(m_base + p * kPlaneBytes + off);
+    v[p * 4] = a.x; v[p * 4 + 1] = a.y; v[p * 4 + 2] = a.z; v[p * 4 + 3] = a.w;
+  }
+}
+
+// kM16: 16 subspaces of 256 codes with GH >= 4 (lut_entries_m16); otherwise any
+// table shape through lut_entries.
+template <int GH, bool kM16>
 __global__ void __launch_bounds__(kScoreThreads) pq_score_kernel(DecodeBatch b, Workspace ws,
                                                                 uint32_t tile) {
   stage_begin();
@@ -212,17 +231,33 @@ __global__ void __launch_bounds__(kScoreThreads) pq_score_kernel(DecodeBatch b, 
 #pragma unroll
       for (int j = 0; j < kTokensPerThread; ++j) acc[g][j] = 0.f;
     uint32_t m = m_first;
-#pragma unroll 2
-    for (uint32_t step = 0; step < M; ++step) {
-      const uint32_t cw = my_codes[m * kScoreThreads];
+    if constexpr (kM16) {
+#pragma unroll 4
+      for (uint32_t step = 0; step < 16; ++step) {
+        const uint32_t cw = my_codes[m * kScoreThreads];
+        const char* m_base = reinterpret_cast<const char*>(lut_s) + m * 16;
 #pragma unroll
-      for (int j = 0; j < kTokensPerThread; ++j) {
-        float v[GH];
-        lut_entries<GH>(lut_s, m, (cw >> (8 * j)) & 0xffu, M, K, v);
+        for (int j = 0; j < kTokensPerThread; ++j) {
+          float v[GH];
+          lut_entries_m16<GH>(m_base, cw, j, v);
 #pragma unroll
-        for (int g = 0; g < GH; ++g) acc[g][j] += v[g];
+          for (int g = 0; g < GH; ++g) acc[g][j] += v[g];
+        }
+        m = (m + 1) & 15u;
       }
-      m = m + 1 == M ? 0 : m + 1;
+    } else {
+#pragma unroll 2
+      for (uint32_t step = 0; step < M; ++step) {
+        const uint32_t cw = my_codes[m * kScoreThreads];
+#pragma unroll
+        for (int j = 0; j < kTokensPerThread; ++j) {
+          float v[GH];
+          lut_entries<GH>(lut_s, m, (cw >> (8 * j)) & 0xffu, M, K, v);
+#pragma unroll
+          for (int g = 0; g < GH; ++g) acc[g][j] += v[g];
+        }
+        m = m + 1 == M ? 0 : m + 1;
+      }
     }
     // Masked positions (sink, local, the padding past the last token) get -inf;
     // one float4 store per row (t0 and each row's base are multiples of 4).
@@ -336,15 +371,25 @@ int heads_per_pass(const DecodeShape& s) {
   return 0;
 }
 
-template <int GH>
-cudaError_t launch_pq_score_gh(const DecodeBatch& b, const WorkspacePlan& plan,
-                               const Workspace& ws, cudaStream_t st) {
+template <int GH, bool kM16>
+cudaError_t launch_pq_score_kernel(const DecodeBatch& b, const WorkspacePlan& plan,
+                                   const Workspace& ws, cudaStream_t st) {
   const size_t smem = score_smem_bytes(GH, b.shape);
-  cudaError_t e = ensure_dynamic_smem(reinterpret_cast<const void*>(pq_score_kernel<GH>), smem);
+  cudaError_t e = ensure_dynamic_smem(reinterpret_cast<const void*>(pq_score_kernel<GH, kM16>), smem);
   if (e != cudaSuccess) return e;
   const dim3 grid((plan.n_pad_max + plan.score_tile - 1) / plan.score_tile,
                   b.shape.n_kv_heads * (b.shape.group() / GH), b.n_items);
-  return launch_stage(b, pq_score_kernel<GH>, grid, kScoreThreads, smem, st, b, ws, plan.score_tile);
+  return launch_stage(b, pq_score_kernel<GH, kM16>, grid, kScoreThreads, smem, st, b, ws, plan.score_tile);
+}
+
+template <int GH>
+cudaError_t launch_pq_score_gh(const DecodeBatch& b, const WorkspacePlan& plan,
+                               const Workspace& ws, cudaStream_t st) {
+  if constexpr (LutVec<GH>::W == 4) {
+    if (b.shape.pq_subspaces == 16 && b.shape.pq_centroids == 256)
+      return launch_pq_score_kernel<GH, true>(b, plan, ws, st);
+  }
+  return launch_pq_score_kernel<GH, false>(b, plan, ws, st);
 }
 
 }  // namespace
