@@ -88,6 +88,9 @@ __global__ void init_rows_kernel(DecodeBatch b, RowState* rows, uint32_t* hist) 
   rows[row_of(item, h, b.shape.n_q_heads)] = initial_row(b, b.items[item]);
 }
 
+// Subspaces of up to this many dimensions load each centroid as float4s.
+constexpr uint32_t kLutVecDims = 32;
+
 // One block per (subspace, q head, item), one thread per centroid.
 template <typename T, int GH>
 __global__ void build_lut_kernel(DecodeBatch b, float* lut, RowState* rows, uint32_t* hist) {
@@ -118,7 +121,24 @@ __global__ void build_lut_kernel(DecodeBatch b, float* lut, RowState* rows, uint
   for (uint32_t c = threadIdx.x; c < K; c += blockDim.x) {
     const float* cc = cb + size_t{c} * sub;
     float acc = 0.f;
-    for (uint32_t j = 0; j < sub; ++j) acc = __fadd_rn(acc, __fmul_rn(qs[j], cc[j]));
+    if (sub % 4 == 0 && sub <= kLutVecDims) {
+      // The centroid's floats as 16-byte loads, all issued before the sum (a
+      // chain of dependent loads otherwise); the same order of operations.
+      float4 x[kLutVecDims / 4];
+#pragma unroll
+      for (uint32_t i = 0; i < kLutVecDims / 4; ++i)
+        if (4 * i < sub) x[i] = reinterpret_cast<const float4*>(cc)[i];
+#pragma unroll
+      for (uint32_t i = 0; i < kLutVecDims / 4; ++i) {
+        if (4 * i >= sub) break;
+        acc = __fadd_rn(acc, __fmul_rn(qs[4 * i], x[i].x));
+        acc = __fadd_rn(acc, __fmul_rn(qs[4 * i + 1], x[i].y));
+        acc = __fadd_rn(acc, __fmul_rn(qs[4 * i + 2], x[i].z));
+        acc = __fadd_rn(acc, __fmul_rn(qs[4 * i + 3], x[i].w));
+      }
+    } else {
+      for (uint32_t j = 0; j < sub; ++j) acc = __fadd_rn(acc, __fmul_rn(qs[j], cc[j]));
+    }
     out[lut_offset<GH>(g, m, c, M, K)] = acc;
   }
 }
