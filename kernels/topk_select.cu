@@ -18,7 +18,6 @@
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
-#include <algorithm>
 #include <type_traits>
 
 #include "device_util.cuh"
@@ -30,13 +29,6 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kRefineThreads = 1024;
-// The histogram runs a quarter of the filter's blocks per row, each with 16 loads
-// in flight per thread: every block adds its shared histogram to the row's with
-// one global atomic per bin it filled, and with the filter's block count those
-// atomics (hundreds per block, the same 1024 addresses per row) were a large part
-// of the pass.
-constexpr int kHistLoads = 16;
-constexpr uint32_t kHistBlockDivisor = 4;
 constexpr uint32_t kFilterWarps = kThreads / 32;
 static_assert(kScoreBins % kThreads == 0, "resolve: whole bins per thread");
 
@@ -73,16 +65,16 @@ __global__ void __launch_bounds__(kThreads) hist_kernel(DecodeBatch b, Workspace
   const ScoreBins bins(st);
   const uint32_t per = (r.nc + gridDim.x - 1) / gridDim.x;
   const uint32_t begin = min(r.nc, blockIdx.x * per), end = min(r.nc, begin + per);
-  // kHistLoads loads in flight per thread before their shared-memory updates.
-  for (uint32_t j0 = begin + threadIdx.x; j0 < end; j0 += kHistLoads * kThreads) {
-    float v[kHistLoads];
+  // Four loads in flight per thread before their four shared-memory updates.
+  for (uint32_t j0 = begin + threadIdx.x; j0 < end; j0 += 4 * kThreads) {
+    float v[4];
 #pragma unroll
-    for (int u = 0; u < kHistLoads; ++u) {
+    for (int u = 0; u < 4; ++u) {
       const uint32_t j = j0 + u * kThreads;
       v[u] = j < end ? r.cand_scores[j] : 0.f;
     }
 #pragma unroll
-    for (int u = 0; u < kHistLoads; ++u) {
+    for (int u = 0; u < 4; ++u) {
       if (j0 + u * kThreads < end) atomicAdd(&hist_s[bins.bin(v[u])], 1u);
     }
   }
@@ -370,8 +362,7 @@ cudaError_t launch_topk(const DecodeBatch& b, const WorkspacePlan& plan, const W
   const dim3 scan_grid(plan.scan_blocks, b.shape.n_q_heads, b.n_items);
   const dim3 row_grid(1, b.shape.n_q_heads, b.n_items);
   // The histograms were zeroed by build_lut_kernel (PQ proxy) or init_rows_kernel.
-  const dim3 hist_grid(std::max(1u, plan.scan_blocks / kHistBlockDivisor), b.shape.n_q_heads, b.n_items);
-  cudaError_t e = launch_stage(b, hist_kernel, hist_grid, kThreads, 0, st, b, ws);
+  cudaError_t e = launch_stage(b, hist_kernel, scan_grid, kThreads, 0, st, b, ws);
   // Six filter blocks per multiprocessor (40 registers); the chunk tiles only
   // when some row's candidates start unaligned.
   bool unaligned = false;
