@@ -256,7 +256,7 @@ __global__ void __launch_bounds__(kSampleThreads, 3) sample_kernel(DecodeBatch b
   // draws of lanes g, g + 8, g + 16 and g + 24, and sub-lane s holds entries
   // [8 s, 8 s + 8) of the 32 block sums, then of the block's 32 scores. A group
   // reads each 256-byte row of block sums and each 128-byte block of scores
-  // together, about a third of the cache wavefronts of a draw per thread.
+  // together: fewer than half the cache wavefronts of one draw per thread.
   const uint32_t g = lane >> 2, sub = lane & 3;
   const uint32_t group0 = lane & ~3u;
   uint32_t chunk[kDrawsPerGroup], u1[kDrawsPerGroup], u2[kDrawsPerGroup];
