@@ -17,14 +17,6 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, uint32_t 
                "r"(bytes)
                : "memory");
 }
-// The same with a hint that L2 fetch the whole 256-byte block around the source:
-// for rows gathered at random (sparse attention), each row's K or V is read in
-// 16-byte pieces by many threads, and one 256-byte fetch serves all of them.
-__device__ __forceinline__ void cp_async16_l2_256(void* dst, const void* src, uint32_t bytes) {
-  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
-               "r"(bytes)
-               : "memory");
-}
 // 4-byte global -> shared copy (cached in L1).
 __device__ __forceinline__ void cp_async4(void* dst, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_addr(dst)), "l"(src) : "memory");

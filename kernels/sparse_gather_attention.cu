@@ -135,8 +135,8 @@ __global__ void __launch_bounds__(kThreads) sparse_gather_kernel(DecodeBatch b, 
       // Past the end: the stage's first row (always a real one) as a readable,
       // aligned source; nothing is copied from it.
       if (!kp) kp = s_row[j % kSlots][0];
-      cp_async16_l2_256(ks + r * D + col, kp + col, bytes);
-      cp_async16_l2_256(vs + r * D + col, kp + v_off + col, bytes);
+      cp_async16(ks + r * D + col, kp + col, bytes);
+      cp_async16(vs + r * D + col, kp + v_off + col, bytes);
     }
   };
 #pragma unroll
