@@ -359,12 +359,11 @@ __global__ void __launch_bounds__(kRefineThreads) refine_kernel(DecodeBatch b, W
 
 }  // namespace
 
-uint32_t filter_blocks_per_row(uint32_t n_pad_max, uint32_t scan_blocks) {
-  // A warp takes whole 1024-candidate chunks: with the histogram's block count a
-  // short row (128K: 128 chunks over 64 blocks) left six of each block's eight
-  // warps without work, holding their slots.
-  const uint32_t chunks = (n_pad_max + kChunkTokens - 1) / kChunkTokens;
-  return std::clamp<uint32_t>((chunks + kFilterWarps - 1) / kFilterWarps, 1, std::max(scan_blocks, 1u));
+uint32_t filter_blocks_per_row(uint32_t rows, uint32_t scan_blocks, int sm_count) {
+  // All of the filter's blocks in one wave: with the histogram's count (about 1024
+  // in all) a second, partial wave ran after the first.
+  const uint32_t resident = kFilterBlocksPerSm * static_cast<uint32_t>(sm_count > 0 ? sm_count : 1);
+  return std::clamp<uint32_t>(resident / std::max(rows, 1u), 1, std::max(scan_blocks, 1u));
 }
 
 cudaError_t launch_topk(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
