@@ -14,8 +14,6 @@ cudaError_t launch_pq_scores(const DecodeBatch& b, const WorkspacePlan& plan, co
                              cudaStream_t st);
 cudaError_t launch_exact_scores(const DecodeBatch& b, const WorkspacePlan& plan,
                                 const Workspace& ws, cudaStream_t st);
-// Top-k filter blocks per row: as many as fit the GPU at once, at most scan_blocks.
-uint32_t filter_blocks_per_row(uint32_t rows, uint32_t scan_blocks, int sm_count);
 cudaError_t launch_topk(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
                         cudaStream_t st);
 // Heavy bitmap (and, with samples, the sample bitmap) -> token-ordered lists,

@@ -18,7 +18,6 @@
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
-#include <algorithm>
 #include <type_traits>
 
 #include "device_util.cuh"
@@ -31,7 +30,6 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kRefineThreads = 1024;
 constexpr uint32_t kFilterWarps = kThreads / 32;
-constexpr uint32_t kFilterBlocksPerSm = 6;  // 40 registers (launch bounds)
 static_assert(kScoreBins % kThreads == 0, "resolve: whole bins per thread");
 
 struct Row {
@@ -130,7 +128,7 @@ __global__ void __launch_bounds__(kThreads) hist_kernel(DecodeBatch b, Workspace
 // shared memory first (coalesced loads, then each lane reads down its row).
 // Boundary-bin candidates are counted as residual here; refine subtracts those
 // it selects.
-__global__ void __launch_bounds__(kThreads, kFilterBlocksPerSm) filter_kernel(DecodeBatch b, Workspace ws) {
+__global__ void __launch_bounds__(kThreads, 6) filter_kernel(DecodeBatch b, Workspace ws) {
   stage_begin();
   extern __shared__ float4 filter_smem[];  // kFilterWarps chunk tiles, only for unaligned rows
   const Row r = row_here(b, ws);
@@ -359,13 +357,6 @@ __global__ void __launch_bounds__(kRefineThreads) refine_kernel(DecodeBatch b, W
 
 }  // namespace
 
-uint32_t filter_blocks_per_row(uint32_t rows, uint32_t scan_blocks, int sm_count) {
-  // All of the filter's blocks in one wave: with the histogram's count (about 1024
-  // in all) a second, partial wave ran after the first.
-  const uint32_t resident = kFilterBlocksPerSm * static_cast<uint32_t>(sm_count > 0 ? sm_count : 1);
-  return std::clamp<uint32_t>(resident / std::max(rows, 1u), 1, std::max(scan_blocks, 1u));
-}
-
 cudaError_t launch_topk(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
                         cudaStream_t st) {
   const dim3 scan_grid(plan.scan_blocks, b.shape.n_q_heads, b.n_items);
@@ -380,8 +371,7 @@ cudaError_t launch_topk(const DecodeBatch& b, const WorkspacePlan& plan, const W
     unaligned = unaligned || (it.sink_end < it.local_begin && (it.sink_end & 3u) != 0);
   }
   const size_t tiles = unaligned ? kFilterWarps * sizeof(ChunkTile) : 0;
-  const dim3 filter_grid(plan.filter_blocks, b.shape.n_q_heads, b.n_items);
-  if (e == cudaSuccess) e = launch_stage(b, filter_kernel, filter_grid, kThreads, tiles, st, b, ws);
+  if (e == cudaSuccess) e = launch_stage(b, filter_kernel, scan_grid, kThreads, tiles, st, b, ws);
   if (e == cudaSuccess) e = launch_stage(b, refine_kernel, row_grid, kRefineThreads, 0, st, b, ws);
   return e;
 }

@@ -92,8 +92,6 @@ void check_plan(const Shape& sh, cuda::Proxy proxy, cuda::HeavyRule heavy, const
   // Launch geometry the kernels rely on.
   CHECK(p.scan_blocks >= 1);
   CHECK(p.scan_blocks <= 64);
-  CHECK(p.filter_blocks >= 1);
-  CHECK(p.filter_blocks <= p.scan_blocks);
   CHECK(p.score_tile >= 1024);
   CHECK(p.score_tile % 1024 == 0);
   CHECK(p.compact_blocks >= 1);
