@@ -780,7 +780,6 @@ void run_case(const Case& c, const std::vector<uint32_t>& sparsities, int sms, i
 
 // ---- arguments ------------------------------------------------------------------
 
-// Comma-separated unsigned integers, each with an optional K (x1024) or M (x1048576).
 // A comma-separated list of names ("a,b"; an empty name stays in the list).
 std::vector<std::string> split_names(const char* s) {
   std::vector<std::string> out;
@@ -793,6 +792,7 @@ std::vector<std::string> split_names(const char* s) {
   return out;
 }
 
+// Comma-separated unsigned integers, each with an optional K (x1024) or M (x1048576).
 bool parse_list(const char* s, std::vector<uint32_t>* out) {
   out->clear();
   while (*s) {

@@ -147,6 +147,13 @@ __device__ __forceinline__ void split_range(uint32_t P, uint32_t n_splits, uint3
   *p1 = min(P, *p0 + per);
 }
 
+// Whether an item's candidate scores (from token sink_end) start 16 bytes aligned
+// in every row, so that the filter and the draws may read them with 16-byte
+// loads: row bases are whole chunks, so when sink_end is a multiple of 4.
+__host__ __device__ __forceinline__ bool cand_scores_aligned(const DecodeItem& it) {
+  return (it.sink_end & 3u) == 0;
+}
+
 // Offset of head h's row in the per-token arrays of the workspace (scores and the
 // top-k boundary list): rows of n_pad entries, one per q head, item after item.
 __device__ __forceinline__ size_t row_token_base(const DecodeItem& it, uint32_t h) {

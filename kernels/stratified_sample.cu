@@ -295,7 +295,7 @@ __global__ void __launch_bounds__(kSampleThreads, 3) sample_kernel(DecodeBatch b
   // The blocks' scores (16-byte loads where the row's candidates start aligned)
   // and heavy bits, all issued before the weights are computed.
   const float* row_s = row_scores(ws, r) + it.sink_end;
-  const bool aligned = (it.sink_end & 3u) == 0;
+  const bool aligned = cand_scores_aligned(it);
   float sv[kDrawsPerGroup][8];
   uint32_t heavy[kDrawsPerGroup];
 #pragma unroll

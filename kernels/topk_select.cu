@@ -30,6 +30,7 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kRefineThreads = 1024;
 constexpr uint32_t kFilterWarps = kThreads / 32;
+constexpr uint32_t kFilterBlocksPerSm = 6;  // launch bounds: 40 registers
 static_assert(kScoreBins % kThreads == 0, "resolve: whole bins per thread");
 
 struct Row {
@@ -128,7 +129,7 @@ __global__ void __launch_bounds__(kThreads) hist_kernel(DecodeBatch b, Workspace
 // shared memory first (coalesced loads, then each lane reads down its row).
 // Boundary-bin candidates are counted as residual here; refine subtracts those
 // it selects.
-__global__ void __launch_bounds__(kThreads, 6) filter_kernel(DecodeBatch b, Workspace ws) {
+__global__ void __launch_bounds__(kThreads, kFilterBlocksPerSm) filter_kernel(DecodeBatch b, Workspace ws) {
   stage_begin();
   extern __shared__ float4 filter_smem[];  // kFilterWarps chunk tiles, only for unaligned rows
   const Row r = row_here(b, ws);
@@ -144,7 +145,7 @@ __global__ void __launch_bounds__(kThreads, 6) filter_kernel(DecodeBatch b, Work
   const uint32_t per = (chunks + gridDim.x - 1) / gridDim.x;
   const uint32_t c_begin = min(chunks, blockIdx.x * per), c_end = min(chunks, c_begin + per);
   const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-  const bool aligned = (r.it->sink_end & 3u) == 0;  // row bases are whole chunks
+  const bool aligned = cand_scores_aligned(*r.it);
   ChunkTile& tile = reinterpret_cast<ChunkTile*>(filter_smem)[warp];
   double heavy_mass = 0.0, resid_mass = 0.0;  // statistics (RowState::w_heavy, w_resid_proxy)
   for (uint32_t c = c_begin + warp; c < c_end; c += kFilterWarps) {
@@ -363,12 +364,11 @@ cudaError_t launch_topk(const DecodeBatch& b, const WorkspacePlan& plan, const W
   const dim3 row_grid(1, b.shape.n_q_heads, b.n_items);
   // The histograms were zeroed by build_lut_kernel (PQ proxy) or init_rows_kernel.
   cudaError_t e = launch_stage(b, hist_kernel, scan_grid, kThreads, 0, st, b, ws);
-  // Six filter blocks per multiprocessor (40 registers); the chunk tiles only
-  // when some row's candidates start unaligned.
+  // The filter's chunk tiles only when some row's candidates start unaligned.
   bool unaligned = false;
   for (uint32_t i = 0; i < b.n_items; ++i) {
     const DecodeItem& it = b.items[i];
-    unaligned = unaligned || (it.sink_end < it.local_begin && (it.sink_end & 3u) != 0);
+    unaligned = unaligned || (it.sink_end < it.local_begin && !cand_scores_aligned(it));
   }
   const size_t tiles = unaligned ? kFilterWarps * sizeof(ChunkTile) : 0;
   if (e == cudaSuccess) e = launch_stage(b, filter_kernel, scan_grid, kThreads, tiles, st, b, ws);
