@@ -124,6 +124,7 @@ cudaError_t plan_workspace(DecodeBatch* b, int sm_count, WorkspacePlan* plan) {
   };
   const size_t rows = p.rows;
   p.off_lut = take(b->proxy == Proxy::kPq ? rows * s.pq_subspaces * s.pq_centroids * 4 : 0);
+  p.off_lut_range = take(b->proxy == Proxy::kPq ? rows * s.pq_subspaces * 2 * 4 : 0);
   p.off_scores = take(score * 4);
   p.off_cut = take(score * 4);
   p.off_bsum = take(score / kBlockTokens * 8);
@@ -158,6 +159,7 @@ Workspace bind_workspace(void* base, const WorkspacePlan& p) {
   uint8_t* c = static_cast<uint8_t*>(base);
   Workspace w;
   w.lut = reinterpret_cast<float*>(c + p.off_lut);
+  w.lut_range = reinterpret_cast<float*>(c + p.off_lut_range);
   w.scores = reinterpret_cast<float*>(c + p.off_scores);
   w.cut = reinterpret_cast<uint32_t*>(c + p.off_cut);
   w.bsum = reinterpret_cast<uint64_t*>(c + p.off_bsum);

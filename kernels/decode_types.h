@@ -16,7 +16,7 @@
 namespace ssa::cuda {
 
 constexpr uint32_t kMaxBatchItems = 32;
-constexpr uint32_t kScoreBins = 1024;      // top-k histogram bins (by distance to the row maximum)
+constexpr uint32_t kScoreBins = 1024;      // top-k histogram bins (ScoreBins, device_util.cuh)
 constexpr uint32_t kMaxCompactBlocks = 256;  // thread blocks per row compacting the bitmaps
 constexpr uint32_t kMaxSplits = 256;       // attention splits per row (split-K)
 constexpr uint32_t kMaxSampledCandidates = (1u << 26) - 1;  // fixed-point weight sums fit 64 bits
@@ -71,7 +71,8 @@ struct DecodeBatch {
 // Per-row (item, q head) state kept in device memory during one decode.
 struct RowState {
   uint32_t max_key;    // order-preserving bits of the largest candidate proxy score
-  uint32_t min_key;    // ... and of the smallest (sets the top-k histogram bin width)
+  uint32_t min_key;    // ... and of the smallest (the exact proxy's histogram range)
+  float bin_scale, bin_offset;  // the top-k histogram's bins (ScoreBins), set by the kernel building it
   uint32_t topk_k;     // how many candidates top-k keeps in this row
   uint32_t n_heavy;    // |H|
   uint32_t n_draws;    // m
@@ -79,7 +80,6 @@ struct RowState {
   uint32_t cut_bin;    // top-k: candidates in bins < cut_bin are selected outright,
   uint32_t cut_need;   //   cut_need of those in bin cut_bin (found among n_cut of them)
   uint32_t n_cut;
-  uint32_t hist_blocks_done;  // top-k histogram blocks finished (the last one resolves)
   double w_total;      // sum over the residual R of the fixed-point weights (cand_weight, device_util.cuh)
   double w_heavy;      // sum over H of exp(s~ - max) (statistics only, sampling methods)
   double w_all;        // adaptive: sum over C of exp(s~ - max)
@@ -91,6 +91,7 @@ struct RowState {
 // word per 32-candidate sampling block, laid out like bsum.
 struct Workspace {
   float* lut = nullptr;            // proxy lookup tables, M*K per row (pq_score.cu: lut_offset)
+  float* lut_range = nullptr;      // [rows][M][2] largest and smallest entry of each subspace's table
   float* scores = nullptr;         // per-row proxy scores, -inf where masked
   uint32_t* cut = nullptr;         // per-row candidates of the top-k boundary bin (scores layout)
   uint64_t* bsum = nullptr;        // per 32-token block residual weight (fixed point)
@@ -117,7 +118,7 @@ struct Workspace {
 
 struct WorkspacePlan {
   size_t total_bytes = 0;
-  size_t off_lut = 0, off_scores = 0, off_cut = 0, off_bsum = 0, off_csum = 0, off_cprefix = 0;
+  size_t off_lut = 0, off_lut_range = 0, off_scores = 0, off_cut = 0, off_bsum = 0, off_csum = 0, off_cprefix = 0;
   size_t off_heavy_bits = 0, off_sample_bits = 0, off_hist = 0, off_compact_counts = 0, off_heavy = 0;
   size_t off_uniq_sorted = 0, off_log_pi = 0;
   size_t off_sort_keys = 0, off_sort_keys2 = 0, off_sort_vals2 = 0;
@@ -125,7 +126,7 @@ struct WorkspacePlan {
   size_t off_sort_temp = 0, sort_temp_bytes = 0;
   uint64_t score_floats = 0, select_entries = 0;
   uint32_t rows = 0, n_splits = 0, n_pad_max = 0, select_cap_max = 0;
-  uint32_t scan_blocks = 0;  // thread blocks per row of the full-row passes (histogram, filter)
+  uint32_t scan_blocks = 0;  // thread blocks per row of the full-row passes (exact proxy's histogram, filter)
   uint32_t score_tile = 0;   // tokens per PQ scoring block
   uint32_t compact_blocks = 0, compact_words = 0;  // bitmap compaction: blocks per row, words each
 };

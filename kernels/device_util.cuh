@@ -195,23 +195,39 @@ __host__ __device__ __forceinline__ bool filter_sums_residual(const DecodeBatch&
   return b.sampling != Sampling::kNone && b.heavy == HeavyRule::kFixed;
 }
 
-// Top-k histogram bin of a candidate score: its distance below the row maximum
-// in kScoreBins equal steps over [min, max] (at most 32 logits; lower scores share
-// the last bin). Non-increasing in the score, so every candidate of a lower bin
-// has a strictly larger score than every candidate of a higher one; only the
-// boundary bin needs exact comparisons. Every kernel builds it from the same
-// RowState fields, so they all agree on each candidate's bin.
+// How many candidates top-k keeps in a sparse row (before its cut finds fewer
+// candidates than that): |H| with the fixed heavy rule, k' with the adaptive one
+// (top-k' first, then water-filling).
+__host__ __device__ __forceinline__ uint32_t requested_topk(const DecodeBatch& b, const DecodeItem& it) {
+  return b.heavy == HeavyRule::kAdaptive ? it.n_select : it.n_heavy;
+}
+
+// Top-k histogram bins of a row's candidate scores: kScoreBins equal steps down
+// from `top`; scores above it share bin 0, scores below the range (and -inf) the
+// last bin. Non-increasing in the score, so every candidate of a lower bin has a
+// strictly larger score than every candidate of a higher one; only the boundary
+// bin needs exact comparisons. The selected set does not depend on the range
+// (refine cuts the boundary bin exactly); how many candidates the boundary bin
+// holds does. The kernel that builds the histogram stores its bins in the
+// RowState, and the filter bins every candidate the same way from there.
 struct ScoreBins {
-  float mx, inv_w;
-  __device__ explicit ScoreBins(const RowState& st) {
-    mx = key_float(st.max_key);
-    float span = mx - key_float(st.min_key);
-    if (!(span <= 32.f)) span = 32.f;  // also NaN or infinite
-    inv_w = span > 0.f ? static_cast<float>(kScoreBins) / span : 0.f;
+  float scale, offset;  // bin = scale * (top - s), as one fused multiply-add
+  // Bins over [bottom, top], at most max_span wide (a NaN or infinite span: one bin).
+  __device__ static ScoreBins over(float top, float bottom, float max_span) {
+    float span = top - bottom;
+    if (!(span <= max_span)) span = max_span;
+    const float scale = span > 0.f && span < INFINITY ? static_cast<float>(kScoreBins) / span : 0.f;
+    return {scale, scale == 0.f ? 0.f : top * scale};
   }
+  __device__ static ScoreBins of_row(const RowState& st) { return {st.bin_scale, st.bin_offset}; }
+  __device__ void store(RowState& st) const {
+    st.bin_scale = scale;
+    st.bin_offset = offset;
+  }
+  // The float-to-unsigned conversion saturates: negative (a score above top) to
+  // 0, +inf to the largest value, NaN to 0.
   __device__ uint32_t bin(float s) const {
-    const float f = (mx - s) * inv_w;
-    return f < static_cast<float>(kScoreBins - 1) ? static_cast<uint32_t>(f) : kScoreBins - 1;
+    return min(__float2uint_rz(fmaf(s, -scale, offset)), kScoreBins - 1);
   }
 };
 

@@ -5,7 +5,11 @@
 //          group (up to 8 heads per pass, their tables in shared memory).
 //   exact: s_i = q . k_i / sqrt(d) (oracle top-k), reading every key.
 // Both also record each row's largest and smallest candidate scores
-// (order-preserving bits): top-k bins the scores by their distance to the maximum.
+// (order-preserving bits). The PQ kernel also builds each row's top-k histogram
+// (topk_select.cu) as it writes the scores, which saves the top-k stage a pass
+// over them: its bins span [sum_m min_c LUT[m][c], sum_m max_c LUT[m][c]], a
+// range every score lies in (up to rounding) and known before any score is (the
+// lookup-table kernel records each table's extremes).
 //
 // Why the PQ tables are laid out [c][m] and each lane walks the subspaces in its
 // own rotated order: table reads are gathers at random codes, and with the entries
@@ -56,8 +60,10 @@ __host__ __device__ __forceinline__ uint32_t lut_offset(uint32_t g, uint32_t m, 
 
 size_t score_smem_bytes(int gh, const DecodeShape& s) {
   // tables + two passes of code words (the next pass is copied during this one)
+  // + the GH rows' top-k histograms
   return (size_t{static_cast<uint32_t>(gh)} * s.pq_centroids + 2 * kScoreThreads) *
-         s.pq_subspaces * sizeof(float);
+             s.pq_subspaces * sizeof(float) +
+         size_t{static_cast<uint32_t>(gh)} * kScoreBins * sizeof(uint32_t);
 }
 
 // The state of row (item, h) before a sparse decode; its top-k histogram is zeroed
@@ -68,7 +74,7 @@ __device__ RowState initial_row(const DecodeBatch& b, const DecodeItem& it) {
   r.min_key = 0xffffffffu;
   const uint32_t heavy = b.heavy == HeavyRule::kAdaptive ? 0u : it.n_heavy;
   r.n_heavy = heavy;
-  r.topk_k = b.heavy == HeavyRule::kAdaptive ? it.n_select : heavy;
+  r.topk_k = requested_topk(b, it);
   r.n_draws = b.sampling == Sampling::kNone ? 0u : it.n_select - heavy;
   return r;
 }
@@ -91,9 +97,11 @@ __global__ void init_rows_kernel(DecodeBatch b, RowState* rows, uint32_t* hist) 
 // Subspaces of up to this many dimensions load each centroid as float4s.
 constexpr uint32_t kLutVecDims = 32;
 
-// One block per (subspace, q head, item), one thread per centroid.
+// One block per (subspace, q head, item), one thread per centroid. Also records
+// the table's largest and smallest entry (the scoring kernel's histogram range).
 template <typename T, int GH>
-__global__ void build_lut_kernel(DecodeBatch b, float* lut, RowState* rows, uint32_t* hist) {
+__global__ void build_lut_kernel(DecodeBatch b, float* lut, float* lut_range, RowState* rows,
+                                 uint32_t* hist) {
   stage_begin();
   const uint32_t m = blockIdx.x, h = blockIdx.y, item = blockIdx.z;
   const DecodeItem& it = b.items[item];
@@ -108,6 +116,11 @@ __global__ void build_lut_kernel(DecodeBatch b, float* lut, RowState* rows, uint
   const uint32_t kvh = h / b.shape.group();
   const T* q = static_cast<const T*>(it.q) + size_t{h} * D + m * sub;
   extern __shared__ float qs[];
+  __shared__ uint32_t range_s[2];  // order-preserving bits of the largest and smallest entry
+  if (threadIdx.x == 0) {
+    range_s[0] = 0u;
+    range_s[1] = 0xffffffffu;
+  }
   // As the CPU backend: q pre-multiplied by 1/sqrt(d), products and sums rounded
   // one by one (no fused multiply-add), so the tables match it bit for bit.
   const float scale = 1.0f / sqrtf(static_cast<float>(D));
@@ -118,6 +131,7 @@ __global__ void build_lut_kernel(DecodeBatch b, float* lut, RowState* rows, uint
   const uint32_t g = h % GH;
   float* out = lut + size_t{row_of(item, h - g, b.shape.n_q_heads)} * M * K;
   const float* cb = it.codebooks + (size_t{kvh} * M + m) * K * sub;
+  uint32_t hi = 0u, lo = 0xffffffffu;
   for (uint32_t c = threadIdx.x; c < K; c += blockDim.x) {
     const float* cc = cb + size_t{c} * sub;
     float acc = 0.f;
@@ -140,7 +154,31 @@ __global__ void build_lut_kernel(DecodeBatch b, float* lut, RowState* rows, uint
       for (uint32_t j = 0; j < sub; ++j) acc = __fadd_rn(acc, __fmul_rn(qs[j], cc[j]));
     }
     out[lut_offset<GH>(g, m, c, M, K)] = acc;
+    hi = max(hi, float_key(acc));
+    lo = min(lo, float_key(acc));
   }
+  if (hi != 0u) {
+    atomicMax(&range_s[0], hi);
+    atomicMin(&range_s[1], lo);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float* r = lut_range + (size_t{row} * M + m) * 2;
+    r[0] = key_float(range_s[0]);
+    r[1] = key_float(range_s[1]);
+  }
+}
+
+// The histogram bins of one row's scores, from its tables: every score is a sum
+// of one entry per subspace, so it lies between the sums of the tables' minima
+// and maxima (a score that rounds past either end lands in the end bin).
+__device__ ScoreBins pq_score_bins(const float* range, uint32_t M) {
+  float hi = 0.f, lo = 0.f;
+  for (uint32_t m = 0; m < M; ++m) {
+    hi += range[2 * m];
+    lo += range[2 * m + 1];
+  }
+  return ScoreBins::over(hi, lo, INFINITY);
 }
 
 // One (code, subspace) pair's entries for the GH heads, vector loads.
@@ -189,6 +227,7 @@ __global__ void __launch_bounds__(kScoreThreads) pq_score_kernel(DecodeBatch b, 
   extern __shared__ float4 smem4[];
   float* lut_s = reinterpret_cast<float*>(smem4);  // [P][K][M][W], see lut_offset
   __shared__ uint32_t smax[GH], smin[GH];
+  __shared__ ScoreBins bins_s[GH];
   const uint32_t item = blockIdx.z;
   const DecodeItem& it = b.items[item];
   const uint32_t tile0 = blockIdx.x * tile;
@@ -197,6 +236,7 @@ __global__ void __launch_bounds__(kScoreThreads) pq_score_kernel(DecodeBatch b, 
   // Each thread's code words of its current 4 tokens, one row per subspace: the
   // rotated walk below indexes them by a lane-dependent m.
   uint32_t* codes_s = reinterpret_cast<uint32_t*>(lut_s + size_t{GH} * M * K) + threadIdx.x;  // [2][M][threads]
+  uint32_t* hist_s = reinterpret_cast<uint32_t*>(lut_s + size_t{GH} * M * K) + 2 * M * kScoreThreads;  // [GH][bins]
   const uint32_t G = b.shape.group();
   const uint32_t chunks = G / GH;
   const uint32_t kvh = blockIdx.y / chunks;
@@ -210,11 +250,17 @@ __global__ void __launch_bounds__(kScoreThreads) pq_score_kernel(DecodeBatch b, 
   } else {
     for (uint32_t i = threadIdx.x; i < n_lut; i += kScoreThreads) lut_s[i] = lut[i];
   }
+  for (uint32_t i = threadIdx.x; i < GH * kScoreBins; i += kScoreThreads) hist_s[i] = 0u;
   if (threadIdx.x < GH) {
     smax[threadIdx.x] = 0u;
     smin[threadIdx.x] = 0xffffffffu;
+    bins_s[threadIdx.x] = pq_score_bins(ws.lut_range + size_t{row0 + threadIdx.x} * M * 2, M);
+    if (blockIdx.x == 0) bins_s[threadIdx.x].store(ws.rows[row0 + threadIdx.x]);
   }
   __syncthreads();
+  ScoreBins bins[GH];
+#pragma unroll
+  for (int g = 0; g < GH; ++g) bins[g] = bins_s[g];
 
   uint32_t local_max[GH], local_min[GH];
 #pragma unroll
@@ -292,6 +338,7 @@ __global__ void __launch_bounds__(kScoreThreads) pq_score_kernel(DecodeBatch b, 
         if (cand) {
           local_max[g] = max(local_max[g], float_key(s[j]));
           local_min[g] = min(local_min[g], float_key(s[j]));
+          atomicAdd(&hist_s[g * kScoreBins + bins[g].bin(s[j])], 1u);
         }
       }
       float* out = ws.scores + it.score_base + static_cast<size_t>(h0 + g) * it.n_pad + t0;
@@ -312,6 +359,11 @@ __global__ void __launch_bounds__(kScoreThreads) pq_score_kernel(DecodeBatch b, 
   if (threadIdx.x < GH && smax[threadIdx.x] != 0u) {
     atomicMax(&ws.rows[row0 + threadIdx.x].max_key, smax[threadIdx.x]);
     atomicMin(&ws.rows[row0 + threadIdx.x].min_key, smin[threadIdx.x]);
+  }
+  // The block's histograms into the rows' (the GH rows are consecutive).
+  uint32_t* hist = ws.hist + size_t{row0} * kScoreBins;
+  for (uint32_t i = threadIdx.x; i < GH * kScoreBins; i += kScoreThreads) {
+    if (hist_s[i]) atomicAdd(&hist[i], hist_s[i]);
   }
 }
 
@@ -439,8 +491,8 @@ cudaError_t launch_pq_scores(const DecodeBatch& b, const WorkspacePlan& plan, co
     constexpr int GH = decltype(gh)::value;
     dispatch_dtype(b.shape.dtype, [&](auto t) {
       using T = decltype(t);
-      e = launch_stage(b, build_lut_kernel<T, GH>, lut_grid, lut_threads, qsmem, st, b, ws.lut, ws.rows,
-                       ws.hist);
+      e = launch_stage(b, build_lut_kernel<T, GH>, lut_grid, lut_threads, qsmem, st, b, ws.lut,
+                       ws.lut_range, ws.rows, ws.hist);
     });
     if (e == cudaSuccess) e = launch_pq_score_gh<GH>(b, plan, ws, st);
   };

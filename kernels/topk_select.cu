@@ -1,9 +1,13 @@
 // Top-k of each row's candidate scores, as a bitmap of the selected candidates.
-// Two passes over the scores, then work only on the few candidates near the cut:
-//  1. histogram: every candidate's bin by distance below the row maximum
-//     (ScoreBins, device_util.cuh: 1024 bins over at most 32 logits);
-//  2. resolve (the histogram's last block of each row): the boundary bin holding
-//     the k-th largest score, how many of its candidates are still needed;
+// A histogram of the scores, one more pass over them, then work only on the few
+// candidates near the cut:
+//  1. histogram: every candidate's bin by distance below the top of the row's
+//     range (ScoreBins, device_util.cuh: 1024 bins). The PQ scoring kernel bins
+//     its scores as it writes them, over a range bounded from the lookup tables
+//     (pq_score.cu); the exact proxy takes a pass here, over [min, max];
+//  2. the cut (topk_cut.cuh, at the start of every filter block): the boundary
+//     bin holding the k-th largest score, how many of its candidates are still
+//     needed;
 //  3. filter: writes the bitmap words of the bins above the boundary (selected
 //     outright), appends the boundary bin's candidates to a short list and, for
 //     the sampling methods with the fixed heavy rule, sums the residual weights
@@ -23,6 +27,7 @@
 #include "device_util.cuh"
 #include "stage_launch.cuh"
 #include "stages.h"
+#include "topk_cut.cuh"
 
 namespace ssa::cuda {
 namespace {
@@ -31,7 +36,6 @@ constexpr int kThreads = 256;
 constexpr int kRefineThreads = 1024;
 constexpr uint32_t kFilterWarps = kThreads / 32;
 constexpr uint32_t kFilterBlocksPerSm = 6;  // launch bounds: 40 registers
-static_assert(kScoreBins % kThreads == 0, "resolve: whole bins per thread");
 
 struct Row {
   const DecodeItem* it;
@@ -50,20 +54,18 @@ __device__ Row row_here(const DecodeBatch& b, const Workspace& ws) {
   return r;
 }
 
-// The last block of each row to finish its histogram also resolves the boundary
-// bin (no separate launch): bin 0 holds the scores nearest the maximum.
+// The exact proxy's histogram (the PQ proxy bins while scoring, pq_score.cu),
+// over the row's [min, max] score range (at most 32 logits).
 __global__ void __launch_bounds__(kThreads) hist_kernel(DecodeBatch b, Workspace ws) {
   stage_begin();
   const Row r = row_here(b, ws);
-  if (!r.sparse()) return;
+  if (!r.sparse() || requested_topk(b, *r.it) == 0) return;
   RowState& st = ws.rows[r.row];
-  const uint32_t k = st.topk_k;
-  if (k == 0) return;
   __shared__ uint32_t hist_s[kScoreBins];
-  __shared__ bool last_s;
   for (uint32_t i = threadIdx.x; i < kScoreBins; i += kThreads) hist_s[i] = 0;
   __syncthreads();
-  const ScoreBins bins(st);
+  const ScoreBins bins = ScoreBins::over(key_float(st.max_key), key_float(st.min_key), 32.f);
+  if (blockIdx.x == 0 && threadIdx.x == 0) bins.store(st);
   const uint32_t per = (r.nc + gridDim.x - 1) / gridDim.x;
   const uint32_t begin = min(r.nc, blockIdx.x * per), end = min(r.nc, begin + per);
   // Four loads in flight per thread before their four shared-memory updates.
@@ -84,41 +86,6 @@ __global__ void __launch_bounds__(kThreads) hist_kernel(DecodeBatch b, Workspace
   for (uint32_t i = threadIdx.x; i < kScoreBins; i += kThreads) {
     if (hist_s[i]) atomicAdd(&hist[i], hist_s[i]);
   }
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) last_s = atomicAdd(&st.hist_blocks_done, 1u) == gridDim.x - 1;
-  __syncthreads();
-  if (!last_s) return;
-  __threadfence();
-  // Resolve: kBinsPerThread consecutive bins per thread, one block scan.
-  constexpr uint32_t kBinsPerThread = kScoreBins / kThreads;
-  using Scan = cub::BlockScan<uint32_t, kThreads>;
-  __shared__ typename Scan::TempStorage tmp;
-  uint32_t c[kBinsPerThread], mine = 0;
-#pragma unroll
-  for (uint32_t i = 0; i < kBinsPerThread; ++i) {
-    c[i] = __ldcg(&hist[threadIdx.x * kBinsPerThread + i]);  // other blocks' atomics: from L2
-    mine += c[i];
-  }
-  uint32_t run, total;
-  Scan(tmp).ExclusiveSum(mine, run, total);
-  if (total <= k) {  // every candidate is selected
-    if (threadIdx.x == 0) {
-      st.topk_k = total;
-      if (b.heavy == HeavyRule::kFixed) st.n_heavy = total;
-      st.cut_bin = kScoreBins;
-      st.cut_need = 0;
-    }
-    return;
-  }
-#pragma unroll
-  for (uint32_t i = 0; i < kBinsPerThread; ++i) {
-    if (run < k && k <= run + c[i]) {
-      st.cut_bin = threadIdx.x * kBinsPerThread + i;
-      st.cut_need = k - run;
-    }
-    run += c[i];
-  }
 }
 
 // One warp per 1024-candidate chunk, each lane owning one 32-candidate block (its
@@ -135,10 +102,25 @@ __global__ void __launch_bounds__(kThreads, kFilterBlocksPerSm) filter_kernel(De
   const Row r = row_here(b, ws);
   if (!r.sparse()) return;
   RowState& st = ws.rows[r.row];
-  const uint32_t k = st.topk_k, cut_bin = st.cut_bin;
-  const bool collect = k > 0 && st.cut_need > 0;
+  // The cut, found by every block for itself; the first block records it for
+  // refine and the later stages.
+  uint32_t k = requested_topk(b, *r.it), cut_bin = 0, cut_need = 0;
+  if (k > 0) {
+    const TopkCut tc = find_topk_cut<kThreads>(ws.hist + size_t{r.row} * kScoreBins, k);
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+      st.topk_k = tc.k;
+      if (b.heavy == HeavyRule::kFixed) st.n_heavy = tc.k;
+      st.cut_bin = tc.cut_bin;
+      st.cut_need = tc.cut_need;
+    }
+    k = tc.k;
+    cut_bin = tc.cut_bin;
+    cut_need = tc.cut_need;
+  }
+  const bool collect = k > 0 && cut_need > 0;
   const bool sums = filter_sums_residual(b), uniform = b.sampling == Sampling::kUniform;
-  const ScoreBins bins(st);
+  const ScoreBins bins = ScoreBins::of_row(st);
+  const float mx = key_float(st.max_key);  // sampling weights: exp(s~ - max)
   const size_t bbase = row_block_base(*r.it, r.h), cbase = row_chunk_base(*r.it, r.h);
   uint32_t* cut = ws.cut + row_token_base(*r.it, r.h);
   const uint32_t chunks = (r.nc + kChunkTokens - 1) / kChunkTokens;
@@ -162,7 +144,7 @@ __global__ void __launch_bounds__(kThreads, kFilterBlocksPerSm) filter_kernel(De
       sel |= uint32_t{heavy} << i;
       in_cut |= uint32_t{collect && bin == cut_bin} << i;
       if (sums) {
-        const CandWeight w = cand_weight(v, bins.mx, uniform);
+        const CandWeight w = cand_weight(v, mx, uniform);
         if (heavy) {
           heavy_blk += w.e;
         } else {
@@ -362,8 +344,10 @@ cudaError_t launch_topk(const DecodeBatch& b, const WorkspacePlan& plan, const W
                         cudaStream_t st) {
   const dim3 scan_grid(plan.scan_blocks, b.shape.n_q_heads, b.n_items);
   const dim3 row_grid(1, b.shape.n_q_heads, b.n_items);
-  // The histograms were zeroed by build_lut_kernel (PQ proxy) or init_rows_kernel.
-  cudaError_t e = launch_stage(b, hist_kernel, scan_grid, kThreads, 0, st, b, ws);
+  // The PQ proxy's histograms are built by its scoring kernel; the exact proxy's
+  // were zeroed by init_rows_kernel.
+  cudaError_t e = cudaSuccess;
+  if (b.proxy != Proxy::kPq) e = launch_stage(b, hist_kernel, scan_grid, kThreads, 0, st, b, ws);
   // The filter's chunk tiles only when some row's candidates start unaligned.
   bool unaligned = false;
   for (uint32_t i = 0; i < b.n_items; ++i) {
@@ -371,7 +355,12 @@ cudaError_t launch_topk(const DecodeBatch& b, const WorkspacePlan& plan, const W
     unaligned = unaligned || (it.sink_end < it.local_begin && !cand_scores_aligned(it));
   }
   const size_t tiles = unaligned ? kFilterWarps * sizeof(ChunkTile) : 0;
-  if (e == cudaSuccess) e = launch_stage(b, filter_kernel, scan_grid, kThreads, tiles, st, b, ws);
+  // A warp takes whole chunks: no more blocks than give each warp one of the
+  // longest row's chunks (fewer than the histogram's for short rows).
+  const uint32_t chunk_blocks = (plan.n_pad_max / kChunkTokens + kFilterWarps - 1) / kFilterWarps;
+  const dim3 filter_grid(std::max(1u, std::min(plan.scan_blocks, chunk_blocks)), b.shape.n_q_heads,
+                         b.n_items);
+  if (e == cudaSuccess) e = launch_stage(b, filter_kernel, filter_grid, kThreads, tiles, st, b, ws);
   if (e == cudaSuccess) e = launch_stage(b, refine_kernel, row_grid, kRefineThreads, 0, st, b, ws);
   return e;
 }

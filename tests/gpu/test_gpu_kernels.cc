@@ -6,6 +6,7 @@
 
 #include <map>
 #include <set>
+#include <utility>
 
 #include "common/water_filling.h"
 #include "decode/decode_plan.h"
@@ -236,17 +237,19 @@ void check_topk(const std::vector<float>& scores, uint32_t begin, uint32_t end,
 TEST_CASE("gpu radix top-k (PQ_TOPK and ORACLE_TOPK) selects the top k' as the CPU does") {
   SSA_GPU_TEST_OR_SKIP();
   for (ssa_method m : {SSA_METHOD_PQ_TOPK, SSA_METHOD_ORACLE_TOPK}) {
-    for (uint32_t n : {3000u, 70000u}) {
+    // k' of 5% of the tokens, and of 80%: a cut below the histogram's range (the
+    // PQ proxy bins only its top half), in the last, uncounted bin.
+    for (auto [n, budget] : {std::pair{3000u, 150u}, std::pair{70000u, 3500u}, std::pair{3000u, 2400u}}) {
       TestLayer t;
       build_layer(t, 4, 2, 64, DType::kBF16, n, 256, 8, 64, n + m);
       Run r;
       // 61 sink tokens: the candidates start off 16-byte alignment (the filter's
       // shared-memory path); 64: its direct loads.
-      setup_run(r, t, m, n / 20, 0.4f, n == 3000u ? 61 : 64, 64, 0);
+      setup_run(r, t, m, budget, 0.4f, n == 3000u ? 61 : 64, 64, 0);
       const auto got = run_and_fetch(r, t);
       for (uint32_t h = 0; h < 4; ++h) {
         const RowView v = fetch_row(r, h);
-        INFO("method ", m, " n ", n, " head ", h);
+        INFO("method ", m, " n ", n, " budget ", budget, " head ", h);
         check_topk(v.scores, r.plan.sink_end, r.plan.local_begin, v.heavy, r.plan.kprime);
         CHECK(v.st.n_unique == 0);
         if (m == SSA_METHOD_ORACLE_TOPK) {

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Side-by-side GPU measurement of the working tree against a base revision, in
+# one call: builds both, runs the GPU tests on the working tree, then the same
+# benchmark slice alternately (base, new, base, new) and the ncu kernel times of
+# one 1M-token decode of each. With SSA_AB_PATCH, a third variant: the working
+# tree with that patch applied (patch -p1), measured in the same rounds.
+#   git archive BASE | (mkdir -p .base && tar -x -C .base)   # here, once per base
+#   SSA_DEBS=.debs SSA_BASE=.base [SSA_AB_PATCH=x.patch] bash scripts/gpu_ab.sh [gpu_decode_bench arguments]
+# Logs go to $OUT (default ./gpu_out): ab_bench.log, ncu_<variant>.txt.
+set -uo pipefail
+OUT=${OUT:-$PWD/gpu_out}
+export OUT
+BASE_SRC=${SSA_BASE:-.base}
+[ -f "$BASE_SRC/CMakeLists.txt" ] || { echo "no base tree in $BASE_SRC"; exit 1; }
+SSA_GPU_STAGES=build,test bash scripts/gpu_check.sh || exit 1
+export LD_LIBRARY_PATH=/tmp/prefix/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+export CMAKE_PREFIX_PATH=/tmp/prefix/usr
+# build_bench NAME SOURCE_DIR: configures and builds gpu_decode_bench in /tmp/ssa-NAME-build.
+build_bench() {
+  local t0 dir=/tmp/ssa-$1-build
+  t0=$(date +%s)
+  cmake -S "$2" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
+    >"$OUT/$1_configure.log" 2>&1 || { tail -30 "$OUT/$1_configure.log"; exit 1; }
+  cmake --build "$dir" -j "$(nproc)" --target gpu_decode_bench >"$OUT/$1_build.log" 2>&1 ||
+    { grep -E "error" -A3 "$OUT/$1_build.log" | head -40; exit 1; }
+  echo "== $1 built in $(( $(date +%s) - t0 )) s"
+}
+build_bench base "$BASE_SRC"
+declare -A BIN=([base]=/tmp/ssa-base-build/bench/gpu_decode_bench [new]=build-gpu/bench/gpu_decode_bench)
+VARIANTS=(base new)
+if [ -n "${SSA_AB_PATCH:-}" ]; then
+  PATCH=$(cd "$(dirname "$SSA_AB_PATCH")" && pwd)/$(basename "$SSA_AB_PATCH")
+  rm -rf /tmp/ssa-patched-src && mkdir -p /tmp/ssa-patched-src
+  tar -c --exclude='./build*' --exclude='./.base' --exclude='./.flashinfer' . | tar -x -C /tmp/ssa-patched-src
+  (cd /tmp/ssa-patched-src && patch -p1 <"$PATCH") || exit 1
+  build_bench patched /tmp/ssa-patched-src
+  BIN[patched]=/tmp/ssa-patched-build/bench/gpu_decode_bench
+  VARIANTS+=(patched)
+fi
+ARGS=("$@")
+[ ${#ARGS[@]} -gt 0 ] || ARGS=(--configs paper,llama8b --contexts 128K,1M --batches 1,16 --sparsity 50 --seeds 1 --methods ssa)
+for round in 1 2; do
+  for v in "${VARIANTS[@]}"; do
+    echo "### $v round $round" | tee -a "$OUT/ab_bench.log"
+    "${BIN[$v]}" "${ARGS[@]}" 2>&1 | grep -v '^{' | grep -v '^# \(case\|setup\|copy\)' | tee -a "$OUT/ab_bench.log"
+  done
+done
+for v in "${VARIANTS[@]}"; do
+  SSA_BENCH_PROFILE=1 ncu --clock-control none --metrics gpu__time_duration.sum "${BIN[$v]}" >"$OUT/ncu_$v.log" 2>&1
+  echo "### ncu kernel times, $v"
+  grep -E "^  [a-zA-Z_].*\(|gpu__time" "$OUT/ncu_$v.log" | paste - - |
+    sed -E 's/\((ssa::)?DecodeBatch.*Context/ /; s/^ *(void )?//' | awk '{print $1, $(NF-1), $NF}' |
+    grep -v "fill_\|encode_kernel" | tee "$OUT/ncu_$v.txt"
+done
