@@ -91,7 +91,7 @@ struct RowState {
 // word per 32-candidate sampling block, laid out like bsum.
 struct Workspace {
   float* lut = nullptr;            // proxy lookup tables, M*K per row (pq_score.cu: lut_offset)
-  float* lut_range = nullptr;      // [rows][M][2] largest and smallest entry of each subspace's table
+  float* lut_range = nullptr;      // [rows][M][2] largest and mean entry of each subspace's table
   float* scores = nullptr;         // per-row proxy scores, -inf where masked
   uint32_t* cut = nullptr;         // per-row candidates of the top-k boundary bin (scores layout)
   uint64_t* bsum = nullptr;        // per 32-token block residual weight (fixed point)

@@ -7,9 +7,9 @@
 // Both also record each row's largest and smallest candidate scores
 // (order-preserving bits). The PQ kernel also builds each row's top-k histogram
 // (topk_select.cu) as it writes the scores, which saves the top-k stage a pass
-// over them: its bins span [sum_m min_c LUT[m][c], sum_m max_c LUT[m][c]], a
-// range every score lies in (up to rounding) and known before any score is (the
-// lookup-table kernel records each table's extremes).
+// over them. Its bins must be known before any score is; they span
+// [sum_m mean_c LUT[m][c], sum_m max_c LUT[m][c]] (pq_score_bins), from what
+// the lookup-table kernel records of each table.
 //
 // Why the PQ tables are laid out [c][m] and each lane walks the subspaces in its
 // own rotated order: table reads are gathers at random codes, and with the entries
@@ -98,7 +98,7 @@ __global__ void init_rows_kernel(DecodeBatch b, RowState* rows, uint32_t* hist) 
 constexpr uint32_t kLutVecDims = 32;
 
 // One block per (subspace, q head, item), one thread per centroid. Also records
-// the table's largest and smallest entry (the scoring kernel's histogram range).
+// the table's largest and mean entry (the scoring kernel's histogram range).
 template <typename T, int GH>
 __global__ void build_lut_kernel(DecodeBatch b, float* lut, float* lut_range, RowState* rows,
                                  uint32_t* hist) {
@@ -116,11 +116,9 @@ __global__ void build_lut_kernel(DecodeBatch b, float* lut, float* lut_range, Ro
   const uint32_t kvh = h / b.shape.group();
   const T* q = static_cast<const T*>(it.q) + size_t{h} * D + m * sub;
   extern __shared__ float qs[];
-  __shared__ uint32_t range_s[2];  // order-preserving bits of the largest and smallest entry
-  if (threadIdx.x == 0) {
-    range_s[0] = 0u;
-    range_s[1] = 0xffffffffu;
-  }
+  __shared__ uint32_t top_s;     // order-preserving bits of the largest entry
+  __shared__ float part_s[256];  // each thread's sum of its entries
+  if (threadIdx.x == 0) top_s = 0u;
   // As the CPU backend: q pre-multiplied by 1/sqrt(d), products and sums rounded
   // one by one (no fused multiply-add), so the tables match it bit for bit.
   const float scale = 1.0f / sqrtf(static_cast<float>(D));
@@ -131,7 +129,8 @@ __global__ void build_lut_kernel(DecodeBatch b, float* lut, float* lut_range, Ro
   const uint32_t g = h % GH;
   float* out = lut + size_t{row_of(item, h - g, b.shape.n_q_heads)} * M * K;
   const float* cb = it.codebooks + (size_t{kvh} * M + m) * K * sub;
-  uint32_t hi = 0u, lo = 0xffffffffu;
+  uint32_t hi = 0u;
+  float part = 0.f;
   for (uint32_t c = threadIdx.x; c < K; c += blockDim.x) {
     const float* cc = cb + size_t{c} * sub;
     float acc = 0.f;
@@ -155,30 +154,44 @@ __global__ void build_lut_kernel(DecodeBatch b, float* lut, float* lut_range, Ro
     }
     out[lut_offset<GH>(g, m, c, M, K)] = acc;
     hi = max(hi, float_key(acc));
-    lo = min(lo, float_key(acc));
+    part += acc;
   }
-  if (hi != 0u) {
-    atomicMax(&range_s[0], hi);
-    atomicMin(&range_s[1], lo);
-  }
+  if (hi != 0u) atomicMax(&top_s, hi);
+  part_s[threadIdx.x] = part;
   __syncthreads();
+  // The mean in a fixed order, so that the bins (and the boundary list) are the
+  // same in every run: strided partial sums in the first warp, then a butterfly.
+  if (threadIdx.x >= 32) return;
+  float sum = 0.f;
+  for (uint32_t i = threadIdx.x; i < blockDim.x; i += 32) sum += part_s[i];
+  if (blockDim.x >= 32) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  } else if (threadIdx.x == 0) {
+    for (uint32_t i = 1; i < blockDim.x; ++i) sum += part_s[i];
+  }
   if (threadIdx.x == 0) {
     float* r = lut_range + (size_t{row} * M + m) * 2;
-    r[0] = key_float(range_s[0]);
-    r[1] = key_float(range_s[1]);
+    r[0] = key_float(top_s);
+    r[1] = sum / static_cast<float>(K);
   }
 }
 
-// The histogram bins of one row's scores, from its tables: every score is a sum
-// of one entry per subspace, so it lies between the sums of the tables' minima
-// and maxima (a score that rounds past either end lands in the end bin).
+// The histogram bins of one row's scores, from its tables. Every score is a sum
+// of one entry per subspace, so none lies above the sum of the tables' maxima
+// (one that rounds past it lands in bin 0). The bins reach down only to the sum
+// of their means, the score of a token whose codes were spread uniformly: about
+// the middle of the scores, so the top half (where a top-k of up to about half
+// the candidates cuts) gets bins twice as fine as over the whole range, and the
+// boundary bin half as many candidates. A top-k of more cuts in the last bin,
+// which holds everything lower: still exact, with a long boundary list.
 __device__ ScoreBins pq_score_bins(const float* range, uint32_t M) {
-  float hi = 0.f, lo = 0.f;
+  float hi = 0.f, mean = 0.f;
   for (uint32_t m = 0; m < M; ++m) {
     hi += range[2 * m];
-    lo += range[2 * m + 1];
+    mean += range[2 * m + 1];
   }
-  return ScoreBins::over(hi, lo, INFINITY);
+  return ScoreBins::over(hi, mean, INFINITY);
 }
 
 // One (code, subspace) pair's entries for the GH heads, vector loads.
@@ -298,7 +311,9 @@ __global__ void __launch_bounds__(kScoreThreads) pq_score_kernel(DecodeBatch b, 
       for (int j = 0; j < kTokensPerThread; ++j) acc[g][j] = 0.f;
     uint32_t m = m_first;
     if constexpr (kM16) {
-#pragma unroll 4
+      // Eight subspaces' lookups unrolled: 1% faster than four at 1M batch 16,
+      // sixteen no better (bench/RESULTS.md).
+#pragma unroll 8
       for (uint32_t step = 0; step < 16; ++step) {
         const uint32_t cw = my_codes[m * kScoreThreads];
         const char* m_base = reinterpret_cast<const char*>(lut_s) + m * 16;

@@ -2,10 +2,11 @@
 # Side-by-side GPU measurement of the working tree against a base revision, in
 # one call: builds both, runs the GPU tests on the working tree, then the same
 # benchmark slice alternately (base, new, base, new) and the ncu kernel times of
-# one 1M-token decode of each. With SSA_AB_PATCH, a third variant: the working
-# tree with that patch applied (patch -p1), measured in the same rounds.
+# one 1M-token decode of each. SSA_AB_PATCHES (space-separated patch files) adds
+# one variant per patch: the working tree with it applied (patch -p1), measured
+# in the same rounds and named after the file.
 #   git archive BASE | (mkdir -p .base && tar -x -C .base)   # here, once per base
-#   SSA_DEBS=.debs SSA_BASE=.base [SSA_AB_PATCH=x.patch] bash scripts/gpu_ab.sh [gpu_decode_bench arguments]
+#   SSA_DEBS=.debs SSA_BASE=.base [SSA_AB_PATCHES="x.patch y.patch"] bash scripts/gpu_ab.sh [gpu_decode_bench arguments]
 # Logs go to $OUT (default ./gpu_out): ab_bench.log, ncu_<variant>.txt.
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu_out}
@@ -28,15 +29,16 @@ build_bench() {
 build_bench base "$BASE_SRC"
 declare -A BIN=([base]=/tmp/ssa-base-build/bench/gpu_decode_bench [new]=build-gpu/bench/gpu_decode_bench)
 VARIANTS=(base new)
-if [ -n "${SSA_AB_PATCH:-}" ]; then
-  PATCH=$(cd "$(dirname "$SSA_AB_PATCH")" && pwd)/$(basename "$SSA_AB_PATCH")
-  rm -rf /tmp/ssa-patched-src && mkdir -p /tmp/ssa-patched-src
-  tar -c --exclude='./build*' --exclude='./.base' --exclude='./.flashinfer' . | tar -x -C /tmp/ssa-patched-src
-  (cd /tmp/ssa-patched-src && patch -p1 <"$PATCH") || exit 1
-  build_bench patched /tmp/ssa-patched-src
-  BIN[patched]=/tmp/ssa-patched-build/bench/gpu_decode_bench
-  VARIANTS+=(patched)
-fi
+for PATCH in ${SSA_AB_PATCHES:-}; do
+  name=$(basename "$PATCH" .patch)
+  PATCH=$(cd "$(dirname "$PATCH")" && pwd)/$(basename "$PATCH")
+  rm -rf "/tmp/ssa-$name-src" && mkdir -p "/tmp/ssa-$name-src"
+  tar -c --exclude='./build*' --exclude='./.base' --exclude='./.flashinfer' . | tar -x -C "/tmp/ssa-$name-src"
+  (cd "/tmp/ssa-$name-src" && patch -p1 <"$PATCH") || exit 1
+  build_bench "$name" "/tmp/ssa-$name-src"
+  BIN[$name]=/tmp/ssa-$name-build/bench/gpu_decode_bench
+  VARIANTS+=("$name")
+done
 ARGS=("$@")
 [ ${#ARGS[@]} -gt 0 ] || ARGS=(--configs paper,llama8b --contexts 128K,1M --batches 1,16 --sparsity 50 --seeds 1 --methods ssa)
 for round in 1 2; do
