@@ -250,8 +250,8 @@ def report(data, lines, raw):
                "K = 256; page 256 tokens. Bytes: dense = all K and V; sparse = PQ codes of every token once per "
                "KV head + k rows of K and V per q head; GB/s = bytes / time; byte floor = bytes / copy bandwidth. "
                "'x best dense' = best dense time (ours, SDPA or FlashInfer, same case) / time. Stages: events between the "
-               "stages of one pipeline run (score = init rows + PQ lookup tables + scores; top-k = histogram, "
-               "filter and refine, where the filter also sums the residual sampling weights per block and "
+               "stages of one pipeline run (score = init rows + PQ lookup tables + scores, which also counts "
+               "the top-k histogram; top-k = filter (which finds the cut from the histogram) and refine, where the filter also sums the residual sampling weights per block and "
                "chunk (SSA, fixed heavy rule); sample = the draws; lists = the heavy "
                "and sample bitmaps compacted into token-ordered lists with log pi; attn = attention + split "
                "merge). 'graph ms': the same decode replayed from a CUDA graph captured once per input set.")
