@@ -7,7 +7,8 @@
 # in the same rounds and named after the file.
 #   git archive BASE | (mkdir -p .base && tar -x -C .base)   # here, once per base
 #   SSA_DEBS=.debs SSA_BASE=.base [SSA_AB_PATCHES="x.patch y.patch"] bash scripts/gpu_ab.sh [gpu_decode_bench arguments]
-# Logs go to $OUT (default ./gpu_out): ab_bench.log, ncu_<variant>.txt.
+# Logs go to $OUT (default ./gpu_out): ab_bench.log, ab_table.md (per case, each
+# variant's best round and its ratio to the base), ncu_<variant>.txt.
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu_out}
 export OUT
@@ -47,6 +48,8 @@ for round in 1 2; do
     "${BIN[$v]}" "${ARGS[@]}" 2>&1 | grep -v '^{' | grep -v '^# \(case\|setup\|copy\)' | tee -a "$OUT/ab_bench.log"
   done
 done
+echo "### best of the rounds per case (scripts/ab_compare.py)"
+python3 scripts/ab_compare.py "$OUT/ab_bench.log" | tee "$OUT/ab_table.md"
 for v in "${VARIANTS[@]}"; do
   SSA_BENCH_PROFILE=1 ncu --clock-control none --metrics gpu__time_duration.sum "${BIN[$v]}" >"$OUT/ncu_$v.log" 2>&1
   echo "### ncu kernel times, $v"
