@@ -51,9 +51,7 @@ done
 echo "### best of the rounds per case (scripts/ab_compare.py)"
 python3 scripts/ab_compare.py "$OUT/ab_bench.log" | tee "$OUT/ab_table.md"
 for v in "${VARIANTS[@]}"; do
-  SSA_BENCH_PROFILE=1 ncu --clock-control none --metrics gpu__time_duration.sum "${BIN[$v]}" >"$OUT/ncu_$v.log" 2>&1
   echo "### ncu kernel times, $v"
-  grep -E "^  [a-zA-Z_].*\(|gpu__time" "$OUT/ncu_$v.log" | paste - - |
-    sed -E 's/\((ssa::)?DecodeBatch.*Context/ /; s/^ *(void )?//' | awk '{print $1, $(NF-1), $NF}' |
-    grep -v "fill_\|encode_kernel" | tee "$OUT/ncu_$v.txt"
+  bash scripts/ncu_kernel_times.sh "${BIN[$v]}" "$OUT/ncu_$v.log" | grep -v "fill_\|encode_kernel" |
+    tee "$OUT/ncu_$v.txt"
 done

@@ -12,7 +12,4 @@ BENCH=build-gpu/bench/gpu_decode_bench
 ARGS=("$@")
 [ ${#ARGS[@]} -gt 0 ] || ARGS=(--configs paper --contexts 128K,1M --batches 1,16 --sparsity 20,50 --seeds 1)
 "$BENCH" "${ARGS[@]}" 2>&1 | grep -v '^{' | tee "$OUT/bench_quick.log"
-SSA_BENCH_PROFILE=1 ncu --clock-control none --metrics gpu__time_duration.sum "$BENCH" >"$OUT/ncu.log" 2>&1
-grep -E "^  [a-zA-Z_].*\(|gpu__time" "$OUT/ncu.log" | paste - - |
-  sed -E 's/\((ssa::)?DecodeBatch.*Context/ /; s/^ *(void )?//' | awk '{print $1, $(NF-1), $NF}' |
-  tee "$OUT/ncu_kernels.txt"
+bash scripts/ncu_kernel_times.sh "$BENCH" "$OUT/ncu.log" | tee "$OUT/ncu_kernels.txt"
