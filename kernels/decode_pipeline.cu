@@ -93,6 +93,7 @@ cudaError_t plan_workspace(DecodeBatch* b, int sm_count, WorkspacePlan* plan) {
   // Full-row passes: about 1024 blocks in all, at least 2048 tokens each.
   p.scan_blocks = std::clamp<uint32_t>((1024 + p.rows - 1) / p.rows, 1,
                                        std::min<uint32_t>(64, (p.n_pad_max + 2047) / 2048));
+  p.filter_blocks = filter_blocks_per_row(p.n_pad_max, p.rows, p.scan_blocks, sm_count);
   // PQ scoring: every block loads its lookup tables once, so it takes as many
   // tokens as leave about two blocks per multiprocessor (whole 1024-token passes).
   {

@@ -127,6 +127,7 @@ struct WorkspacePlan {
   uint64_t score_floats = 0, select_entries = 0;
   uint32_t rows = 0, n_splits = 0, n_pad_max = 0, select_cap_max = 0;
   uint32_t scan_blocks = 0;  // thread blocks per row of the full-row passes (exact proxy's histogram, filter)
+  uint32_t filter_blocks = 0;  // thread blocks per row of the top-k filter
   uint32_t score_tile = 0;   // tokens per PQ scoring block
   uint32_t compact_blocks = 0, compact_words = 0;  // bitmap compaction: blocks per row, words each
 };

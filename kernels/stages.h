@@ -42,5 +42,6 @@ cudaError_t launch_sparse_gather(const DecodeBatch& b, const WorkspacePlan& plan
 const char* pq_shape_unsupported(const DecodeShape& s);
 size_t segmented_sort_temp_bytes(uint32_t rows, uint64_t entries);
 uint32_t compact_words_per_block(uint32_t n_pad_max, uint32_t rows, int sm_count);
+uint32_t filter_blocks_per_row(uint32_t n_pad_max, uint32_t rows, uint32_t scan_blocks, int sm_count);
 
 }  // namespace ssa::cuda

@@ -22,8 +22,9 @@
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
-#include <type_traits>
+#include <algorithm>
 
+#include "cp_async.cuh"
 #include "device_util.cuh"
 #include "stage_launch.cuh"
 #include "stages.h"
@@ -88,17 +89,25 @@ __global__ void __launch_bounds__(kThreads) hist_kernel(DecodeBatch b, Workspace
   }
 }
 
+// Float4 v of a staged chunk (block v / 8, float4 v % 8 of it) sits at column
+// (v % 8) ^ (block % 8) of its block's row: the eight lanes of a quarter warp,
+// each reading float4 g of its own block, then hit eight different bank groups.
+constexpr uint32_t kChunkVecs = kChunkTokens / 4;
+__device__ __forceinline__ uint32_t swizzled(uint32_t v) { return v ^ ((v >> 3) & 7u); }
+
 // One warp per 1024-candidate chunk, each lane owning one 32-candidate block (its
 // bitmap word, its boundary-bin candidates and, with filter_sums_residual, its
 // residual weight sum for the sampler, in the layout stratified_sample.cu reads).
-// Where the row's candidates start 16 bytes aligned (sink_end % 4 == 0), each
-// lane reads its block with 16-byte loads; otherwise the chunk goes through
-// shared memory first (coalesced loads, then each lane reads down its row).
+// Each warp stages a whole chunk in its shared-memory tile first, then each lane
+// reads down its own row: with 16-byte asynchronous copies where the row's
+// candidates start 16 bytes aligned (sink_end % 4 == 0), else with coalesced
+// 4-byte loads (load_chunk_tile). The row's last, partial chunk of an aligned
+// row is read directly with 16-byte loads instead, masked at its end.
 // Boundary-bin candidates are counted as residual here; refine subtracts those
 // it selects.
 __global__ void __launch_bounds__(kThreads, kFilterBlocksPerSm) filter_kernel(DecodeBatch b, Workspace ws) {
   stage_begin();
-  extern __shared__ float4 filter_smem[];  // kFilterWarps chunk tiles, only for unaligned rows
+  extern __shared__ float4 filter_smem[];  // kFilterWarps chunk tiles
   const Row r = row_here(b, ws);
   if (!r.sparse()) return;
   RowState& st = ws.rows[r.row];
@@ -129,6 +138,7 @@ __global__ void __launch_bounds__(kThreads, kFilterBlocksPerSm) filter_kernel(De
   const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   const bool aligned = cand_scores_aligned(*r.it);
   ChunkTile& tile = reinterpret_cast<ChunkTile*>(filter_smem)[warp];
+  float4* tile4 = reinterpret_cast<float4*>(&tile);  // aligned rows: [32 blocks][8 float4], swizzled
   double heavy_mass = 0.0, resid_mass = 0.0;  // statistics (RowState::w_heavy, w_resid_proxy)
   for (uint32_t c = c_begin + warp; c < c_end; c += kFilterWarps) {
     const uint32_t j0 = c * kChunkTokens;
@@ -153,10 +163,9 @@ __global__ void __launch_bounds__(kThreads, kFilterBlocksPerSm) filter_kernel(De
         }
       }
     };
-    // Direct 16-byte loads, eight candidates at a time; a partial block (the
-    // row's last) masks what lies past its end.
-    auto direct = [&](auto whole) {
-      constexpr bool kWhole = decltype(whole)::value;
+    // The row's last, partial chunk: direct 16-byte loads, eight candidates at a
+    // time, masked past its end.
+    auto direct_partial = [&]() {
       const float4* p = reinterpret_cast<const float4*>(r.cand_scores + j0 + lane * kBlockTokens);
 #pragma unroll
       for (uint32_t g = 0; g < kBlockTokens / 8; ++g) {
@@ -164,13 +173,13 @@ __global__ void __launch_bounds__(kThreads, kFilterBlocksPerSm) filter_kernel(De
 #pragma unroll
         for (uint32_t h = 0; h < 2; ++h) {
           const uint32_t i = 8 * g + 4 * h;
-          const float4 a = kWhole || i < n_mine ? p[2 * g + h] : make_float4(0.f, 0.f, 0.f, 0.f);
+          const float4 a = i < n_mine ? p[2 * g + h] : make_float4(0.f, 0.f, 0.f, 0.f);
           v[4 * h] = a.x; v[4 * h + 1] = a.y; v[4 * h + 2] = a.z; v[4 * h + 3] = a.w;
         }
 #pragma unroll
         for (uint32_t q = 0; q < 8; ++q) {
           const uint32_t i = 8 * g + q;
-          const bool in = kWhole || i < n_mine;
+          const bool in = i < n_mine;
           step(in ? v[q] : -INFINITY, i, k > 0 && in);
         }
       }
@@ -178,10 +187,30 @@ __global__ void __launch_bounds__(kThreads, kFilterBlocksPerSm) filter_kernel(De
     if (!aligned) {
 #pragma unroll 8
       for (uint32_t i = 0; i < kBlockTokens; ++i) step(tile[lane][i], i, k > 0 && i < n_mine);
-    } else if (n_mine == kBlockTokens) {
-      direct(std::true_type{});
+    } else if (n_here == kChunkTokens) {
+      // A whole chunk: staged through the warp's tile with coalesced 16-byte
+      // copies, all eight of a lane in flight at once, then lane l reads its
+      // block, row l. Direct 16-byte loads per lane (each a different 128-byte
+      // line) left the warps waiting on memory: top-k filter 35 -> 29 us at 1M
+      // tokens (bench/RESULTS.md).
+      const float4* src = reinterpret_cast<const float4*>(r.cand_scores + j0);
+#pragma unroll
+      for (uint32_t q = 0; q < kChunkVecs / 32; ++q) {
+        const uint32_t v = q * 32 + lane;
+        cp_async16(&tile4[swizzled(v)], src + v, 16);
+      }
+      cp_async_commit();
+      cp_async_wait<0>();
+      __syncwarp();
+#pragma unroll
+      for (uint32_t g = 0; g < kBlockTokens / 4; ++g) {
+        const float4 a = tile4[swizzled(lane * (kBlockTokens / 4) + g)];
+        const float v[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+        for (uint32_t q = 0; q < 4; ++q) step(v[q], 4 * g + q, k > 0);
+      }
     } else {
-      direct(std::false_type{});
+      direct_partial();
     }
     heavy_mass += heavy_blk;
     resid_mass += resid_blk;
@@ -340,6 +369,19 @@ __global__ void __launch_bounds__(kRefineThreads) refine_kernel(DecodeBatch b, W
 
 }  // namespace
 
+uint32_t filter_blocks_per_row(uint32_t n_pad_max, uint32_t rows, uint32_t scan_blocks, int sm_count) {
+  // A warp takes whole chunks: no more blocks than give each warp one of the
+  // longest row's chunks (fewer than the histogram's for short rows).
+  const uint32_t chunk_blocks = (n_pad_max / kChunkTokens + kFilterWarps - 1) / kFilterWarps;
+  uint32_t n = std::max(1u, std::min(scan_blocks, chunk_blocks));
+  // And no second wave that leaves most multiprocessors idle: 64 blocks of 16
+  // rows were 1.29 waves of 6 blocks per SM on an H200 (ncu: 57% of the warps
+  // active). Rows that fill a wave take what fills it whole.
+  const uint32_t wave = kFilterBlocksPerSm * static_cast<uint32_t>(std::max(sm_count, 1));
+  if (uint64_t{rows} * n > wave) n = std::max(1u, std::min(n, wave / std::max(rows, 1u)));
+  return n;
+}
+
 cudaError_t launch_topk(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
                         cudaStream_t st) {
   const dim3 scan_grid(plan.scan_blocks, b.shape.n_q_heads, b.n_items);
@@ -348,18 +390,10 @@ cudaError_t launch_topk(const DecodeBatch& b, const WorkspacePlan& plan, const W
   // were zeroed by init_rows_kernel.
   cudaError_t e = cudaSuccess;
   if (b.proxy != Proxy::kPq) e = launch_stage(b, hist_kernel, scan_grid, kThreads, 0, st, b, ws);
-  // The filter's chunk tiles only when some row's candidates start unaligned.
-  bool unaligned = false;
-  for (uint32_t i = 0; i < b.n_items; ++i) {
-    const DecodeItem& it = b.items[i];
-    unaligned = unaligned || (it.sink_end < it.local_begin && !cand_scores_aligned(it));
-  }
-  const size_t tiles = unaligned ? kFilterWarps * sizeof(ChunkTile) : 0;
-  // A warp takes whole chunks: no more blocks than give each warp one of the
-  // longest row's chunks (fewer than the histogram's for short rows).
-  const uint32_t chunk_blocks = (plan.n_pad_max / kChunkTokens + kFilterWarps - 1) / kFilterWarps;
-  const dim3 filter_grid(std::max(1u, std::min(plan.scan_blocks, chunk_blocks)), b.shape.n_q_heads,
-                         b.n_items);
+  // Every warp stages its chunks in a tile of its own (whole chunks of aligned
+  // rows as copies, unaligned rows through load_chunk_tile).
+  const size_t tiles = kFilterWarps * sizeof(ChunkTile);
+  const dim3 filter_grid(plan.filter_blocks, b.shape.n_q_heads, b.n_items);
   if (e == cudaSuccess) e = launch_stage(b, filter_kernel, filter_grid, kThreads, tiles, st, b, ws);
   if (e == cudaSuccess) e = launch_stage(b, refine_kernel, row_grid, kRefineThreads, 0, st, b, ws);
   return e;

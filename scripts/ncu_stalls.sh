@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Warp-stall profile of one kernel of an SSA decode (paper shape, 1M tokens,
+# batch 1, 50x): ncu's source counters of its first launch, summed per stall
+# reason and per opcode by scripts/ncu_hotspots.py. Run on the GPU machine.
+#   bash scripts/ncu_stalls.sh BENCH_BINARY KERNEL_REGEX [TOP]
+set -uo pipefail
+rep=/tmp/ncu_stalls_$$
+SSA_BENCH_PROFILE=1 ncu --clock-control none -k "regex:$2" --launch-count 1 \
+  --section SourceCounters --section WarpStateStats -o "$rep" "$1" --methods ssa >"$rep.log" 2>&1 ||
+  { tail -20 "$rep.log"; exit 1; }
+ncu --import "$rep.ncu-rep" --page source --csv --print-source sass >"$rep.csv" 2>/dev/null
+python3 "$(dirname "$0")/ncu_hotspots.py" "$rep.csv" --top "${3:-30}"
+rm -f "$rep.ncu-rep" "$rep.csv" "$rep.log"
