@@ -99,6 +99,13 @@ __device__ __forceinline__ CandWeight cand_weight(float s, float mx, bool unifor
   return {e, uniform ? static_cast<uint64_t>(kWeightOne) : __float2ull_rn(e * kWeightOne)};
 }
 
+// The same for proportional weights where max is finite, without the test for
+// a masked score: expf(-inf) is 0, and 0 converts to 0.
+__device__ __forceinline__ CandWeight cand_weight_unmasked(float s, float mx) {
+  const float e = expf(s - mx);
+  return {e, __float2ull_rn(e * kWeightOne)};
+}
+
 // Token of read-set position p of a row: sink tokens, local tokens, heavy list,
 // then the sorted unique samples (the only positions with pi < 1).
 struct ReadSet {

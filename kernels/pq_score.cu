@@ -33,12 +33,16 @@
 namespace ssa::cuda {
 namespace {
 
-// PQ scoring: 256 threads of 4 tokens (one 32-bit code word per subspace) and two
-// blocks per multiprocessor measured fastest at 1M tokens (512 threads or 8 tokens
-// per thread were 10-35% slower).
-constexpr int kScoreThreads = 256;
+// PQ scoring: 512 threads of 4 tokens (one 32-bit code word per subspace), two
+// blocks per multiprocessor. The kernel waits on its shared-memory table reads
+// (ncu), so it wants warps: with one buffer of code words instead of two, two
+// 512-thread blocks fit (32 warps per SM instead of 16 with 256 threads and
+// double-buffered codes; scoring 67.1 -> 65.8 us at 1M tokens, bench/RESULTS.md).
+constexpr int kScoreThreads = 512;
+constexpr int kScoreBlocksPerSm = 2;  // launch bounds: 64 registers (eight heads a pass: one
+                                      // block, its 192 KB of shared memory, no spills)
 constexpr int kTokensPerThread = 4;
-constexpr uint32_t kSubTile = kScoreThreads * kTokensPerThread;  // 1024 tokens per pass
+constexpr uint32_t kSubTile = kScoreThreads * kTokensPerThread;  // 2048 tokens per pass
 constexpr size_t kScoreSmemLimit = 220 * 1024;
 
 // The GH heads' entries of one (code, subspace) pair are stored as P vectors of W
@@ -59,9 +63,8 @@ __host__ __device__ __forceinline__ uint32_t lut_offset(uint32_t g, uint32_t m, 
 }
 
 size_t score_smem_bytes(int gh, const DecodeShape& s) {
-  // tables + two passes of code words (the next pass is copied during this one)
-  // + the GH rows' top-k histograms
-  return (size_t{static_cast<uint32_t>(gh)} * s.pq_centroids + 2 * kScoreThreads) *
+  // tables + one pass of code words + the GH rows' top-k histograms
+  return (size_t{static_cast<uint32_t>(gh)} * s.pq_centroids + kScoreThreads) *
              s.pq_subspaces * sizeof(float) +
          size_t{static_cast<uint32_t>(gh)} * kScoreBins * sizeof(uint32_t);
 }
@@ -234,7 +237,7 @@ __device__ __forceinline__ void lut_entries_m16(const char* m_base, uint32_t cw,
 // kM16: 16 subspaces of 256 codes with GH >= 4 (lut_entries_m16); otherwise any
 // table shape through lut_entries.
 template <int GH, bool kM16>
-__global__ void __launch_bounds__(kScoreThreads) pq_score_kernel(DecodeBatch b, Workspace ws,
+__global__ void __launch_bounds__(kScoreThreads, GH >= 8 ? 1 : kScoreBlocksPerSm) pq_score_kernel(DecodeBatch b, Workspace ws,
                                                                 uint32_t tile) {
   stage_begin();
   extern __shared__ float4 smem4[];
@@ -248,8 +251,8 @@ __global__ void __launch_bounds__(kScoreThreads) pq_score_kernel(DecodeBatch b, 
   const uint32_t M = b.shape.pq_subspaces, K = b.shape.pq_centroids;
   // Each thread's code words of its current 4 tokens, one row per subspace: the
   // rotated walk below indexes them by a lane-dependent m.
-  uint32_t* codes_s = reinterpret_cast<uint32_t*>(lut_s + size_t{GH} * M * K) + threadIdx.x;  // [2][M][threads]
-  uint32_t* hist_s = reinterpret_cast<uint32_t*>(lut_s + size_t{GH} * M * K) + 2 * M * kScoreThreads;  // [GH][bins]
+  uint32_t* codes_s = reinterpret_cast<uint32_t*>(lut_s + size_t{GH} * M * K) + threadIdx.x;  // [M][threads]
+  uint32_t* hist_s = reinterpret_cast<uint32_t*>(lut_s + size_t{GH} * M * K) + M * kScoreThreads;  // [GH][bins]
   const uint32_t G = b.shape.group();
   const uint32_t chunks = G / GH;
   const uint32_t kvh = blockIdx.y / chunks;
@@ -283,27 +286,27 @@ __global__ void __launch_bounds__(kScoreThreads) pq_score_kernel(DecodeBatch b, 
   }
   const uint32_t m_first = (threadIdx.x & 31) % M;
   const uint32_t tile_end = min(it.n_tokens, tile0 + tile);
-  // The next pass's code words are copied while this pass looks up its own
-  // (each thread copies and reads only its own words: no block barrier).
-  auto stage_codes = [&](uint32_t sub0, uint32_t buf) {
+  // Each pass's code words, copied by each thread for itself and read only by
+  // it (no block barrier; its reads of the previous pass's words have returned
+  // before it copies over them, since the scores it stored depend on them).
+  // While one warp waits for its copies, the others look up.
+  auto stage_codes = [&](uint32_t sub0) {
     const uint32_t t0 = sub0 + threadIdx.x * kTokensPerThread;
     if (t0 < tile_end) {
       const uint32_t page = t0 >> b.shape.page_shift;
       const uint32_t slot = t0 & (b.shape.page_tokens - 1);
       const uint8_t* codes = it.code_pages[page] + size_t{kvh} * M * b.shape.page_tokens + slot;
       for (uint32_t m = 0; m < M; ++m)
-        cp_async4(codes_s + (buf * M + m) * kScoreThreads, codes + size_t{m} * b.shape.page_tokens);
+        cp_async4(codes_s + m * kScoreThreads, codes + size_t{m} * b.shape.page_tokens);
     }
     cp_async_commit();
   };
-  stage_codes(tile0, 0);
-  uint32_t buf = 0;
-  for (uint32_t sub0 = tile0; sub0 < tile_end; sub0 += kSubTile, buf ^= 1) {
-    stage_codes(sub0 + kSubTile, buf ^ 1);
-    cp_async_wait<1>();
+  for (uint32_t sub0 = tile0; sub0 < tile_end; sub0 += kSubTile) {
+    stage_codes(sub0);
+    cp_async_wait<0>();
     const uint32_t t0 = sub0 + threadIdx.x * kTokensPerThread;
     if (t0 >= tile_end) break;
-    const uint32_t* my_codes = codes_s + buf * M * kScoreThreads;
+    const uint32_t* my_codes = codes_s;
     float acc[GH][kTokensPerThread];
 #pragma unroll
     for (int g = 0; g < GH; ++g)

@@ -183,7 +183,12 @@ __device__ __forceinline__ GroupPick group_pick(const uint64_t (&w)[8], uint32_t
 }
 
 constexpr uint32_t kSampleThreads = 256;
+constexpr uint32_t kSampleBlocksPerSm = 4;
 constexpr uint32_t kDrawsPerGroup = 4;  // 8 groups of 4 lanes: the warp's 32 draws
+// A group's draws are taken two at a time: half the live registers of all four
+// at once, so four blocks fit a multiprocessor instead of three (64 registers;
+// sampler 39.6 -> 38.1 us at 1M tokens, bench/RESULTS.md).
+constexpr uint32_t kDrawsPerPass = 2;
 constexpr uint32_t kPrefixSmem = 4096;  // rows of up to 4M candidates: chunk prefixes in shared memory
 constexpr uint32_t kPrefixPerThread = kPrefixSmem / kSampleThreads;
 
@@ -191,7 +196,7 @@ constexpr uint32_t kPrefixPerThread = kPrefixSmem / kSampleThreads;
 // (a few KB from L2, the same deterministic order in every block, no separate
 // kernel), so the binary search per draw reads shared memory; block 0 records the
 // total. Longer rows use the prefixes of chunk_prefix_kernel from global memory.
-__global__ void __launch_bounds__(kSampleThreads, 3) sample_kernel(DecodeBatch b, Workspace ws) {
+__global__ void __launch_bounds__(kSampleThreads, kSampleBlocksPerSm) sample_kernel(DecodeBatch b, Workspace ws) {
   stage_begin();
   __shared__ uint64_t prefix_s[kPrefixSmem];
   __shared__ uint64_t total_s;
@@ -259,72 +264,75 @@ __global__ void __launch_bounds__(kSampleThreads, 3) sample_kernel(DecodeBatch b
   // together: fewer than half the cache wavefronts of one draw per thread.
   const uint32_t g = lane >> 2, sub = lane & 3;
   const uint32_t group0 = lane & ~3u;
-  uint32_t chunk[kDrawsPerGroup], u1[kDrawsPerGroup], u2[kDrawsPerGroup];
-  bool ok[kDrawsPerGroup];
+#pragma unroll 1
+  for (uint32_t pass = 0; pass < kDrawsPerGroup / kDrawsPerPass; ++pass) {
+    uint32_t chunk[kDrawsPerPass], u1[kDrawsPerPass], u2[kDrawsPerPass];
+    bool ok[kDrawsPerPass];
 #pragma unroll
-  for (uint32_t d = 0; d < kDrawsPerGroup; ++d) {
-    const uint32_t src = g + 8 * d;
-    chunk[d] = __shfl_sync(0xffffffffu, my_chunk, src);
-    u1[d] = __shfl_sync(0xffffffffu, my_u1, src);
-    u2[d] = __shfl_sync(0xffffffffu, my_u2, src);
-    ok[d] = __shfl_sync(0xffffffffu, mine, src);
-  }
-  // All block-sum loads of the group's draws before any is used.
-  uint64_t bs[kDrawsPerGroup][8];
-#pragma unroll
-  for (uint32_t d = 0; d < kDrawsPerGroup; ++d) {
-    const ulonglong2* p = reinterpret_cast<const ulonglong2*>(
-        ws.bsum + bbase + size_t{chunk[d]} * kBlocksPerChunk + 8 * sub);
-#pragma unroll
-    for (uint32_t q = 0; q < 4; ++q) {
-      const ulonglong2 a = ok[d] ? p[q] : make_ulonglong2(0, 0);
-      bs[d][2 * q] = a.x;
-      bs[d][2 * q + 1] = a.y;
+    for (uint32_t d = 0; d < kDrawsPerPass; ++d) {
+      const uint32_t src = g + 8 * (kDrawsPerPass * pass + d);
+      chunk[d] = __shfl_sync(0xffffffffu, my_chunk, src);
+      u1[d] = __shfl_sync(0xffffffffu, my_u1, src);
+      u2[d] = __shfl_sync(0xffffffffu, my_u2, src);
+      ok[d] = __shfl_sync(0xffffffffu, mine, src);
     }
-  }
-  // The block within the chunk: the first entry whose running sum exceeds the
-  // target (the chunk's total is the sum of its block sums, as csum holds).
-  uint32_t blk[kDrawsPerGroup];
-  uint64_t block_w[kDrawsPerGroup];
+    // All block-sum loads of the group's draws before any is used.
+    uint64_t bs[kDrawsPerPass][8];
 #pragma unroll
-  for (uint32_t d = 0; d < kDrawsPerGroup; ++d) {
-    const GroupPick pk = group_pick(bs[d], sub, group0, [&](uint64_t total) { return target(u1[d], total); });
-    blk[d] = chunk[d] * kBlocksPerChunk + pk.index;
-    block_w[d] = pk.weight;
-  }
-  // The blocks' scores (16-byte loads where the row's candidates start aligned)
-  // and heavy bits, all issued before the weights are computed.
-  const float* row_s = row_scores(ws, r) + it.sink_end;
-  const bool aligned = cand_scores_aligned(it);
-  float sv[kDrawsPerGroup][8];
-  uint32_t heavy[kDrawsPerGroup];
+    for (uint32_t d = 0; d < kDrawsPerPass; ++d) {
+      const ulonglong2* p = reinterpret_cast<const ulonglong2*>(
+          ws.bsum + bbase + size_t{chunk[d]} * kBlocksPerChunk + 8 * sub);
 #pragma unroll
-  for (uint32_t d = 0; d < kDrawsPerGroup; ++d) {
-    const uint32_t i0 = blk[d] * kBlockTokens + 8 * sub;  // this sub-lane's first candidate
-    const float* p = row_s + i0;
-    heavy[d] = ok[d] ? ws.heavy_bits[bbase + blk[d]] : ~0u;
-    if (aligned && ok[d] && i0 + 8 <= nc) {
-      const float4 a = reinterpret_cast<const float4*>(p)[0], c = reinterpret_cast<const float4*>(p)[1];
-      sv[d][0] = a.x; sv[d][1] = a.y; sv[d][2] = a.z; sv[d][3] = a.w;
-      sv[d][4] = c.x; sv[d][5] = c.y; sv[d][6] = c.z; sv[d][7] = c.w;
-    } else {
-#pragma unroll
-      for (uint32_t e = 0; e < 8; ++e) sv[d][e] = ok[d] && i0 + e < nc ? p[e] : -INFINITY;
+      for (uint32_t q = 0; q < 4; ++q) {
+        const ulonglong2 a = ok[d] ? p[q] : make_ulonglong2(0, 0);
+        bs[d][2 * q] = a.x;
+        bs[d][2 * q + 1] = a.y;
+      }
     }
-  }
-  // The candidate within the block, by the same rule over its fixed-point weights
-  // (0 for heavy and masked candidates); one lane sets the sample bit.
-  const float mx = key_float(st.max_key);
-  const bool uniform = b.sampling == Sampling::kUniform;
+    // The block within the chunk: the first entry whose running sum exceeds the
+    // target (the chunk's total is the sum of its block sums, as csum holds).
+    uint32_t blk[kDrawsPerPass];
+    uint64_t block_w[kDrawsPerPass];
 #pragma unroll
-  for (uint32_t d = 0; d < kDrawsPerGroup; ++d) {
-    uint64_t w[8];
+    for (uint32_t d = 0; d < kDrawsPerPass; ++d) {
+      const GroupPick pk = group_pick(bs[d], sub, group0, [&](uint64_t total) { return target(u1[d], total); });
+      blk[d] = chunk[d] * kBlocksPerChunk + pk.index;
+      block_w[d] = pk.weight;
+    }
+    // The blocks' scores (16-byte loads where the row's candidates start aligned)
+    // and heavy bits, all issued before the weights are computed.
+    const float* row_s = row_scores(ws, r) + it.sink_end;
+    const bool aligned = cand_scores_aligned(it);
+    float sv[kDrawsPerPass][8];
+    uint32_t heavy[kDrawsPerPass];
 #pragma unroll
-    for (uint32_t e = 0; e < 8; ++e)
-      w[e] = (heavy[d] >> (8 * sub + e)) & 1u ? 0 : cand_weight(sv[d][e], mx, uniform).fixed;
-    const uint64_t in_block = target(u2[d], block_w[d]);
-    const GroupPick pk = group_pick(w, sub, group0, [&](uint64_t) { return in_block; });
-    if (ok[d] && sub == 0) atomicOr(&ws.sample_bits[bbase + blk[d]], 1u << pk.index);
+    for (uint32_t d = 0; d < kDrawsPerPass; ++d) {
+      const uint32_t i0 = blk[d] * kBlockTokens + 8 * sub;  // this sub-lane's first candidate
+      const float* p = row_s + i0;
+      heavy[d] = ok[d] ? ws.heavy_bits[bbase + blk[d]] : ~0u;
+      if (aligned && ok[d] && i0 + 8 <= nc) {
+        const float4 a = reinterpret_cast<const float4*>(p)[0], c = reinterpret_cast<const float4*>(p)[1];
+        sv[d][0] = a.x; sv[d][1] = a.y; sv[d][2] = a.z; sv[d][3] = a.w;
+        sv[d][4] = c.x; sv[d][5] = c.y; sv[d][6] = c.z; sv[d][7] = c.w;
+      } else {
+#pragma unroll
+        for (uint32_t e = 0; e < 8; ++e) sv[d][e] = ok[d] && i0 + e < nc ? p[e] : -INFINITY;
+      }
+    }
+    // The candidate within the block, by the same rule over its fixed-point weights
+    // (0 for heavy and masked candidates); one lane sets the sample bit.
+    const float mx = key_float(st.max_key);
+    const bool uniform = b.sampling == Sampling::kUniform;
+#pragma unroll
+    for (uint32_t d = 0; d < kDrawsPerPass; ++d) {
+      uint64_t w[8];
+#pragma unroll
+      for (uint32_t e = 0; e < 8; ++e)
+        w[e] = (heavy[d] >> (8 * sub + e)) & 1u ? 0 : cand_weight(sv[d][e], mx, uniform).fixed;
+      const uint64_t in_block = target(u2[d], block_w[d]);
+      const GroupPick pk = group_pick(w, sub, group0, [&](uint64_t) { return in_block; });
+      if (ok[d] && sub == 0) atomicOr(&ws.sample_bits[bbase + blk[d]], 1u << pk.index);
+    }
   }
 }
 

@@ -105,6 +105,10 @@ __device__ __forceinline__ uint32_t swizzled(uint32_t v) { return v ^ ((v >> 3) 
 // row is read directly with 16-byte loads instead, masked at its end.
 // Boundary-bin candidates are counted as residual here; refine subtracts those
 // it selects.
+// kSums: filter_sums_residual; kUniform: uniform sampling weights. Both fixed per
+// launch, so that the per-candidate work carries no test for either (the SSA
+// filter is bound by its instructions: 38.5 -> 34.3 us at 1M tokens).
+template <bool kSums, bool kUniform>
 __global__ void __launch_bounds__(kThreads, kFilterBlocksPerSm) filter_kernel(DecodeBatch b, Workspace ws) {
   stage_begin();
   extern __shared__ float4 filter_smem[];  // kFilterWarps chunk tiles
@@ -127,9 +131,10 @@ __global__ void __launch_bounds__(kThreads, kFilterBlocksPerSm) filter_kernel(De
     cut_need = tc.cut_need;
   }
   const bool collect = k > 0 && cut_need > 0;
-  const bool sums = filter_sums_residual(b), uniform = b.sampling == Sampling::kUniform;
   const ScoreBins bins = ScoreBins::of_row(st);
-  const float mx = key_float(st.max_key);  // sampling weights: exp(s~ - max)
+  // Sampling weights exp(s~ - max); a row whose candidates are all -inf (only
+  // from non-finite inputs) gets weight 0 everywhere, as cand_weight gives.
+  const float mx = st.max_key == float_key(-INFINITY) ? 0.f : key_float(st.max_key);
   const size_t bbase = row_block_base(*r.it, r.h), cbase = row_chunk_base(*r.it, r.h);
   uint32_t* cut = ws.cut + row_token_base(*r.it, r.h);
   const uint32_t chunks = (r.nc + kChunkTokens - 1) / kChunkTokens;
@@ -147,19 +152,21 @@ __global__ void __launch_bounds__(kThreads, kFilterBlocksPerSm) filter_kernel(De
     const uint32_t n_mine = lane * kBlockTokens < n_here ? min(kBlockTokens, n_here - lane * kBlockTokens) : 0u;
     uint32_t sel = 0, in_cut = 0;
     uint64_t resid = 0;
-    float heavy_blk = 0.f, resid_blk = 0.f;  // statistics: float within a block, double across
+    // Statistics: float within a block, double across. With proportional weights
+    // the residual's mass is its fixed-point sum over 2^38 (no float sum of it).
+    float heavy_blk = 0.f, resid_blk = 0.f;
     auto step = [&](float v, uint32_t i, bool valid) {
       const uint32_t bin = valid ? bins.bin(v) : kScoreBins;  // kScoreBins: none
       const bool heavy = bin < cut_bin;
       sel |= uint32_t{heavy} << i;
       in_cut |= uint32_t{collect && bin == cut_bin} << i;
-      if (sums) {
-        const CandWeight w = cand_weight(v, mx, uniform);
+      if constexpr (kSums) {
+        const CandWeight w = kUniform ? cand_weight(v, mx, true) : cand_weight_unmasked(v, mx);
         if (heavy) {
           heavy_blk += w.e;
         } else {
           resid += w.fixed;
-          resid_blk += w.e;
+          if constexpr (kUniform) resid_blk += w.e;
         }
       }
     };
@@ -213,10 +220,10 @@ __global__ void __launch_bounds__(kThreads, kFilterBlocksPerSm) filter_kernel(De
       direct_partial();
     }
     heavy_mass += heavy_blk;
-    resid_mass += resid_blk;
+    resid_mass += kUniform ? static_cast<double>(resid_blk) : static_cast<double>(resid) * (1.0 / kWeightOne);
     const uint32_t blk = c * kBlocksPerChunk + lane;
     ws.heavy_bits[bbase + blk] = sel;
-    if (sums) {
+    if constexpr (kSums) {
       ws.bsum[bbase + blk] = resid;
       ws.sample_bits[bbase + blk] = 0u;
       const uint64_t chunk_sum = warp_sum(resid);
@@ -239,7 +246,7 @@ __global__ void __launch_bounds__(kThreads, kFilterBlocksPerSm) filter_kernel(De
     }
     __syncwarp();  // the tile is reused by this warp's next chunk
   }
-  if (sums) {
+  if constexpr (kSums) {
     heavy_mass = warp_sum(heavy_mass);
     resid_mass = warp_sum(resid_mass);
     if (lane == 0 && heavy_mass != 0.0) atomicAdd(&st.w_heavy, heavy_mass);
@@ -394,7 +401,10 @@ cudaError_t launch_topk(const DecodeBatch& b, const WorkspacePlan& plan, const W
   // rows as copies, unaligned rows through load_chunk_tile).
   const size_t tiles = kFilterWarps * sizeof(ChunkTile);
   const dim3 filter_grid(plan.filter_blocks, b.shape.n_q_heads, b.n_items);
-  if (e == cudaSuccess) e = launch_stage(b, filter_kernel, filter_grid, kThreads, tiles, st, b, ws);
+  const auto filter = !filter_sums_residual(b)              ? filter_kernel<false, false>
+                      : b.sampling == Sampling::kUniform ? filter_kernel<true, true>
+                                                         : filter_kernel<true, false>;
+  if (e == cudaSuccess) e = launch_stage(b, filter, filter_grid, kThreads, tiles, st, b, ws);
   if (e == cudaSuccess) e = launch_stage(b, refine_kernel, row_grid, kRefineThreads, 0, st, b, ws);
   return e;
 }
