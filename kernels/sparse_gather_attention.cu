@@ -10,7 +10,9 @@
 // then the page pointer before it can even ask for the row, so each round trip
 // moves little and the stage runs far below the copy bandwidth. Here K and V rows
 // go through a kStages-deep cp.async ring in shared memory (16 KB of rows per stage,
-// three stages in flight per block, three blocks per SM), and the addresses are
+// two stages in flight per block, four blocks per SM: 3-5% faster at 1M tokens
+// than three stages in flight with three blocks, and six stages with two blocks
+// were 6-10% slower, bench/RESULTS.md), and the addresses are
 // resolved ahead of the ring: for every stage one thread per token loads the token
 // id two iterations before the rows are requested and the page pointer one
 // iteration before, so neither dependent load sits on the copy path, and only
@@ -34,7 +36,7 @@ namespace {
 
 constexpr int kThreads = 128;
 constexpr int kUnroll = 4;               // tokens per lane group per stage
-constexpr int kStages = 4;               // K/V ring depth (kStages - 1 stages in flight)
+constexpr int kStages = 3;               // K/V ring depth (kStages - 1 stages in flight)
 constexpr int kSlots = kStages + 1;      // address ring: stages i .. i + kStages live at once
 
 template <int D>
