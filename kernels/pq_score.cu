@@ -306,7 +306,6 @@ __global__ void __launch_bounds__(kScoreThreads, GH >= 8 ? 1 : kScoreBlocksPerSm
     cp_async_wait<0>();
     const uint32_t t0 = sub0 + threadIdx.x * kTokensPerThread;
     if (t0 >= tile_end) break;
-    const uint32_t* my_codes = codes_s;
     float acc[GH][kTokensPerThread];
 #pragma unroll
     for (int g = 0; g < GH; ++g)
@@ -318,7 +317,7 @@ __global__ void __launch_bounds__(kScoreThreads, GH >= 8 ? 1 : kScoreBlocksPerSm
       // sixteen no better (bench/RESULTS.md).
 #pragma unroll 8
       for (uint32_t step = 0; step < 16; ++step) {
-        const uint32_t cw = my_codes[m * kScoreThreads];
+        const uint32_t cw = codes_s[m * kScoreThreads];
         const char* m_base = reinterpret_cast<const char*>(lut_s) + m * 16;
 #pragma unroll
         for (int j = 0; j < kTokensPerThread; ++j) {
@@ -332,7 +331,7 @@ __global__ void __launch_bounds__(kScoreThreads, GH >= 8 ? 1 : kScoreBlocksPerSm
     } else {
 #pragma unroll 2
       for (uint32_t step = 0; step < M; ++step) {
-        const uint32_t cw = my_codes[m * kScoreThreads];
+        const uint32_t cw = codes_s[m * kScoreThreads];
 #pragma unroll
         for (int j = 0; j < kTokensPerThread; ++j) {
           float v[GH];
