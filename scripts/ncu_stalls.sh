@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Warp-stall profile of one kernel of an SSA decode (paper shape, 1M tokens,
 # batch 1, 50x): ncu's source counters of its first launch, summed per stall
-# reason and per opcode by scripts/ncu_hotspots.py. Run on the GPU machine.
+# reason and per opcode by scripts/ncu_hotspots.py. Run on the GPU machine,
+# after scripts/gpu_check.sh has built the benchmark.
 #   bash scripts/ncu_stalls.sh BENCH_BINARY KERNEL_REGEX [TOP]
 set -uo pipefail
+# The Abseil and xxHash that scripts/gpu_check.sh unpacked for the build.
+export LD_LIBRARY_PATH=/tmp/prefix/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
 rep=/tmp/ncu_stalls_$$
 SSA_BENCH_PROFILE=1 ncu --clock-control none -k "regex:$2" --launch-count 1 \
   --section SourceCounters --section WarpStateStats -o "$rep" "$1" --methods ssa >"$rep.log" 2>&1 ||
