@@ -28,9 +28,9 @@
 // with --out FILE, also into FILE. bench/gpu_bench_report.py turns them into
 // markdown tables. Built with -DSSA_FLASHINFER_DIR, it also times FlashInfer's
 // batch decode over the same pages (bench/flashinfer_decode.h) as a dense
-// baseline. SSA_BENCH_PROFILE=1: one untimed decode of each method for
-// the paper shape at batch 1, 50x, at 1M tokens or the first of --contexts (for
-// a profiler that records every kernel).
+// baseline. SSA_BENCH_PROFILE=1: one untimed decode of each method at 50x,
+// for the first of --configs, --contexts and --batches (default: paper shape,
+// 1M tokens, batch 1), for a profiler that records every kernel.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -826,7 +826,7 @@ int main(int argc, char** argv) {
                         sparsities = {10u, 20u, 50u, 100u};
   std::vector<const ModelShape*> shapes = {&kShapes[0], &kShapes[1]};
   int n_seeds = 3;
-  bool contexts_given = false;
+  bool contexts_given = false, batches_given = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const char* v = i + 1 < argc ? argv[i + 1] : nullptr;
@@ -841,6 +841,7 @@ int main(int argc, char** argv) {
       contexts_given = true;
       ok = parse_list(v, &contexts);
     } else if (a == "--batches" && ok) {
+      batches_given = true;
       ok = parse_list(v, &batches);
     } else if (a == "--sparsity" && ok) {
       ok = parse_list(v, &sparsities);
@@ -886,9 +887,9 @@ int main(int argc, char** argv) {
     ++i;
   }
   if (g_profile) {
-    shapes = {&kShapes[0]};
+    shapes = {shapes.empty() ? &kShapes[0] : shapes[0]};
     contexts = {contexts_given ? contexts[0] : 1048576u};
-    batches = {1u};
+    batches = {batches_given ? batches[0] : 1u};
     sparsities = {50u};
   }
 
