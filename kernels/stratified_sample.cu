@@ -140,6 +140,9 @@ __global__ void __launch_bounds__(1024) chunk_prefix_kernel(DecodeBatch b, Works
 // the last positive one, exactly as pick_by_scan (common/sampling_hierarchy.h)
 // over the same integers; with the picked entry's weight. Every lane of the warp
 // calls it (its shuffles span the warp); group0 is the group's first lane.
+// The running sums never decrease, so the entries whose sum stays at or below the
+// target are a prefix of the 32, and their count is the index of the first one
+// above it: one compare per entry and a count, no search.
 struct GroupPick {
   uint32_t index;
   uint64_t weight;
@@ -148,34 +151,35 @@ template <typename TargetFn>
 __device__ __forceinline__ GroupPick group_pick(const uint64_t (&w)[8], uint32_t sub, uint32_t group0,
                                                 TargetFn target_of) {
   uint64_t mine = 0;
+  uint32_t positive = 0;  // bit 8 sub + e: entry e of this sub-lane has weight
 #pragma unroll
-  for (uint32_t e = 0; e < 8; ++e) mine += w[e];
+  for (uint32_t e = 0; e < 8; ++e) {
+    mine += w[e];
+    positive |= uint32_t{w[e] != 0} << (8 * sub + e);
+  }
   // Exclusive scan and total over the four sub-lanes.
   uint64_t incl = mine;
 #pragma unroll
   for (uint32_t o = 1; o < 4; o <<= 1) {
-    const uint64_t t = __shfl_up_sync(0xffffffffu, incl, o, 4);
+    const uint64_t t = __shfl_up_sync(0xffffffffu, incl, o);
     if (sub >= o) incl += t;
   }
   const uint64_t total = __shfl_sync(0xffffffffu, incl, 3, 4);
   const uint64_t tgt = target_of(total);
   uint64_t run = incl - mine;
-  uint32_t first = 32, last_positive = 0;
+  uint32_t at_or_below = 0;
 #pragma unroll
   for (uint32_t e = 0; e < 8; ++e) {
-    if (w[e] > 0) {
-      run += w[e];
-      last_positive = 8 * sub + e;
-      if (run > tgt && first == 32) first = 8 * sub + e;
-    }
+    run += w[e];
+    at_or_below += run <= tgt;
   }
-  // Group-wide: the earliest first pick, else the last positive entry.
 #pragma unroll
   for (uint32_t o = 1; o < 4; o <<= 1) {
-    first = min(first, __shfl_xor_sync(0xffffffffu, first, o, 4));
-    last_positive = max(last_positive, __shfl_xor_sync(0xffffffffu, last_positive, o, 4));
+    at_or_below += __shfl_xor_sync(0xffffffffu, at_or_below, o, 4);
+    positive |= __shfl_xor_sync(0xffffffffu, positive, o, 4);
   }
-  const uint32_t pick = first < 32 ? first : last_positive;
+  // Past the total (rounding): the last positive entry.
+  const uint32_t pick = total > tgt ? at_or_below : positive ? 31 - __clz(positive) : 0;
   uint64_t pw = 0;  // the picked weight, from the sub-lane holding it (no dynamic index)
 #pragma unroll
   for (uint32_t e = 0; e < 8; ++e) pw = 8 * sub + e == pick ? w[e] : pw;
@@ -196,6 +200,9 @@ constexpr uint32_t kPrefixPerThread = kPrefixSmem / kSampleThreads;
 // (a few KB from L2, the same deterministic order in every block, no separate
 // kernel), so the binary search per draw reads shared memory; block 0 records the
 // total. Longer rows use the prefixes of chunk_prefix_kernel from global memory.
+// Compiled for uniform and for proportional weights (as the top-k filter that
+// summed them), so no weight pays a test for either.
+template <bool kUniform>
 __global__ void __launch_bounds__(kSampleThreads, kSampleBlocksPerSm) sample_kernel(DecodeBatch b, Workspace ws) {
   stage_begin();
   __shared__ uint64_t prefix_s[kPrefixSmem];
@@ -264,6 +271,9 @@ __global__ void __launch_bounds__(kSampleThreads, kSampleBlocksPerSm) sample_ker
   // together: fewer than half the cache wavefronts of one draw per thread.
   const uint32_t g = lane >> 2, sub = lane & 3;
   const uint32_t group0 = lane & ~3u;
+  const float* row_s = row_scores(ws, r) + it.sink_end;
+  const bool aligned = cand_scores_aligned(it);
+  const float mx = key_float(st.max_key);  // finite: some candidate has weight
 #pragma unroll 1
   for (uint32_t pass = 0; pass < kDrawsPerGroup / kDrawsPerPass; ++pass) {
     uint32_t chunk[kDrawsPerPass], u1[kDrawsPerPass], u2[kDrawsPerPass];
@@ -301,8 +311,6 @@ __global__ void __launch_bounds__(kSampleThreads, kSampleBlocksPerSm) sample_ker
     }
     // The blocks' scores (16-byte loads where the row's candidates start aligned)
     // and heavy bits, all issued before the weights are computed.
-    const float* row_s = row_scores(ws, r) + it.sink_end;
-    const bool aligned = cand_scores_aligned(it);
     float sv[kDrawsPerPass][8];
     uint32_t heavy[kDrawsPerPass];
 #pragma unroll
@@ -321,14 +329,15 @@ __global__ void __launch_bounds__(kSampleThreads, kSampleBlocksPerSm) sample_ker
     }
     // The candidate within the block, by the same rule over its fixed-point weights
     // (0 for heavy and masked candidates); one lane sets the sample bit.
-    const float mx = key_float(st.max_key);
-    const bool uniform = b.sampling == Sampling::kUniform;
 #pragma unroll
     for (uint32_t d = 0; d < kDrawsPerPass; ++d) {
       uint64_t w[8];
 #pragma unroll
-      for (uint32_t e = 0; e < 8; ++e)
-        w[e] = (heavy[d] >> (8 * sub + e)) & 1u ? 0 : cand_weight(sv[d][e], mx, uniform).fixed;
+      for (uint32_t e = 0; e < 8; ++e) {
+        const uint64_t fixed =
+            kUniform ? cand_weight(sv[d][e], mx, true).fixed : cand_weight_unmasked(sv[d][e], mx).fixed;
+        w[e] = (heavy[d] >> (8 * sub + e)) & 1u ? 0 : fixed;
+      }
       const uint64_t in_block = target(u2[d], block_w[d]);
       const GroupPick pk = group_pick(w, sub, group0, [&](uint64_t) { return in_block; });
       if (ok[d] && sub == 0) atomicOr(&ws.sample_bits[bbase + blk[d]], 1u << pk.index);
@@ -443,7 +452,8 @@ cudaError_t launch_sampling(const DecodeBatch& b, const WorkspacePlan& plan, con
     return e;
   const dim3 grid((plan.select_cap_max + kSampleThreads - 1) / kSampleThreads, b.shape.n_q_heads,
                   b.n_items);
-  return launch_stage(b, sample_kernel, grid, kSampleThreads, 0, st, b, ws);
+  const auto kernel = b.sampling == Sampling::kUniform ? sample_kernel<true> : sample_kernel<false>;
+  return launch_stage(b, kernel, grid, kSampleThreads, 0, st, b, ws);
 }
 
 }  // namespace ssa::cuda
