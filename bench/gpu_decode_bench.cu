@@ -84,6 +84,7 @@ uint32_t* g_sink = nullptr;
 std::chrono::steady_clock::time_point g_start;
 double g_budget_s = 270.0;  // later cases are reported as skipped (see --time-budget-s)
 uint32_t g_sparse_splits = 0;  // --sparse-splits: attention splits of sparse methods (0 = automatic)
+uint32_t g_dense_splits = 0;   // --dense-splits: the same for our dense kernel
 bool g_overlap = true;         // --overlap-launches 0: stages launched plainly (stage_launch.cuh)
 // --methods: which of dense, pq_topk, ssa, flashinfer run (FlashInfer only when
 // asked: scripts/gpu_check.sh runs it in a process of its own, so that a fault in
@@ -433,7 +434,7 @@ DecodeBatch make_batch(const Case& c, const std::vector<Session>& sess, const Me
     it.n_select = sparse ? k - kSink - kLocal : 0;
     it.n_heavy = sparse ? static_cast<uint32_t>(m.h * it.n_select + 0.5f) : 0;
   }
-  if (m.sparsity != 0) b.n_splits = g_sparse_splits;
+  b.n_splits = m.sparsity != 0 ? g_sparse_splits : g_dense_splits;
   b.overlap_launches = g_overlap;
   return b;
 }
@@ -814,7 +815,7 @@ void usage() {
   fprintf(stderr,
           "usage: gpu_decode_bench [--out FILE] [--configs paper,llama8b] [--contexts 128K,512K,1M]\n"
           "         [--batches 1,16] [--sparsity 10,20,50,100] [--seeds 3] [--time-budget-s 270]\n"
-          "         [--sparse-splits N] [--overlap-launches 0|1] [--methods dense,pq_topk,ssa,flashinfer]\n");
+          "         [--sparse-splits N] [--dense-splits N] [--overlap-launches 0|1] [--methods dense,pq_topk,ssa,flashinfer]\n");
 }
 
 }  // namespace
@@ -862,6 +863,9 @@ int main(int argc, char** argv) {
     } else if (a == "--sparse-splits" && ok) {
       g_sparse_splits = static_cast<uint32_t>(atoi(v));
       ok = g_sparse_splits <= kMaxSplits;
+    } else if (a == "--dense-splits" && ok) {
+      g_dense_splits = static_cast<uint32_t>(atoi(v));
+      ok = g_dense_splits <= kMaxSplits;
     } else if (a == "--overlap-launches" && ok) {
       g_overlap = atoi(v) != 0;
     } else if (a == "--time-budget-s" && ok) {
