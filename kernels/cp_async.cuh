@@ -11,9 +11,11 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
 }
 
 // 16-byte global -> shared copy; bytes = 0 writes zeros (positions past a split's
-// end: their weight is 0 and must never meet uninitialised shared memory).
+// end: their weight is 0 and must never meet uninitialised shared memory). The
+// L2::128B hint lets L2 fetch the whole 128-byte line from DRAM at once: every
+// caller streams rows of 128 bytes or more.
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, uint32_t bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
                "r"(bytes)
                : "memory");
 }
