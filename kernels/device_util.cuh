@@ -106,6 +106,14 @@ __device__ __forceinline__ CandWeight cand_weight_unmasked(float s, float mx) {
   return {e, __float2ull_rn(e * kWeightOne)};
 }
 
+// The weight rule of a kernel compiled for uniform or for proportional weights
+// (max finite): the top-k filter sums these and the sampler recomputes them, so
+// both take them from here.
+template <bool kUniform>
+__device__ __forceinline__ CandWeight cand_weight_of(float s, float mx) {
+  return kUniform ? cand_weight(s, mx, true) : cand_weight_unmasked(s, mx);
+}
+
 // Token of read-set position p of a row: sink tokens, local tokens, heavy list,
 // then the sorted unique samples (the only positions with pi < 1).
 struct ReadSet {

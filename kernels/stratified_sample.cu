@@ -334,8 +334,7 @@ __global__ void __launch_bounds__(kSampleThreads, kSampleBlocksPerSm) sample_ker
       uint64_t w[8];
 #pragma unroll
       for (uint32_t e = 0; e < 8; ++e) {
-        const uint64_t fixed =
-            kUniform ? cand_weight(sv[d][e], mx, true).fixed : cand_weight_unmasked(sv[d][e], mx).fixed;
+        const uint64_t fixed = cand_weight_of<kUniform>(sv[d][e], mx).fixed;
         w[e] = (heavy[d] >> (8 * sub + e)) & 1u ? 0 : fixed;
       }
       const uint64_t in_block = target(u2[d], block_w[d]);

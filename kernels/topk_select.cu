@@ -161,7 +161,7 @@ __global__ void __launch_bounds__(kThreads, kFilterBlocksPerSm) filter_kernel(De
       sel |= uint32_t{heavy} << i;
       in_cut |= uint32_t{collect && bin == cut_bin} << i;
       if constexpr (kSums) {
-        const CandWeight w = kUniform ? cand_weight(v, mx, true) : cand_weight_unmasked(v, mx);
+        const CandWeight w = cand_weight_of<kUniform>(v, mx);
         if (heavy) {
           heavy_blk += w.e;
         } else {
