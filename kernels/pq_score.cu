@@ -125,25 +125,32 @@ __global__ void build_lut_kernel(DecodeBatch b, float* lut, float* lut_range, Ro
   // As the CPU backend: q pre-multiplied by 1/sqrt(d), products and sums rounded
   // one by one (no fused multiply-add), so the tables match it bit for bit.
   const float scale = 1.0f / sqrtf(static_cast<float>(D));
+  const float* cb = it.codebooks + (size_t{kvh} * M + m) * K * sub;
+  // The centroid's floats as 16-byte loads, all issued before the sum (a chain of
+  // dependent loads otherwise); the same order of operations. The thread's first
+  // centroid is requested before the block barrier that publishes q, so the two
+  // loads overlap.
+  const bool vec = sub % 4 == 0 && sub <= kLutVecDims;
+  float4 x[kLutVecDims / 4];
+  auto load_centroid = [&](uint32_t c) {
+    const float4* cc = reinterpret_cast<const float4*>(cb + size_t{c} * sub);
+#pragma unroll
+    for (uint32_t i = 0; i < kLutVecDims / 4; ++i)
+      if (4 * i < sub) x[i] = cc[i];
+  };
+  if (vec && threadIdx.x < K) load_centroid(threadIdx.x);
   for (uint32_t i = threadIdx.x; i < sub; i += blockDim.x) qs[i] = Elem<T>::load(q + i) * scale;
   __syncthreads();
   // The tables of the GH heads scored in one pass, in the layout the scoring
   // kernel copies straight into shared memory.
   const uint32_t g = h % GH;
   float* out = lut + size_t{row_of(item, h - g, b.shape.n_q_heads)} * M * K;
-  const float* cb = it.codebooks + (size_t{kvh} * M + m) * K * sub;
   uint32_t hi = 0u;
   float part = 0.f;
   for (uint32_t c = threadIdx.x; c < K; c += blockDim.x) {
-    const float* cc = cb + size_t{c} * sub;
     float acc = 0.f;
-    if (sub % 4 == 0 && sub <= kLutVecDims) {
-      // The centroid's floats as 16-byte loads, all issued before the sum (a
-      // chain of dependent loads otherwise); the same order of operations.
-      float4 x[kLutVecDims / 4];
-#pragma unroll
-      for (uint32_t i = 0; i < kLutVecDims / 4; ++i)
-        if (4 * i < sub) x[i] = reinterpret_cast<const float4*>(cc)[i];
+    if (vec) {
+      if (c != threadIdx.x) load_centroid(c);
 #pragma unroll
       for (uint32_t i = 0; i < kLutVecDims / 4; ++i) {
         if (4 * i >= sub) break;
@@ -153,6 +160,7 @@ __global__ void build_lut_kernel(DecodeBatch b, float* lut, float* lut_range, Ro
         acc = __fadd_rn(acc, __fmul_rn(qs[4 * i + 3], x[i].w));
       }
     } else {
+      const float* cc = cb + size_t{c} * sub;
       for (uint32_t j = 0; j < sub; ++j) acc = __fadd_rn(acc, __fmul_rn(qs[j], cc[j]));
     }
     out[lut_offset<GH>(g, m, c, M, K)] = acc;
