@@ -505,7 +505,7 @@ void run_method(const Case& c, const std::vector<Session>& sess, const Method& m
     if (r == cudaSuccess) r = cudaEventRecord(ev[2]);
     if (r == cudaSuccess) r = launch_sampling(b, plan, ws, nullptr);
     if (r == cudaSuccess) r = cudaEventRecord(ev[3]);
-    if (r == cudaSuccess) r = launch_compact(b, plan, ws, b.sampling != Sampling::kNone, nullptr);
+    if (r == cudaSuccess) r = launch_compact(b, plan, ws, b.sampling != Sampling::kNone, 0, nullptr);
     if (r == cudaSuccess) r = cudaEventRecord(ev[4]);
     if (r == cudaSuccess) r = launch_attention(b, plan, ws, false, nullptr);
     if (r == cudaSuccess) r = cudaEventRecord(ev[5]);

@@ -1,8 +1,12 @@
 // Bitmaps of the selection -> the lists the attention kernel reads, in token order
-// (the attention's floating-point order is then fixed). Two kernels over the
-// bitmap words of every row, many blocks per row: one counts the set bits of its
-// words, the next adds up the counts of the blocks before it, scans its own and
-// writes. With samples it also computes each sample's log inclusion probability,
+// (the attention's floating-point order is then fixed). One kernel over the
+// bitmap words of every row, many blocks per row: each block counts the set bits
+// of its words, publishes its count with a ready flag, adds up the counts of the
+// blocks before it in the row as they appear (look-back: blocks are started in
+// index order, so every block it waits for has started), scans its own and writes.
+// This saved a kernel that counted first (bench/RESULTS.md). The counts are zeroed
+// with the row states at the start of each decode, one set per compaction pass.
+// With samples it also computes each sample's log inclusion probability,
 //   p = w / W_R, pi = 1 - (1 - p)^m (common/inclusion_probability.h),
 // from the sample's own proxy weight.
 #include <cub/block/block_reduce.cuh>
@@ -24,11 +28,16 @@ struct Span {
   uint32_t h, nc, w0, w1;  // this block's bitmap words [w0, w1)
   const uint32_t* hb;
   const uint32_t* sb;
-  uint64_t* counts;  // per block of this row: heavy bits << 32 | sample bits
+  uint64_t* counts;  // per block of this row: kCountReady | heavy bits << 32 | sample bits
   __device__ bool sparse() const { return it->sink_end < it->local_begin && it->n_select > 0; }
 };
 
-__device__ Span span_here(const DecodeBatch& b, const Workspace& ws, uint32_t words_per_block) {
+// A block's count is published with this bit set; a block holds at most 2^15
+// heavy bits, so the counts never reach it.
+constexpr uint64_t kCountReady = 1ull << 63;
+
+__device__ Span span_here(const DecodeBatch& b, const Workspace& ws, uint32_t words_per_block,
+                          uint32_t pass) {
   Span p;
   p.it = &b.items[blockIdx.z];
   p.h = blockIdx.y;
@@ -41,7 +50,7 @@ __device__ Span span_here(const DecodeBatch& b, const Workspace& ws, uint32_t wo
   const size_t base = row_block_base(*p.it, p.h);
   p.hb = ws.heavy_bits + base;
   p.sb = ws.sample_bits + base;
-  p.counts = ws.compact_counts + size_t{row} * gridDim.x;
+  p.counts = ws.compact_counts + (size_t{pass} * gridDim.y * gridDim.z + row) * gridDim.x;
   return p;
 }
 
@@ -65,48 +74,40 @@ __device__ uint64_t bit_counts(const Span& p, uint32_t a, uint32_t e, bool sampl
   return n;
 }
 
-__global__ void __launch_bounds__(kThreads) count_kernel(DecodeBatch b, Workspace ws, bool samples,
-                                                         uint32_t words_per_block) {
-  stage_begin();
-  const Span p = span_here(b, ws, words_per_block);
-  if (!p.sparse()) return;
-  uint32_t a, e;
-  thread_words(p, words_per_block, &a, &e);
-  using Reduce = cub::BlockReduce<uint64_t, kThreads>;
-  __shared__ typename Reduce::TempStorage tmp;
-  const uint64_t total = Reduce(tmp).Sum(bit_counts(p, a, e, samples));
-  if (threadIdx.x == 0) p.counts[blockIdx.x] = total;
-}
-
 __global__ void __launch_bounds__(kThreads) write_kernel(DecodeBatch b, Workspace ws, bool samples,
-                                                         uint32_t words_per_block) {
+                                                         uint32_t words_per_block, uint32_t pass) {
   stage_begin();
-  const Span p = span_here(b, ws, words_per_block);
+  const Span p = span_here(b, ws, words_per_block, pass);
   if (!p.sparse()) return;
-  using Reduce = cub::BlockReduce<uint64_t, kThreads>;
   using Scan = cub::BlockScan<uint64_t, kThreads>;
-  __shared__ union {
-    typename Reduce::TempStorage reduce;
-    typename Scan::TempStorage scan;
-  } tmp;
+  __shared__ typename Scan::TempStorage scan_tmp;
   __shared__ uint64_t before_s;
-  // Block 0 also totals the row (list lengths); the others need only their offset.
-  const uint32_t upto = blockIdx.x == 0 ? gridDim.x : blockIdx.x;
-  uint64_t part = 0;
-  for (uint32_t i = threadIdx.x; i < upto; i += kThreads) part += p.counts[i];
-  const uint64_t sum = Reduce(tmp.reduce).Sum(part);
-  if (threadIdx.x == 0) {
-    before_s = blockIdx.x == 0 ? 0 : sum;
-    if (blockIdx.x == 0) {
-      p.st->n_heavy = min(static_cast<uint32_t>(sum >> 32), p.it->select_cap);
-      if (samples) p.st->n_unique = min(static_cast<uint32_t>(sum), p.it->select_cap);
-    }
-  }
-  __syncthreads();
   uint32_t a, e;
   thread_words(p, words_per_block, &a, &e);
   uint64_t off, block_total;
-  Scan(tmp.scan).ExclusiveSum(bit_counts(p, a, e, samples), off, block_total);
+  Scan(scan_tmp).ExclusiveSum(bit_counts(p, a, e, samples), off, block_total);
+  if (threadIdx.x < 32) {
+    volatile uint64_t* counts = p.counts;
+    if (threadIdx.x == 0) counts[blockIdx.x] = kCountReady | block_total;
+    // The counts of the blocks before this one, a lane per block, each waited for.
+    uint64_t before = 0;
+    for (uint32_t i = threadIdx.x; i < blockIdx.x; i += 32) {
+      uint64_t c;
+      do c = counts[i];
+      while (!(c & kCountReady));
+      before += c & ~kCountReady;
+    }
+    before = warp_sum(before);
+    if (threadIdx.x == 0) {
+      before_s = before;
+      if (blockIdx.x == gridDim.x - 1) {  // the row's list lengths
+        const uint64_t sum = before + block_total;
+        p.st->n_heavy = min(static_cast<uint32_t>(sum >> 32), p.it->select_cap);
+        if (samples) p.st->n_unique = min(static_cast<uint32_t>(sum), p.it->select_cap);
+      }
+    }
+  }
+  __syncthreads();
   off += before_s;
   const DecodeItem& it = *p.it;
   const size_t sel = it.select_base + size_t{p.h} * it.select_cap;
@@ -169,11 +170,10 @@ uint32_t compact_words_per_block(uint32_t n_pad_max, uint32_t rows, int sm_count
 }
 
 cudaError_t launch_compact(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
-                           bool samples, cudaStream_t st) {
+                           bool samples, uint32_t pass, cudaStream_t st) {
+  if (pass >= plan.compact_passes) return cudaErrorInvalidValue;
   const dim3 grid(plan.compact_blocks, b.shape.n_q_heads, b.n_items);
-  const cudaError_t e = launch_stage(b, count_kernel, grid, kThreads, 0, st, b, ws, samples, plan.compact_words);
-  if (e != cudaSuccess) return e;
-  return launch_stage(b, write_kernel, grid, kThreads, 0, st, b, ws, samples, plan.compact_words);
+  return launch_stage(b, write_kernel, grid, kThreads, 0, st, b, ws, samples, plan.compact_words, pass);
 }
 
 }  // namespace ssa::cuda

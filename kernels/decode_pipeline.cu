@@ -136,7 +136,8 @@ cudaError_t plan_workspace(DecodeBatch* b, int sm_count, WorkspacePlan* plan) {
   p.off_hist = take(all_dense ? 0 : rows * kScoreBins * 4);
   p.compact_words = compact_words_per_block(p.n_pad_max, p.rows, sm_count);
   p.compact_blocks = (p.n_pad_max / 32 + p.compact_words - 1) / p.compact_words;
-  p.off_compact_counts = take(all_dense ? 0 : rows * p.compact_blocks * 8);
+  p.compact_passes = all_dense ? 0 : b->heavy == HeavyRule::kAdaptive ? 2 : 1;
+  p.off_compact_counts = take(size_t{p.compact_passes} * rows * p.compact_blocks * 8);
   p.off_heavy = take(sel * 4);
   p.off_uniq_sorted = take(sel * 4);
   p.off_log_pi = take(sel * 4);
@@ -170,6 +171,8 @@ Workspace bind_workspace(void* base, const WorkspacePlan& p) {
   w.sample_bits = reinterpret_cast<uint32_t*>(c + p.off_sample_bits);
   w.hist = reinterpret_cast<uint32_t*>(c + p.off_hist);
   w.compact_counts = reinterpret_cast<uint64_t*>(c + p.off_compact_counts);
+  w.compact_blocks = p.compact_blocks;
+  w.compact_passes = p.compact_passes;
   w.heavy = reinterpret_cast<uint32_t*>(c + p.off_heavy);
   w.uniq_sorted = reinterpret_cast<uint32_t*>(c + p.off_uniq_sorted);
   w.log_pi = reinterpret_cast<float*>(c + p.off_log_pi);
@@ -197,11 +200,13 @@ cudaError_t run_decode(const DecodeBatch& b, const WorkspacePlan& plan, const Wo
     if (e != cudaSuccess) return e;
     if ((e = launch_topk(b, plan, ws, st)) != cudaSuccess) return e;
     if (b.heavy == HeavyRule::kAdaptive) {
-      if ((e = launch_compact(b, plan, ws, false, st)) != cudaSuccess) return e;
+      if ((e = launch_compact(b, plan, ws, false, 0, st)) != cudaSuccess) return e;
       if ((e = launch_adaptive_heavy(b, plan, ws, st)) != cudaSuccess) return e;
     }
     if ((e = launch_sampling(b, plan, ws, st)) != cudaSuccess) return e;
-    if ((e = launch_compact(b, plan, ws, b.sampling != Sampling::kNone, st)) != cudaSuccess) return e;
+    if ((e = launch_compact(b, plan, ws, b.sampling != Sampling::kNone, plan.compact_passes - 1, st)) !=
+        cudaSuccess)
+      return e;
   }
   return launch_attention(b, plan, ws, all_dense, st);
 }

@@ -100,7 +100,10 @@ struct Workspace {
   uint32_t* heavy_bits = nullptr;  // bitmap of the heavy set H
   uint32_t* sample_bits = nullptr; // bitmap of the sampled tokens S
   uint32_t* hist = nullptr;        // [rows][kScoreBins] top-k histograms
-  uint64_t* compact_counts = nullptr;  // [rows][compact_blocks] set bits per compaction block
+  // [compact_passes][rows][compact_blocks] set bits of each compaction block, with
+  // a ready flag (kernels/bitmap_compact.cu); zeroed with the row states.
+  uint64_t* compact_counts = nullptr;
+  uint32_t compact_blocks = 0, compact_passes = 0;
   uint32_t* heavy = nullptr;       // per-row heavy lists (select_base layout), token order
   uint32_t* uniq_sorted = nullptr; // per-row unique samples, token order
   float* log_pi = nullptr;         // log inclusion probability of each sorted sample
@@ -130,6 +133,7 @@ struct WorkspacePlan {
   uint32_t filter_blocks = 0;  // thread blocks per row of the top-k filter
   uint32_t score_tile = 0;   // tokens per PQ scoring block
   uint32_t compact_blocks = 0, compact_words = 0;  // bitmap compaction: blocks per row, words each
+  uint32_t compact_passes = 0;  // compactions per decode: 2 with the adaptive heavy rule
 };
 
 }  // namespace ssa::cuda

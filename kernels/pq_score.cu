@@ -82,19 +82,28 @@ __device__ RowState initial_row(const DecodeBatch& b, const DecodeItem& it) {
   return r;
 }
 
+// Zeroes a row's top-k histogram and its compaction counts (every pass), by the
+// block's threads.
+__device__ void clear_row_sums(const Workspace& ws, uint32_t row, uint32_t n_rows) {
+  for (uint32_t i = threadIdx.x; i < kScoreBins; i += blockDim.x) ws.hist[size_t{row} * kScoreBins + i] = 0;
+  for (uint32_t pass = 0; pass < ws.compact_passes; ++pass) {
+    uint64_t* c = ws.compact_counts + (size_t{pass} * n_rows + row) * ws.compact_blocks;
+    for (uint32_t i = threadIdx.x; i < ws.compact_blocks; i += blockDim.x) c[i] = 0;
+  }
+}
+
 // One block per item: the row states of its q heads, and its rows' top-k
-// histograms zeroed (saves a memset launch per decode). With the PQ proxy the
-// lookup-table kernel does this instead (one launch fewer).
-__global__ void init_rows_kernel(DecodeBatch b, RowState* rows, uint32_t* hist) {
+// histograms and compaction counts zeroed (saves memset launches per decode).
+// With the PQ proxy the lookup-table kernel does this instead (one launch fewer).
+__global__ void init_rows_kernel(DecodeBatch b, Workspace ws, bool sparse) {
   stage_begin();
   const uint32_t item = blockIdx.x;
   const uint32_t h = threadIdx.x;
-  if (hist) {
-    uint32_t* hi = hist + size_t{row_of(item, 0, b.shape.n_q_heads)} * kScoreBins;
-    for (uint32_t i = threadIdx.x; i < b.shape.n_q_heads * kScoreBins; i += blockDim.x) hi[i] = 0;
-  }
-  if (h >= b.shape.n_q_heads) return;
-  rows[row_of(item, h, b.shape.n_q_heads)] = initial_row(b, b.items[item]);
+  const uint32_t nq = b.shape.n_q_heads;
+  if (sparse)
+    for (uint32_t hh = 0; hh < nq; ++hh) clear_row_sums(ws, row_of(item, hh, nq), b.n_items * nq);
+  if (h >= nq) return;
+  ws.rows[row_of(item, h, nq)] = initial_row(b, b.items[item]);
 }
 
 // Subspaces of up to this many dimensions load each centroid as float4s.
@@ -103,15 +112,14 @@ constexpr uint32_t kLutVecDims = 32;
 // One block per (subspace, q head, item), one thread per centroid. Also records
 // the table's largest and mean entry (the scoring kernel's histogram range).
 template <typename T, int GH>
-__global__ void build_lut_kernel(DecodeBatch b, float* lut, float* lut_range, RowState* rows,
-                                 uint32_t* hist) {
+__global__ void build_lut_kernel(DecodeBatch b, Workspace ws) {
   stage_begin();
   const uint32_t m = blockIdx.x, h = blockIdx.y, item = blockIdx.z;
   const DecodeItem& it = b.items[item];
   const uint32_t row = row_of(item, h, b.shape.n_q_heads);
   if (m == 0) {  // the row's initial state (init_rows_kernel's work)
-    for (uint32_t i = threadIdx.x; i < kScoreBins; i += blockDim.x) hist[size_t{row} * kScoreBins + i] = 0;
-    if (threadIdx.x == 0) rows[row] = initial_row(b, it);
+    clear_row_sums(ws, row, b.n_items * b.shape.n_q_heads);
+    if (threadIdx.x == 0) ws.rows[row] = initial_row(b, it);
   }
   if (it.sink_end >= it.local_begin) return;  // dense item: no proxy
   const uint32_t M = b.shape.pq_subspaces, K = b.shape.pq_centroids;
@@ -144,7 +152,7 @@ __global__ void build_lut_kernel(DecodeBatch b, float* lut, float* lut_range, Ro
   // The tables of the GH heads scored in one pass, in the layout the scoring
   // kernel copies straight into shared memory.
   const uint32_t g = h % GH;
-  float* out = lut + size_t{row_of(item, h - g, b.shape.n_q_heads)} * M * K;
+  float* out = ws.lut + size_t{row_of(item, h - g, b.shape.n_q_heads)} * M * K;
   uint32_t hi = 0u;
   float part = 0.f;
   for (uint32_t c = threadIdx.x; c < K; c += blockDim.x) {
@@ -182,7 +190,7 @@ __global__ void build_lut_kernel(DecodeBatch b, float* lut, float* lut_range, Ro
     for (uint32_t i = 1; i < blockDim.x; ++i) sum += part_s[i];
   }
   if (threadIdx.x == 0) {
-    float* r = lut_range + (size_t{row} * M + m) * 2;
+    float* r = ws.lut_range + (size_t{row} * M + m) * 2;
     r[0] = key_float(top_s);
     r[1] = sum / static_cast<float>(K);
   }
@@ -502,8 +510,7 @@ cudaError_t launch_init_rows(const DecodeBatch& b, const WorkspacePlan& plan, co
   if (b.proxy == Proxy::kPq) return cudaSuccess;  // build_lut_kernel does it
   const bool sparse = b.proxy != Proxy::kNone;
   const uint32_t threads = std::max(256u, (b.shape.n_q_heads + 31) / 32 * 32);
-  return launch_stage(b, init_rows_kernel, b.n_items, threads, 0, st, b, ws.rows,
-                      sparse ? ws.hist : nullptr);
+  return launch_stage(b, init_rows_kernel, b.n_items, threads, 0, st, b, ws, sparse);
 }
 
 cudaError_t launch_pq_scores(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
@@ -516,8 +523,7 @@ cudaError_t launch_pq_scores(const DecodeBatch& b, const WorkspacePlan& plan, co
     constexpr int GH = decltype(gh)::value;
     dispatch_dtype(b.shape.dtype, [&](auto t) {
       using T = decltype(t);
-      e = launch_stage(b, build_lut_kernel<T, GH>, lut_grid, lut_threads, qsmem, st, b, ws.lut,
-                       ws.lut_range, ws.rows, ws.hist);
+      e = launch_stage(b, build_lut_kernel<T, GH>, lut_grid, lut_threads, qsmem, st, b, ws);
     });
     if (e == cudaSuccess) e = launch_pq_score_gh<GH>(b, plan, ws, st);
   };

@@ -17,9 +17,10 @@ cudaError_t launch_exact_scores(const DecodeBatch& b, const WorkspacePlan& plan,
 cudaError_t launch_topk(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
                         cudaStream_t st);
 // Heavy bitmap (and, with samples, the sample bitmap) -> token-ordered lists,
-// n_heavy, n_unique and log pi of each sample.
+// n_heavy, n_unique and log pi of each sample. `pass` (< plan.compact_passes)
+// picks the compaction counts, zeroed once per decode with the row states.
 cudaError_t launch_compact(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
-                           bool samples, cudaStream_t st);
+                           bool samples, uint32_t pass, cudaStream_t st);
 cudaError_t launch_adaptive_heavy(const DecodeBatch& b, const WorkspacePlan& plan,
                                   const Workspace& ws, cudaStream_t st);
 cudaError_t launch_sampling(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,

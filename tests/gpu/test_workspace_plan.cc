@@ -111,7 +111,7 @@ void check_plan(const Shape& sh, cuda::Proxy proxy, cuda::HeavyRule heavy, const
       {"heavy_bits", p.off_heavy_bits, score / 32 * 4},
       {"sample_bits", p.off_sample_bits, score / 32 * 4},
       {"hist", p.off_hist, rows * cuda::kScoreBins * 4},
-      {"compact_counts", p.off_compact_counts, rows * p.compact_blocks * 8},
+      {"compact_counts", p.off_compact_counts, (adaptive ? 2 : 1) * rows * p.compact_blocks * 8},
       {"heavy", p.off_heavy, sel * 4},
       {"uniq_sorted", p.off_uniq_sorted, sel * 4},
       {"log_pi", p.off_log_pi, sel * 4},
