@@ -170,6 +170,7 @@ __global__ void __launch_bounds__(kTokenGroups * kHeadTiles * 32)
   // Copies tile `tile` of the split into ring stage `stage`: 16-byte chunks, a row's
   // chunks on consecutive threads. The page is looked up per row, so any page size
   // works; rows past p1 are zero-filled.
+  const uint64_t policy = l2_evict_first_policy();
   auto load_tile = [&](uint32_t tile, int stage) {
     constexpr int kChunks = D / 8;
     T* ks = ring + stage * S::kStageElems;
@@ -185,8 +186,8 @@ __global__ void __launch_bounds__(kTokenGroups * kHeadTiles * 32)
       const T* kp = reinterpret_cast<const T*>(it.kv_pages[tt >> page_shift]) +
                     (row_base + (tt & page_mask)) * D + col;
       const uint32_t bytes = t < p1 ? 16u : 0u;
-      cp_async16(ks + r * kP + col, kp, bytes);
-      cp_async16(vs + r * kP + col, kp + v_off, bytes);
+      cp_async16(ks + r * kP + col, kp, bytes, policy);
+      cp_async16(vs + r * kP + col, kp + v_off, bytes, policy);
     }
   };
 

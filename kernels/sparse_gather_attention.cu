@@ -125,6 +125,7 @@ __global__ void __launch_bounds__(kThreads) sparse_gather_kernel(DecodeBatch b, 
   __syncthreads();
 
   // ---- K/V ring ----
+  const uint64_t policy = l2_evict_first_policy();
   auto load_stage = [&](uint32_t j) {
     T* ks = ring + (j % kStages) * S::kStageElems;
     T* vs = ks + kTile * D;
@@ -137,8 +138,8 @@ __global__ void __launch_bounds__(kThreads) sparse_gather_kernel(DecodeBatch b, 
       // Past the end: the stage's first row (always a real one) as a readable,
       // aligned source; nothing is copied from it.
       if (!kp) kp = s_row[j % kSlots][0];
-      cp_async16(ks + r * D + col, kp + col, bytes);
-      cp_async16(vs + r * D + col, kp + v_off + col, bytes);
+      cp_async16(ks + r * D + col, kp + col, bytes, policy);
+      cp_async16(vs + r * D + col, kp + v_off + col, bytes, policy);
     }
   };
 #pragma unroll
