@@ -15,8 +15,9 @@ export OUT
 BASE_SRC=${SSA_BASE:-.base}
 [ -f "$BASE_SRC/CMakeLists.txt" ] || { echo "no base tree in $BASE_SRC"; exit 1; }
 SSA_GPU_STAGES=build,test bash scripts/gpu_check.sh || exit 1
-export LD_LIBRARY_PATH=/tmp/prefix/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
-export CMAKE_PREFIX_PATH=/tmp/prefix/usr
+. "$(dirname "$0")/gpu_prefix.sh"
+ssa_prefix_libs
+export CMAKE_PREFIX_PATH=$SSA_PREFIX/usr
 # build_bench NAME SOURCE_DIR: configures and builds gpu_decode_bench in /tmp/ssa-NAME-build.
 build_bench() {
   local t0 dir=/tmp/ssa-$1-build

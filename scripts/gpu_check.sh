@@ -4,20 +4,22 @@
 # small case, and the GPU decode benchmark matrix (report in $OUT/bench.md). Logs
 # go to $OUT (default ./gpu_out).
 # Abseil, xxHash and doctest may come as .deb files in $SSA_DEBS (default
-# ../.debs); they are unpacked under /tmp/prefix, never into /. FlashInfer's
-# headers in $SSA_FLASHINFER (default .flashinfer) add it as a dense baseline.
+# ../.debs); they are unpacked under /tmp/prefix (scripts/gpu_prefix.sh), never
+# into /. FlashInfer's headers in $SSA_FLASHINFER (default .flashinfer) add it as
+# a dense baseline.
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
 DEBS=${SSA_DEBS:-../.debs}
-PREFIX=/tmp/prefix
+. "$(dirname "$0")/gpu_prefix.sh"
+PREFIX=$SSA_PREFIX
 if [ -d "$DEBS" ]; then
   mkdir -p "$PREFIX"
   for f in "$DEBS"/*.deb; do dpkg -x "$f" "$PREFIX"; done
   export CMAKE_PREFIX_PATH=$PREFIX/usr
   export PKG_CONFIG_PATH=$PREFIX/usr/lib/x86_64-linux-gnu/pkgconfig:$PREFIX/usr/share/pkgconfig
   export PKG_CONFIG_SYSROOT_DIR=$PREFIX
-  export LD_LIBRARY_PATH=$PREFIX/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+  ssa_prefix_libs
 fi
 STAGE=${SSA_GPU_STAGES:-build,test,sanitize,bench}
 has() { [[ ",$STAGE," == *",$1,"* ]]; }

@@ -7,7 +7,8 @@ set -uo pipefail
 OUT=${OUT:-$PWD/gpu_out}
 export OUT
 SSA_GPU_STAGES=build,test bash scripts/gpu_check.sh || exit 1
-export LD_LIBRARY_PATH=/tmp/prefix/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+. "$(dirname "$0")/gpu_prefix.sh"
+ssa_prefix_libs
 BENCH=build-gpu/bench/gpu_decode_bench
 ARGS=("$@")
 [ ${#ARGS[@]} -gt 0 ] || ARGS=(--configs paper --contexts 128K,1M --batches 1,16 --sparsity 20,50 --seeds 1)

@@ -8,7 +8,8 @@
 #   e.g. ... sample_kernel 30 --configs llama8b --contexts 128K
 set -uo pipefail
 # The Abseil and xxHash that scripts/gpu_check.sh unpacked for the build.
-export LD_LIBRARY_PATH=/tmp/prefix/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+. "$(dirname "$0")/gpu_prefix.sh"
+ssa_prefix_libs
 rep=/tmp/ncu_stalls_$$
 SSA_BENCH_PROFILE=1 ncu --clock-control none -k "regex:$2" --launch-count 1 \
   --section SourceCounters --section WarpStateStats -o "$rep" "$1" --methods ssa "${@:4}" >"$rep.log" 2>&1 ||
