@@ -50,7 +50,7 @@ __device__ Span span_here(const DecodeBatch& b, const Workspace& ws, uint32_t wo
   const size_t base = row_block_base(*p.it, p.h);
   p.hb = ws.heavy_bits + base;
   p.sb = ws.sample_bits + base;
-  p.counts = ws.compact_counts + (size_t{pass} * gridDim.y * gridDim.z + row) * gridDim.x;
+  p.counts = row_compact_counts(ws.compact_counts, pass, gridDim.y * gridDim.z, row, gridDim.x);
   return p;
 }
 

@@ -186,6 +186,13 @@ __device__ __forceinline__ size_t row_chunk_base(const DecodeItem& it, uint32_t 
   return it.score_base / kChunkTokens + size_t{h} * (it.n_pad / kChunkTokens);
 }
 
+// A row's compaction counts for one pass (Workspace::compact_counts: [pass][rows]
+// [blocks], blocks per row of the compaction; kernels/bitmap_compact.cu).
+__device__ __forceinline__ uint64_t* row_compact_counts(uint64_t* counts, uint32_t pass, uint32_t n_rows,
+                                                        uint32_t row, uint32_t blocks) {
+  return counts + (size_t{pass} * n_rows + row) * blocks;
+}
+
 // Shared-memory tile of one warp's 1024-candidate chunk, padded so that a lane
 // reading down its own row does not conflict with the others.
 using ChunkTile = float[kBlocksPerChunk][kBlockTokens + 1];

@@ -87,7 +87,7 @@ __device__ RowState initial_row(const DecodeBatch& b, const DecodeItem& it) {
 __device__ void clear_row_sums(const Workspace& ws, uint32_t row, uint32_t n_rows) {
   for (uint32_t i = threadIdx.x; i < kScoreBins; i += blockDim.x) ws.hist[size_t{row} * kScoreBins + i] = 0;
   for (uint32_t pass = 0; pass < ws.compact_passes; ++pass) {
-    uint64_t* c = ws.compact_counts + (size_t{pass} * n_rows + row) * ws.compact_blocks;
+    uint64_t* c = row_compact_counts(ws.compact_counts, pass, n_rows, row, ws.compact_blocks);
     for (uint32_t i = threadIdx.x; i < ws.compact_blocks; i += blockDim.x) c[i] = 0;
   }
 }
