@@ -109,32 +109,38 @@ __global__ void init_rows_kernel(DecodeBatch b, Workspace ws, bool sparse) {
 // Subspaces of up to this many dimensions load each centroid as float4s.
 constexpr uint32_t kLutVecDims = 32;
 
-// One block per (subspace, q head, item), one thread per centroid. Also records
-// the table's largest and mean entry (the scoring kernel's histogram range).
+// One block per (subspace, pass of GH q heads, item), one thread per centroid:
+// each centroid is loaded once for the GH heads scored together, and their GH
+// entries are stored as the vectors the scoring kernel reads (4x fewer blocks
+// and stores than a block per head). Also records each table's largest and mean
+// entry (the scoring kernel's histogram range).
 template <typename T, int GH>
 __global__ void build_lut_kernel(DecodeBatch b, Workspace ws) {
   stage_begin();
-  const uint32_t m = blockIdx.x, h = blockIdx.y, item = blockIdx.z;
+  // The scoring grid may start now: before its own wait it only copies code
+  // words, which no decode stage writes.
+  stage_release_dependents();
+  constexpr int W = LutVec<GH>::W, P = LutVec<GH>::P;
+  const uint32_t m = blockIdx.x, h0 = blockIdx.y * GH, item = blockIdx.z;
   const DecodeItem& it = b.items[item];
-  const uint32_t row = row_of(item, h, b.shape.n_q_heads);
-  if (m == 0) {  // the row's initial state (init_rows_kernel's work)
-    clear_row_sums(ws, row, b.n_items * b.shape.n_q_heads);
-    if (threadIdx.x == 0) ws.rows[row] = initial_row(b, it);
+  const uint32_t row0 = row_of(item, h0, b.shape.n_q_heads);
+  if (m == 0) {  // the rows' initial states (init_rows_kernel's work)
+    for (int g = 0; g < GH; ++g) clear_row_sums(ws, row0 + g, b.n_items * b.shape.n_q_heads);
+    for (uint32_t g = threadIdx.x; g < GH; g += blockDim.x) ws.rows[row0 + g] = initial_row(b, it);
   }
   if (it.sink_end >= it.local_begin) return;  // dense item: no proxy
   const uint32_t M = b.shape.pq_subspaces, K = b.shape.pq_centroids;
   const uint32_t D = b.shape.head_dim, sub = D / M;
-  const uint32_t kvh = h / b.shape.group();
-  const T* q = static_cast<const T*>(it.q) + size_t{h} * D + m * sub;
-  extern __shared__ float qs[];
-  __shared__ uint32_t top_s;     // order-preserving bits of the largest entry
-  __shared__ float part_s[256];  // each thread's sum of its entries
-  if (threadIdx.x == 0) top_s = 0u;
+  const uint32_t kvh = h0 / b.shape.group();
+  extern __shared__ float qs[];  // [GH][sub]
+  __shared__ uint32_t top_s[GH];  // order-preserving bits of each head's largest entry
+  __shared__ float part_s[GH][256];  // each thread's sum of its entries, per head
+  for (uint32_t g = threadIdx.x; g < GH; g += blockDim.x) top_s[g] = 0u;
   // As the CPU backend: q pre-multiplied by 1/sqrt(d), products and sums rounded
   // one by one (no fused multiply-add), so the tables match it bit for bit.
   const float scale = 1.0f / sqrtf(static_cast<float>(D));
   const float* cb = it.codebooks + (size_t{kvh} * M + m) * K * sub;
-  // The centroid's floats as 16-byte loads, all issued before the sum (a chain of
+  // The centroid's floats as 16-byte loads, all issued before the sums (a chain of
   // dependent loads otherwise); the same order of operations. The thread's first
   // centroid is requested before the block barrier that publishes q, so the two
   // loads overlap.
@@ -147,52 +153,91 @@ __global__ void build_lut_kernel(DecodeBatch b, Workspace ws) {
       if (4 * i < sub) x[i] = cc[i];
   };
   if (vec && threadIdx.x < K) load_centroid(threadIdx.x);
-  for (uint32_t i = threadIdx.x; i < sub; i += blockDim.x) qs[i] = Elem<T>::load(q + i) * scale;
+  const T* q = static_cast<const T*>(it.q) + size_t{h0} * D + m * sub;
+  for (uint32_t i = threadIdx.x; i < GH * sub; i += blockDim.x) {
+    const uint32_t g = i / sub, j = i % sub;
+    qs[i] = Elem<T>::load(q + size_t{g} * D + j) * scale;
+  }
   __syncthreads();
-  // The tables of the GH heads scored in one pass, in the layout the scoring
-  // kernel copies straight into shared memory.
-  const uint32_t g = h % GH;
-  float* out = ws.lut + size_t{row_of(item, h - g, b.shape.n_q_heads)} * M * K;
-  uint32_t hi = 0u;
-  float part = 0.f;
+  // The tables of the GH heads, in the layout the scoring kernel copies straight
+  // into shared memory.
+  float* out = ws.lut + size_t{row0} * M * K;
+  uint32_t hi[GH];
+  float part[GH];
+#pragma unroll
+  for (int g = 0; g < GH; ++g) {
+    hi[g] = 0u;
+    part[g] = 0.f;
+  }
   for (uint32_t c = threadIdx.x; c < K; c += blockDim.x) {
-    float acc = 0.f;
+    float acc[GH];
+#pragma unroll
+    for (int g = 0; g < GH; ++g) acc[g] = 0.f;
     if (vec) {
       if (c != threadIdx.x) load_centroid(c);
 #pragma unroll
       for (uint32_t i = 0; i < kLutVecDims / 4; ++i) {
         if (4 * i >= sub) break;
-        acc = __fadd_rn(acc, __fmul_rn(qs[4 * i], x[i].x));
-        acc = __fadd_rn(acc, __fmul_rn(qs[4 * i + 1], x[i].y));
-        acc = __fadd_rn(acc, __fmul_rn(qs[4 * i + 2], x[i].z));
-        acc = __fadd_rn(acc, __fmul_rn(qs[4 * i + 3], x[i].w));
+#pragma unroll
+        for (int g = 0; g < GH; ++g) {
+          const float* qg = qs + g * sub + 4 * i;
+          acc[g] = __fadd_rn(acc[g], __fmul_rn(qg[0], x[i].x));
+          acc[g] = __fadd_rn(acc[g], __fmul_rn(qg[1], x[i].y));
+          acc[g] = __fadd_rn(acc[g], __fmul_rn(qg[2], x[i].z));
+          acc[g] = __fadd_rn(acc[g], __fmul_rn(qg[3], x[i].w));
+        }
       }
     } else {
       const float* cc = cb + size_t{c} * sub;
-      for (uint32_t j = 0; j < sub; ++j) acc = __fadd_rn(acc, __fmul_rn(qs[j], cc[j]));
-    }
-    out[lut_offset<GH>(g, m, c, M, K)] = acc;
-    hi = max(hi, float_key(acc));
-    part += acc;
-  }
-  if (hi != 0u) atomicMax(&top_s, hi);
-  part_s[threadIdx.x] = part;
-  __syncthreads();
-  // The mean in a fixed order, so that the bins (and the boundary list) are the
-  // same in every run: strided partial sums in the first warp, then a butterfly.
-  if (threadIdx.x >= 32) return;
-  float sum = 0.f;
-  for (uint32_t i = threadIdx.x; i < blockDim.x; i += 32) sum += part_s[i];
-  if (blockDim.x >= 32) {
+      for (uint32_t j = 0; j < sub; ++j) {
+        const float xj = cc[j];
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-  } else if (threadIdx.x == 0) {
-    for (uint32_t i = 1; i < blockDim.x; ++i) sum += part_s[i];
+        for (int g = 0; g < GH; ++g) acc[g] = __fadd_rn(acc[g], __fmul_rn(qs[g * sub + j], xj));
+      }
+    }
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      float* e = out + lut_offset<GH>(p * W, m, c, M, K);
+      if constexpr (W == 1) {
+        e[0] = acc[0];
+      } else if constexpr (W == 2) {
+        *reinterpret_cast<float2*>(e) = make_float2(acc[0], acc[1]);
+      } else {
+        *reinterpret_cast<float4*>(e) =
+            make_float4(acc[4 * p], acc[4 * p + 1], acc[4 * p + 2], acc[4 * p + 3]);
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < GH; ++g) {
+      hi[g] = max(hi[g], float_key(acc[g]));
+      part[g] += acc[g];
+    }
   }
-  if (threadIdx.x == 0) {
-    float* r = ws.lut_range + (size_t{row} * M + m) * 2;
-    r[0] = key_float(top_s);
-    r[1] = sum / static_cast<float>(K);
+#pragma unroll
+  for (int g = 0; g < GH; ++g) {
+    if (hi[g] != 0u) atomicMax(&top_s[g], hi[g]);
+    part_s[g][threadIdx.x] = part[g];
+  }
+  __syncthreads();
+  // Each head's mean in a fixed order, so that the bins (and the boundary list)
+  // are the same in every run: strided partial sums in one warp per head, then a
+  // butterfly (whole warps only; a block of fewer than 32 threads sums in lane 0).
+  const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+  const uint32_t n_warps = max(1u, blockDim.x / 32);
+  for (uint32_t g = warp; warp < n_warps && g < GH; g += n_warps) {
+    float sum = 0.f;
+    if (blockDim.x >= 32) {
+      for (uint32_t i = lane; i < blockDim.x; i += 32) sum += part_s[g][i];
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    } else if (lane == 0) {
+      for (uint32_t i = 0; i < blockDim.x; ++i) sum += part_s[g][i];
+    }
+    if (lane == 0) {
+      float* r = ws.lut_range + (size_t{row0 + g} * M + m) * 2;
+      r[0] = key_float(top_s[g]);
+      r[1] = sum / static_cast<float>(K);
+    }
   }
 }
 
@@ -255,7 +300,6 @@ __device__ __forceinline__ void lut_entries_m16(const char* m_base, uint32_t cw,
 template <int GH, bool kM16>
 __global__ void __launch_bounds__(kScoreThreads, GH >= 8 ? 1 : kScoreBlocksPerSm) pq_score_kernel(DecodeBatch b, Workspace ws,
                                                                 uint32_t tile) {
-  stage_begin();
   extern __shared__ float4 smem4[];
   float* lut_s = reinterpret_cast<float*>(smem4);  // [P][K][M][W], see lut_offset
   __shared__ uint32_t smax[GH], smin[GH];
@@ -274,32 +318,6 @@ __global__ void __launch_bounds__(kScoreThreads, GH >= 8 ? 1 : kScoreBlocksPerSm
   const uint32_t kvh = blockIdx.y / chunks;
   const uint32_t h0 = kvh * G + (blockIdx.y % chunks) * GH;
   const uint32_t row0 = row_of(item, h0, b.shape.n_q_heads);
-  const float* lut = ws.lut + size_t{row0} * M * K;
-  const uint32_t n_lut = GH * M * K;
-  if (n_lut % 4 == 0) {
-    for (uint32_t i = threadIdx.x; i < n_lut / 4; i += kScoreThreads)
-      smem4[i] = reinterpret_cast<const float4*>(lut)[i];
-  } else {
-    for (uint32_t i = threadIdx.x; i < n_lut; i += kScoreThreads) lut_s[i] = lut[i];
-  }
-  for (uint32_t i = threadIdx.x; i < GH * kScoreBins; i += kScoreThreads) hist_s[i] = 0u;
-  if (threadIdx.x < GH) {
-    smax[threadIdx.x] = 0u;
-    smin[threadIdx.x] = 0xffffffffu;
-    bins_s[threadIdx.x] = pq_score_bins(ws.lut_range + size_t{row0 + threadIdx.x} * M * 2, M);
-    if (blockIdx.x == 0) bins_s[threadIdx.x].store(ws.rows[row0 + threadIdx.x]);
-  }
-  __syncthreads();
-  ScoreBins bins[GH];
-#pragma unroll
-  for (int g = 0; g < GH; ++g) bins[g] = bins_s[g];
-
-  uint32_t local_max[GH], local_min[GH];
-#pragma unroll
-  for (int g = 0; g < GH; ++g) {
-    local_max[g] = 0u;
-    local_min[g] = 0xffffffffu;
-  }
   const uint32_t m_first = (threadIdx.x & 31) % M;
   const uint32_t tile_end = min(it.n_tokens, tile0 + tile);
   // Each pass's code words, copied by each thread for itself and read only by
@@ -317,8 +335,39 @@ __global__ void __launch_bounds__(kScoreThreads, GH >= 8 ? 1 : kScoreBlocksPerSm
     }
     cp_async_commit();
   };
+  // The first pass's code words are requested while the lookup-table kernel still
+  // runs (it releases this grid early, and no decode stage writes codes).
+  stage_codes(tile0);
+  stage_begin();
+  const float* lut = ws.lut + size_t{row0} * M * K;
+  const uint32_t n_lut = GH * M * K;
+  if (n_lut % 4 == 0) {
+    for (uint32_t i = threadIdx.x; i < n_lut / 4; i += kScoreThreads)
+      smem4[i] = reinterpret_cast<const float4*>(lut)[i];
+  } else {
+    for (uint32_t i = threadIdx.x; i < n_lut; i += kScoreThreads) lut_s[i] = lut[i];
+  }
+  for (uint32_t i = threadIdx.x; i < GH * kScoreBins; i += kScoreThreads) hist_s[i] = 0u;
+  if (threadIdx.x < GH) {
+    smax[threadIdx.x] = 0u;
+    smin[threadIdx.x] = 0xffffffffu;
+    bins_s[threadIdx.x] = pq_score_bins(ws.lut_range + size_t{row0 + threadIdx.x} * M * 2, M);
+    if (blockIdx.x == 0) bins_s[threadIdx.x].store(ws.rows[row0 + threadIdx.x]);
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+  ScoreBins bins[GH];
+#pragma unroll
+  for (int g = 0; g < GH; ++g) bins[g] = bins_s[g];
+
+  uint32_t local_max[GH], local_min[GH];
+#pragma unroll
+  for (int g = 0; g < GH; ++g) {
+    local_max[g] = 0u;
+    local_min[g] = 0xffffffffu;
+  }
   for (uint32_t sub0 = tile0; sub0 < tile_end; sub0 += kSubTile) {
-    stage_codes(sub0);
+    if (sub0 != tile0) stage_codes(sub0);
     cp_async_wait<0>();
     const uint32_t t0 = sub0 + threadIdx.x * kTokensPerThread;
     if (t0 >= tile_end) break;
@@ -516,11 +565,11 @@ cudaError_t launch_init_rows(const DecodeBatch& b, const WorkspacePlan& plan, co
 cudaError_t launch_pq_scores(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
                              cudaStream_t st) {
   cudaError_t e = cudaSuccess;
-  const size_t qsmem = b.shape.head_dim / b.shape.pq_subspaces * sizeof(float);
-  const dim3 lut_grid(b.shape.pq_subspaces, b.shape.n_q_heads, b.n_items);
   const uint32_t lut_threads = min(b.shape.pq_centroids, 256u);
   auto run = [&](auto gh) {
     constexpr int GH = decltype(gh)::value;
+    const dim3 lut_grid(b.shape.pq_subspaces, b.shape.n_q_heads / GH, b.n_items);
+    const size_t qsmem = size_t{GH} * (b.shape.head_dim / b.shape.pq_subspaces) * sizeof(float);
     dispatch_dtype(b.shape.dtype, [&](auto t) {
       using T = decltype(t);
       e = launch_stage(b, build_lut_kernel<T, GH>, lut_grid, lut_threads, qsmem, st, b, ws);
