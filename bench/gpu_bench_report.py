@@ -192,7 +192,7 @@ def group_table(data, g, out):
                                                                        else -1), r["rec"]))
     best = data.best_dense(g)
     out.append("| method | sparsity | k | ms | graph ms | ms per input set | GB/s | x best dense | byte floor ms | "
-               "ms / floor | stages ms: score / top-k / sample / lists / attn | splits |")
+               "ms / floor | stages ms: score / top-k / sample / lists / attn / merge | splits |")
     out.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in allrows:
         sp = int(r.get("sparsity", 0))
@@ -208,10 +208,12 @@ def group_table(data, g, out):
         seeds_s = f"{min(seeds):.3f}-{max(seeds):.3f} ({len(seeds)})" if seeds else ""
         nbytes = num(r.get("bytes"))
         gbps = nbytes / (ms * 1e6) if nbytes and ms else None
-        floor = nbytes / (data.bw * 1e6) if nbytes and data.bw else None
+        # Score traffic counts in the floor (records before it was recorded: none).
+        floor_bytes = nbytes + (num(r.get("score_bytes")) or 0) if nbytes else None
+        floor = floor_bytes / (data.bw * 1e6) if floor_bytes and data.bw else None
         sp_x = best["ms"] / ms if best and ms else None
         st = r.get("stages")
-        st_s = " / ".join(fmt(st.get(k)) for k in ("score", "topk", "sample", "lists", "attn")) if isinstance(st, dict) else ""
+        st_s = " / ".join(fmt(st.get(k)) for k in ("score", "topk", "sample", "lists", "attn", "merge")) if isinstance(st, dict) else ""
         mark = " (best dense)" if best is r else ""
         out.append(f"| {label(r)}{mark} | {spl} | {r.get('k', '')} | {fmt(ms)} | {fmt(num(r.get('ms_graph')))} | {seeds_s} | "
                    f"{fmt(gbps, 0)} | {fmt(sp_x, 2)} | {fmt(floor)} | {fmt(ms / floor if ms and floor else None, 1)} "
@@ -248,13 +250,15 @@ def report(data, lines, raw):
                "input sets (their range in 'ms per input set'). Batch 16 = 16 distinct sequences (own K/V pages).")
     out.append("- Budget k = ceil(N / sparsity) tokens per q head (sink 128 + local 128 included); PQ M = 16, "
                "K = 256; page 256 tokens. Bytes: dense = all K and V; sparse = PQ codes of every token once per "
-               "KV head + k rows of K and V per q head; GB/s = bytes / time; byte floor = bytes / copy bandwidth. "
+               "KV head + k rows of K and V per q head; GB/s = bytes / time; byte floor = (bytes + score traffic) / "
+               "copy bandwidth, where the score traffic of a sparse method is each token's proxy score per q head "
+               "written once and read once (8 bytes). "
                "'x best dense' = best dense time (ours, SDPA or FlashInfer, same case) / time. Stages: events between the "
                "stages of one pipeline run (score = init rows + PQ lookup tables + scores, which also counts "
                "the top-k histogram; top-k = filter (which finds the cut from the histogram) and refine, where the filter also sums the residual sampling weights per block and "
                "chunk (SSA, fixed heavy rule); sample = the draws; lists = the heavy "
-               "and sample bitmaps compacted into token-ordered lists with log pi; attn = attention + split "
-               "merge). 'graph ms': the same decode replayed from a CUDA graph captured once per input set.")
+               "and sample bitmaps compacted into token-ordered lists with log pi; attn = attention of the splits; "
+               "merge = the splits' partial results merged into the output). 'graph ms': the same decode replayed from a CUDA graph captured once per input set.")
     out.append("")
     for f in data.fatal:
         out.append(f"**Fatal ({f.get('src')}): {cell(f.get('error', ''))}** (later cases of that program did not run)\n")

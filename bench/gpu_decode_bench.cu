@@ -14,8 +14,8 @@
 // seeds, also the sampling seed); the reported time is the median over them.
 // Sparse methods are also timed with events between the stages of the same
 // pipeline (init rows + PQ scores | top-k | sampling | compaction of the
-// selection bitmaps into lists | attention + split merge): the stage split,
-// medians per stage.
+// selection bitmaps into lists | attention of the splits | split merge): the
+// stage split, medians per stage.
 //
 // Every decode is also timed replayed from a CUDA graph captured once per input
 // set (ms_graph): the kernels without the host's per-kernel launch gaps.
@@ -78,7 +78,8 @@ constexpr size_t kFlushBytes = size_t{256} << 20;
 
 bool g_profile = false;
 FILE* g_out = nullptr;
-cudaEvent_t g_ev[6];
+constexpr int kStages = 6;  // score, top-k, sample, lists, attention of the splits, merge
+cudaEvent_t g_ev[kStages + 1];
 const uint4* g_flush = nullptr;
 uint32_t* g_sink = nullptr;
 std::chrono::steady_clock::time_point g_start;
@@ -507,12 +508,14 @@ void run_method(const Case& c, const std::vector<Session>& sess, const Method& m
     if (r == cudaSuccess) r = cudaEventRecord(ev[3]);
     if (r == cudaSuccess) r = launch_compact(b, plan, ws, b.sampling != Sampling::kNone, 0, nullptr);
     if (r == cudaSuccess) r = cudaEventRecord(ev[4]);
-    if (r == cudaSuccess) r = launch_attention(b, plan, ws, false, nullptr);
+    if (r == cudaSuccess) r = launch_split_attention(b, plan, ws, false, nullptr);
     if (r == cudaSuccess) r = cudaEventRecord(ev[5]);
+    if (r == cudaSuccess) r = launch_merge_splits(b, plan, ws, nullptr);
+    if (r == cudaSuccess) r = cudaEventRecord(ev[6]);
     return r;
   };
   std::vector<double> total_seeds, reps, graph_seeds;
-  std::array<std::vector<double>, 5> stage_seeds;
+  std::array<std::vector<double>, kStages> stage_seeds;
   for (int seed = 0; seed < n_seeds; ++seed) {
     for (uint32_t i = 0; i < c.batch && e == cudaSuccess; ++i)
       e = fill(s.dtype, sess[i].q, size_t{s.nq} * s.d, query_seed(seed, i));
@@ -550,8 +553,8 @@ void run_method(const Case& c, const std::vector<Session>& sess, const Method& m
       if (e != cudaSuccess) break;
     }
     if (sparse) {
-      if ((e = measure(stage_fn, 6, &t)) != cudaSuccess) break;
-      for (int i = 0; i < 5; ++i) stage_seeds[i].push_back(t.med[i]);
+      if ((e = measure(stage_fn, kStages + 1, &t)) != cudaSuccess) break;
+      for (int i = 0; i < kStages; ++i) stage_seeds[i].push_back(t.med[i]);
     }
   }
   if (e != cudaSuccess) {
@@ -562,27 +565,32 @@ void run_method(const Case& c, const std::vector<Session>& sess, const Method& m
   }
   // Bytes: dense reads all K and V once; sparse reads the PQ codes of every token
   // once per KV head plus k rows of K and V per q head (k distinct rows per head).
+  // Score traffic (sparse): each token's proxy score per q head, 4 bytes written
+  // by scoring and read back by the top-k, at the least. The byte floor counts
+  // both; GB/s counts the bytes read from the session's store only.
   const double elem = 2.0;
   const double bytes = c.batch * (sparse ? double(n) * s.nkv * kM + double(k) * s.nq * s.d * elem * 2
                                          : double(n) * s.nkv * s.d * elem * 2);
+  const double score_bytes = sparse ? c.batch * double(n) * s.nq * 4.0 * 2 : 0.0;
   const double ms = median(total_seeds);
   Json j = c.base();
   j.str("rec", "result").str("method", m.name).integer("sparsity", m.sparsity).integer("k", k);
   if (m.sampling != Sampling::kNone) j.num("h", m.h);
   j.num("ms", ms).nums("ms_seeds", total_seeds).nums("reps", reps)
       .integer("bytes", static_cast<unsigned long long>(llround(bytes)))
+      .integer("score_bytes", static_cast<unsigned long long>(llround(score_bytes)))
       .num("gbps", bytes / (ms * 1e6)).integer("splits", plan.n_splits)
       .num("ms_graph", median(graph_seeds));
-  if (copy_gbps > 0) j.num("floor_ms", bytes / (copy_gbps * 1e6));
-  char stages[200] = "";
+  if (copy_gbps > 0) j.num("floor_ms", (bytes + score_bytes) / (copy_gbps * 1e6));
+  char stages[240] = "";
   if (sparse) {
     const double sc = median(stage_seeds[0]), tk = median(stage_seeds[1]), sa = median(stage_seeds[2]),
-                 li = median(stage_seeds[3]), at = median(stage_seeds[4]);
+                 li = median(stage_seeds[3]), at = median(stage_seeds[4]), mg = median(stage_seeds[5]);
     Json st;
-    st.num("score", sc).num("topk", tk).num("sample", sa).num("lists", li).num("attn", at);
+    st.num("score", sc).num("topk", tk).num("sample", sa).num("lists", li).num("attn", at).num("merge", mg);
     j.raw("stages", st.done());
-    snprintf(stages, sizeof stages, " | score %.3f top-k %.3f sample %.3f lists %.3f attn %.3f", sc, tk, sa,
-             li, at);
+    snprintf(stages, sizeof stages, " | score %.3f top-k %.3f sample %.3f lists %.3f attn %.3f merge %.3f", sc,
+             tk, sa, li, at, mg);
   }
   emit_line(j.done());
   note("%s n=%u batch=%u %s %ux: %.3f ms, graph %.3f ms (%.0f GB/s, %u splits)%s", s.name, n, c.batch, m.name,
@@ -678,7 +686,8 @@ void run_flashinfer(const Case& c, const std::vector<Session>& sess, const uint8
   Json j = c.base("flashinfer");
   j.str("rec", "result").str("method", name).integer("sparsity", 0).integer("k", c.n);
   j.num("ms", ms).nums("ms_seeds", seeds_ms).nums("reps", reps)
-      .integer("bytes", static_cast<unsigned long long>(llround(bytes))).num("gbps", bytes / (ms * 1e6))
+      .integer("bytes", static_cast<unsigned long long>(llround(bytes)))
+      .integer("score_bytes", static_cast<unsigned long long>(llround(score_bytes))).num("gbps", bytes / (ms * 1e6))
       .num("max_abs_diff_vs_dense", max_diff).num("max_abs_dense", max_ref);
   if (copy_gbps > 0) j.num("floor_ms", bytes / (copy_gbps * 1e6));
   emit_line(j.done());

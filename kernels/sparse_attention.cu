@@ -241,8 +241,8 @@ uint32_t dense_heads_per_block(uint32_t group) {
   return 1;
 }
 
-cudaError_t launch_attention(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
-                             bool all_dense, cudaStream_t st) {
+cudaError_t launch_split_attention(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
+                                   bool all_dense, cudaStream_t st) {
   cudaError_t e = cudaErrorInvalidValue;
   if (all_dense && dense_mma_supported(b.shape)) {
     e = launch_dense_mma(b, plan, ws, st);
@@ -262,13 +262,24 @@ cudaError_t launch_attention(const DecodeBatch& b, const WorkspacePlan& plan, co
       });
     });
   }
-  if (e != cudaSuccess) return e;
+  return e;
+}
+
+cudaError_t launch_merge_splits(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
+                                cudaStream_t st) {
+  cudaError_t e = cudaErrorInvalidValue;
   dispatch_dtype(b.shape.dtype, [&](auto t) {
     using T = decltype(t);
     e = launch_stage(b, merge_splits_kernel<T>, dim3(b.shape.n_q_heads, b.n_items), 256, 0, st, b, ws,
                      plan.n_splits);
   });
   return e;
+}
+
+cudaError_t launch_attention(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
+                             bool all_dense, cudaStream_t st) {
+  const cudaError_t e = launch_split_attention(b, plan, ws, all_dense, st);
+  return e != cudaSuccess ? e : launch_merge_splits(b, plan, ws, st);
 }
 
 }  // namespace ssa::cuda

@@ -25,8 +25,14 @@ cudaError_t launch_adaptive_heavy(const DecodeBatch& b, const WorkspacePlan& pla
                                   const Workspace& ws, cudaStream_t st);
 cudaError_t launch_sampling(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
                             cudaStream_t st);
+// Attention = the splits' partial results (launch_split_attention), then their
+// merge into the output (launch_merge_splits).
 cudaError_t launch_attention(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
                              bool all_dense, cudaStream_t st);
+cudaError_t launch_split_attention(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
+                                   bool all_dense, cudaStream_t st);
+cudaError_t launch_merge_splits(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
+                                cudaStream_t st);
 uint32_t dense_heads_per_block(uint32_t group);
 // Tensor-core dense attention (dense_attention_mma.cu): f16/bf16, head dims 64,
 // 128, 256, GQA groups up to 16; one block per (split, KV head, item).
