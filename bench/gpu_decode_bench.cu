@@ -686,8 +686,7 @@ void run_flashinfer(const Case& c, const std::vector<Session>& sess, const uint8
   Json j = c.base("flashinfer");
   j.str("rec", "result").str("method", name).integer("sparsity", 0).integer("k", c.n);
   j.num("ms", ms).nums("ms_seeds", seeds_ms).nums("reps", reps)
-      .integer("bytes", static_cast<unsigned long long>(llround(bytes)))
-      .num("gbps", bytes / (ms * 1e6))
+      .integer("bytes", static_cast<unsigned long long>(llround(bytes))).num("gbps", bytes / (ms * 1e6))
       .num("max_abs_diff_vs_dense", max_diff).num("max_abs_dense", max_ref);
   if (copy_gbps > 0) j.num("floor_ms", bytes / (copy_gbps * 1e6));
   emit_line(j.done());
