@@ -115,7 +115,7 @@ struct TestLayer {
 
 inline void build_layer(TestLayer& t, uint32_t n_q, uint32_t n_kv, uint32_t d, DType dt,
                         uint32_t n, uint32_t page_tokens, uint32_t M, uint32_t K, uint64_t seed,
-                        float needle_gain = 3.0f) {
+                        float needle_gain = 3.0f, uint32_t code_period = 0) {
   t.L.n_layers = 1;
   t.L.n_q_heads = n_q;
   t.L.n_kv_heads = n_kv;
@@ -174,6 +174,11 @@ inline void build_layer(TestLayer& t, uint32_t n_q, uint32_t n_kv, uint32_t d, D
         }
         t.codes[(size_t{i} * n_kv + h) * M + m] = static_cast<uint8_t>(bc);
       }
+  // code_period > 0: token i takes the codes of token i % code_period, so tokens
+  // share PQ scores exactly (ties).
+  for (uint32_t i = code_period; code_period > 0 && i < n; ++i)
+    for (uint32_t x = 0; x < n_kv * M; ++x)
+      t.codes[size_t{i} * n_kv * M + x] = t.codes[size_t{i % code_period} * n_kv * M + x];
   // Pages in device memory, in the KvLayout byte layout.
   const uint64_t pages = t.L.pages_for(n);
   const size_t eb = dtype_bytes(dt);

@@ -4,6 +4,7 @@
 // sparse attention estimator, determinism, and CUDA graph capture and replay.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <map>
 #include <set>
 #include <utility>
@@ -266,6 +267,38 @@ TEST_CASE("gpu radix top-k (PQ_TOPK and ORACLE_TOPK) selects the top k' as the C
         const auto ref = attend_ref(t, h, toks, std::vector<double>(toks.size(), 0.0));
         CHECK(rel_err(got, ref, size_t{h} * 64) <= 8e-3);
       }
+    }
+  }
+}
+
+// Tokens sharing PQ codes share their scores exactly, so the cut falls inside
+// groups of equal scores: the GPU must take the lowest token indices among them,
+// the CPU's rule (refine's radix passes and its second select among the ties),
+// with boundary lists of about 80 and about 1900 tied candidates.
+TEST_CASE("gpu top-k takes the lowest token indices among equal scores, as the CPU") {
+  SSA_GPU_TEST_OR_SKIP();
+  for (auto [n, budget] : {std::pair{3000u, 150u}, std::pair{70000u, 3500u}}) {
+    TestLayer t;
+    build_layer(t, 4, 2, 64, DType::kBF16, n, 256, 8, 64, n + 11, 3.0f, 37);
+    Run r;
+    setup_run(r, t, SSA_METHOD_PQ_TOPK, budget, 0.4f, 64, 64, 0);
+    run_and_fetch(r, t);
+    const uint32_t sink = r.plan.sink_end, lb = r.plan.local_begin;
+    for (uint32_t h = 0; h < 4; ++h) {
+      const RowView v = fetch_row(r, h);
+      INFO("n ", n, " head ", h);
+      REQUIRE(v.heavy.size() == r.plan.kprime);
+      std::vector<uint32_t> cpu;
+      topk_indices(v.scores.data() + sink, lb - sink, r.plan.kprime, sink, &cpu);
+      const std::set<uint32_t> got(v.heavy.begin(), v.heavy.end()), want(cpu.begin(), cpu.end());
+      CHECK(got == want);
+      CHECK(std::is_sorted(v.heavy.begin(), v.heavy.end()));
+      // The case is the one meant: some candidate left out ties the lowest score taken.
+      float lowest = INFINITY;
+      for (uint32_t tok : v.heavy) lowest = std::min(lowest, v.scores[tok]);
+      uint32_t tied_out = 0;
+      for (uint32_t i = sink; i < lb; ++i) tied_out += !got.count(i) && v.scores[i] == lowest;
+      CHECK(tied_out > 0);
     }
   }
 }
