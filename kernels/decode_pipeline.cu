@@ -82,6 +82,10 @@ cudaError_t plan_workspace(DecodeBatch* b, int sm_count, WorkspacePlan* plan) {
     sel += uint64_t{nq} * it.select_cap;
     p.n_pad_max = std::max(p.n_pad_max, it.n_pad);
     p.select_cap_max = std::max(p.select_cap_max, it.select_cap);
+    // A row's draws: its selection less the fixed heavy count (the adaptive rule's
+    // is found on the device, so its bound is the whole selection).
+    const uint32_t fixed_heavy = b->heavy == HeavyRule::kAdaptive ? 0u : std::min(it.n_heavy, it.n_select);
+    p.draws_max = std::max(p.draws_max, it.n_select - fixed_heavy);
     const uint32_t read = dense ? it.n_tokens
                                 : it.sink_end + (it.n_tokens - it.local_begin) + it.n_select;
     max_read = std::max(max_read, read);
@@ -137,6 +141,7 @@ cudaError_t plan_workspace(DecodeBatch* b, int sm_count, WorkspacePlan* plan) {
   p.compact_words = compact_words_per_block(p.n_pad_max, p.rows, sm_count);
   p.compact_blocks = (p.n_pad_max / 32 + p.compact_words - 1) / p.compact_words;
   p.compact_passes = all_dense ? 0 : b->heavy == HeavyRule::kAdaptive ? 2 : 1;
+  p.sample_group_draws = sample_group_draws(p.draws_max, p.rows, sm_count);
   p.off_compact_counts = take(size_t{p.compact_passes} * rows * p.compact_blocks * 8);
   p.off_heavy = take(sel * 4);
   p.off_uniq_sorted = take(sel * 4);

@@ -134,6 +134,8 @@ struct WorkspacePlan {
   uint32_t score_tile = 0;   // tokens per PQ scoring block
   uint32_t compact_blocks = 0, compact_words = 0;  // bitmap compaction: blocks per row, words each
   uint32_t compact_passes = 0;  // compactions per decode: 2 with the adaptive heavy rule
+  uint32_t draws_max = 0;           // most draws of any row (sampling methods)
+  uint32_t sample_group_draws = 4;  // sampler: draws per group of four lanes (4 or 2)
 };
 
 }  // namespace ssa::cuda

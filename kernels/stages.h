@@ -25,6 +25,7 @@ cudaError_t launch_adaptive_heavy(const DecodeBatch& b, const WorkspacePlan& pla
                                   const Workspace& ws, cudaStream_t st);
 cudaError_t launch_sampling(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
                             cudaStream_t st);
+uint32_t sample_group_draws(uint32_t draws_max, uint32_t rows, int sm_count);
 // Attention = the splits' partial results (launch_split_attention), then their
 // merge into the output (launch_merge_splits).
 cudaError_t launch_attention(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,

@@ -17,6 +17,8 @@
 #include <cub/block/block_scan.cuh>
 #include <cub/device/device_segmented_radix_sort.cuh>
 
+#include <algorithm>
+
 #include "common/philox.h"
 #include "common/sampling_hierarchy.h"
 #include "common/water_filling.h"
@@ -192,7 +194,6 @@ __device__ __forceinline__ GroupPick group_pick(const uint64_t (&w)[8], uint32_t
 
 constexpr uint32_t kSampleThreads = 256;
 constexpr uint32_t kSampleBlocksPerSm = 4;
-constexpr uint32_t kDrawsPerGroup = 4;  // 8 groups of 4 lanes: the warp's 32 draws
 // A group's draws are taken two at a time: half the live registers of all four
 // at once, so four blocks fit a multiprocessor instead of three (64 registers;
 // sampler 39.6 -> 38.1 us at 1M tokens, bench/RESULTS.md).
@@ -205,17 +206,22 @@ constexpr uint32_t kPrefixPerThread = kPrefixSmem / kSampleThreads;
 // kernel), so the binary search per draw reads shared memory; block 0 records the
 // total. Longer rows use the prefixes of chunk_prefix_kernel from global memory.
 // Compiled for uniform and for proportional weights (as the top-k filter that
-// summed them), so no weight pays a test for either.
-template <bool kUniform>
+// summed them), so no weight pays a test for either. kGroupDraws: draws per group
+// of four lanes, 4 (the warp's 32 draws, two passes) or 2 (16 draws, one pass:
+// twice the warps for the same draws, where they would not fill the GPU anyway).
+template <bool kUniform, uint32_t kGroupDraws>
 __global__ void __launch_bounds__(kSampleThreads, kSampleBlocksPerSm) sample_kernel(DecodeBatch b, Workspace ws) {
+  constexpr uint32_t kWarpDraws = 8 * kGroupDraws, kBlockDraws = kSampleThreads / 32 * kWarpDraws;
   stage_begin();
   __shared__ uint64_t prefix_s[kPrefixSmem];
   __shared__ uint64_t total_s;
   const RowRef r = row_ref(b);
   const DecodeItem& it = *r.it;
   RowState& st = ws.rows[r.row];
-  const uint32_t j = blockIdx.x * blockDim.x + threadIdx.x;
-  if (it.n_select == 0 || blockIdx.x * blockDim.x >= st.n_draws) return;  // whole block
+  const uint32_t lane = threadIdx.x & 31;
+  const uint32_t warp_draw0 = blockIdx.x * kBlockDraws + threadIdx.x / 32 * kWarpDraws;
+  const uint32_t j = warp_draw0 + lane;  // lanes [0, kWarpDraws) draw
+  if (it.n_select == 0 || blockIdx.x * kBlockDraws >= st.n_draws) return;  // whole block
   const uint32_t nc = n_candidates(it);
   const uint32_t n_chunks = (nc + kChunkTokens - 1) / kChunkTokens;
   const size_t cbase = row_chunk_base(it, r.h);
@@ -250,9 +256,8 @@ __global__ void __launch_bounds__(kSampleThreads, kSampleBlocksPerSm) sample_ker
     w_total = prefix[n_chunks - 1];
   }
   // Whole warps leave; inside a warp every lane takes part in its groups' draws.
-  const uint32_t lane = threadIdx.x & 31;
-  if (j - lane >= st.n_draws || w_total == 0) return;
-  const bool mine = j < st.n_draws;
+  if (warp_draw0 >= st.n_draws || w_total == 0) return;
+  const bool mine = lane < kWarpDraws && j < st.n_draws;
   // Integer targets u * total (a rounding up to the total itself picks the last
   // weighted entry, as on the CPU).
   auto target = [](uint32_t bits, uint64_t total) {
@@ -269,7 +274,8 @@ __global__ void __launch_bounds__(kSampleThreads, kSampleBlocksPerSm) sample_ker
     my_u2 = v.v[2];
   }
   // The block and token picks go to groups of four lanes: group g takes the
-  // draws of lanes g, g + 8, g + 16 and g + 24, and sub-lane s holds entries
+  // draws of lanes g, g + 8, g + 16 and g + 24 (g and g + 8 with 2 draws a
+  // group), and sub-lane s holds entries
   // [8 s, 8 s + 8) of the 32 block sums, then of the block's 32 scores. A group
   // reads each 256-byte row of block sums and each 128-byte block of scores
   // together: fewer than half the cache wavefronts of one draw per thread.
@@ -279,7 +285,7 @@ __global__ void __launch_bounds__(kSampleThreads, kSampleBlocksPerSm) sample_ker
   const bool aligned = cand_scores_aligned(it);
   const float mx = key_float(st.max_key);  // finite: some candidate has weight
 #pragma unroll 1
-  for (uint32_t pass = 0; pass < kDrawsPerGroup / kDrawsPerPass; ++pass) {
+  for (uint32_t pass = 0; pass < kGroupDraws / kDrawsPerPass; ++pass) {
     uint32_t chunk[kDrawsPerPass], u1[kDrawsPerPass], u2[kDrawsPerPass];
     bool ok[kDrawsPerPass];
 #pragma unroll
@@ -453,10 +459,22 @@ cudaError_t launch_sampling(const DecodeBatch& b, const WorkspacePlan& plan, con
       (e = launch_stage(b, chunk_prefix_kernel, dim3(1, b.shape.n_q_heads, b.n_items), 1024, 0, st, b, ws)) !=
           cudaSuccess)
     return e;
-  const dim3 grid((plan.select_cap_max + kSampleThreads - 1) / kSampleThreads, b.shape.n_q_heads,
-                  b.n_items);
-  const auto kernel = b.sampling == Sampling::kUniform ? sample_kernel<true> : sample_kernel<false>;
+  const uint32_t block_draws = kSampleThreads / 32 * 8 * plan.sample_group_draws;
+  const dim3 grid(std::max(1u, (plan.draws_max + block_draws - 1) / block_draws), b.shape.n_q_heads, b.n_items);
+  const bool uniform = b.sampling == Sampling::kUniform;
+  const auto kernel = plan.sample_group_draws == 2 ? (uniform ? sample_kernel<true, 2> : sample_kernel<false, 2>)
+                                                   : (uniform ? sample_kernel<true, 4> : sample_kernel<false, 4>);
   return launch_stage(b, kernel, grid, kSampleThreads, 0, st, b, ws);
+}
+
+uint32_t sample_group_draws(uint32_t draws_max, uint32_t rows, int sm_count) {
+  // 16 draws a warp where even then every row's draws fit one wave of sampler
+  // blocks (batch 1 at 128K tokens: the draws are a chain of dependent loads and
+  // picks per warp, and the GPU has room for twice the warps). Elsewhere 32: the
+  // grid already fills the GPU, and twice the blocks would only rebuild the chunk
+  // prefixes twice as often (1.04-1.07x slower at 1M, bench/RESULTS.md).
+  const uint64_t blocks16 = uint64_t{rows} * ((draws_max + 127) / 128);
+  return blocks16 <= uint64_t{kSampleBlocksPerSm} * static_cast<uint64_t>(std::max(sm_count, 1)) ? 2 : 4;
 }
 
 }  // namespace ssa::cuda

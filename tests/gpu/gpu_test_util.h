@@ -316,12 +316,14 @@ struct Decoder {
   cuda::WorkspacePlan plan;
   DevBuf<uint8_t> blob;
   cuda::Workspace ws;
+  uint32_t force_group_draws = 0;  // nonzero: the sampler's draws per group, instead of the plan's
   cudaError_t run(cuda::DecodeBatch* b, cudaStream_t st = nullptr) {
     int dev = 0, sms = 0;
     cudaGetDevice(&dev);
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
     cudaError_t e = cuda::plan_workspace(b, sms, &plan);
     if (e != cudaSuccess) return e;
+    if (force_group_draws) plan.sample_group_draws = force_group_draws;
     if (blob.n < plan.total_bytes) blob = DevBuf<uint8_t>(plan.total_bytes);
     ws = cuda::bind_workspace(blob.p, plan);
     return cuda::run_decode(*b, plan, ws, st);

@@ -271,6 +271,34 @@ TEST_CASE("gpu radix top-k (PQ_TOPK and ORACLE_TOPK) selects the top k' as the C
   }
 }
 
+// The sampler takes 32 draws a warp, or 16 where the draws would not fill the GPU
+// (sample_group_draws); draw j is Philox draw j of the row's stream either way, so
+// both must take the same samples and give the same output, bit for bit.
+TEST_CASE("gpu sampler: 32 and 16 draws per warp take the same samples") {
+  SSA_GPU_TEST_OR_SKIP();
+  TestLayer t;
+  build_layer(t, 4, 2, 64, DType::kBF16, 70000, 256, 8, 64, 4242);
+  for (ssa_method m : {SSA_METHOD_HYBRID_UNIFORM, SSA_METHOD_SAMPLING, SSA_METHOD_SSA, SSA_METHOD_SSA_ADAPTIVE}) {
+    std::vector<float> out[2];
+    std::vector<RowView> rows[2];
+    for (int v = 0; v < 2; ++v) {
+      Run r;
+      setup_run(r, t, m, 3500, 0.4f, 64, 64, 3);
+      r.dec.force_group_draws = v == 0 ? 4 : 2;
+      out[v] = run_and_fetch(r, t);
+      for (uint32_t h = 0; h < 4; ++h) rows[v].push_back(fetch_row(r, h));
+    }
+    INFO("method ", m);
+    CHECK(out[0] == out[1]);
+    for (uint32_t h = 0; h < 4; ++h) {
+      CHECK(rows[0][h].st.n_draws > 0);
+      CHECK(rows[0][h].sampled.size() > 100);
+      CHECK(rows[0][h].sampled == rows[1][h].sampled);
+      CHECK(rows[0][h].heavy == rows[1][h].heavy);
+    }
+  }
+}
+
 // Tokens sharing PQ codes share their scores exactly, so the cut falls inside
 // groups of equal scores: the GPU must take the lowest token indices among them,
 // the CPU's rule (refine's radix passes and its second select among the ties),
