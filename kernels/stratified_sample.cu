@@ -276,9 +276,9 @@ __global__ void __launch_bounds__(kSampleThreads, kSampleBlocksPerSm) sample_ker
   // The block and token picks go to groups of four lanes: group g takes the
   // draws of lanes g, g + 8, g + 16 and g + 24 (g and g + 8 with 2 draws a
   // group), and sub-lane s holds entries [8 s, 8 s + 8) of the 32 block sums,
-  // then of the block's 32 scores. A group
-  // reads each 256-byte row of block sums and each 128-byte block of scores
-  // together: fewer than half the cache wavefronts of one draw per thread.
+  // then of the block's 32 scores. A group reads each 256-byte row of block sums
+  // and each 128-byte block of scores together: fewer than half the cache
+  // wavefronts of one draw per thread.
   const uint32_t g = lane >> 2, sub = lane & 3;
   const uint32_t group0 = lane & ~3u;
   const float* row_s = row_scores(ws, r) + it.sink_end;
