@@ -194,6 +194,12 @@ __device__ __forceinline__ GroupPick group_pick(const uint64_t (&w)[8], uint32_t
 
 constexpr uint32_t kSampleThreads = 256;
 constexpr uint32_t kSampleBlocksPerSm = 4;
+// Draws per warp and per sampler block when each group of four lanes takes
+// group_draws (8 groups a warp).
+constexpr uint32_t sample_warp_draws(uint32_t group_draws) { return 8 * group_draws; }
+constexpr uint32_t sample_block_draws(uint32_t group_draws) {
+  return kSampleThreads / 32 * sample_warp_draws(group_draws);
+}
 // A group's draws are taken two at a time: half the live registers of all four
 // at once, so four blocks fit a multiprocessor instead of three (64 registers;
 // sampler 39.6 -> 38.1 us at 1M tokens, bench/RESULTS.md).
@@ -211,7 +217,7 @@ constexpr uint32_t kPrefixPerThread = kPrefixSmem / kSampleThreads;
 // twice the warps for the same draws, where they would not fill the GPU anyway).
 template <bool kUniform, uint32_t kGroupDraws>
 __global__ void __launch_bounds__(kSampleThreads, kSampleBlocksPerSm) sample_kernel(DecodeBatch b, Workspace ws) {
-  constexpr uint32_t kWarpDraws = 8 * kGroupDraws, kBlockDraws = kSampleThreads / 32 * kWarpDraws;
+  constexpr uint32_t kWarpDraws = sample_warp_draws(kGroupDraws), kBlockDraws = sample_block_draws(kGroupDraws);
   stage_begin();
   __shared__ uint64_t prefix_s[kPrefixSmem];
   __shared__ uint64_t total_s;
@@ -459,7 +465,7 @@ cudaError_t launch_sampling(const DecodeBatch& b, const WorkspacePlan& plan, con
       (e = launch_stage(b, chunk_prefix_kernel, dim3(1, b.shape.n_q_heads, b.n_items), 1024, 0, st, b, ws)) !=
           cudaSuccess)
     return e;
-  const uint32_t block_draws = kSampleThreads / 32 * 8 * plan.sample_group_draws;
+  const uint32_t block_draws = sample_block_draws(plan.sample_group_draws);
   const dim3 grid(std::max(1u, (plan.draws_max + block_draws - 1) / block_draws), b.shape.n_q_heads, b.n_items);
   const bool uniform = b.sampling == Sampling::kUniform;
   const auto kernel = plan.sample_group_draws == 2 ? (uniform ? sample_kernel<true, 2> : sample_kernel<false, 2>)
@@ -473,7 +479,8 @@ uint32_t sample_group_draws(uint32_t draws_max, uint32_t rows, int sm_count) {
   // picks per warp, and the GPU has room for twice the warps). Elsewhere 32: the
   // grid already fills the GPU, and twice the blocks would only rebuild the chunk
   // prefixes twice as often (1.04-1.07x slower at 1M, bench/RESULTS.md).
-  const uint64_t blocks16 = uint64_t{rows} * ((draws_max + 127) / 128);
+  const uint32_t per_block = sample_block_draws(2);
+  const uint64_t blocks16 = uint64_t{rows} * ((draws_max + per_block - 1) / per_block);
   return blocks16 <= uint64_t{kSampleBlocksPerSm} * static_cast<uint64_t>(std::max(sm_count, 1)) ? 2 : 4;
 }
 
