@@ -26,6 +26,7 @@
 
 #include "cp_async.cuh"
 #include "device_util.cuh"
+#include "head_dim.cuh"  // ensure_dynamic_smem
 #include "stage_launch.cuh"
 #include "stages.h"
 #include "topk_cut.cuh"
@@ -36,7 +37,11 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kRefineThreads = 1024;
 constexpr uint32_t kFilterWarps = kThreads / 32;
-constexpr uint32_t kFilterBlocksPerSm = 6;  // launch bounds: 40 registers
+// Each filter warp has two chunk tiles, so that the copy of its next chunk is in
+// flight while it works through the current one; three blocks of eight warps fill
+// a multiprocessor's shared memory.
+constexpr uint32_t kFilterTiles = 2;
+constexpr uint32_t kFilterBlocksPerSm = 3;
 
 struct Row {
   const DecodeItem* it;
@@ -98,11 +103,12 @@ __device__ __forceinline__ uint32_t swizzled(uint32_t v) { return v ^ ((v >> 3) 
 // One warp per 1024-candidate chunk, each lane owning one 32-candidate block (its
 // bitmap word, its boundary-bin candidates and, with filter_sums_residual, its
 // residual weight sum for the sampler, in the layout stratified_sample.cu reads).
-// Each warp stages a whole chunk in its shared-memory tile first, then each lane
-// reads down its own row: with 16-byte asynchronous copies where the row's
-// candidates start 16 bytes aligned (sink_end % 4 == 0), else with coalesced
-// 4-byte loads (load_chunk_tile). The row's last, partial chunk of an aligned
-// row is read directly with 16-byte loads instead, masked at its end.
+// Each warp stages a whole chunk in one of its two shared-memory tiles first, then
+// each lane reads down its own row: with 16-byte asynchronous copies where the
+// row's candidates start 16 bytes aligned (sink_end % 4 == 0), issued one chunk
+// ahead (SSA filter 33.5 -> 32.1 us at 1M tokens, bench/RESULTS.md), else with
+// coalesced 4-byte loads (load_chunk_tile). The row's last, partial chunk of an
+// aligned row is read directly with 16-byte loads instead, masked at its end.
 // Boundary-bin candidates are counted as residual here; refine subtracts those
 // it selects.
 // kSums: filter_sums_residual; kUniform: uniform sampling weights. Both fixed per
@@ -111,7 +117,7 @@ __device__ __forceinline__ uint32_t swizzled(uint32_t v) { return v ^ ((v >> 3) 
 template <bool kSums, bool kUniform>
 __global__ void __launch_bounds__(kThreads, kFilterBlocksPerSm) filter_kernel(DecodeBatch b, Workspace ws) {
   stage_begin();
-  extern __shared__ float4 filter_smem[];  // kFilterWarps chunk tiles
+  extern __shared__ float4 filter_smem[];  // kFilterTiles chunk tiles per warp
   const Row r = row_here(b, ws);
   if (!r.sparse()) return;
   RowState& st = ws.rows[r.row];
@@ -142,10 +148,33 @@ __global__ void __launch_bounds__(kThreads, kFilterBlocksPerSm) filter_kernel(De
   const uint32_t c_begin = min(chunks, blockIdx.x * per), c_end = min(chunks, c_begin + per);
   const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   const bool aligned = cand_scores_aligned(*r.it);
-  ChunkTile& tile = reinterpret_cast<ChunkTile*>(filter_smem)[warp];
-  float4* tile4 = reinterpret_cast<float4*>(&tile);  // aligned rows: [32 blocks][8 float4], swizzled
+  ChunkTile* tiles = reinterpret_cast<ChunkTile*>(filter_smem) + kFilterTiles * warp;
+  // A whole chunk of an aligned row is copied into a tile with coalesced 16-byte
+  // cp.async ([32 blocks][8 float4], swizzled), one commit group per chunk (empty
+  // for the other chunks, so that the wait below counts the same either way).
+  auto copied = [&](uint32_t c) { return aligned && (c + 1) * kChunkTokens <= r.nc; };
+  auto copy_chunk = [&](uint32_t c, ChunkTile& t) {
+    if (c < c_end && copied(c)) {
+      const float4* src = reinterpret_cast<const float4*>(r.cand_scores + c * kChunkTokens);
+      float4* t4 = reinterpret_cast<float4*>(&t);
+#pragma unroll
+      for (uint32_t q = 0; q < kChunkVecs / 32; ++q) {
+        const uint32_t v = q * 32 + lane;
+        cp_async16(&t4[swizzled(v)], src + v, 16);
+      }
+    }
+    cp_async_commit();
+  };
+  copy_chunk(c_begin + warp, tiles[0]);
+  uint32_t cur = 0;
   double heavy_mass = 0.0, resid_mass = 0.0;  // statistics (RowState::w_heavy, w_resid_proxy)
-  for (uint32_t c = c_begin + warp; c < c_end; c += kFilterWarps) {
+  for (uint32_t c = c_begin + warp; c < c_end; c += kFilterWarps, cur ^= 1u) {
+    ChunkTile& tile = tiles[cur];
+    const float4* tile4 = reinterpret_cast<const float4*>(&tile);
+    // The next chunk's copy goes out before this one is used.
+    copy_chunk(c + kFilterWarps, tiles[cur ^ 1u]);
+    cp_async_wait<1>();
+    __syncwarp();
     const uint32_t j0 = c * kChunkTokens;
     const uint32_t n_here = min(kChunkTokens, r.nc - j0);
     if (!aligned) load_chunk_tile(tile, r.cand_scores + j0, n_here, lane);
@@ -195,20 +224,10 @@ __global__ void __launch_bounds__(kThreads, kFilterBlocksPerSm) filter_kernel(De
 #pragma unroll 8
       for (uint32_t i = 0; i < kBlockTokens; ++i) step(tile[lane][i], i, k > 0 && i < n_mine);
     } else if (n_here == kChunkTokens) {
-      // A whole chunk: staged through the warp's tile with coalesced 16-byte
-      // copies, all eight of a lane in flight at once, then lane l reads its
-      // block, row l. Direct 16-byte loads per lane (each a different 128-byte
-      // line) left the warps waiting on memory: top-k filter 35 -> 29 us at 1M
-      // tokens (bench/RESULTS.md).
-      const float4* src = reinterpret_cast<const float4*>(r.cand_scores + j0);
-#pragma unroll
-      for (uint32_t q = 0; q < kChunkVecs / 32; ++q) {
-        const uint32_t v = q * 32 + lane;
-        cp_async16(&tile4[swizzled(v)], src + v, 16);
-      }
-      cp_async_commit();
-      cp_async_wait<0>();
-      __syncwarp();
+      // A whole chunk, copied into the tile (copy_chunk): lane l reads its block,
+      // row l. Direct 16-byte loads per lane (each a different 128-byte line) left
+      // the warps waiting on memory: top-k filter 35 -> 29 us at 1M tokens
+      // (bench/RESULTS.md).
 #pragma unroll
       for (uint32_t g = 0; g < kBlockTokens / 4; ++g) {
         const float4 a = tile4[swizzled(lane * (kBlockTokens / 4) + g)];
@@ -244,7 +263,7 @@ __global__ void __launch_bounds__(kThreads, kFilterBlocksPerSm) filter_kernel(De
       base = __shfl_sync(0xffffffffu, base, 0) + incl - n_cut;
       for (uint32_t m = in_cut; m; m &= m - 1) cut[base++] = j0 + lane * kBlockTokens + __ffs(m) - 1;
     }
-    __syncwarp();  // the tile is reused by this warp's next chunk
+    __syncwarp();  // the tile is copied over two chunks later
   }
   if constexpr (kSums) {
     heavy_mass = warp_sum(heavy_mass);
@@ -399,11 +418,12 @@ cudaError_t launch_topk(const DecodeBatch& b, const WorkspacePlan& plan, const W
   if (b.proxy != Proxy::kPq) e = launch_stage(b, hist_kernel, scan_grid, kThreads, 0, st, b, ws);
   // Every warp stages its chunks in a tile of its own (whole chunks of aligned
   // rows as copies, unaligned rows through load_chunk_tile).
-  const size_t tiles = kFilterWarps * sizeof(ChunkTile);
+  const size_t tiles = kFilterTiles * kFilterWarps * sizeof(ChunkTile);
   const dim3 filter_grid(plan.filter_blocks, b.shape.n_q_heads, b.n_items);
   const auto filter = !filter_sums_residual(b)              ? filter_kernel<false, false>
                       : b.sampling == Sampling::kUniform ? filter_kernel<true, true>
                                                          : filter_kernel<true, false>;
+  if (e == cudaSuccess) e = ensure_dynamic_smem(reinterpret_cast<const void*>(filter), tiles);
   if (e == cudaSuccess) e = launch_stage(b, filter, filter_grid, kThreads, tiles, st, b, ws);
   if (e == cudaSuccess) e = launch_stage(b, refine_kernel, row_grid, kRefineThreads, 0, st, b, ws);
   return e;
