@@ -44,6 +44,7 @@ absl::StatusOr<PageRef> page_from_host(const ssa_session&, bool, const uint8_t*,
 #include "device_pages.h"
 #include "index/pq_index.h"
 #include "kernels/cuda_decode.h"
+#include "kernels/finite_scan.h"
 #include "kernels/pq_index.h"
 #include "method_plan.h"
 #include "session.h"
@@ -108,6 +109,23 @@ absl::Status check_space(const ssa_session& s, const void* p, const char* name) 
     return invalid_argument(name, " is not a device pointer (a CUDA session takes device memory; "
                             "create it with SSA_SESSION_HOST_POINTERS to pass host memory)");
   }
+  return absl::OkStatus();
+}
+
+// The n elements each of device K and V given to an append, scanned on the device
+// before anything changes (host pointers were scanned by the caller, as on the
+// CPU backend).
+absl::Status check_finite_on_device(const ssa_session& s, const void* k, const void* v, uint64_t n) {
+  DeviceMem first;
+  SSA_CUDA_RETURN(first.alloc(2 * sizeof(unsigned long long)), "cudaMalloc of the NaN/Inf scan result");
+  unsigned long long h[2] = {n, n};
+  auto* d = static_cast<unsigned long long*>(first.p);
+  SSA_CUDA_RETURN(cudaMemcpy(d, h, sizeof h, cudaMemcpyHostToDevice), "NaN/Inf scan setup");
+  SSA_CUDA_RETURN(find_non_finite(s.layout.dtype, k, n, d, nullptr), "NaN/Inf scan of k");
+  SSA_CUDA_RETURN(find_non_finite(s.layout.dtype, v, n, d + 1, nullptr), "NaN/Inf scan of v");
+  SSA_CUDA_RETURN(cudaMemcpy(h, d, sizeof h, cudaMemcpyDeviceToHost), "NaN/Inf scan result");
+  if (h[0] != n) return invalid_argument("k[", h[0], "] is NaN or infinite");
+  if (h[1] != n) return invalid_argument("v[", h[1], "] is NaN or infinite");
   return absl::OkStatus();
 }
 
@@ -294,6 +312,9 @@ absl::Status session_append(ssa_session& s, uint32_t layer_index, const void* k,
   if (n_tokens > 0xFFFFFFFFull - cur.n_tokens) {
     return invalid_argument("appending ", n_tokens, " tokens to layer ", layer_index, " of ", cur.n_tokens,
                             " exceeds the limit of 4294967295 tokens per layer");
+  }
+  if (!host_pointers(s)) {
+    SSA_RETURN_IF_ERROR(check_finite_on_device(s, k, v, n_tokens * L.n_kv_heads * L.head_dim));
   }
   const uint64_t old_n = cur.n_tokens, new_n = old_n + n_tokens;
   const uint32_t P = L.page_tokens;

@@ -2,11 +2,13 @@
 // data: backend choice, appends from device and (flagged) host pointers, dense
 // and oracle top-k decode equal to the CPU's, budget >= N equal to dense for
 // every method, stats, determinism, decode_batch over sessions of different
-// lengths, fork/truncate, and pointer-space errors.
+// lengths, fork/truncate, pointer-space errors, and NaN/Inf in device K/V.
 #include <cuda_runtime.h>
 #include <doctest/doctest.h>
 #include <math.h>
+#include <string.h>
 
+#include <algorithm>
 #include <random>
 #include <string>
 #include <vector>
@@ -174,6 +176,70 @@ TEST_CASE("gpu backend: ssa_decode on a stream is captured into a CUDA graph and
   }
   cudaStreamDestroy(st);
   ssa_session_destroy(s);
+  ssa_runtime_destroy(gpu);
+}
+
+TEST_CASE("gpu backend: NaN or infinity in device k or v is refused, naming the first, the layer unchanged") {
+  SSA_GPU_TEST_OR_SKIP();
+  ssa_runtime* gpu = runtime(SSA_BACKEND_CUDA);
+  struct Kind {
+    ssa_dtype api;
+    DType t;
+    uint32_t nan, inf, neg_inf;  // bit patterns
+  };
+  const Kind kinds[] = {{SSA_DTYPE_F16, DType::kF16, 0x7E00u, 0x7C00u, 0xFC00u},
+                        {SSA_DTYPE_BF16, DType::kBF16, 0x7FC0u, 0x7F80u, 0xFF80u},
+                        {SSA_DTYPE_F32, DType::kF32, 0x7FC00001u, 0x7F800000u, 0xFF800000u}};
+  std::mt19937_64 rng(77);
+  std::normal_distribution<float> nd(0.f, 3.f);
+  for (const Kind& kd : kinds) {
+    INFO("dtype ", kd.api);
+    ssa_session_config c;
+    ssa_session_config_init(&c);
+    c.n_layers = 1;
+    c.n_q_heads = kNq;
+    c.n_kv_heads = kNkv;
+    c.head_dim = kD;
+    c.kv_dtype = kd.api;
+    c.page_tokens = 128;
+    ssa_session* s = nullptr;
+    REQUIRE(ssa_session_create(gpu, &c, &s) == SSA_OK);
+    const uint32_t n = 300;
+    const size_t elems = size_t{n} * kNkv * kD, eb = dtype_bytes(kd.t);
+    std::vector<uint8_t> k(elems * eb), v(elems * eb);
+    for (size_t i = 0; i < elems; ++i) {
+      store_from_f32(k.data(), kd.t, i, nd(rng));
+      store_from_f32(v.data(), kd.t, i, nd(rng));
+    }
+    DevBuf<uint8_t> dk(k.size()), dv(v.size());
+    dk.upload(k);
+    dv.upload(v);
+    REQUIRE(ssa_session_append(s, 0, dk.p, dv.p, n) == SSA_OK);
+    REQUIRE(ssa_session_length(s) == n);
+    // One bad element at `at` and another further on: the first is named.
+    const size_t positions[] = {0, elems / 2 + 3, elems - 1};
+    for (bool in_v : {false, true}) {
+      for (uint32_t bits : {kd.nan, kd.inf, kd.neg_inf}) {
+        for (size_t at : positions) {
+          INFO((in_v ? "v[" : "k["), at, "] bits ", bits);
+          std::vector<uint8_t> bad = in_v ? v : k;
+          for (size_t i : {at, std::min(elems - 1, at + 5)}) memcpy(bad.data() + i * eb, &bits, eb);
+          DevBuf<uint8_t> db(bad.size());
+          db.upload(bad);
+          const ssa_status st = ssa_session_append(s, 0, in_v ? dk.p : db.p, in_v ? db.p : dk.p, n);
+          const std::string msg = ssa_last_error_message();
+          CHECK(st == SSA_ERR_INVALID_ARGUMENT);
+          CHECK(msg.find(std::string(in_v ? "v[" : "k[") + std::to_string(at) + "] is NaN or infinite") !=
+                std::string::npos);
+          CHECK(ssa_session_length(s) == n);
+        }
+      }
+    }
+    // The layer still takes finite tokens after the refusals.
+    REQUIRE(ssa_session_append(s, 0, dk.p, dv.p, n) == SSA_OK);
+    CHECK(ssa_session_length(s) == 2 * n);
+    ssa_session_destroy(s);
+  }
   ssa_runtime_destroy(gpu);
 }
 

@@ -22,13 +22,15 @@
  *    mutate a session (append, update_index, truncate) take it exclusively and
  *    wait for running decodes (and make new decodes wait) - they never tear a
  *    read. fork and save only read the session and run beside decodes.
- *  - Non-finite values: K, V and q that the library can read on the host (CPU
- *    sessions, and CUDA sessions with SSA_SESSION_HOST_POINTERS) are scanned, and a
- *    NaN or infinity anywhere gives SSA_ERR_INVALID_ARGUMENT naming the first bad
- *    element, with nothing changed (one NaN key would poison every later decode).
- *    Device pointers of CUDA sessions are not scanned (that would cost a copy per
- *    call): there NaN/Inf inputs are the caller's to avoid; they are not reported
- *    and make the outputs that read them meaningless (typically NaN).
+ *  - Non-finite values: K and V given to append are always scanned (on the host,
+ *    or on the device for device pointers of CUDA sessions), and so is q where the
+ *    library can read it on the host (CPU sessions, and CUDA sessions with
+ *    SSA_SESSION_HOST_POINTERS); a NaN or infinity anywhere gives
+ *    SSA_ERR_INVALID_ARGUMENT naming the first bad element, with nothing changed
+ *    (one NaN key would poison every later decode). A device q of a CUDA session is
+ *    not scanned (that would cost a wait for the device on every decode): NaN/Inf
+ *    there is the caller's to avoid; it is not reported and makes that decode's
+ *    output meaningless (typically NaN), and nothing else.
  *  - No C++ exception, abort or assertion crosses this boundary.
  */
 
@@ -202,7 +204,7 @@ ssa_status ssa_session_get_config(const ssa_session *s, ssa_session_config *cfg)
    Takes the session exclusively (waits for running decodes).
    A layer holds at most 2^32 - 1 tokens.
    Returns SSA_OK, SSA_ERR_INVALID_ARGUMENT (NULL s/k/v, layer >= n_layers, size
-   overflow, the layer limit exceeded, NaN or infinity in host k/v),
+   overflow, the layer limit exceeded, NaN or infinity in k/v),
    SSA_ERR_OUT_OF_MEMORY, SSA_ERR_DEVICE. */
 ssa_status ssa_session_append(ssa_session *s, uint32_t layer, const void *k,
                                       const void *v, uint64_t n_tokens);
