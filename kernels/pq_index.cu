@@ -66,9 +66,10 @@ __global__ void gather_kernel(PqIndexShape s, const uint8_t* const* kv_pages, ui
     x[(size_t{h} * n + i) * s.head_dim + j] = key_elem<T>(s, kv_pages, t, h, j);
 }
 
-// One Lloyd assignment step: sums and counts of the points nearest each centroid.
+// One Lloyd assignment step: the nearest centroid of each sample point, per
+// (KV head, subspace): assign[h][m][n].
 __global__ void __launch_bounds__(kThreads) assign_kernel(PqIndexShape s, const float* x, uint32_t n,
-                                                          const float* books, float* sums, uint32_t* counts) {
+                                                          const float* books, uint8_t* assign) {
   extern __shared__ float cent[];
   const uint32_t m = blockIdx.y, h = blockIdx.z, sub = s.head_dim / s.subspaces;
   const size_t cb = (size_t{h} * s.subspaces + m) * s.centroids;
@@ -77,19 +78,41 @@ __global__ void __launch_bounds__(kThreads) assign_kernel(PqIndexShape s, const 
   const uint32_t i = blockIdx.x * kThreads + threadIdx.x;
   if (i >= n) return;
   const float* p = x + (size_t{h} * n + i) * s.head_dim + m * sub;
-  const uint32_t c = nearest(cent, s.centroids, sub, p);
-  atomicAdd(&counts[cb + c], 1u);
-  for (uint32_t j = 0; j < sub; ++j) atomicAdd(&sums[(cb + c) * sub + j], p[j]);
+  assign[(size_t{h} * s.subspaces + m) * n + i] = static_cast<uint8_t>(nearest(cent, s.centroids, sub, p));
 }
 
-// Centroid = mean of its points; an empty cluster keeps its centroid.
-__global__ void update_kernel(PqIndexShape s, const float* sums, const uint32_t* counts, float* books,
-                              size_t n_centroids) {
-  const uint32_t sub = s.head_dim / s.subspaces;
-  const size_t i = size_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  if (i >= n_centroids * sub) return;
-  const uint32_t cnt = counts[i / sub];
-  if (cnt) books[i] = sums[i] / static_cast<float>(cnt);
+// Centroid = mean of its points, without atomics, so that training gives the same
+// codebooks in every run: one block per (subspace, KV head), thread c owns
+// centroid c and adds the points assigned to it in point order, in double (as
+// the CPU's k-means sums). The assignments pass through shared memory a tile at a
+// time, every thread reading each entry (a broadcast). An empty cluster keeps
+// its centroid.
+constexpr uint32_t kAssignTile = 8192;
+constexpr uint32_t kMaxSubDim = 64;
+__global__ void update_kernel(PqIndexShape s, const float* x, uint32_t n, const uint8_t* assign,
+                              float* books) {
+  __shared__ uint8_t a_s[kAssignTile];
+  const uint32_t m = blockIdx.x, h = blockIdx.y, c = threadIdx.x, sub = s.head_dim / s.subspaces;
+  const uint8_t* a = assign + (size_t{h} * s.subspaces + m) * n;
+  double sum[kMaxSubDim];
+  for (uint32_t j = 0; j < sub; ++j) sum[j] = 0.0;
+  uint32_t count = 0;
+  for (uint32_t i0 = 0; i0 < n; i0 += kAssignTile) {
+    const uint32_t len = min(kAssignTile, n - i0);
+    __syncthreads();  // the previous tile has been read
+    for (uint32_t i = threadIdx.x; i < len; i += blockDim.x) a_s[i] = a[i0 + i];
+    __syncthreads();
+    for (uint32_t i = 0; i < len; ++i) {
+      if (a_s[i] != c) continue;
+      const float* p = x + (size_t{h} * n + i0 + i) * s.head_dim + m * sub;
+      for (uint32_t j = 0; j < sub; ++j) sum[j] += p[j];
+      ++count;
+    }
+  }
+  if (count == 0) return;
+  const double inv = 1.0 / count;
+  float* cen = books + ((size_t{h} * s.subspaces + m) * s.centroids + c) * sub;
+  for (uint32_t j = 0; j < sub; ++j) cen[j] = static_cast<float>(sum[j] * inv);
 }
 
 template <typename F>
@@ -117,8 +140,8 @@ cudaError_t pq_encode(const PqIndexShape& s, const uint8_t* const* kv_pages, uin
 }
 
 size_t kmeans_workspace_bytes(const PqIndexShape& s, uint32_t n) {
-  const size_t nc = size_t{s.n_kv_heads} * s.subspaces * s.centroids;
-  return size_t{s.n_kv_heads} * n * s.head_dim * 4 + nc * (s.head_dim / s.subspaces) * 4 + nc * 4 + 1024;
+  // the sample points (floats), then their assignments (one byte each per subspace)
+  return size_t{s.n_kv_heads} * n * s.head_dim * 4 + size_t{s.n_kv_heads} * s.subspaces * n;
 }
 
 cudaError_t pq_gather_sample(const PqIndexShape& s, const uint8_t* const* kv_pages, uint32_t n_tokens,
@@ -134,21 +157,18 @@ cudaError_t pq_gather_sample(const PqIndexShape& s, const uint8_t* const* kv_pag
 
 cudaError_t pq_lloyd(const PqIndexShape& s, uint32_t n, uint32_t iterations, void* workspace,
                      float* books, cudaStream_t st) {
-  if (n == 0 || s.head_dim / s.subspaces > 64) return cudaErrorInvalidValue;
+  if (n == 0 || s.head_dim / s.subspaces > kMaxSubDim || s.centroids > 256) return cudaErrorInvalidValue;
   const uint32_t sub = s.head_dim / s.subspaces;
-  const size_t nc = size_t{s.n_kv_heads} * s.subspaces * s.centroids;
   float* x = static_cast<float*>(workspace);
-  float* sums = x + size_t{s.n_kv_heads} * n * s.head_dim;
-  uint32_t* counts = reinterpret_cast<uint32_t*>(sums + nc * sub);
+  uint8_t* assign = reinterpret_cast<uint8_t*>(x + size_t{s.n_kv_heads} * n * s.head_dim);
   cudaError_t e;
   const size_t smem = size_t{s.centroids} * sub * sizeof(float);
   if ((e = ensure_dynamic_smem(reinterpret_cast<const void*>(assign_kernel), smem)) != cudaSuccess)
     return e;
   for (uint32_t it = 0; it < iterations; ++it) {
-    if ((e = cudaMemsetAsync(sums, 0, nc * sub * 4 + nc * 4, st)) != cudaSuccess) return e;
     assign_kernel<<<dim3((n + kThreads - 1) / kThreads, s.subspaces, s.n_kv_heads), kThreads, smem, st>>>(
-        s, x, n, books, sums, counts);
-    update_kernel<<<static_cast<uint32_t>((nc * sub + 255) / 256), 256, 0, st>>>(s, sums, counts, books, nc);
+        s, x, n, books, assign);
+    update_kernel<<<dim3(s.subspaces, s.n_kv_heads), s.centroids, 0, st>>>(s, x, n, assign, books);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
   }
   return cudaSuccess;

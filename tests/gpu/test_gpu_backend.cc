@@ -2,7 +2,8 @@
 // data: backend choice, appends from device and (flagged) host pointers, dense
 // and oracle top-k decode equal to the CPU's, budget >= N equal to dense for
 // every method, stats, determinism, decode_batch over sessions of different
-// lengths, fork/truncate, pointer-space errors, and NaN/Inf in device K/V.
+// lengths, fork/truncate, pointer-space errors, NaN/Inf in device K/V, and
+// deterministic index training.
 #include <cuda_runtime.h>
 #include <doctest/doctest.h>
 #include <math.h>
@@ -240,6 +241,32 @@ TEST_CASE("gpu backend: NaN or infinity in device k or v is refused, naming the 
     CHECK(ssa_session_length(s) == 2 * n);
     ssa_session_destroy(s);
   }
+  ssa_runtime_destroy(gpu);
+}
+
+// Two sessions fed the same keys train the same codebooks on the GPU, and a
+// retraining over the same keys gives them again: SSA's output, which moves with
+// any bit of a table entry (proxy weights, inclusion probabilities), is bitwise
+// the same.
+TEST_CASE("gpu backend: index training on the GPU gives the same codebooks every time") {
+  SSA_GPU_TEST_OR_SKIP();
+  ssa_runtime* gpu = runtime(SSA_BACKEND_CUDA);
+  const Data d = make_data(40000, 41);
+  ssa_session* a = session(gpu, 0);
+  ssa_session* b = session(gpu, 0);
+  fill(a, d, true);  // trained during the first append (index_min_tokens 1024)
+  fill(b, d, true);
+  const ssa_decode_params ssa = params(SSA_METHOD_SSA, 900, 3), pq = params(SSA_METHOD_PQ_TOPK, 900, 3);
+  CHECK(decode(a, d, ssa, true) == decode(b, d, ssa, true));
+  CHECK(decode(a, d, pq, true) == decode(b, d, pq, true));
+  REQUIRE(ssa_session_update_index(a) == SSA_OK);  // retrained over 16384 of the 40000 tokens
+  REQUIRE(ssa_session_update_index(b) == SSA_OK);
+  const auto out = decode(a, d, ssa, true);
+  CHECK(decode(b, d, ssa, true) == out);
+  REQUIRE(ssa_session_update_index(a) == SSA_OK);
+  CHECK(decode(a, d, ssa, true) == out);
+  ssa_session_destroy(a);
+  ssa_session_destroy(b);
   ssa_runtime_destroy(gpu);
 }
 
