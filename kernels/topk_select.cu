@@ -416,8 +416,8 @@ cudaError_t launch_topk(const DecodeBatch& b, const WorkspacePlan& plan, const W
   // were zeroed by init_rows_kernel.
   cudaError_t e = cudaSuccess;
   if (b.proxy != Proxy::kPq) e = launch_stage(b, hist_kernel, scan_grid, kThreads, 0, st, b, ws);
-  // Every warp stages its chunks in a tile of its own (whole chunks of aligned
-  // rows as copies, unaligned rows through load_chunk_tile).
+  // Every warp stages its chunks in two tiles of its own (whole chunks of aligned
+  // rows as copies, one chunk ahead; unaligned rows through load_chunk_tile).
   const size_t tiles = kFilterTiles * kFilterWarps * sizeof(ChunkTile);
   const dim3 filter_grid(plan.filter_blocks, b.shape.n_q_heads, b.n_items);
   const auto filter = !filter_sums_residual(b)              ? filter_kernel<false, false>
