@@ -217,22 +217,28 @@ TEST_CASE("gpu backend: NaN or infinity in device k or v is refused, naming the 
     dv.upload(v);
     REQUIRE(ssa_session_append(s, 0, dk.p, dv.p, n) == SSA_OK);
     REQUIRE(ssa_session_length(s) == n);
-    // One bad element at `at` and another further on: the first is named.
-    const size_t positions[] = {0, elems / 2 + 3, elems - 1};
+    // One bad element at `at` and another further on: the first is named. The
+    // array starts at a 16-byte boundary or one element past it (the scan reads
+    // the elements before the first boundary one by one).
+    const size_t positions[] = {0, 2, elems / 2 + 3, elems - 1};
     for (bool in_v : {false, true}) {
       for (uint32_t bits : {kd.nan, kd.inf, kd.neg_inf}) {
         for (size_t at : positions) {
-          INFO((in_v ? "v[" : "k["), at, "] bits ", bits);
-          std::vector<uint8_t> bad = in_v ? v : k;
-          for (size_t i : {at, std::min(elems - 1, at + 5)}) memcpy(bad.data() + i * eb, &bits, eb);
-          DevBuf<uint8_t> db(bad.size());
-          db.upload(bad);
-          const ssa_status st = ssa_session_append(s, 0, in_v ? dk.p : db.p, in_v ? db.p : dk.p, n);
-          const std::string msg = ssa_last_error_message();
-          CHECK(st == SSA_ERR_INVALID_ARGUMENT);
-          CHECK(msg.find(std::string(in_v ? "v[" : "k[") + std::to_string(at) + "] is NaN or infinite") !=
-                std::string::npos);
-          CHECK(ssa_session_length(s) == n);
+          for (size_t offset : {size_t{0}, size_t{1}}) {
+            INFO((in_v ? "v[" : "k["), at, "] bits ", bits, " offset ", offset);
+            std::vector<uint8_t> bad(offset * eb);
+            bad.insert(bad.end(), (in_v ? v : k).begin(), (in_v ? v : k).end());
+            for (size_t i : {at, std::min(elems - 1, at + 5)}) memcpy(bad.data() + (offset + i) * eb, &bits, eb);
+            DevBuf<uint8_t> db(bad.size());
+            db.upload(bad);
+            const uint8_t* p = db.p + offset * eb;
+            const ssa_status st = ssa_session_append(s, 0, in_v ? dk.p : p, in_v ? p : dk.p, n);
+            const std::string msg = ssa_last_error_message();
+            CHECK(st == SSA_ERR_INVALID_ARGUMENT);
+            CHECK(msg.find(std::string(in_v ? "v[" : "k[") + std::to_string(at) + "] is NaN or infinite") !=
+                  std::string::npos);
+            CHECK(ssa_session_length(s) == n);
+          }
         }
       }
     }
