@@ -54,14 +54,14 @@ inline ssa_runtime* runtime(ssa_backend b) {
   return rt;
 }
 
-inline ssa_session* session(ssa_runtime* rt, uint32_t flags) {
+inline ssa_session* session(ssa_runtime* rt, uint32_t flags, ssa_dtype dtype = SSA_DTYPE_F16) {
   ssa_session_config c;
   ssa_session_config_init(&c);
   c.n_layers = 1;
   c.n_q_heads = kNq;
   c.n_kv_heads = kNkv;
   c.head_dim = kD;
-  c.kv_dtype = SSA_DTYPE_F16;
+  c.kv_dtype = dtype;
   c.page_tokens = 128;
   c.flags = flags;
   c.index_min_tokens = 1024;

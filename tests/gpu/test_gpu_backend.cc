@@ -195,16 +195,7 @@ TEST_CASE("gpu backend: NaN or infinity in device k or v is refused, naming the 
   std::normal_distribution<float> nd(0.f, 3.f);
   for (const Kind& kd : kinds) {
     INFO("dtype ", kd.api);
-    ssa_session_config c;
-    ssa_session_config_init(&c);
-    c.n_layers = 1;
-    c.n_q_heads = kNq;
-    c.n_kv_heads = kNkv;
-    c.head_dim = kD;
-    c.kv_dtype = kd.api;
-    c.page_tokens = 128;
-    ssa_session* s = nullptr;
-    REQUIRE(ssa_session_create(gpu, &c, &s) == SSA_OK);
+    ssa_session* s = session(gpu, 0, kd.api);  // device pointers
     const uint32_t n = 300;
     const size_t elems = size_t{n} * kNkv * kD, eb = dtype_bytes(kd.t);
     std::vector<uint8_t> k(elems * eb), v(elems * eb);
