@@ -7,8 +7,9 @@
 # in the same rounds and named after the file.
 #   git archive BASE | (mkdir -p .base && tar -x -C .base)   # here, once per base
 #   SSA_DEBS=.debs SSA_BASE=.base [SSA_AB_PATCHES="x.patch y.patch"] bash scripts/gpu_ab.sh [gpu_decode_bench arguments]
-# Logs go to $OUT (default ./gpu_out): ab_bench.log, ab_table.md (per case, each
-# variant's best round and its ratio to the base), ncu_<variant>.txt.
+# Logs go to $OUT (default ./gpu_out): quality.txt (the working tree's quality-test
+# errors), ab_bench.log, ab_table.md (per case, each variant's best round and its
+# ratio to the base), ncu_<variant>.txt.
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu_out}
 export OUT
@@ -17,6 +18,11 @@ BASE_SRC=${SSA_BASE:-.base}
 SSA_GPU_STAGES=build,test bash scripts/gpu_check.sh || exit 1
 . "$(dirname "$0")/gpu_prefix.sh"
 ssa_prefix_libs
+# The working tree's fidelity: the GPU quality test's mean errors, which print the
+# same numbers when no selection, draw or weight changed (bench/RESULTS.md).
+echo "### quality (working tree)"
+build-gpu/tests/gpu/ssa_gpu_tests -tc="gpu SSA error distribution*" -s 2>&1 | grep -i "mean error" |
+  tee "$OUT/quality.txt"
 export CMAKE_PREFIX_PATH=$SSA_PREFIX/usr
 # build_bench NAME SOURCE_DIR: configures and builds gpu_decode_bench in /tmp/ssa-NAME-build.
 build_bench() {
