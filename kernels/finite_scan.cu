@@ -54,8 +54,8 @@ template <typename Bits, Bits kExponent>
 cudaError_t launch(const void* x, uint64_t n, unsigned long long* first, cudaStream_t st) {
   constexpr uint32_t kPerVec = 16 / sizeof(Bits);
   const uintptr_t addr = reinterpret_cast<uintptr_t>(x);
-  // Elements before the first 16-byte boundary (all of them if x is not even
-  // element-aligned there, which a Bits array always is).
+  // Elements before the first 16-byte boundary (a whole number of them: a Bits
+  // array is element-aligned), at most all n.
   uint64_t head = ((16 - addr % 16) % 16) / sizeof(Bits);
   if (head > n) head = n;
   const uint64_t n_vec = (n - head) / kPerVec;
