@@ -21,6 +21,17 @@
  *    mutate a session (append, update_index, truncate) take it exclusively and
  *    wait for running decodes (and make new decodes wait) - they never tear a
  *    read. fork and save only read the session and run beside decodes.
+ *  - CUDA streams: with device pointers, ssa_decode queues its kernels on
+ *    p->stream and returns; out is ready when that stream gets there. The session
+ *    may be changed or destroyed meanwhile: what queued decodes read (pages,
+ *    codes, codebooks) stays alive and unwritten until they have run, without
+ *    a wait for the whole device. truncate waits for the session's queued
+ *    decodes that read tokens it removes; destroy waits for all of them. append
+ *    reads device K/V on the legacy default stream (in order after work on
+ *    blocking streams, as cudaMemcpy does; K/V written on a non-blocking stream
+ *    must be complete); append and update_index return when their work is done.
+ *    A decode captured into a CUDA graph reads the layer as it was at capture:
+ *    replay it only while that layer is unchanged and the session alive.
  *  - Non-finite values: K and V given to append are always scanned (on the host,
  *    or on the device for device pointers of CUDA sessions), and so is q where the
  *    library can read it on the host (CPU sessions, and CUDA sessions with

@@ -4,6 +4,7 @@
 // subspace) codebook, kept in shared memory, and a tile of keys.
 #include "device_util.cuh"
 #include "head_dim.cuh"
+#include "index/kmeans_rng.h"
 #include "pq_index.h"
 
 namespace ssa::cuda {
@@ -85,15 +86,20 @@ __global__ void __launch_bounds__(kThreads) assign_kernel(PqIndexShape s, const 
 // codebooks in every run: one block per (subspace, KV head), thread c owns
 // centroid c and adds the points assigned to it in point order, in double (as
 // the CPU's k-means sums). The assignments pass through shared memory a tile at a
-// time, every thread reading each entry (a broadcast). An empty cluster keeps
-// its centroid.
+// time, every thread reading each entry (a broadcast). An empty cluster restarts
+// at a random sample point, the one the CPU's k-means picks: restarts are drawn
+// in centroid order from the codebook's stream, continuing across iterations
+// (`restarts` counts each codebook's draws so far).
 constexpr uint32_t kAssignTile = 8192;
 constexpr uint32_t kMaxSubDim = 64;
+constexpr uint32_t kMaxCentroids = 256;
 __global__ void update_kernel(PqIndexShape s, const float* x, uint32_t n, const uint8_t* assign,
-                              float* books) {
+                              float* books, uint32_t* restarts) {
   __shared__ uint8_t a_s[kAssignTile];
+  __shared__ uint8_t empty_s[kMaxCentroids];
   const uint32_t m = blockIdx.x, h = blockIdx.y, c = threadIdx.x, sub = s.head_dim / s.subspaces;
-  const uint8_t* a = assign + (size_t{h} * s.subspaces + m) * n;
+  const uint32_t hm = h * s.subspaces + m;
+  const uint8_t* a = assign + size_t{hm} * n;
   double sum[kMaxSubDim];
   for (uint32_t j = 0; j < sub; ++j) sum[j] = 0.0;
   uint32_t count = 0;
@@ -109,9 +115,25 @@ __global__ void update_kernel(PqIndexShape s, const float* x, uint32_t n, const 
       ++count;
     }
   }
+  float* cen = books + (size_t{hm} * s.centroids + c) * sub;
+  empty_s[c] = count == 0;
+  const uint32_t drawn = restarts[hm];
+  __syncthreads();
+  if (count == 0) {
+    uint32_t rank = 0;  // empty clusters before this one
+    for (uint32_t e = 0; e < c; ++e) rank += empty_s[e];
+    const uint64_t pick = kmeans_restart_point(kmeans_stream(codebook_seed(h, m, s.subspaces)),
+                                               drawn + rank, n);
+    const float* p = x + (size_t{h} * n + pick) * s.head_dim + m * sub;
+    for (uint32_t j = 0; j < sub; ++j) cen[j] = p[j];
+  }
+  if (c == 0) {
+    uint32_t total = 0;
+    for (uint32_t e = 0; e < blockDim.x; ++e) total += empty_s[e];
+    restarts[hm] = drawn + total;
+  }
   if (count == 0) return;
   const double inv = 1.0 / count;
-  float* cen = books + ((size_t{h} * s.subspaces + m) * s.centroids + c) * sub;
   for (uint32_t j = 0; j < sub; ++j) cen[j] = static_cast<float>(sum[j] * inv);
 }
 
@@ -139,9 +161,26 @@ cudaError_t pq_encode(const PqIndexShape& s, const uint8_t* const* kv_pages, uin
   });
 }
 
+namespace {
+// The k-means workspace: the sample points (floats), each codebook's count of
+// restart draws, then the points' assignments (one byte each per subspace).
+struct KmeansWorkspace {
+  float* x;
+  uint32_t* restarts;
+  uint8_t* assign;
+};
+KmeansWorkspace kmeans_workspace(const PqIndexShape& s, uint32_t n, void* base) {
+  KmeansWorkspace w;
+  w.x = static_cast<float*>(base);
+  w.restarts = reinterpret_cast<uint32_t*>(w.x + size_t{s.n_kv_heads} * n * s.head_dim);
+  w.assign = reinterpret_cast<uint8_t*>(w.restarts + size_t{s.n_kv_heads} * s.subspaces);
+  return w;
+}
+}  // namespace
+
 size_t kmeans_workspace_bytes(const PqIndexShape& s, uint32_t n) {
-  // the sample points (floats), then their assignments (one byte each per subspace)
-  return size_t{s.n_kv_heads} * n * s.head_dim * 4 + size_t{s.n_kv_heads} * s.subspaces * n;
+  const size_t codebooks = size_t{s.n_kv_heads} * s.subspaces;
+  return size_t{s.n_kv_heads} * n * s.head_dim * 4 + codebooks * 4 + codebooks * n;
 }
 
 cudaError_t pq_gather_sample(const PqIndexShape& s, const uint8_t* const* kv_pages, uint32_t n_tokens,
@@ -157,18 +196,23 @@ cudaError_t pq_gather_sample(const PqIndexShape& s, const uint8_t* const* kv_pag
 
 cudaError_t pq_lloyd(const PqIndexShape& s, uint32_t n, uint32_t iterations, void* workspace,
                      float* books, cudaStream_t st) {
-  if (n == 0 || s.head_dim / s.subspaces > kMaxSubDim || s.centroids > 256) return cudaErrorInvalidValue;
+  if (n == 0 || s.head_dim / s.subspaces > kMaxSubDim || s.centroids > kMaxCentroids)
+    return cudaErrorInvalidValue;
+  // As the CPU's k-means: with no more points than centroids the seeds are final
+  // (every point its own centroid).
+  if (n <= s.centroids) return cudaSuccess;
   const uint32_t sub = s.head_dim / s.subspaces;
-  float* x = static_cast<float*>(workspace);
-  uint8_t* assign = reinterpret_cast<uint8_t*>(x + size_t{s.n_kv_heads} * n * s.head_dim);
-  cudaError_t e;
+  const KmeansWorkspace w = kmeans_workspace(s, n, workspace);
+  cudaError_t e = cudaMemsetAsync(w.restarts, 0, size_t{s.n_kv_heads} * s.subspaces * sizeof(uint32_t), st);
+  if (e != cudaSuccess) return e;
   const size_t smem = size_t{s.centroids} * sub * sizeof(float);
   if ((e = ensure_dynamic_smem(reinterpret_cast<const void*>(assign_kernel), smem)) != cudaSuccess)
     return e;
   for (uint32_t it = 0; it < iterations; ++it) {
     assign_kernel<<<dim3((n + kThreads - 1) / kThreads, s.subspaces, s.n_kv_heads), kThreads, smem, st>>>(
-        s, x, n, books, assign);
-    update_kernel<<<dim3(s.subspaces, s.n_kv_heads), s.centroids, 0, st>>>(s, x, n, assign, books);
+        s, w.x, n, books, w.assign);
+    update_kernel<<<dim3(s.subspaces, s.n_kv_heads), s.centroids, 0, st>>>(s, w.x, n, w.assign, books,
+                                                                           w.restarts);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
   }
   return cudaSuccess;

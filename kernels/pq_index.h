@@ -29,8 +29,9 @@ size_t kmeans_workspace_bytes(const PqIndexShape& s, uint32_t n);
 // n_tokens into the workspace as floats, sample[n_kv][n][head_dim] (what
 // seed_codebooks in lib/index reads, once copied to the host); pq_lloyd then runs
 // `iterations` Lloyd steps on books (device [n_kv][M][K][sub], holding the seeds);
-// an empty cluster keeps its centroid. Without atomics: the same codebooks in
-// every run.
+// none when n <= K, as on the CPU. An empty cluster restarts at the sample point
+// the CPU's k-means would pick (lib/index/kmeans_rng.h). Without atomics: the
+// same codebooks in every run.
 cudaError_t pq_gather_sample(const PqIndexShape& s, const uint8_t* const* kv_pages, uint32_t n_tokens,
                              uint32_t n, void* workspace, cudaStream_t st);
 inline const float* pq_sample(const void* workspace) { return static_cast<const float*>(workspace); }

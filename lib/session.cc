@@ -212,6 +212,7 @@ absl::Status session_truncate(ssa_session& s, uint64_t n_tokens) {
   if (n_tokens > len) {
     return invalid_argument("cannot truncate to ", n_tokens, " tokens: the session has ", len);
   }
+  if (s.cuda != nullptr) SSA_RETURN_IF_ERROR(cuda::wait_for_readers_beyond(s, n_tokens));  // CUDA backend hook
   for (LayerStore& layer : s.layers) {
     if (layer.n_tokens <= n_tokens) continue;
     const uint64_t pages = s.layout.pages_for(n_tokens);
@@ -229,7 +230,11 @@ absl::StatusOr<std::unique_ptr<ssa_session>> session_fork(ssa_session& s) {
   f->layout = s.layout;
   f->kv_pool = s.kv_pool;
   f->code_pool = s.code_pool;
-  if (s.cuda != nullptr) f->cuda = cuda::fork_state(*s.cuda);  // CUDA backend hook
+  if (s.cuda != nullptr) {  // CUDA backend hook
+    absl::StatusOr<std::shared_ptr<cuda::SessionState>> st = cuda::fork_state(*s.cuda);
+    if (!st.ok()) return st.status();
+    f->cuda = *std::move(st);
+  }
   std::shared_lock lock(s.mu);
   std::lock_guard flock(f->mu);
   f->layers = s.layers;

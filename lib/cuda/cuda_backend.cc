@@ -9,11 +9,16 @@ struct SessionState {};
 absl::Status check_device(int) { return unsupported("this build has no CUDA backend"); }
 bool device_available(int) { return false; }
 absl::Status init_session(ssa_session&) { return unsupported("this build has no CUDA backend"); }
-std::shared_ptr<SessionState> fork_state(const SessionState&) { return nullptr; }
+absl::StatusOr<std::shared_ptr<SessionState>> fork_state(const SessionState&) {
+  return unsupported("this build has no CUDA backend");
+}
 absl::Status session_append(ssa_session&, uint32_t, const void*, const void*, uint64_t) {
   return unsupported("this build has no CUDA backend");
 }
 absl::Status retrain_layer(ssa_session&, LayerStore&) {
+  return unsupported("this build has no CUDA backend");
+}
+absl::Status wait_for_readers_beyond(ssa_session&, uint64_t) {
   return unsupported("this build has no CUDA backend");
 }
 absl::Status decode_layer(const ssa_session&, const LayerStore&, uint32_t, const void*, void*,
@@ -67,29 +72,102 @@ absl::Status device_error(cudaError_t e, const char* what) {
     if (ssa_e_ != cudaSuccess) return device_error(ssa_e_, what); \
   } while (0)
 
-// A device allocation freed on scope exit.
+// A device allocation taken and returned in the order of one stream, freed on
+// scope exit (cudaFree would wait for the whole device).
 struct DeviceMem {
   void* p = nullptr;
+  cudaStream_t stream = nullptr;
   DeviceMem() = default;
   DeviceMem(const DeviceMem&) = delete;
   DeviceMem& operator=(const DeviceMem&) = delete;
   ~DeviceMem() {
-    if (p) cudaFree(p);
+    if (p) cudaFreeAsync(p, stream);
   }
-  cudaError_t alloc(size_t bytes) { return device_malloc(&p, bytes ? bytes : 1); }
+  cudaError_t alloc(size_t bytes, cudaStream_t st) {
+    stream = st;
+    return device_malloc_async(&p, bytes ? bytes : 1, st);
+  }
 };
 
-// A device array of page pointers.
-absl::Status upload_table(const std::vector<PageRef>& pages, bool writable, DeviceMem* out) {
+// A device array of page pointers, uploaded on st.
+absl::Status upload_table(const std::vector<PageRef>& pages, bool writable, cudaStream_t st, DeviceMem* out) {
   std::vector<const uint8_t*> ptrs(pages.size());
   for (size_t i = 0; i < pages.size(); ++i) {
     ptrs[i] = writable ? pages[i]->mutable_data() : pages[i]->data();
   }
-  SSA_CUDA_RETURN(out->alloc(ptrs.size() * sizeof(void*)), "cudaMalloc of a page table");
-  SSA_CUDA_RETURN(cudaMemcpy(out->p, ptrs.data(), ptrs.size() * sizeof(void*), cudaMemcpyHostToDevice),
+  SSA_CUDA_RETURN(out->alloc(ptrs.size() * sizeof(void*), st), "cudaMallocAsync of a page table");
+  // From pageable memory: staged before the call returns, so ptrs may go.
+  SSA_CUDA_RETURN(cudaMemcpyAsync(out->p, ptrs.data(), ptrs.size() * sizeof(void*), cudaMemcpyHostToDevice, st),
                   "page table upload");
   return absl::OkStatus();
 }
+
+// Where the decodes that read a layer's device tables stand: one event per
+// stream they were queued on, recorded after the latest of them. What must have
+// run before those tables, their pages or their codebooks may be freed or
+// rewritten. Callers serialise access (SessionState::mu).
+class LastUse {
+ public:
+  LastUse() = default;
+  LastUse(const LastUse&) = delete;
+  LastUse& operator=(const LastUse&) = delete;
+  ~LastUse() {
+    for (const Mark& m : marks_) cudaEventDestroy(m.event);
+  }
+  // After the work queued on st so far. Not while st is being captured into a
+  // graph: replays are the caller's to order (ssa.h).
+  cudaError_t record(cudaStream_t st) {
+    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    cudaError_t e = cudaStreamIsCapturing(st, &cap);
+    if (e != cudaSuccess || cap != cudaStreamCaptureStatusNone) return e;
+    // Marks of other streams that have passed are dropped (streams come and go).
+    for (size_t i = 0; i < marks_.size();) {
+      if (marks_[i].stream != st && !running(marks_[i].event)) {
+        cudaEventDestroy(marks_[i].event);
+        marks_[i] = marks_.back();
+        marks_.pop_back();
+      } else {
+        ++i;
+      }
+    }
+    for (const Mark& m : marks_)
+      if (m.stream == st) return cudaEventRecord(m.event, st);
+    Mark m{st, nullptr};
+    if ((e = cudaEventCreateWithFlags(&m.event, cudaEventDisableTiming)) != cudaSuccess) return e;
+    marks_.push_back(m);
+    return cudaEventRecord(m.event, st);
+  }
+  // True while a recorded decode may still run.
+  bool pending() const {
+    for (const Mark& m : marks_)
+      if (running(m.event)) return true;
+    return false;
+  }
+  // Makes `st` wait for every recorded decode (without the host waiting).
+  cudaError_t order_before(cudaStream_t st) const {
+    for (const Mark& m : marks_) {
+      const cudaError_t e = cudaStreamWaitEvent(st, m.event, 0);
+      if (e != cudaSuccess) return e;
+    }
+    return cudaSuccess;
+  }
+  void wait() const {
+    for (const Mark& m : marks_) cudaEventSynchronize(m.event);
+  }
+
+ private:
+  struct Mark {
+    cudaStream_t stream;
+    cudaEvent_t event;
+  };
+  // A failed query counts as done: the device is then unusable anyway.
+  static bool running(cudaEvent_t e) {
+    const cudaError_t r = cudaEventQuery(e);
+    if (r != cudaSuccess && r != cudaErrorNotReady) cudaGetLastError();
+    return r == cudaErrorNotReady;
+  }
+  std::vector<Mark> marks_;
+};
 
 // True for a pointer the device can read (device or managed memory).
 bool is_device_pointer(const void* p) {
@@ -112,22 +190,6 @@ absl::Status check_space(const ssa_session& s, const void* p, const char* name) 
   return absl::OkStatus();
 }
 
-// The n elements each of device K and V given to an append, scanned on the device
-// before anything changes (host pointers were scanned by the caller, as on the
-// CPU backend).
-absl::Status check_finite_on_device(const ssa_session& s, const void* k, const void* v, uint64_t n) {
-  DeviceMem first;
-  SSA_CUDA_RETURN(first.alloc(2 * sizeof(unsigned long long)), "cudaMalloc of the NaN/Inf scan result");
-  unsigned long long h[2] = {n, n};
-  auto* d = static_cast<unsigned long long*>(first.p);
-  SSA_CUDA_RETURN(cudaMemcpy(d, h, sizeof h, cudaMemcpyHostToDevice), "NaN/Inf scan setup");
-  SSA_CUDA_RETURN(find_non_finite(s.layout.dtype, k, n, d, nullptr), "NaN/Inf scan of k");
-  SSA_CUDA_RETURN(find_non_finite(s.layout.dtype, v, n, d + 1, nullptr), "NaN/Inf scan of v");
-  SSA_CUDA_RETURN(cudaMemcpy(h, d, sizeof h, cudaMemcpyDeviceToHost), "NaN/Inf scan result");
-  if (h[0] != n) return invalid_argument("k[", h[0], "] is NaN or infinite");
-  if (h[1] != n) return invalid_argument("v[", h[1], "] is NaN or infinite");
-  return absl::OkStatus();
-}
 
 PqIndexShape index_shape(const KvLayout& L) {
   PqIndexShape s;
@@ -157,23 +219,98 @@ DecodeShape decode_shape(const KvLayout& L) {
 
 }  // namespace
 
-// Device-side caches of one session: page tables per layer (rebuilt when the
-// layer's pages change) and device copies of codebooks.
+// Device-side state of one session: page tables per layer (rebuilt when the
+// layer's pages change), device copies of codebooks, and what keeps memory that
+// queued decodes read alive. Decodes return once their kernels are queued, so
+// nothing they read may be freed or recycled until their LastUse event has
+// passed: a layer's tables hold its pages' memory and its codebooks, and tables
+// replaced after a change wait in `retired` until then. Nothing here waits for
+// the device as a whole.
 struct SessionState {
   int device = 0;
   std::shared_ptr<DevicePagePool> kv_pool, code_pool;
+  // Table and codebook uploads (and their frees): non-blocking, so they never
+  // wait for work on other streams.
+  cudaStream_t stream = nullptr;
+  // The NaN/Inf scan's two result slots, kept between appends (which take the
+  // session exclusively).
+  DeviceMem scan_result;
   absl::Mutex mu;
-  struct LayerCache {
-    std::vector<const uint8_t*> kv, code;
-    DeviceMem kv_table, code_table;
-  };
-  std::vector<std::unique_ptr<LayerCache>> layers ABSL_GUARDED_BY(mu);
   struct Books {
     CodebooksRef host;  // keeps the key alive
     DeviceMem dev;
   };
-  std::map<const PqCodebooks*, std::unique_ptr<Books>> books ABSL_GUARDED_BY(mu);
+  struct LayerCache {
+    uint32_t layer = 0;
+    std::vector<const uint8_t*> kv, code;  // page addresses, to notice a change
+    const PqCodebooks* books_key = nullptr;
+    std::vector<std::shared_ptr<void>> memory;  // the pages' memory (Page::keeper)
+    std::shared_ptr<Books> books;
+    DeviceMem kv_table, code_table;
+    LastUse last_use;
+    uint64_t tokens_read = 0;  // the longest context any decode through it read
+  };
+  std::vector<std::shared_ptr<LayerCache>> layers ABSL_GUARDED_BY(mu);
+  std::vector<std::shared_ptr<LayerCache>> retired ABSL_GUARDED_BY(mu);
+  std::map<const PqCodebooks*, std::shared_ptr<Books>> books ABSL_GUARDED_BY(mu);
+
+  SessionState() = default;
+  SessionState(const SessionState&) = delete;
+  SessionState& operator=(const SessionState&) = delete;
+  // Waits for this session's queued decodes, then frees (in stream order).
+  ~SessionState() {
+    absl::MutexLock lock(&mu);
+    for (const auto& c : layers)
+      if (c) c->last_use.wait();
+    for (const auto& c : retired) c->last_use.wait();
+    layers.clear();
+    retired.clear();
+    books.clear();  // (scan_result is on the legacy default stream)
+    if (stream != nullptr) cudaStreamDestroy(stream);
+  }
+
+  // Frees retired tables whose decodes have all run.
+  void prune_retired() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    retired.erase(std::remove_if(retired.begin(), retired.end(),
+                                 [](const std::shared_ptr<LayerCache>& c) { return !c->last_use.pending(); }),
+                  retired.end());
+  }
 };
+
+namespace {
+
+absl::StatusOr<std::shared_ptr<SessionState>> new_state(int device, std::shared_ptr<DevicePagePool> kv,
+                                                        std::shared_ptr<DevicePagePool> code) {
+  auto st = std::make_shared<SessionState>();
+  st->device = device;
+  st->kv_pool = std::move(kv);
+  st->code_pool = std::move(code);
+  SSA_CUDA_RETURN(cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  return st;
+}
+
+// The n elements each of device K and V given to an append, scanned on the device
+// (on the legacy default stream, as the append's copies) before anything changes;
+// host pointers were scanned by the caller, as on the CPU backend.
+absl::Status check_finite_on_device(const ssa_session& s, const void* k, const void* v, uint64_t n) {
+  DeviceMem& slots = s.cuda->scan_result;
+  if (slots.p == nullptr) {
+    SSA_CUDA_RETURN(slots.alloc(2 * sizeof(unsigned long long), nullptr),
+                    "cudaMallocAsync of the NaN/Inf scan result");
+  }
+  auto* d = static_cast<unsigned long long*>(slots.p);
+  constexpr unsigned long long kNone = ~0ull;  // all bits set: no bad element
+  SSA_CUDA_RETURN(cudaMemsetAsync(d, 0xff, 2 * sizeof(unsigned long long), nullptr), "NaN/Inf scan setup");
+  SSA_CUDA_RETURN(find_non_finite(s.layout.dtype, k, n, d, nullptr), "NaN/Inf scan of k");
+  SSA_CUDA_RETURN(find_non_finite(s.layout.dtype, v, n, d + 1, nullptr), "NaN/Inf scan of v");
+  unsigned long long h[2];
+  SSA_CUDA_RETURN(cudaMemcpy(h, d, sizeof h, cudaMemcpyDeviceToHost), "NaN/Inf scan result");
+  if (h[0] != kNone) return invalid_argument("k[", h[0], "] is NaN or infinite");
+  if (h[1] != kNone) return invalid_argument("v[", h[1], "] is NaN or infinite");
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::Status check_device(int device) {
   int n = 0;
@@ -198,20 +335,17 @@ absl::Status init_session(ssa_session& s) {
     return unsupported("CUDA sessions: PQ sub-vectors of more than 64 elements");
   }
   SSA_CUDA_RETURN(cudaSetDevice(s.rt->device), "cudaSetDevice");
-  auto st = std::make_shared<SessionState>();
-  st->device = s.rt->device;
-  st->kv_pool = DevicePagePool::create(s.layout.kv_page_bytes());
-  st->code_pool = DevicePagePool::create(s.layout.code_page_bytes());
-  s.cuda = std::move(st);
+  absl::StatusOr<std::shared_ptr<SessionState>> st =
+      new_state(s.rt->device, DevicePagePool::create(s.layout.kv_page_bytes()),
+                DevicePagePool::create(s.layout.code_page_bytes()));
+  if (!st.ok()) return st.status();
+  s.cuda = *std::move(st);
   return absl::OkStatus();
 }
 
-std::shared_ptr<SessionState> fork_state(const SessionState& st) {
-  auto f = std::make_shared<SessionState>();
-  f->device = st.device;
-  f->kv_pool = st.kv_pool;
-  f->code_pool = st.code_pool;
-  return f;
+absl::StatusOr<std::shared_ptr<SessionState>> fork_state(const SessionState& st) {
+  SSA_CUDA_RETURN(cudaSetDevice(st.device), "cudaSetDevice");
+  return new_state(st.device, st.kv_pool, st.code_pool);
 }
 
 absl::Status copy_page_to_host(const ssa_session& s, const Page& page, size_t bytes, uint8_t* dst) {
@@ -236,11 +370,11 @@ absl::Status encode_range(const ssa_session& s, const PqCodebooks& books,
                           const std::vector<PageRef>& kv, const std::vector<PageRef>& codes,
                           uint64_t begin, uint64_t end) {
   DeviceMem kt, ct, bd;
-  SSA_RETURN_IF_ERROR(upload_table(kv, false, &kt));
-  SSA_RETURN_IF_ERROR(upload_table(codes, true, &ct));
-  SSA_CUDA_RETURN(bd.alloc(books.data.size() * sizeof(float)), "cudaMalloc of codebooks");
-  SSA_CUDA_RETURN(cudaMemcpy(bd.p, books.data.data(), books.data.size() * sizeof(float),
-                             cudaMemcpyHostToDevice), "codebook upload");
+  SSA_RETURN_IF_ERROR(upload_table(kv, false, nullptr, &kt));
+  SSA_RETURN_IF_ERROR(upload_table(codes, true, nullptr, &ct));
+  SSA_CUDA_RETURN(bd.alloc(books.data.size() * sizeof(float), nullptr), "cudaMallocAsync of codebooks");
+  SSA_CUDA_RETURN(cudaMemcpyAsync(bd.p, books.data.data(), books.data.size() * sizeof(float),
+                                  cudaMemcpyHostToDevice, nullptr), "codebook upload");
   SSA_CUDA_RETURN(pq_encode(index_shape(s.layout), static_cast<const uint8_t* const*>(kt.p),
                             static_cast<uint8_t* const*>(ct.p), static_cast<const float*>(bd.p),
                             static_cast<uint32_t>(begin), static_cast<uint32_t>(end), nullptr),
@@ -254,7 +388,8 @@ absl::Status encode_range(const ssa_session& s, const PqCodebooks& books,
 absl::Status retrain_layer(ssa_session& s, LayerStore& layer) {
   const KvLayout& L = s.layout;
   SSA_CUDA_RETURN(cudaSetDevice(s.cuda->device), "cudaSetDevice");
-  SSA_CUDA_RETURN(cudaDeviceSynchronize(), "synchronize before retraining");
+  // On the legacy default stream, as appends. Decodes still queued keep reading
+  // the old code pages and codebooks (their tables hold them).
   const uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(s.config.index_train_sample, layer.n_tokens));
   const PqIndexShape shape = index_shape(L);
   auto books = std::make_shared<PqCodebooks>();
@@ -264,9 +399,9 @@ absl::Status retrain_layer(ssa_session& s, LayerStore& layer) {
   books->sub_dim = L.sub_dim();
   books->data.resize(size_t{L.n_kv_heads} * L.pq_subspaces * L.pq_centroids * L.sub_dim());
   DeviceMem kt, work, bd;
-  SSA_RETURN_IF_ERROR(upload_table(layer.kv_pages, false, &kt));
-  SSA_CUDA_RETURN(work.alloc(kmeans_workspace_bytes(shape, n)), "cudaMalloc of k-means workspace");
-  SSA_CUDA_RETURN(bd.alloc(books->data.size() * sizeof(float)), "cudaMalloc of codebooks");
+  SSA_RETURN_IF_ERROR(upload_table(layer.kv_pages, false, nullptr, &kt));
+  SSA_CUDA_RETURN(work.alloc(kmeans_workspace_bytes(shape, n), nullptr), "cudaMallocAsync of k-means workspace");
+  SSA_CUDA_RETURN(bd.alloc(books->data.size() * sizeof(float), nullptr), "cudaMallocAsync of codebooks");
   // Sample on the device, k-means++ seeds on the host (as the CPU backend seeds),
   // Lloyd iterations on the device.
   SSA_CUDA_RETURN(pq_gather_sample(shape, static_cast<const uint8_t* const*>(kt.p),
@@ -296,6 +431,21 @@ absl::Status retrain_layer(ssa_session& s, LayerStore& layer) {
   return absl::OkStatus();
 }
 
+absl::Status wait_for_readers_beyond(ssa_session& s, uint64_t n_tokens) {
+  SessionState& st = *s.cuda;
+  absl::MutexLock lock(&st.mu);
+  st.prune_retired();
+  auto wait = [&](SessionState::LayerCache& c) {
+    if (c.tokens_read <= n_tokens) return;
+    c.last_use.wait();
+    c.tokens_read = n_tokens;  // decodes still queued read no more than this
+  };
+  for (const auto& c : st.layers)
+    if (c != nullptr) wait(*c);
+  for (const auto& c : st.retired) wait(*c);
+  return absl::OkStatus();
+}
+
 absl::Status session_append(ssa_session& s, uint32_t layer_index, const void* k, const void* v,
                             uint64_t n_tokens) {
   const KvLayout& L = s.layout;
@@ -305,9 +455,10 @@ absl::Status session_append(ssa_session& s, uint32_t layer_index, const void* k,
   SSA_RETURN_IF_ERROR(check_space(s, v, "v"));
   std::unique_lock lock(s.mu);
   SSA_CUDA_RETURN(cudaSetDevice(s.cuda->device), "cudaSetDevice");
-  // Decodes already returned but their kernels may still read pages that this
-  // append could recycle: wait for them.
-  SSA_CUDA_RETURN(cudaDeviceSynchronize(), "synchronize before append");
+  {
+    absl::MutexLock cache_lock(&s.cuda->mu);
+    s.cuda->prune_retired();
+  }
   const LayerStore& cur = s.layers[layer_index];
   if (n_tokens > 0xFFFFFFFFull - cur.n_tokens) {
     return invalid_argument("appending ", n_tokens, " tokens to layer ", layer_index, " of ", cur.n_tokens,
@@ -321,6 +472,8 @@ absl::Status session_append(ssa_session& s, uint32_t layer_index, const void* k,
   const bool has_codes = cur.codebooks != nullptr;
   LayerStore next = cur;
   if (old_n % P != 0) {
+    // Rows are written into the last page from slot old_n % P on: queued decodes
+    // read only tokens below old_n (truncate waited for any that read more).
     SSA_RETURN_IF_ERROR(make_writable(*s.cuda->kv_pool, next.kv_pages.back(), 2));
     if (has_codes) SSA_RETURN_IF_ERROR(make_writable(*s.cuda->code_pool, next.code_pages.back(), 2));
   }
@@ -366,51 +519,67 @@ absl::Status session_append(ssa_session& s, uint32_t layer_index, const void* k,
 
 namespace {
 
-// Device page tables and codebooks of a layer, uploaded once per change.
-absl::Status layer_tables(const ssa_session& s, uint32_t layer_index, const LayerStore& layer,
-                          DecodeItem* item) {
+// Device page tables and codebooks of a layer, uploaded once per change. The
+// tables they replace are retired, not freed: decodes queued earlier may still
+// read them.
+absl::StatusOr<std::shared_ptr<SessionState::LayerCache>> layer_tables(const ssa_session& s,
+                                                                      uint32_t layer_index,
+                                                                      const LayerStore& layer,
+                                                                      DecodeItem* item) {
   SessionState& st = *s.cuda;
   absl::MutexLock lock(&st.mu);
   if (st.layers.size() < s.layout.n_layers) st.layers.resize(s.layout.n_layers);
-  auto& c = st.layers[layer_index];
-  if (!c) c = std::make_unique<SessionState::LayerCache>();
+  std::shared_ptr<SessionState::LayerCache>& c = st.layers[layer_index];
   auto same = [](const std::vector<const uint8_t*>& a, const std::vector<PageRef>& b) {
     if (a.size() != b.size()) return false;
     for (size_t i = 0; i < a.size(); ++i)
       if (a[i] != b[i]->data()) return false;
     return true;
   };
-  if (!same(c->kv, layer.kv_pages) || !same(c->code, layer.code_pages)) {
-    // Kernels of earlier decodes may still read the old tables.
-    SSA_CUDA_RETURN(cudaDeviceSynchronize(), "synchronize before a page table update");
-    auto fresh = std::make_unique<SessionState::LayerCache>();
-    SSA_RETURN_IF_ERROR(upload_table(layer.kv_pages, false, &fresh->kv_table));
-    SSA_RETURN_IF_ERROR(upload_table(layer.code_pages, false, &fresh->code_table));
-    for (const auto& p : layer.kv_pages) fresh->kv.push_back(p->data());
-    for (const auto& p : layer.code_pages) fresh->code.push_back(p->data());
+  if (c == nullptr || !same(c->kv, layer.kv_pages) || !same(c->code, layer.code_pages) ||
+      c->books_key != layer.codebooks.get()) {
+    st.prune_retired();
+    auto fresh = std::make_shared<SessionState::LayerCache>();
+    fresh->layer = layer_index;
+    SSA_RETURN_IF_ERROR(upload_table(layer.kv_pages, false, st.stream, &fresh->kv_table));
+    SSA_RETURN_IF_ERROR(upload_table(layer.code_pages, false, st.stream, &fresh->code_table));
+    for (const auto& p : layer.kv_pages) {
+      fresh->kv.push_back(p->data());
+      fresh->memory.push_back(p->keeper());
+    }
+    for (const auto& p : layer.code_pages) {
+      fresh->code.push_back(p->data());
+      fresh->memory.push_back(p->keeper());
+    }
+    fresh->books_key = layer.codebooks.get();
+    if (layer.codebooks != nullptr) {
+      auto it = st.books.find(layer.codebooks.get());
+      if (it == st.books.end()) {
+        // Forget device copies of codebooks no layer holds any more (tables
+        // that queued decodes read keep theirs).
+        for (auto i = st.books.begin(); i != st.books.end();) {
+          if (i->second->host.use_count() == 1) i = st.books.erase(i); else ++i;
+        }
+        auto b = std::make_shared<SessionState::Books>();
+        b->host = layer.codebooks;
+        const size_t bytes = layer.codebooks->data.size() * sizeof(float);
+        SSA_CUDA_RETURN(b->dev.alloc(bytes, st.stream), "cudaMallocAsync of codebooks");
+        SSA_CUDA_RETURN(cudaMemcpyAsync(b->dev.p, layer.codebooks->data.data(), bytes, cudaMemcpyHostToDevice,
+                                        st.stream), "codebook upload");
+        it = st.books.emplace(layer.codebooks.get(), std::move(b)).first;
+      }
+      fresh->books = it->second;
+    }
+    // Decodes run on the caller's stream: the uploads must be complete.
+    SSA_CUDA_RETURN(cudaStreamSynchronize(st.stream), "table upload");
+    if (c != nullptr) st.retired.push_back(std::move(c));
     c = std::move(fresh);
   }
   item->kv_pages = static_cast<const uint8_t* const*>(c->kv_table.p);
   item->code_pages = static_cast<const uint8_t* const*>(c->code_table.p);
-  item->codebooks = nullptr;
-  if (layer.codebooks != nullptr) {
-    auto it = st.books.find(layer.codebooks.get());
-    if (it == st.books.end()) {
-      // Drop device copies of codebooks no layer holds any more.
-      for (auto i = st.books.begin(); i != st.books.end();) {
-        if (i->second->host.use_count() == 1) i = st.books.erase(i); else ++i;
-      }
-      auto b = std::make_unique<SessionState::Books>();
-      b->host = layer.codebooks;
-      const size_t bytes = layer.codebooks->data.size() * sizeof(float);
-      SSA_CUDA_RETURN(b->dev.alloc(bytes), "cudaMalloc of codebooks");
-      SSA_CUDA_RETURN(cudaMemcpy(b->dev.p, layer.codebooks->data.data(), bytes, cudaMemcpyHostToDevice),
-                      "codebook upload");
-      it = st.books.emplace(layer.codebooks.get(), std::move(b)).first;
-    }
-    item->codebooks = static_cast<const float*>(it->second->dev.p);
-  }
-  return absl::OkStatus();
+  item->codebooks = c->books != nullptr ? static_cast<const float*>(c->books->dev.p) : nullptr;
+  c->tokens_read = std::max<uint64_t>(c->tokens_read, layer.n_tokens);
+  return c;
 }
 
 struct Job {
@@ -446,11 +615,14 @@ absl::Status run_launch_set(const std::vector<Job>& jobs, uint32_t layer_index, 
   const size_t qbytes = size_t{s0.layout.n_q_heads} * s0.layout.row_bytes();
   const bool staged = host_pointers(s0);
   DeviceMem stage;
-  if (staged) SSA_CUDA_RETURN(stage.alloc(2 * qbytes * jobs.size()), "cudaMalloc of q/out staging");
+  if (staged) SSA_CUDA_RETURN(stage.alloc(2 * qbytes * jobs.size(), stream), "cudaMallocAsync of q/out staging");
+  std::vector<std::shared_ptr<SessionState::LayerCache>> tables(jobs.size());
   for (size_t i = 0; i < jobs.size(); ++i) {
     const Job& j = jobs[i];
     DecodeItem& it = b.items[i];
-    SSA_RETURN_IF_ERROR(layer_tables(*j.s, layer_index, *j.layer, &it));
+    absl::StatusOr<std::shared_ptr<SessionState::LayerCache>> t = layer_tables(*j.s, layer_index, *j.layer, &it);
+    if (!t.ok()) return t.status();
+    tables[i] = *std::move(t);
     if (staged) {
       uint8_t* base = static_cast<uint8_t*>(stage.p) + 2 * qbytes * i;
       SSA_CUDA_RETURN(cudaMemcpyAsync(base, j.q, qbytes, cudaMemcpyHostToDevice, stream), "q upload");
@@ -484,6 +656,16 @@ absl::Status run_launch_set(const std::vector<Job>& jobs, uint32_t layer_index, 
   }
   cudaFreeAsync(blob, stream);
   if (e != cudaSuccess) return device_error(e, "decode kernels");
+  // What the queued kernels read stays alive until they have run. Should an
+  // event not be recorded, the decode is waited for instead.
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    SessionState& st = *jobs[i].s->cuda;
+    absl::MutexLock lock(&st.mu);
+    if (tables[i]->last_use.record(stream) != cudaSuccess) {
+      cudaGetLastError();
+      SSA_CUDA_RETURN(cudaStreamSynchronize(stream), "decode");
+    }
+  }
   if (staged || stats != nullptr) SSA_CUDA_RETURN(cudaStreamSynchronize(stream), "decode");
   if (stats != nullptr) {
     const uint32_t nq = s0.layout.n_q_heads;

@@ -34,12 +34,15 @@ bool device_available(int device);
 // Sets up the device state of a new (or loaded) CUDA session.
 absl::Status init_session(ssa_session& s);
 // Device state of a fork: shares the page pools, caches nothing.
-std::shared_ptr<SessionState> fork_state(const SessionState& st);
+absl::StatusOr<std::shared_ptr<SessionState>> fork_state(const SessionState& st);
 
 // The CUDA versions of session mutations (same contracts as session.h).
 absl::Status session_append(ssa_session& s, uint32_t layer, const void* k, const void* v,
                             uint64_t n_tokens);
 absl::Status retrain_layer(ssa_session& s, LayerStore& layer);
+// Before a truncation to n_tokens: waits for the session's queued decodes that
+// read more tokens (rows an append may rewrite next), and for no other work.
+absl::Status wait_for_readers_beyond(ssa_session& s, uint64_t n_tokens);
 
 // Snapshot staging of CUDA sessions: the bytes of a device page copied to host
 // memory (dst holds `bytes`), and a new device page of the session's KV (kv) or

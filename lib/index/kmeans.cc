@@ -5,8 +5,8 @@
 
 #include <vector>
 
-#include "common/philox.h"
 #include "cpu/simd.h"
+#include "kmeans_rng.h"
 
 namespace ssa {
 namespace {
@@ -26,10 +26,6 @@ struct SeedRng {
   uint32_t n = 0;
   double next() { return rng_uniform(rng_draw(s, n++).v[0]); }
 };
-
-SeedRng seed_rng(uint64_t seed) {
-  return SeedRng{make_rng_stream(seed, 0x6b6d65616e73ull /* "kmeans" */, 0, 0)};
-}
 
 }  // namespace
 
@@ -63,7 +59,7 @@ void kmeans_pp_seed(const float* points, size_t n, uint32_t dim, uint32_t k, uin
     }
     return;
   }
-  SeedRng rng = seed_rng(seed);
+  SeedRng rng{kmeans_stream(seed)};
 
   // k-means++ (first centroid uniform, each next with probability ~ D(x)^2) on an
   // evenly spread subset of at most kSeedPoints: O(n k dim) seeding would
@@ -117,9 +113,8 @@ double kmeans_train(const float* points, size_t n, uint32_t dim, uint32_t k,
                     uint32_t iterations, uint64_t seed, float* centroids) {
   kmeans_pp_seed(points, n, dim, k, seed, centroids);
   if (n <= k) return 0.0;
-  // The empty-cluster restarts continue after the draws the seeding made.
-  SeedRng rng = seed_rng(seed);
-  rng.n = 1u << 30;
+  const RngStream restarts = kmeans_stream(seed);
+  uint32_t n_restarts = 0;
 
   // Lloyd iterations over all points.
   std::vector<uint32_t> assign(n);
@@ -147,8 +142,9 @@ double kmeans_train(const float* points, size_t n, uint32_t dim, uint32_t k,
     for (uint32_t c = 0; c < k; ++c) {
       float* cen = centroids + size_t{c} * dim;
       if (counts[c] == 0) {
-        // Empty cluster: restart it at a random point so no code is wasted.
-        const size_t pick = static_cast<size_t>(rng.next() * static_cast<double>(n)) % n;
+        // Empty cluster: restart it at a random point so no code is wasted (the
+        // GPU's Lloyd kernels pick the same points).
+        const uint64_t pick = kmeans_restart_point(restarts, n_restarts++, n);
         memcpy(cen, points + pick * dim, sizeof(float) * dim);
         continue;
       }

@@ -6,14 +6,11 @@
 #include "common/dtype.h"
 #include "cpu/simd.h"
 #include "kmeans.h"
+#include "kmeans_rng.h"
 #include "status.h"
 
 namespace ssa {
 namespace {
-
-// Fixed seed: the same keys always give the same codebooks (restores and forks
-// never depend on when training happened to run).
-constexpr uint64_t kTrainSeed = 0x9d2c5680a3b1e4f7ull;
 
 const uint8_t* key_row(const KvLayout& layout, const std::vector<PageRef>& pages, uint32_t head,
                        uint64_t token) {
@@ -57,7 +54,7 @@ absl::StatusOr<CodebooksRef> train_codebooks(const KvLayout& layout, const Layer
   });
   pool.parallel_for(size_t{layout.n_kv_heads} * M, [&](size_t hm) {
     const uint32_t h = static_cast<uint32_t>(hm / M), m = static_cast<uint32_t>(hm % M);
-    kmeans_train(points.data() + hm * n * dsub, n, dsub, K, iterations, kTrainSeed + hm,
+    kmeans_train(points.data() + hm * n * dsub, n, dsub, K, iterations, codebook_seed(h, m, M),
                  books->mutable_centroid(h, m, 0));
   });
   return CodebooksRef(std::move(books));
@@ -74,7 +71,7 @@ void seed_codebooks(const KvLayout& layout, const float* x, uint64_t n, ThreadPo
       const float* row = x + (size_t{h} * n + i) * d + m * dsub;
       std::copy(row, row + dsub, points.begin() + i * dsub);
     }
-    kmeans_pp_seed(points.data(), n, dsub, K, kTrainSeed + hm, books->mutable_centroid(h, m, 0));
+    kmeans_pp_seed(points.data(), n, dsub, K, codebook_seed(h, m, M), books->mutable_centroid(h, m, 0));
   });
 }
 

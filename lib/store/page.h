@@ -22,6 +22,10 @@ class Page {
   uint8_t* mutable_data() { return writable_ ? data_ : nullptr; }
   size_t bytes() const { return bytes_; }
   bool writable() const { return writable_; }
+  // The memory's own lifetime, for readers that must keep the bytes (not the
+  // page) alive: a copy delays recycling without counting as a sharer of the
+  // page, so copy-on-write decisions are unaffected.
+  const std::shared_ptr<void>& keeper() const { return keeper_; }
 
  private:
   uint8_t* data_;
