@@ -14,7 +14,7 @@ std::shared_ptr<DevicePagePool> DevicePagePool::create(size_t page_bytes, size_t
 }
 
 DevicePagePool::~DevicePagePool() {
-  for (void* p : free_) cudaFree(p);
+  for (void* p : free_) cudaFreeAsync(p, nullptr);
 }
 
 absl::StatusOr<PageRef> DevicePagePool::allocate() {
@@ -27,11 +27,13 @@ absl::StatusOr<PageRef> DevicePagePool::allocate() {
     }
   }
   if (block == nullptr) {
-    const cudaError_t e = device_malloc(&block, page_bytes_);
+    // Stream-ordered on the legacy default stream, where appends write pages;
+    // complete for other streams once an append has synchronised it.
+    const cudaError_t e = device_malloc_async(&block, page_bytes_, nullptr);
     if (e != cudaSuccess) {
       cudaGetLastError();
       return make_error(e == cudaErrorMemoryAllocation ? SSA_ERR_OUT_OF_MEMORY : SSA_ERR_DEVICE,
-                        absl::StrCat("cudaMalloc of a ", page_bytes_, "-byte page: ", cudaGetErrorString(e)));
+                        absl::StrCat("device allocation of a ", page_bytes_, "-byte page: ", cudaGetErrorString(e)));
     }
   }
   std::shared_ptr<DevicePagePool> self = shared_from_this();
@@ -55,7 +57,7 @@ void DevicePagePool::release(void* block) {
     free_.push_back(block);
     return;
   }
-  cudaFree(block);
+  cudaFreeAsync(block, nullptr);  // cudaFree would wait for the whole device
 }
 
 }  // namespace ssa::cuda

@@ -1,6 +1,8 @@
-// Pages in device memory: cudaMalloc'd blocks of one size, recycled through a
-// small free list. A Page's data pointer is then a device address; its keeper
-// returns the block here when the last reference goes.
+// Pages in device memory: blocks of one size from the stream-ordered allocator,
+// recycled through a small free list. A Page's data pointer is then a device
+// address; its keeper returns the block here when the last reference goes
+// (after every queued decode that read it: the CUDA backend's tables hold the
+// keeper too).
 #pragma once
 
 #if defined(SSA_HAVE_CUDA)
@@ -22,7 +24,7 @@ class DevicePagePool : public std::enable_shared_from_this<DevicePagePool> {
   static std::shared_ptr<DevicePagePool> create(size_t page_bytes, size_t max_free_pages = 64);
   ~DevicePagePool();
 
-  // A writable device page; SSA_ERR_OUT_OF_MEMORY when cudaMalloc fails.
+  // A writable device page; SSA_ERR_OUT_OF_MEMORY when the allocation fails.
   absl::StatusOr<PageRef> allocate();
   // A writable device copy of `src` (device to device).
   absl::StatusOr<PageRef> copy_of(const Page& src);

@@ -1,0 +1,154 @@
+// Host latency of small appends to one CUDA session while another session's
+// decodes are queued on a non-blocking stream: the case of a service that feeds
+// one conversation while others decode. An append that synchronises the whole
+// device waits for every queued decode; one ordered on its own work does not.
+//
+//   gpu_append_latency_bench [--context N] [--queued Q] [--reps R] [--tokens T]
+//
+// Prints, for appends of T tokens (medians over R repetitions): the latency with
+// the device idle, the latency with Q decodes of the other session (N tokens,
+// SSA 50x) just queued, and how long that queue then took to drain.
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <algorithm>
+#include <chrono>
+#include <vector>
+
+#include "ssa.h"
+
+namespace {
+
+constexpr uint32_t kNq = 16, kNkv = 4, kD = 256;  // the paper's shape, f16
+
+__global__ void fill_kernel(__half* p, size_t n, uint64_t seed) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) {
+    uint64_t x = (i + 1) * 0x9E3779B97F4A7C15ull ^ seed;
+    x ^= x >> 31;
+    x *= 0xBF58476D1CE4E5B9ull;
+    x ^= x >> 29;
+    p[i] = __float2half(static_cast<float>(x >> 40) / static_cast<float>(1u << 24) * 2.f - 1.f);
+  }
+}
+
+#define CHECK_CUDA(x)                                                          \
+  do {                                                                         \
+    cudaError_t e_ = (x);                                                      \
+    if (e_ != cudaSuccess) {                                                   \
+      fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e_));                 \
+      exit(1);                                                                 \
+    }                                                                          \
+  } while (0)
+#define CHECK_SSA(x)                                                           \
+  do {                                                                         \
+    if ((x) != SSA_OK) {                                                       \
+      fprintf(stderr, "%s: %s\n", #x, ssa_last_error_message());              \
+      exit(1);                                                                 \
+    }                                                                          \
+  } while (0)
+
+double now_us() {
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+ssa_session* make_session(ssa_runtime* rt) {
+  ssa_session_config c;
+  ssa_session_config_init(&c);
+  c.n_layers = 1;
+  c.n_q_heads = kNq;
+  c.n_kv_heads = kNkv;
+  c.head_dim = kD;
+  c.kv_dtype = SSA_DTYPE_F16;
+  ssa_session* s = nullptr;
+  CHECK_SSA(ssa_session_create(rt, &c, &s));
+  return s;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  uint64_t context = 262144;
+  int queued = 16, reps = 50;
+  uint32_t tokens = 1;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (!strcmp(argv[i], "--context")) context = strtoull(argv[i + 1], nullptr, 10);
+    else if (!strcmp(argv[i], "--queued")) queued = atoi(argv[i + 1]);
+    else if (!strcmp(argv[i], "--reps")) reps = atoi(argv[i + 1]);
+    else if (!strcmp(argv[i], "--tokens")) tokens = static_cast<uint32_t>(atoi(argv[i + 1]));
+    else {
+      fprintf(stderr, "unknown argument %s\n", argv[i]);
+      return 2;
+    }
+  }
+  ssa_runtime_options o;
+  ssa_runtime_options_init(&o);
+  o.backend = SSA_BACKEND_CUDA;
+  ssa_runtime* rt = nullptr;
+  CHECK_SSA(ssa_runtime_create(&o, &rt));
+
+  // K/V source rows on the device: one chunk, appended repeatedly.
+  const uint64_t chunk = 32768;
+  const size_t row = size_t{kNkv} * kD;
+  __half *k = nullptr, *v = nullptr, *q = nullptr, *out = nullptr;
+  CHECK_CUDA(cudaMalloc(&k, chunk * row * sizeof(__half)));
+  CHECK_CUDA(cudaMalloc(&v, chunk * row * sizeof(__half)));
+  CHECK_CUDA(cudaMalloc(&q, size_t{kNq} * kD * sizeof(__half)));
+  CHECK_CUDA(cudaMalloc(&out, size_t{queued} * kNq * kD * sizeof(__half)));
+  fill_kernel<<<1024, 256>>>(k, chunk * row, 1);
+  fill_kernel<<<1024, 256>>>(v, chunk * row, 2);
+  fill_kernel<<<16, 256>>>(q, size_t{kNq} * kD, 3);
+  CHECK_CUDA(cudaDeviceSynchronize());
+
+  ssa_session* busy = make_session(rt);  // its decodes fill the other stream
+  for (uint64_t n = 0; n < context; n += chunk)
+    CHECK_SSA(ssa_session_append(busy, 0, k, v, std::min(chunk, context - n)));
+  ssa_session* fed = make_session(rt);   // the one appended to
+  CHECK_SSA(ssa_session_append(fed, 0, k, v, 4096));
+
+  cudaStream_t st;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  ssa_decode_params p;
+  ssa_decode_params_init(&p);
+  p.method = SSA_METHOD_SSA;
+  p.sparsity = 50;
+  p.stream = st;
+  CHECK_SSA(ssa_decode(busy, 0, q, out, &p, nullptr));  // trains nothing new; uploads tables
+  CHECK_SSA(ssa_decode(fed, 0, q, out, &p, nullptr));
+  CHECK_CUDA(cudaStreamSynchronize(st));
+
+  std::vector<double> idle, loaded, drain;
+  uint64_t src = 0;
+  auto append = [&] {
+    CHECK_SSA(ssa_session_append(fed, 0, k + src * row, v + src * row, tokens));
+    src = (src + tokens) % (chunk - tokens);
+  };
+  for (int r = 0; r < reps; ++r) {
+    double t0 = now_us();
+    append();
+    idle.push_back(now_us() - t0);
+    for (int i = 0; i < queued; ++i)
+      CHECK_SSA(ssa_decode(busy, 0, q, out + size_t{i} * kNq * kD, &p, nullptr));
+    t0 = now_us();
+    append();
+    loaded.push_back(now_us() - t0);
+    CHECK_CUDA(cudaStreamSynchronize(st));
+    drain.push_back(now_us() - t0);
+  }
+  printf("append of %u token(s) to a 4K-token session, medians of %d:\n", tokens, reps);
+  printf("  device idle:                                   %8.1f us\n", median(idle));
+  printf("  %2d SSA decodes of a %llu-token session queued: %8.1f us (queue drained after %.1f us)\n", queued,
+         static_cast<unsigned long long>(context), median(loaded), median(drain));
+  cudaStreamDestroy(st);
+  ssa_session_destroy(fed);
+  ssa_session_destroy(busy);
+  ssa_runtime_destroy(rt);
+  return 0;
+}
