@@ -3,11 +3,12 @@
 // one conversation while others decode. An append that synchronises the whole
 // device waits for every queued decode; one ordered on its own work does not.
 //
-//   gpu_append_latency_bench [--context N] [--queued Q] [--reps R] [--tokens T]
+//   gpu_append_latency_bench [--context N] [--fed F] [--queued Q] [--reps R] [--tokens T]
 //
-// Prints, for appends of T tokens (medians over R repetitions): the latency with
-// the device idle, the latency with Q decodes of the other session (N tokens,
-// SSA 50x) just queued, and how long that queue then took to drain.
+// Prints, for appends of T tokens to a session of F tokens (medians over R
+// repetitions): the latency with the device idle, the latency with Q decodes of
+// the other session (N tokens, SSA 50x) just queued, and how long that queue
+// then took to drain.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdio.h>
@@ -75,11 +76,12 @@ ssa_session* make_session(ssa_runtime* rt) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  uint64_t context = 262144;
+  uint64_t context = 262144, fed_tokens = 4096;
   int queued = 16, reps = 50;
   uint32_t tokens = 1;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!strcmp(argv[i], "--context")) context = strtoull(argv[i + 1], nullptr, 10);
+    else if (!strcmp(argv[i], "--fed")) fed_tokens = strtoull(argv[i + 1], nullptr, 10);
     else if (!strcmp(argv[i], "--queued")) queued = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--reps")) reps = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--tokens")) tokens = static_cast<uint32_t>(atoi(argv[i + 1]));
@@ -111,7 +113,8 @@ int main(int argc, char** argv) {
   for (uint64_t n = 0; n < context; n += chunk)
     CHECK_SSA(ssa_session_append(busy, 0, k, v, std::min(chunk, context - n)));
   ssa_session* fed = make_session(rt);   // the one appended to
-  CHECK_SSA(ssa_session_append(fed, 0, k, v, 4096));
+  for (uint64_t n = 0; n < fed_tokens; n += chunk)
+    CHECK_SSA(ssa_session_append(fed, 0, k, v, std::min(chunk, fed_tokens - n)));
 
   cudaStream_t st;
   CHECK_CUDA(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
@@ -142,7 +145,8 @@ int main(int argc, char** argv) {
     CHECK_CUDA(cudaStreamSynchronize(st));
     drain.push_back(now_us() - t0);
   }
-  printf("append of %u token(s) to a 4K-token session, medians of %d:\n", tokens, reps);
+  printf("append of %u token(s) to a %llu-token session, medians of %d:\n", tokens,
+         static_cast<unsigned long long>(fed_tokens), reps);
   printf("  device idle:                                   %8.1f us\n", median(idle));
   printf("  %2d SSA decodes of a %llu-token session queued: %8.1f us (queue drained after %.1f us)\n", queued,
          static_cast<unsigned long long>(context), median(loaded), median(drain));

@@ -89,11 +89,15 @@ struct DeviceMem {
   }
 };
 
-// A device array of page pointers, uploaded on st.
-absl::Status upload_table(const std::vector<PageRef>& pages, bool writable, cudaStream_t st, DeviceMem* out) {
-  std::vector<const uint8_t*> ptrs(pages.size());
-  for (size_t i = 0; i < pages.size(); ++i) {
-    ptrs[i] = writable ? pages[i]->mutable_data() : pages[i]->data();
+// A device array of the pointers of pages [first, first + count) (all by
+// default), uploaded on st.
+absl::Status upload_table(const std::vector<PageRef>& pages, bool writable, cudaStream_t st, DeviceMem* out,
+                          size_t first = 0, size_t count = SIZE_MAX) {
+  count = std::min(count, pages.size() - first);
+  std::vector<const uint8_t*> ptrs(count);
+  for (size_t i = 0; i < count; ++i) {
+    const PageRef& p = pages[first + i];
+    ptrs[i] = writable ? p->mutable_data() : p->data();
   }
   SSA_CUDA_RETURN(out->alloc(ptrs.size() * sizeof(void*), st), "cudaMallocAsync of a page table");
   // From pageable memory: staged before the call returns, so ptrs may go.
@@ -269,6 +273,9 @@ struct SessionState {
     if (stream != nullptr) cudaStreamDestroy(stream);
   }
 
+  // The device copy of `host`, uploaded on first use (complete on return).
+  absl::StatusOr<std::shared_ptr<Books>> device_books(const CodebooksRef& host) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+
   // Frees retired tables whose decodes have all run.
   void prune_retired() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     retired.erase(std::remove_if(retired.begin(), retired.end(),
@@ -277,7 +284,34 @@ struct SessionState {
   }
 };
 
+absl::StatusOr<std::shared_ptr<SessionState::Books>> SessionState::device_books(const CodebooksRef& host) {
+  auto it = books.find(host.get());
+  if (it != books.end()) return it->second;
+  // Forget device copies of codebooks no layer holds any more (tables that
+  // queued decodes read keep theirs).
+  for (auto i = books.begin(); i != books.end();) {
+    if (i->second->host.use_count() == 1) i = books.erase(i); else ++i;
+  }
+  auto b = std::make_shared<Books>();
+  b->host = host;
+  const size_t bytes = host->data.size() * sizeof(float);
+  SSA_CUDA_RETURN(b->dev.alloc(bytes, stream), "cudaMallocAsync of codebooks");
+  SSA_CUDA_RETURN(cudaMemcpyAsync(b->dev.p, host->data.data(), bytes, cudaMemcpyHostToDevice, stream),
+                  "codebook upload");
+  SSA_CUDA_RETURN(cudaStreamSynchronize(stream), "codebook upload");
+  books.emplace(host.get(), b);
+  return b;
+}
+
 namespace {
+
+// The device codebooks an append encodes with.
+absl::StatusOr<const float*> device_books(SessionState& st, const CodebooksRef& host) {
+  absl::MutexLock lock(&st.mu);
+  absl::StatusOr<std::shared_ptr<SessionState::Books>> b = st.device_books(host);
+  if (!b.ok()) return b.status();
+  return static_cast<const float*>((*b)->dev.p);
+}
 
 absl::StatusOr<std::shared_ptr<SessionState>> new_state(int device, std::shared_ptr<DevicePagePool> kv,
                                                         std::shared_ptr<DevicePagePool> code) {
@@ -366,18 +400,19 @@ absl::StatusOr<PageRef> page_from_host(const ssa_session& s, bool kv, const uint
 
 namespace {
 
-absl::Status encode_range(const ssa_session& s, const PqCodebooks& books,
-                          const std::vector<PageRef>& kv, const std::vector<PageRef>& codes,
-                          uint64_t begin, uint64_t end) {
-  DeviceMem kt, ct, bd;
-  SSA_RETURN_IF_ERROR(upload_table(kv, false, nullptr, &kt));
-  SSA_RETURN_IF_ERROR(upload_table(codes, true, nullptr, &ct));
-  SSA_CUDA_RETURN(bd.alloc(books.data.size() * sizeof(float), nullptr), "cudaMallocAsync of codebooks");
-  SSA_CUDA_RETURN(cudaMemcpyAsync(bd.p, books.data.data(), books.data.size() * sizeof(float),
-                                  cudaMemcpyHostToDevice, nullptr), "codebook upload");
+// Codes of tokens [begin, end) with device codebooks `books`, on the legacy
+// default stream. Only the pages of the range go to the device: an append's cost
+// does not grow with the layer.
+absl::Status encode_range(const ssa_session& s, const float* books, const std::vector<PageRef>& kv,
+                          const std::vector<PageRef>& codes, uint64_t begin, uint64_t end) {
+  if (end <= begin) return absl::OkStatus();
+  const uint64_t P = s.layout.page_tokens, first = begin / P, count = (end - 1) / P - first + 1;
+  DeviceMem kt, ct;
+  SSA_RETURN_IF_ERROR(upload_table(kv, false, nullptr, &kt, first, count));
+  SSA_RETURN_IF_ERROR(upload_table(codes, true, nullptr, &ct, first, count));
   SSA_CUDA_RETURN(pq_encode(index_shape(s.layout), static_cast<const uint8_t* const*>(kt.p),
-                            static_cast<uint8_t* const*>(ct.p), static_cast<const float*>(bd.p),
-                            static_cast<uint32_t>(begin), static_cast<uint32_t>(end), nullptr),
+                            static_cast<uint8_t* const*>(ct.p), books, static_cast<uint32_t>(begin - first * P),
+                            static_cast<uint32_t>(end - first * P), nullptr),
                   "PQ encode kernel");
   SSA_CUDA_RETURN(cudaStreamSynchronize(nullptr), "PQ encode");
   return absl::OkStatus();
@@ -424,7 +459,7 @@ absl::Status retrain_layer(ssa_session& s, LayerStore& layer) {
     if (!page.ok()) return page.status();
     codes.push_back(*std::move(page));
   }
-  SSA_RETURN_IF_ERROR(encode_range(s, *books, layer.kv_pages, codes, 0, layer.n_tokens));
+  SSA_RETURN_IF_ERROR(encode_range(s, static_cast<const float*>(bd.p), layer.kv_pages, codes, 0, layer.n_tokens));
   layer.codebooks = std::move(books);
   layer.code_pages = std::move(codes);
   layer.trained_at_tokens = layer.n_tokens;
@@ -506,13 +541,17 @@ absl::Status session_append(ssa_session& s, uint32_t layer_index, const void* k,
     }
     t = end;
   }
-  SSA_CUDA_RETURN(cudaStreamSynchronize(nullptr), "append copies");
   next.n_tokens = new_n;
   if (index_wants_training(s.config, cur, new_n)) {
     SSA_RETURN_IF_ERROR(retrain_layer(s, next));
   } else if (has_codes) {
-    SSA_RETURN_IF_ERROR(encode_range(s, *next.codebooks, next.kv_pages, next.code_pages, old_n, new_n));
+    absl::StatusOr<const float*> books = device_books(*s.cuda, next.codebooks);
+    if (!books.ok()) return books.status();
+    SSA_RETURN_IF_ERROR(encode_range(s, *books, next.kv_pages, next.code_pages, old_n, new_n));
   }
+  // The copies (and codes) are complete before the layer shows them, and the
+  // caller may reuse k and v once this returns.
+  SSA_CUDA_RETURN(cudaStreamSynchronize(nullptr), "append copies");
   s.layers[layer_index] = std::move(next);
   return absl::OkStatus();
 }
@@ -553,22 +592,9 @@ absl::StatusOr<std::shared_ptr<SessionState::LayerCache>> layer_tables(const ssa
     }
     fresh->books_key = layer.codebooks.get();
     if (layer.codebooks != nullptr) {
-      auto it = st.books.find(layer.codebooks.get());
-      if (it == st.books.end()) {
-        // Forget device copies of codebooks no layer holds any more (tables
-        // that queued decodes read keep theirs).
-        for (auto i = st.books.begin(); i != st.books.end();) {
-          if (i->second->host.use_count() == 1) i = st.books.erase(i); else ++i;
-        }
-        auto b = std::make_shared<SessionState::Books>();
-        b->host = layer.codebooks;
-        const size_t bytes = layer.codebooks->data.size() * sizeof(float);
-        SSA_CUDA_RETURN(b->dev.alloc(bytes, st.stream), "cudaMallocAsync of codebooks");
-        SSA_CUDA_RETURN(cudaMemcpyAsync(b->dev.p, layer.codebooks->data.data(), bytes, cudaMemcpyHostToDevice,
-                                        st.stream), "codebook upload");
-        it = st.books.emplace(layer.codebooks.get(), std::move(b)).first;
-      }
-      fresh->books = it->second;
+      absl::StatusOr<std::shared_ptr<SessionState::Books>> b = st.device_books(layer.codebooks);
+      if (!b.ok()) return b.status();
+      fresh->books = *std::move(b);
     }
     // Decodes run on the caller's stream: the uploads must be complete.
     SSA_CUDA_RETURN(cudaStreamSynchronize(st.stream), "table upload");
