@@ -131,7 +131,12 @@ cudaError_t plan_workspace(DecodeBatch* b, int sm_count, WorkspacePlan* plan) {
   p.off_lut = take(b->proxy == Proxy::kPq ? rows * s.pq_subspaces * s.pq_centroids * 4 : 0);
   p.off_lut_range = take(b->proxy == Proxy::kPq ? rows * s.pq_subspaces * 2 * 4 : 0);
   p.off_scores = take(score * 4);
-  p.off_cut = take(score * 4);
+  // Boundary-bin lists: a 16th of the longest row (at least what refine stages in
+  // shared memory). Bins are narrow, so lists are usually far shorter; a longer
+  // one (many equal or near-equal scores) is found again by scanning the row.
+  // Sized like the scores, they took 1 GB at 1M tokens and batch 16.
+  p.cut_capacity = static_cast<uint32_t>(std::min<uint64_t>(p.n_pad_max, std::max<uint64_t>(kCutListMin, p.n_pad_max / 16)));
+  p.off_cut = take(all_dense ? 0 : size_t{p.rows} * p.cut_capacity * 4);
   p.off_bsum = take(score / kBlockTokens * 8);
   p.off_csum = take(score / kChunkTokens * 8);
   p.off_cprefix = take(score / kChunkTokens * 8);
@@ -169,6 +174,7 @@ Workspace bind_workspace(void* base, const WorkspacePlan& p) {
   w.lut_range = reinterpret_cast<float*>(c + p.off_lut_range);
   w.scores = reinterpret_cast<float*>(c + p.off_scores);
   w.cut = reinterpret_cast<uint32_t*>(c + p.off_cut);
+  w.cut_capacity = p.cut_capacity;
   w.bsum = reinterpret_cast<uint64_t*>(c + p.off_bsum);
   w.csum = reinterpret_cast<uint64_t*>(c + p.off_csum);
   w.cprefix = reinterpret_cast<uint64_t*>(c + p.off_cprefix);

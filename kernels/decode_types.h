@@ -19,6 +19,7 @@ constexpr uint32_t kMaxBatchItems = 32;
 constexpr uint32_t kScoreBins = 1024;      // top-k histogram bins (ScoreBins, device_util.cuh)
 constexpr uint32_t kMaxCompactBlocks = 256;  // thread blocks per row compacting the bitmaps
 constexpr uint32_t kMaxSplits = 256;       // attention splits per row (split-K)
+constexpr uint32_t kCutListMin = 4096;     // boundary-bin list entries per row, at least
 constexpr uint32_t kMaxSampledCandidates = (1u << 26) - 1;  // fixed-point weight sums fit 64 bits
 
 struct DecodeShape {
@@ -93,7 +94,8 @@ struct Workspace {
   float* lut = nullptr;            // proxy lookup tables, M*K per row (pq_score.cu: lut_offset)
   float* lut_range = nullptr;      // [rows][M][2] largest and mean entry of each subspace's table
   float* scores = nullptr;         // per-row proxy scores, -inf where masked
-  uint32_t* cut = nullptr;         // per-row candidates of the top-k boundary bin (scores layout)
+  uint32_t* cut = nullptr;         // [rows][cut_capacity] candidates of each row's top-k boundary bin
+  uint32_t cut_capacity = 0;       // a longer boundary bin is found again by a scan (refine_kernel)
   uint64_t* bsum = nullptr;        // per 32-token block residual weight (fixed point)
   uint64_t* csum = nullptr;        // per 1024-token chunk residual weight (fixed point)
   uint64_t* cprefix = nullptr;     // inclusive prefix of csum per row
@@ -133,6 +135,7 @@ struct WorkspacePlan {
   uint32_t filter_blocks = 0;  // thread blocks per row of the top-k filter
   uint32_t score_tile = 0;   // tokens per PQ scoring block
   uint32_t compact_blocks = 0, compact_words = 0;  // bitmap compaction: blocks per row, words each
+  uint32_t cut_capacity = 0;  // boundary-bin list entries per row (Workspace::cut_capacity)
   uint32_t compact_passes = 0;  // compactions per decode: 2 with the adaptive heavy rule
   uint32_t draws_max = 0;           // most draws of any row (sampling methods)
   uint32_t sample_group_draws = 4;  // sampler: draws per group of four lanes (4 or 2)

@@ -142,7 +142,7 @@ __global__ void __launch_bounds__(kThreads, kFilterBlocksPerSm) filter_kernel(De
   // from non-finite inputs) gets weight 0 everywhere, as cand_weight gives.
   const float mx = st.max_key == float_key(-INFINITY) ? 0.f : key_float(st.max_key);
   const size_t bbase = row_block_base(*r.it, r.h), cbase = row_chunk_base(*r.it, r.h);
-  uint32_t* cut = ws.cut + row_token_base(*r.it, r.h);
+  uint32_t* cut = ws.cut + size_t{r.row} * ws.cut_capacity;
   const uint32_t chunks = (r.nc + kChunkTokens - 1) / kChunkTokens;
   const uint32_t per = (chunks + gridDim.x - 1) / gridDim.x;
   const uint32_t c_begin = min(chunks, blockIdx.x * per), c_end = min(chunks, c_begin + per);
@@ -261,7 +261,9 @@ __global__ void __launch_bounds__(kThreads, kFilterBlocksPerSm) filter_kernel(De
       uint32_t base = 0;
       if (lane == 0) base = atomicAdd(&st.n_cut, total);
       base = __shfl_sync(0xffffffffu, base, 0) + incl - n_cut;
-      for (uint32_t m = in_cut; m; m &= m - 1) cut[base++] = j0 + lane * kBlockTokens + __ffs(m) - 1;
+      // Past the list's capacity only the count goes on (refine then scans).
+      for (uint32_t m = in_cut; m; m &= m - 1, ++base)
+        if (base < ws.cut_capacity) cut[base] = j0 + lane * kBlockTokens + __ffs(m) - 1;
     }
     __syncwarp();  // the tile is copied over two chunks later
   }
@@ -320,7 +322,11 @@ __device__ uint32_t block_select(uint32_t n, uint32_t need, KeyFn key, uint32_t*
 // One block per row: exact cut inside the boundary bin's candidate list. Lists of
 // up to kStaged candidates are first copied to shared memory with their keys, so
 // the radix passes do not repeat the two dependent global loads per candidate.
+// A boundary bin longer than its list (Workspace::cut_capacity) is read from the
+// row's scores instead, every candidate tested for the bin: slow, but it only
+// happens with many equal or nearly equal scores.
 constexpr uint32_t kStaged = 4096;
+static_assert(kStaged <= kCutListMin, "a list refine stages whole always fits");
 
 __global__ void __launch_bounds__(kRefineThreads) refine_kernel(DecodeBatch b, Workspace ws) {
   stage_begin();
@@ -328,11 +334,15 @@ __global__ void __launch_bounds__(kRefineThreads) refine_kernel(DecodeBatch b, W
   const Row r = row_here(b, ws);
   if (!r.sparse()) return;
   RowState& st = ws.rows[r.row];
-  const uint32_t need = st.cut_need, n = min(st.n_cut, r.nc);
-  if (st.topk_k == 0 || need == 0 || n == 0) return;
+  const uint32_t need = st.cut_need, n_cut = min(st.n_cut, r.nc);
+  if (st.topk_k == 0 || need == 0 || n_cut == 0) return;
   uint32_t* bits = ws.heavy_bits + row_block_base(*r.it, r.h);
-  const uint32_t* cut = ws.cut + row_token_base(*r.it, r.h);
-  const bool staged = n <= kStaged;
+  const uint32_t* cut = ws.cut + size_t{r.row} * ws.cut_capacity;
+  const bool listed = n_cut <= ws.cut_capacity;
+  const uint32_t n = listed ? n_cut : r.nc;  // list entries, or every candidate of the row
+  const ScoreBins bins = ScoreBins::of_row(st);
+  const uint32_t cut_bin = st.cut_bin;
+  const bool staged = listed && n <= kStaged;
   if (staged) {
     for (uint32_t i = threadIdx.x; i < n; i += kRefineThreads) {
       const uint32_t j = cut[i];
@@ -341,20 +351,22 @@ __global__ void __launch_bounds__(kRefineThreads) refine_kernel(DecodeBatch b, W
     }
     __syncthreads();
   }
-  auto cand = [&](uint32_t i) { return staged ? j_s[i] : cut[i]; };
-  auto key_of = [&](uint32_t i) { return staged ? key_s[i] : float_key(r.cand_scores[cut[i]]); };
+  auto cand = [&](uint32_t i) { return staged ? j_s[i] : listed ? cut[i] : i; };
+  auto key_of = [&](uint32_t i) { return staged ? key_s[i] : float_key(r.cand_scores[cand(i)]); };
+  // In the boundary bin (always, for list entries), as the filter bins it.
+  auto member = [&](uint32_t i) { return listed || bins.bin(r.cand_scores[i]) == cut_bin; };
   uint32_t thr = 0, eq_need = 0, max_j = 0xffffffffu;
-  if (need < n) {
+  if (need < n_cut) {
     thr = block_select(n, need, [&](uint32_t i, uint32_t* k) {
       *k = key_of(i);
-      return true;
+      return member(i);
     }, &eq_need);
     // Equal scores across the cut: keep the eq_need lowest token indices (the
     // largest ~j) among them, as the CPU does.
     using Reduce = cub::BlockReduce<uint32_t, kRefineThreads>;
     __shared__ typename Reduce::TempStorage red;
     uint32_t eq = 0;
-    for (uint32_t i = threadIdx.x; i < n; i += kRefineThreads) eq += key_of(i) == thr;
+    for (uint32_t i = threadIdx.x; i < n; i += kRefineThreads) eq += member(i) && key_of(i) == thr;
     __shared__ uint32_t eq_s;
     const uint32_t eq_total = Reduce(red).Sum(eq);
     if (threadIdx.x == 0) eq_s = eq_total;
@@ -363,7 +375,7 @@ __global__ void __launch_bounds__(kRefineThreads) refine_kernel(DecodeBatch b, W
       uint32_t unused;
       max_j = ~block_select(n, eq_need, [&](uint32_t i, uint32_t* k) {
         *k = ~cand(i);
-        return key_of(i) == thr;
+        return member(i) && key_of(i) == thr;
       }, &unused);
     }
   }
@@ -374,9 +386,10 @@ __global__ void __launch_bounds__(kRefineThreads) refine_kernel(DecodeBatch b, W
   const size_t bbase = row_block_base(*r.it, r.h), cbase = row_chunk_base(*r.it, r.h);
   double moved = 0.0;
   for (uint32_t i = threadIdx.x; i < n; i += kRefineThreads) {
+    if (!member(i)) continue;
     const uint32_t j = cand(i);
     const uint32_t key = key_of(i);
-    if (need >= n || key > thr || (key == thr && j <= max_j)) {
+    if (need >= n_cut || key > thr || (key == thr && j <= max_j)) {
       atomicOr(&bits[j >> 5], 1u << (j & 31));
       if (sums) {
         const CandWeight w = cand_weight(key_float(key), mx, uniform);

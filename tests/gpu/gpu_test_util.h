@@ -317,6 +317,7 @@ struct Decoder {
   DevBuf<uint8_t> blob;
   cuda::Workspace ws;
   uint32_t force_group_draws = 0;  // nonzero: the sampler's draws per group, instead of the plan's
+  uint32_t force_cut_capacity = 0;  // nonzero: boundary-bin list entries per row, at most
   cudaError_t run(cuda::DecodeBatch* b, cudaStream_t st = nullptr) {
     int dev = 0, sms = 0;
     cudaGetDevice(&dev);
@@ -324,6 +325,7 @@ struct Decoder {
     cudaError_t e = cuda::plan_workspace(b, sms, &plan);
     if (e != cudaSuccess) return e;
     if (force_group_draws) plan.sample_group_draws = force_group_draws;
+    if (force_cut_capacity) plan.cut_capacity = std::min(plan.cut_capacity, force_cut_capacity);
     if (blob.n < plan.total_bytes) blob = DevBuf<uint8_t>(plan.total_bytes);
     ws = cuda::bind_workspace(blob.p, plan);
     return cuda::run_decode(*b, plan, ws, st);

@@ -302,19 +302,24 @@ TEST_CASE("gpu sampler: 32 and 16 draws per warp take the same samples") {
 // Tokens sharing PQ codes share their scores exactly, so the cut falls inside
 // groups of equal scores: the GPU must take the lowest token indices among them,
 // the CPU's rule (refine's radix passes and its second select among the ties),
-// with boundary lists of about 80 and about 1900 tied candidates.
+// with boundary lists of about 80 and about 1900 tied candidates; and again with
+// lists of 16 entries at most, so that refine finds the boundary bin by scanning
+// the row's scores.
 TEST_CASE("gpu top-k takes the lowest token indices among equal scores, as the CPU") {
   SSA_GPU_TEST_OR_SKIP();
-  for (auto [n, budget] : {std::pair{3000u, 150u}, std::pair{70000u, 3500u}}) {
+  for (auto [n, budget] : {std::pair{3000u, 150u}, std::pair{70000u, 3500u}})
+  for (uint32_t cap : {0u, 16u}) {
     TestLayer t;
     build_layer(t, 4, 2, 64, DType::kBF16, n, 256, 8, 64, n + 11, 3.0f, 37);
     Run r;
     setup_run(r, t, SSA_METHOD_PQ_TOPK, budget, 0.4f, 64, 64, 0);
+    r.dec.force_cut_capacity = cap;
     run_and_fetch(r, t);
     const uint32_t sink = r.plan.sink_end, lb = r.plan.local_begin;
     for (uint32_t h = 0; h < 4; ++h) {
       const RowView v = fetch_row(r, h);
-      INFO("n ", n, " head ", h);
+      INFO("n ", n, " head ", h, " list capacity ", r.dec.plan.cut_capacity);
+      if (cap) CHECK(v.st.n_cut > cap);  // the scan is what ran
       REQUIRE(v.heavy.size() == r.plan.kprime);
       std::vector<uint32_t> cpu;
       topk_indices(v.scores.data() + sink, lb - sink, r.plan.kprime, sink, &cpu);
@@ -328,6 +333,35 @@ TEST_CASE("gpu top-k takes the lowest token indices among equal scores, as the C
       for (uint32_t i = sink; i < lb; ++i) tied_out += !got.count(i) && v.scores[i] == lowest;
       CHECK(tied_out > 0);
     }
+  }
+}
+
+// A boundary bin longer than its list is found again by scanning the row: the
+// same heavy set, the same residual sums (the sampler's draws) and so bitwise
+// the same output as with a list that holds it, for every method with a top-k.
+TEST_CASE("gpu top-k: a boundary bin past the list's capacity gives the same decode") {
+  SSA_GPU_TEST_OR_SKIP();
+  TestLayer t;
+  build_layer(t, 4, 2, 64, DType::kBF16, 70000, 256, 8, 64, 977, 3.0f, 37);
+  for (ssa_method m : {SSA_METHOD_PQ_TOPK, SSA_METHOD_SSA, SSA_METHOD_SSA_ADAPTIVE, SSA_METHOD_HYBRID_UNIFORM}) {
+    std::vector<float> out[2];
+    std::vector<RowView> rows[2];
+    for (int v = 0; v < 2; ++v) {
+      Run r;
+      setup_run(r, t, m, 3500, 0.4f, 64, 64, 5);
+      r.dec.force_cut_capacity = v == 0 ? 0 : 16;
+      out[v] = run_and_fetch(r, t);
+      for (uint32_t h = 0; h < 4; ++h) rows[v].push_back(fetch_row(r, h));
+    }
+    INFO("method ", m);
+    CHECK(out[0] == out[1]);
+    uint32_t scanned = 0;
+    for (uint32_t h = 0; h < 4; ++h) {
+      scanned += rows[1][h].st.n_cut > 16;
+      CHECK(rows[0][h].heavy == rows[1][h].heavy);
+      CHECK(rows[0][h].sampled == rows[1][h].sampled);
+    }
+    CHECK(scanned > 0);
   }
 }
 

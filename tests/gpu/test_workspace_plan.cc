@@ -98,13 +98,16 @@ void check_plan(const Shape& sh, cuda::Proxy proxy, cuda::HeavyRule heavy, const
   CHECK(p.compact_blocks <= cuda::kMaxCompactBlocks);
   CHECK(uint64_t{p.compact_blocks} * p.compact_words * 32 >= n_pad_max);  // every bitmap word covered
   CHECK(p.compact_words % 256 == 0);                                        // whole words per thread
+  // Boundary-bin lists: at least what refine stages whole, never past a row.
+  CHECK(p.cut_capacity >= std::min(n_pad_max, cuda::kCutListMin));
+  CHECK(p.cut_capacity <= n_pad_max);
 
   const size_t rows = p.rows;
   const bool adaptive = heavy == cuda::HeavyRule::kAdaptive;
   std::vector<Region> r = {
       {"lut", p.off_lut, proxy == cuda::Proxy::kPq ? rows * 16 * 256 * 4 : 0},
       {"scores", p.off_scores, score * 4},
-      {"cut", p.off_cut, score * 4},
+      {"cut", p.off_cut, rows * p.cut_capacity * 4},
       {"bsum", p.off_bsum, score / kBlockTokens * 8},
       {"csum", p.off_csum, score / kChunkTokens * 8},
       {"cprefix", p.off_cprefix, score / kChunkTokens * 8},
