@@ -7,7 +7,7 @@
 #include "cuda/cuda_backend.h"
 #include "index/pq_index.h"
 #include "status.h"
-#include "store/copy_on_write.h"
+#include "store/layer_tail.h"
 
 namespace ssa {
 namespace {
@@ -129,7 +129,7 @@ absl::Status session_append(ssa_session& s, uint32_t layer_index, const void* k,
   if (n_tokens == 0) return absl::OkStatus();
   if (s.cuda != nullptr) return cuda::session_append(s, layer_index, k, v, n_tokens);  // CUDA backend hook
   std::unique_lock lock(s.mu);
-  const LayerStore& cur = s.layers[layer_index];
+  LayerStore& cur = s.layers[layer_index];
   if (n_tokens > kMaxTokensPerLayer - cur.n_tokens) {
     return invalid_argument("appending ", n_tokens, " tokens to layer ", layer_index, " of ",
                             cur.n_tokens, " exceeds the limit of ", kMaxTokensPerLayer,
@@ -139,28 +139,9 @@ absl::Status session_append(ssa_session& s, uint32_t layer_index, const void* k,
   const uint32_t P = L.page_tokens;
   const bool has_codes = cur.codebooks != nullptr;
 
-  LayerStore next = cur;  // references only; committed at the end
-  if (old_n % P != 0) {
-    // The partial last page receives rows beyond the visible length; it must be
-    // ours alone (cur and next hold the two expected references).
-    SSA_RETURN_IF_ERROR(make_writable(*s.kv_pool, next.kv_pages.back(), 2));
-    if (has_codes) SSA_RETURN_IF_ERROR(make_writable(*s.code_pool, next.code_pages.back(), 2));
-  }
-  const uint64_t need = L.pages_for(new_n);
-  next.kv_pages.reserve(need);
-  while (next.kv_pages.size() < need) {
-    absl::StatusOr<PageRef> page = s.kv_pool->allocate();
-    if (!page.ok()) return page.status();
-    next.kv_pages.push_back(*std::move(page));
-  }
-  if (has_codes) {
-    next.code_pages.reserve(need);
-    while (next.code_pages.size() < need) {
-      absl::StatusOr<PageRef> page = s.code_pool->allocate();
-      if (!page.ok()) return page.status();
-      next.code_pages.push_back(*std::move(page));
-    }
-  }
+  // The pages written are gathered aside; the layer changes at the commit only.
+  LayerTail tail;
+  SSA_RETURN_IF_ERROR(gather_tail(cur, L, new_n, *s.kv_pool, has_codes ? s.code_pool.get() : nullptr, &tail));
 
   // Copy rows: input is token-major [n][n_kv_heads][head_dim], pages head-major.
   const size_t row = L.row_bytes();
@@ -168,21 +149,26 @@ absl::Status session_append(ssa_session& s, uint32_t layer_index, const void* k,
   const uint8_t* vb = static_cast<const uint8_t*>(v);
   for (uint64_t i = 0; i < n_tokens; ++i) {
     const uint64_t t = old_n + i;
-    uint8_t* page = next.kv_pages[t / P]->mutable_data();
+    uint8_t* page = tail.kv_page(t / P).mutable_data();
     const uint32_t slot = static_cast<uint32_t>(t % P);
     for (uint32_t h = 0; h < L.n_kv_heads; ++h) {
       memcpy(page + L.k_offset(h, slot), kb + (i * L.n_kv_heads + h) * row, row);
       memcpy(page + L.v_offset(h, slot), vb + (i * L.n_kv_heads + h) * row, row);
     }
   }
-  next.n_tokens = new_n;
 
   if (index_wants_training(s.config, cur, new_n)) {
+    LayerStore next = cur;  // every code is rebuilt: O(layer) anyway
+    commit_tail(std::move(tail), &next);
     SSA_RETURN_IF_ERROR(retrain_layer(s, next));
-  } else if (has_codes) {
-    encode_tokens(L, *next.codebooks, next.kv_pages, next.code_pages, old_n, new_n, *s.rt->pool);
+    cur = std::move(next);
+    return absl::OkStatus();
   }
-  s.layers[layer_index] = std::move(next);
+  if (has_codes) {
+    const uint64_t base = tail.first_page * P;  // the tail's pages start at this token
+    encode_tokens(L, *cur.codebooks, tail.kv, tail.code, old_n - base, new_n - base, *s.rt->pool);
+  }
+  commit_tail(std::move(tail), &cur);
   return absl::OkStatus();
 }
 

@@ -53,7 +53,7 @@ absl::StatusOr<PageRef> page_from_host(const ssa_session&, bool, const uint8_t*,
 #include "kernels/pq_index.h"
 #include "method_plan.h"
 #include "session.h"
-#include "store/copy_on_write.h"
+#include "store/layer_tail.h"
 
 namespace ssa::cuda {
 namespace {
@@ -494,7 +494,7 @@ absl::Status session_append(ssa_session& s, uint32_t layer_index, const void* k,
     absl::MutexLock cache_lock(&s.cuda->mu);
     s.cuda->prune_retired();
   }
-  const LayerStore& cur = s.layers[layer_index];
+  LayerStore& cur = s.layers[layer_index];
   if (n_tokens > 0xFFFFFFFFull - cur.n_tokens) {
     return invalid_argument("appending ", n_tokens, " tokens to layer ", layer_index, " of ", cur.n_tokens,
                             " exceeds the limit of 4294967295 tokens per layer");
@@ -505,24 +505,12 @@ absl::Status session_append(ssa_session& s, uint32_t layer_index, const void* k,
   const uint64_t old_n = cur.n_tokens, new_n = old_n + n_tokens;
   const uint32_t P = L.page_tokens;
   const bool has_codes = cur.codebooks != nullptr;
-  LayerStore next = cur;
-  if (old_n % P != 0) {
-    // Rows are written into the last page from slot old_n % P on: queued decodes
-    // read only tokens below old_n (truncate waited for any that read more).
-    SSA_RETURN_IF_ERROR(make_writable(*s.cuda->kv_pool, next.kv_pages.back(), 2));
-    if (has_codes) SSA_RETURN_IF_ERROR(make_writable(*s.cuda->code_pool, next.code_pages.back(), 2));
-  }
-  const uint64_t need = L.pages_for(new_n);
-  while (next.kv_pages.size() < need) {
-    absl::StatusOr<PageRef> page = s.cuda->kv_pool->allocate();
-    if (!page.ok()) return page.status();
-    next.kv_pages.push_back(*std::move(page));
-  }
-  while (has_codes && next.code_pages.size() < need) {
-    absl::StatusOr<PageRef> page = s.cuda->code_pool->allocate();
-    if (!page.ok()) return page.status();
-    next.code_pages.push_back(*std::move(page));
-  }
+  // The pages written are gathered aside; the layer changes at the commit only.
+  // Rows go into the last page from slot old_n % P on: queued decodes read only
+  // tokens below old_n (truncate waited for any that read more).
+  LayerTail tail;
+  SSA_RETURN_IF_ERROR(gather_tail(cur, L, new_n, *s.cuda->kv_pool, has_codes ? s.cuda->code_pool.get() : nullptr,
+                                  &tail));
   // Rows: input token-major [n][n_kv][d], pages head-major; one 2D copy per
   // (page run, head) for K and for V. cudaMemcpyDefault takes host or device input.
   const size_t row = L.row_bytes();
@@ -530,7 +518,7 @@ absl::Status session_append(ssa_session& s, uint32_t layer_index, const void* k,
   const uint8_t* vb = static_cast<const uint8_t*>(v);
   for (uint64_t t = old_n; t < new_n;) {
     const uint64_t page = t / P, end = std::min(new_n, (page + 1) * P);
-    uint8_t* dst = next.kv_pages[page]->mutable_data();
+    uint8_t* dst = tail.kv_page(page).mutable_data();
     const uint32_t slot = static_cast<uint32_t>(t % P);
     for (uint32_t h = 0; h < L.n_kv_heads; ++h) {
       const size_t src = ((t - old_n) * L.n_kv_heads + h) * row;
@@ -541,18 +529,24 @@ absl::Status session_append(ssa_session& s, uint32_t layer_index, const void* k,
     }
     t = end;
   }
-  next.n_tokens = new_n;
   if (index_wants_training(s.config, cur, new_n)) {
+    LayerStore next = cur;  // every code is rebuilt: O(layer) anyway
+    commit_tail(std::move(tail), &next);
     SSA_RETURN_IF_ERROR(retrain_layer(s, next));
-  } else if (has_codes) {
-    absl::StatusOr<const float*> books = device_books(*s.cuda, next.codebooks);
+    SSA_CUDA_RETURN(cudaStreamSynchronize(nullptr), "append copies");
+    cur = std::move(next);
+    return absl::OkStatus();
+  }
+  if (has_codes) {
+    absl::StatusOr<const float*> books = device_books(*s.cuda, cur.codebooks);
     if (!books.ok()) return books.status();
-    SSA_RETURN_IF_ERROR(encode_range(s, *books, next.kv_pages, next.code_pages, old_n, new_n));
+    const uint64_t base = tail.first_page * P;  // the tail's pages start at this token
+    SSA_RETURN_IF_ERROR(encode_range(s, *books, tail.kv, tail.code, old_n - base, new_n - base));
   }
   // The copies (and codes) are complete before the layer shows them, and the
   // caller may reuse k and v once this returns.
   SSA_CUDA_RETURN(cudaStreamSynchronize(nullptr), "append copies");
-  s.layers[layer_index] = std::move(next);
+  commit_tail(std::move(tail), &cur);
   return absl::OkStatus();
 }
 
