@@ -147,14 +147,6 @@ class LastUse {
       if (running(m.event)) return true;
     return false;
   }
-  // Makes `st` wait for every recorded decode (without the host waiting).
-  cudaError_t order_before(cudaStream_t st) const {
-    for (const Mark& m : marks_) {
-      const cudaError_t e = cudaStreamWaitEvent(st, m.event, 0);
-      if (e != cudaSuccess) return e;
-    }
-    return cudaSuccess;
-  }
   void wait() const {
     for (const Mark& m : marks_) cudaEventSynchronize(m.event);
   }
