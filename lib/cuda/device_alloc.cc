@@ -9,11 +9,6 @@ namespace {
 FaultCountdown g_faults;
 }  // namespace
 
-cudaError_t device_malloc(void** p, size_t bytes) {
-  if (g_faults.fire()) return cudaErrorMemoryAllocation;
-  return cudaMalloc(p, bytes);
-}
-
 cudaError_t device_malloc_async(void** p, size_t bytes, cudaStream_t stream) {
   if (g_faults.fire()) return cudaErrorMemoryAllocation;
   return cudaMallocAsync(p, bytes, stream);

@@ -12,8 +12,8 @@
 
 namespace ssa::cuda {
 
-// cudaMalloc / cudaMallocAsync, or cudaErrorMemoryAllocation when a failure is injected.
-cudaError_t device_malloc(void** p, size_t bytes);
+// cudaMallocAsync (stream-ordered: cudaFree would wait for the whole device), or
+// cudaErrorMemoryAllocation when a failure is injected.
 cudaError_t device_malloc_async(void** p, size_t bytes, cudaStream_t stream);
 
 // Test hook: the n-th device allocation from now (1-based) fails and, if
