@@ -23,7 +23,7 @@ absl::Status retrain_layer(ssa_session& s, LayerStore& layer) {
                       *s.rt->pool);
   if (!books.ok()) return books.status();
   absl::StatusOr<std::vector<PageRef>> codes =
-      encode_layer(s.layout, **books, layer, *s.code_pool, *s.rt->pool);
+      encode_layer(s.layout, *books, layer, *s.code_pool, *s.rt->pool);
   if (!codes.ok()) return codes.status();
   layer.codebooks = *std::move(books);
   layer.code_pages = *std::move(codes);
@@ -166,7 +166,11 @@ absl::Status session_append(ssa_session& s, uint32_t layer_index, const void* k,
   }
   if (has_codes) {
     const uint64_t base = tail.first_page * P;  // the tail's pages start at this token
-    encode_tokens(L, *cur.codebooks, tail.kv, tail.code, old_n - base, new_n - base, *s.rt->pool);
+    // The layer's encoder, built again only when its codebooks change.
+    if (s.encoders.size() < L.n_layers) s.encoders.resize(L.n_layers);
+    std::shared_ptr<const PqEncoder>& enc = s.encoders[layer_index];
+    if (enc == nullptr || enc->books() != cur.codebooks.get()) enc = std::make_shared<PqEncoder>(L, cur.codebooks);
+    enc->encode(tail.kv, tail.code, old_n - base, new_n - base, *s.rt->pool);
   }
   commit_tail(std::move(tail), &cur);
   return absl::OkStatus();

@@ -20,6 +20,7 @@
 
 namespace ssa {
 struct SnapshotState;  // lib/snapshot/record.h
+class PqEncoder;       // lib/index/pq_index.h
 }  // namespace ssa
 namespace ssa::cuda {
 struct SessionState;  // CUDA backend hook: device state (lib/cuda/cuda_backend.h)
@@ -37,6 +38,9 @@ struct ssa_session {
   // Writer-preferring (lib/rw_lock.h): a stream of decodes cannot starve an append.
   mutable ssa::RwLock mu;
   std::vector<ssa::LayerStore> layers;  // guarded by mu
+  // Per layer, the encoder of its current codebooks (built on the first append
+  // that encodes; holds the codebooks it was built from). Appends own mu.
+  std::vector<std::shared_ptr<const ssa::PqEncoder>> encoders;  // guarded by mu
   // User metadata saved with the session's snapshots (ssa_session_set_metadata).
   std::string metadata;  // guarded by mu
   // What save/checkpoint/load last wrote to or read from which file, for

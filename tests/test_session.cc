@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "alloc.h"
+#include "index/pq_index.h"
 #include "session.h"
 #include "support/session_helpers.h"
 #include "support/structured_context.h"
@@ -147,6 +148,48 @@ TEST_CASE_FIXTURE(Fixture, "proxy methods train an index on demand below index_m
   std::shared_lock lock(s->mu);
   CHECK(s->layers[0].codebooks != nullptr);
   CHECK(s->layers[0].code_pages.size() == s->layers[0].kv_pages.size());
+}
+
+// Appends encode their tokens with the encoder the session keeps per layer; it
+// must follow the layer's codebooks through a retraining. Every code of the layer
+// is compared with a fresh encoding of all its keys under its current codebooks.
+TEST_CASE_FIXTURE(Fixture, "appended tokens get the codes of the layer's current codebooks, also after retraining") {
+  auto s = session(16, 1);
+  auto check_codes = [&](const char* when) {
+    std::shared_lock lock(s->mu);
+    const ssa::LayerStore& l = s->layers[0];
+    REQUIRE(l.codebooks != nullptr);
+    auto fresh = ssa::encode_layer(s->layout, l.codebooks, l, *s->code_pool, *s->rt->pool);
+    REQUIRE(fresh.ok());
+    size_t differ = 0;
+    for (uint64_t t = 0; t < l.n_tokens; ++t) {
+      const uint64_t page = t / s->layout.page_tokens;
+      const uint32_t slot = static_cast<uint32_t>(t % s->layout.page_tokens);
+      for (uint32_t h = 0; h < nkv; ++h)
+        for (uint32_t m = 0; m < s->layout.pq_subspaces; ++m) {
+          const size_t at = s->layout.code_offset(h, m) + slot;
+          differ += l.code_pages[page]->data()[at] != (*fresh)[page]->data()[at];
+        }
+    }
+    INFO(when);
+    CHECK(differ == 0);
+  };
+  append(s.get(), 0, 0, 1500);  // trained at 1000 tokens
+  for (size_t t = 1500; t < 1540; ++t) append(s.get(), 0, t, t + 1);
+  append(s.get(), 0, 1540, 1600);
+  check_codes("one-token appends with the first codebooks");
+  const ssa::PqCodebooks* before = nullptr;
+  {
+    std::shared_lock lock(s->mu);
+    before = s->layers[0].codebooks.get();
+  }
+  REQUIRE(ssa_session_update_index(s.get()) == SSA_OK);
+  {
+    std::shared_lock lock(s->mu);
+    REQUIRE(s->layers[0].codebooks.get() != before);
+  }
+  for (size_t t = 1600; t < 1640; ++t) append(s.get(), 0, t, t + 1);
+  check_codes("one-token appends after retraining");
 }
 
 TEST_CASE_FIXTURE(Fixture, "allocation failure at every point leaves the session unchanged") {

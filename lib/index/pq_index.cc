@@ -75,20 +75,23 @@ void seed_codebooks(const KvLayout& layout, const float* x, uint64_t n, ThreadPo
   });
 }
 
-void encode_tokens(const KvLayout& layout, const PqCodebooks& books,
-                   const std::vector<PageRef>& kv_pages, std::vector<PageRef>& code_pages,
-                   uint64_t begin, uint64_t end, ThreadPool& pool) {
+PqEncoder::PqEncoder(const KvLayout& layout, CodebooksRef books) : layout_(layout), books_(std::move(books)) {
+  const uint32_t M = layout.pq_subspaces, dsub = layout.sub_dim();
+  searches_.reserve(size_t{layout.n_kv_heads} * M);
+  for (uint32_t h = 0; h < layout.n_kv_heads; ++h) {
+    for (uint32_t m = 0; m < M; ++m) searches_.emplace_back(books_->centroid(h, m, 0), books_->centroids, dsub);
+  }
+}
+
+void PqEncoder::encode(const std::vector<PageRef>& kv_pages, std::vector<PageRef>& code_pages, uint64_t begin,
+                       uint64_t end, ThreadPool& pool) const {
   if (begin >= end) return;
+  const KvLayout& layout = layout_;
   const uint32_t M = layout.pq_subspaces, dsub = layout.sub_dim(), d = layout.head_dim;
   const uint32_t P = layout.page_tokens;
-  std::vector<CentroidSearch> searches;
-  searches.reserve(size_t{layout.n_kv_heads} * M);
-  for (uint32_t h = 0; h < layout.n_kv_heads; ++h) {
-    for (uint32_t m = 0; m < M; ++m) searches.emplace_back(books.centroid(h, m, 0), books.centroids, dsub);
-  }
   const uint64_t first_page = begin / P, last_page = (end - 1) / P;
   const auto& kern = simd::kernels();
-  pool.parallel_for(last_page - first_page + 1, [&](size_t i) {
+  auto encode_page = [&](size_t i) {
     const uint64_t p = first_page + i;
     const uint64_t t0 = std::max<uint64_t>(begin, p * P), t1 = std::min<uint64_t>(end, (p + 1) * P);
     const Page& kv = *kv_pages[p];
@@ -100,14 +103,27 @@ void encode_tokens(const KvLayout& layout, const PqCodebooks& books,
         kern.to_f32(layout.dtype, kv.data() + layout.k_offset(h, slot), row.data(), d);
         for (uint32_t m = 0; m < M; ++m) {
           codes[layout.code_offset(h, m) + slot] =
-              static_cast<uint8_t>(searches[size_t{h} * M + m].nearest(row.data() + m * dsub));
+              static_cast<uint8_t>(searches_[size_t{h} * M + m].nearest(row.data() + m * dsub));
         }
       }
     }
-  });
+  };
+  // A single page (the usual small append) is encoded here, without a dispatch.
+  if (first_page == last_page) {
+    encode_page(0);
+    return;
+  }
+  pool.parallel_for(last_page - first_page + 1, encode_page);
 }
 
-absl::StatusOr<std::vector<PageRef>> encode_layer(const KvLayout& layout, const PqCodebooks& books,
+void encode_tokens(const KvLayout& layout, const CodebooksRef& books,
+                   const std::vector<PageRef>& kv_pages, std::vector<PageRef>& code_pages,
+                   uint64_t begin, uint64_t end, ThreadPool& pool) {
+  if (begin >= end) return;
+  PqEncoder(layout, books).encode(kv_pages, code_pages, begin, end, pool);
+}
+
+absl::StatusOr<std::vector<PageRef>> encode_layer(const KvLayout& layout, const CodebooksRef& books,
                                                   const LayerStore& layer, PagePool& code_pool,
                                                   ThreadPool& pool) {
   std::vector<PageRef> pages;

@@ -8,6 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "cpu/thread_pool.h"
+#include "index/kmeans.h"
 #include "ssa.h"
 #include "store/kv_layout.h"
 #include "store/layer_store.h"
@@ -28,14 +29,31 @@ absl::StatusOr<CodebooksRef> train_codebooks(const KvLayout& layout, const Layer
 void seed_codebooks(const KvLayout& layout, const float* x, uint64_t n, ThreadPool& pool,
                     PqCodebooks* books);
 
-// Encodes keys of tokens [begin, end) of `kv_pages` into the (writable) pages of
-// `code_pages`, which must cover those tokens.
-void encode_tokens(const KvLayout& layout, const PqCodebooks& books,
+// The nearest-centroid searches of every codebook of one layer, built once per
+// codebooks: building them (a transposed copy and the norms of every centroid)
+// cost more than encoding the token of a one-token append.
+class PqEncoder {
+ public:
+  PqEncoder(const KvLayout& layout, CodebooksRef books);
+  const PqCodebooks* books() const { return books_.get(); }
+  // Encodes keys of tokens [begin, end) of `kv_pages` into the (writable) pages
+  // of `code_pages`, which must cover those tokens.
+  void encode(const std::vector<PageRef>& kv_pages, std::vector<PageRef>& code_pages, uint64_t begin,
+              uint64_t end, ThreadPool& pool) const;
+
+ private:
+  KvLayout layout_;
+  CodebooksRef books_;
+  std::vector<CentroidSearch> searches_;  // [n_kv_heads][subspaces]
+};
+
+// One-off encoding: a PqEncoder built for this call.
+void encode_tokens(const KvLayout& layout, const CodebooksRef& books,
                    const std::vector<PageRef>& kv_pages, std::vector<PageRef>& code_pages,
                    uint64_t begin, uint64_t end, ThreadPool& pool);
 
 // Builds a full set of fresh code pages for all tokens of `layer` with `books`.
-absl::StatusOr<std::vector<PageRef>> encode_layer(const KvLayout& layout, const PqCodebooks& books,
+absl::StatusOr<std::vector<PageRef>> encode_layer(const KvLayout& layout, const CodebooksRef& books,
                                                   const LayerStore& layer, PagePool& code_pool,
                                                   ThreadPool& pool);
 
