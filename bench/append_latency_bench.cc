@@ -13,27 +13,18 @@
 #include <string.h>
 
 #include <algorithm>
-#include <chrono>
 #include <random>
 #include <vector>
 
+#include "bench_util.h"
 #include "ssa.h"
 
 namespace {
 
 constexpr uint32_t kNkv = 2, kD = 64, kNq = 8;
 
-#define CHECK_SSA(x)                                                           \
-  do {                                                                         \
-    if ((x) != SSA_OK) {                                                       \
-      fprintf(stderr, "%s: %s\n", #x, ssa_last_error_message());              \
-      exit(1);                                                                 \
-    }                                                                          \
-  } while (0)
-
-double now_us() {
-  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+using ssa_bench::check;
+using ssa_bench::now_us;
 
 }  // namespace
 
@@ -52,7 +43,7 @@ int main(int argc, char** argv) {
   ssa_runtime_options_init(&o);
   o.backend = SSA_BACKEND_CPU;
   ssa_runtime* rt = nullptr;
-  CHECK_SSA(ssa_runtime_create(&o, &rt));
+  check(ssa_runtime_create(&o, &rt), "runtime");
 
   const uint32_t chunk = 8192;
   std::mt19937 rng(7);
@@ -75,14 +66,14 @@ int main(int argc, char** argv) {
     c.index_min_tokens = index ? 1024 : 0xffffffffu;
     c.index_regrow_factor = 1000.f;  // no retraining inside the timed appends
     ssa_session* s = nullptr;
-    CHECK_SSA(ssa_session_create(rt, &c, &s));
+    check(ssa_session_create(rt, &c, &s), "session");
     for (uint32_t t = 0; t < n; t += chunk)
-      CHECK_SSA(ssa_session_append(s, 0, k.data(), v.data(), std::min(chunk, n - t)));
+      check(ssa_session_append(s, 0, k.data(), v.data(), std::min(chunk, n - t)), "fill");
     std::vector<double> us(reps);
     for (int r = 0; r < reps; ++r) {
       const size_t at = size_t{static_cast<uint32_t>(r) % chunk} * kNkv * kD;
       const double t0 = now_us();
-      CHECK_SSA(ssa_session_append(s, 0, k.data() + at, v.data() + at, 1));
+      check(ssa_session_append(s, 0, k.data() + at, v.data() + at, 1), "append");
       us[r] = now_us() - t0;
     }
     std::sort(us.begin(), us.end());

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
 #include "bench_workload.h"
 #include "decode/decode.h"
 #include "ssa.h"
@@ -24,10 +25,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double now_s() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using ssa_bench::median;
 
 double copy_bandwidth_gbs() {
   const size_t bytes = size_t{1} << 29;
@@ -60,12 +58,7 @@ const char* method_name(ssa_method m) {
   }
 }
 
-void check(ssa_status st, const char* what) {
-  if (st != SSA_OK) {
-    fprintf(stderr, "%s: %s: %s\n", what, ssa_status_string(st), ssa_last_error_message());
-    exit(1);
-  }
-}
+using ssa_bench::check;
 
 }  // namespace
 

@@ -16,9 +16,9 @@
 #include <string.h>
 
 #include <algorithm>
-#include <chrono>
 #include <vector>
 
+#include "bench_util.h"
 #include "ssa.h"
 
 namespace {
@@ -43,22 +43,10 @@ __global__ void fill_kernel(__half* p, size_t n, uint64_t seed) {
       exit(1);                                                                 \
     }                                                                          \
   } while (0)
-#define CHECK_SSA(x)                                                           \
-  do {                                                                         \
-    if ((x) != SSA_OK) {                                                       \
-      fprintf(stderr, "%s: %s\n", #x, ssa_last_error_message());              \
-      exit(1);                                                                 \
-    }                                                                          \
-  } while (0)
 
-double now_us() {
-  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using ssa_bench::check;
+using ssa_bench::median;
+using ssa_bench::now_us;
 
 ssa_session* make_session(ssa_runtime* rt) {
   ssa_session_config c;
@@ -69,7 +57,7 @@ ssa_session* make_session(ssa_runtime* rt) {
   c.head_dim = kD;
   c.kv_dtype = SSA_DTYPE_F16;
   ssa_session* s = nullptr;
-  CHECK_SSA(ssa_session_create(rt, &c, &s));
+  check(ssa_session_create(rt, &c, &s), "session");
   return s;
 }
 
@@ -94,7 +82,7 @@ int main(int argc, char** argv) {
   ssa_runtime_options_init(&o);
   o.backend = SSA_BACKEND_CUDA;
   ssa_runtime* rt = nullptr;
-  CHECK_SSA(ssa_runtime_create(&o, &rt));
+  check(ssa_runtime_create(&o, &rt), "runtime");
 
   // K/V source rows on the device: one chunk, appended repeatedly.
   const uint64_t chunk = 32768;
@@ -103,7 +91,7 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaMalloc(&k, chunk * row * sizeof(__half)));
   CHECK_CUDA(cudaMalloc(&v, chunk * row * sizeof(__half)));
   CHECK_CUDA(cudaMalloc(&q, size_t{kNq} * kD * sizeof(__half)));
-  CHECK_CUDA(cudaMalloc(&out, size_t{queued} * kNq * kD * sizeof(__half)));
+  CHECK_CUDA(cudaMalloc(&out, static_cast<size_t>(queued) * kNq * kD * sizeof(__half)));
   fill_kernel<<<1024, 256>>>(k, chunk * row, 1);
   fill_kernel<<<1024, 256>>>(v, chunk * row, 2);
   fill_kernel<<<16, 256>>>(q, size_t{kNq} * kD, 3);
@@ -111,10 +99,10 @@ int main(int argc, char** argv) {
 
   ssa_session* busy = make_session(rt);  // its decodes fill the other stream
   for (uint64_t n = 0; n < context; n += chunk)
-    CHECK_SSA(ssa_session_append(busy, 0, k, v, std::min(chunk, context - n)));
+    check(ssa_session_append(busy, 0, k, v, std::min(chunk, context - n)), "fill");
   ssa_session* fed = make_session(rt);   // the one appended to
   for (uint64_t n = 0; n < fed_tokens; n += chunk)
-    CHECK_SSA(ssa_session_append(fed, 0, k, v, std::min(chunk, fed_tokens - n)));
+    check(ssa_session_append(fed, 0, k, v, std::min(chunk, fed_tokens - n)), "fill");
 
   cudaStream_t st;
   CHECK_CUDA(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
@@ -123,14 +111,14 @@ int main(int argc, char** argv) {
   p.method = SSA_METHOD_SSA;
   p.sparsity = 50;
   p.stream = st;
-  CHECK_SSA(ssa_decode(busy, 0, q, out, &p, nullptr));  // trains nothing new; uploads tables
-  CHECK_SSA(ssa_decode(fed, 0, q, out, &p, nullptr));
+  check(ssa_decode(busy, 0, q, out, &p, nullptr), "decode");  // trains nothing new; uploads tables
+  check(ssa_decode(fed, 0, q, out, &p, nullptr), "decode");
   CHECK_CUDA(cudaStreamSynchronize(st));
 
   std::vector<double> idle, loaded, drain;
   uint64_t src = 0;
   auto append = [&] {
-    CHECK_SSA(ssa_session_append(fed, 0, k + src * row, v + src * row, tokens));
+    check(ssa_session_append(fed, 0, k + src * row, v + src * row, tokens), "append");
     src = (src + tokens) % (chunk - tokens);
   };
   for (int r = 0; r < reps; ++r) {
@@ -138,7 +126,7 @@ int main(int argc, char** argv) {
     append();
     idle.push_back(now_us() - t0);
     for (int i = 0; i < queued; ++i)
-      CHECK_SSA(ssa_decode(busy, 0, q, out + size_t{i} * kNq * kD, &p, nullptr));
+      check(ssa_decode(busy, 0, q, out + static_cast<size_t>(i) * kNq * kD, &p, nullptr), "decode");
     t0 = now_us();
     append();
     loaded.push_back(now_us() - t0);

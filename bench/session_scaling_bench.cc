@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench_util.h"
 #include "bench_workload.h"
 #include "ssa.h"
 
@@ -34,12 +35,7 @@ using Clock = std::chrono::steady_clock;
 constexpr uint32_t kNq = 16, kNkv = 4, kD = 256;
 constexpr ssa_dtype kType = SSA_DTYPE_F16;
 
-void check(ssa_status st, const char* what) {
-  if (st != SSA_OK) {
-    fprintf(stderr, "%s: %s: %s\n", what, ssa_status_string(st), ssa_last_error_message());
-    exit(1);
-  }
-}
+using ssa_bench::check;
 
 std::string cpu_model() {
   std::ifstream in("/proc/cpuinfo");

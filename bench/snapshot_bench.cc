@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
 #include "bench_workload.h"
 #include "cpu/thread_pool.h"
 #include "decode/decode.h"
@@ -157,10 +158,7 @@ uint64_t file_bytes(const std::string& path) {
   return stat(path.c_str(), &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using ssa_bench::median;
 
 double sparse_decode_all_layers(ssa_session& s) {
   const ssa::KvLayout& L = s.layout;
