@@ -116,13 +116,6 @@ void PqEncoder::encode(const std::vector<PageRef>& kv_pages, std::vector<PageRef
   pool.parallel_for(last_page - first_page + 1, encode_page);
 }
 
-void encode_tokens(const KvLayout& layout, const CodebooksRef& books,
-                   const std::vector<PageRef>& kv_pages, std::vector<PageRef>& code_pages,
-                   uint64_t begin, uint64_t end, ThreadPool& pool) {
-  if (begin >= end) return;
-  PqEncoder(layout, books).encode(kv_pages, code_pages, begin, end, pool);
-}
-
 absl::StatusOr<std::vector<PageRef>> encode_layer(const KvLayout& layout, const CodebooksRef& books,
                                                   const LayerStore& layer, PagePool& code_pool,
                                                   ThreadPool& pool) {
@@ -133,7 +126,7 @@ absl::StatusOr<std::vector<PageRef>> encode_layer(const KvLayout& layout, const 
     if (!page.ok()) return page.status();
     pages.push_back(*std::move(page));
   }
-  encode_tokens(layout, books, layer.kv_pages, pages, 0, layer.n_tokens, pool);
+  PqEncoder(layout, books).encode(layer.kv_pages, pages, 0, layer.n_tokens, pool);
   return pages;
 }
 

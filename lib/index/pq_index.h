@@ -47,11 +47,6 @@ class PqEncoder {
   std::vector<CentroidSearch> searches_;  // [n_kv_heads][subspaces]
 };
 
-// One-off encoding: a PqEncoder built for this call.
-void encode_tokens(const KvLayout& layout, const CodebooksRef& books,
-                   const std::vector<PageRef>& kv_pages, std::vector<PageRef>& code_pages,
-                   uint64_t begin, uint64_t end, ThreadPool& pool);
-
 // Builds a full set of fresh code pages for all tokens of `layer` with `books`.
 absl::StatusOr<std::vector<PageRef>> encode_layer(const KvLayout& layout, const CodebooksRef& books,
                                                   const LayerStore& layer, PagePool& code_pool,
