@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <set>
 #include <utility>
@@ -271,6 +272,22 @@ TEST_CASE("gpu radix top-k (PQ_TOPK and ORACLE_TOPK) selects the top k' as the C
   }
 }
 
+// One decode of layer t (budget 3500, h = 0.4, 64 sink and 64 local tokens) with
+// the decoder knobs that `tweak` sets: the output and every query head's row.
+struct Outcome {
+  std::vector<float> out;
+  std::vector<RowView> rows;
+};
+Outcome decode_with(const TestLayer& t, ssa_method m, uint64_t step, const std::function<void(Decoder&)>& tweak) {
+  Run r;
+  setup_run(r, t, m, 3500, 0.4f, 64, 64, step);
+  tweak(r.dec);
+  Outcome o;
+  o.out = run_and_fetch(r, t);
+  for (uint32_t h = 0; h < t.L.n_q_heads; ++h) o.rows.push_back(fetch_row(r, h));
+  return o;
+}
+
 // The sampler takes 32 draws a warp, or 16 where the draws would not fill the GPU
 // (sample_group_draws); draw j is Philox draw j of the row's stream either way, so
 // both must take the same samples and give the same output, bit for bit.
@@ -279,22 +296,15 @@ TEST_CASE("gpu sampler: 32 and 16 draws per warp take the same samples") {
   TestLayer t;
   build_layer(t, 4, 2, 64, DType::kBF16, 70000, 256, 8, 64, 4242);
   for (ssa_method m : {SSA_METHOD_HYBRID_UNIFORM, SSA_METHOD_SAMPLING, SSA_METHOD_SSA, SSA_METHOD_SSA_ADAPTIVE}) {
-    std::vector<float> out[2];
-    std::vector<RowView> rows[2];
-    for (int v = 0; v < 2; ++v) {
-      Run r;
-      setup_run(r, t, m, 3500, 0.4f, 64, 64, 3);
-      r.dec.force_group_draws = v == 0 ? 4 : 2;
-      out[v] = run_and_fetch(r, t);
-      for (uint32_t h = 0; h < 4; ++h) rows[v].push_back(fetch_row(r, h));
-    }
+    const Outcome a = decode_with(t, m, 3, [](Decoder& d) { d.force_group_draws = 4; });
+    const Outcome b = decode_with(t, m, 3, [](Decoder& d) { d.force_group_draws = 2; });
     INFO("method ", m);
-    CHECK(out[0] == out[1]);
+    CHECK(a.out == b.out);
     for (uint32_t h = 0; h < 4; ++h) {
-      CHECK(rows[0][h].st.n_draws > 0);
-      CHECK(rows[0][h].sampled.size() > 100);
-      CHECK(rows[0][h].sampled == rows[1][h].sampled);
-      CHECK(rows[0][h].heavy == rows[1][h].heavy);
+      CHECK(a.rows[h].st.n_draws > 0);
+      CHECK(a.rows[h].sampled.size() > 100);
+      CHECK(a.rows[h].sampled == b.rows[h].sampled);
+      CHECK(a.rows[h].heavy == b.rows[h].heavy);
     }
   }
 }
@@ -344,22 +354,15 @@ TEST_CASE("gpu top-k: a boundary bin past the list's capacity gives the same dec
   TestLayer t;
   build_layer(t, 4, 2, 64, DType::kBF16, 70000, 256, 8, 64, 977, 3.0f, 37);
   for (ssa_method m : {SSA_METHOD_PQ_TOPK, SSA_METHOD_SSA, SSA_METHOD_SSA_ADAPTIVE, SSA_METHOD_HYBRID_UNIFORM}) {
-    std::vector<float> out[2];
-    std::vector<RowView> rows[2];
-    for (int v = 0; v < 2; ++v) {
-      Run r;
-      setup_run(r, t, m, 3500, 0.4f, 64, 64, 5);
-      r.dec.force_cut_capacity = v == 0 ? 0 : 16;
-      out[v] = run_and_fetch(r, t);
-      for (uint32_t h = 0; h < 4; ++h) rows[v].push_back(fetch_row(r, h));
-    }
+    const Outcome listed = decode_with(t, m, 5, [](Decoder&) {});
+    const Outcome scanned_run = decode_with(t, m, 5, [](Decoder& d) { d.force_cut_capacity = 16; });
     INFO("method ", m);
-    CHECK(out[0] == out[1]);
+    CHECK(listed.out == scanned_run.out);
     uint32_t scanned = 0;
     for (uint32_t h = 0; h < 4; ++h) {
-      scanned += rows[1][h].st.n_cut > 16;
-      CHECK(rows[0][h].heavy == rows[1][h].heavy);
-      CHECK(rows[0][h].sampled == rows[1][h].sampled);
+      scanned += scanned_run.rows[h].st.n_cut > 16;
+      CHECK(listed.rows[h].heavy == scanned_run.rows[h].heavy);
+      CHECK(listed.rows[h].sampled == scanned_run.rows[h].sampled);
     }
     CHECK(scanned > 0);
   }

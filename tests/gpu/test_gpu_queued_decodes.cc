@@ -70,6 +70,11 @@ TEST_CASE("gpu backend: queued decodes read the layer as it was when they were c
   k.upload(other.k);
   v.upload(other.v);
   q.upload(other.q);
+  // A decode of the session's new contents (default stream, into o).
+  auto decode_now = [&](ssa_session* s, ssa_method m) {
+    ssa_decode_params p = params(m, 900, 3);
+    REQUIRE(ssa_decode(s, 0, q.p, o.p, &p, nullptr) == SSA_OK);
+  };
 
   SUBCASE("truncate, then append other rows over the ones being read") {
     check_queued(gpu, d, [&](ssa_session* s) {
@@ -82,9 +87,7 @@ TEST_CASE("gpu backend: queued decodes read the layer as it was when they were c
     check_queued(gpu, d, [&](ssa_session* s) {
       REQUIRE(ssa_session_truncate(s, 0) == SSA_OK);
       REQUIRE(ssa_session_append(s, 0, k.p, v.p, other.n) == SSA_OK);
-      // New tables replace the ones the queued decodes read.
-      ssa_decode_params p = params(SSA_METHOD_SSA, 900, 3);
-      REQUIRE(ssa_decode(s, 0, q.p, o.p, &p, nullptr) == SSA_OK);
+      decode_now(s, SSA_METHOD_SSA);  // new tables replace the ones the queued decodes read
       return s;
     });
   }
@@ -92,8 +95,7 @@ TEST_CASE("gpu backend: queued decodes read the layer as it was when they were c
     check_queued(gpu, d, [&](ssa_session* s) {
       REQUIRE(ssa_session_update_index(s) == SSA_OK);
       REQUIRE(ssa_session_append(s, 0, k.p, v.p, other.n) == SSA_OK);
-      ssa_decode_params p = params(SSA_METHOD_PQ_TOPK, 900, 3);
-      REQUIRE(ssa_decode(s, 0, q.p, o.p, &p, nullptr) == SSA_OK);
+      decode_now(s, SSA_METHOD_PQ_TOPK);
       return s;
     });
   }
