@@ -8,7 +8,9 @@
 // Prints, for appends of T tokens to a session of F tokens (medians over R
 // repetitions): the latency with the device idle, the latency with Q decodes of
 // the other session (N tokens, SSA 50x) just queued, and how long that queue
-// then took to drain.
+// then took to drain; then one decode step of the appended session alone: a
+// T-token append, an SSA 50x decode queued (host time until ssa_decode returns)
+// and the wait for its output.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdio.h>
@@ -133,11 +135,24 @@ int main(int argc, char** argv) {
     CHECK_CUDA(cudaStreamSynchronize(st));
     drain.push_back(now_us() - t0);
   }
+  // Decode steps of the fed session: append, queue a decode, wait for it.
+  std::vector<double> issue, step;
+  for (int r = 0; r < reps; ++r) {
+    const double t0 = now_us();
+    append();
+    const double t1 = now_us();
+    check(ssa_decode(fed, 0, q, out, &p, nullptr), "decode");
+    issue.push_back(now_us() - t1);
+    CHECK_CUDA(cudaStreamSynchronize(st));
+    step.push_back(now_us() - t0);
+  }
   printf("append of %u token(s) to a %llu-token session, medians of %d:\n", tokens,
          static_cast<unsigned long long>(fed_tokens), reps);
   printf("  device idle:                                   %8.1f us\n", median(idle));
   printf("  %2d SSA decodes of a %llu-token session queued: %8.1f us (queue drained after %.1f us)\n", queued,
          static_cast<unsigned long long>(context), median(loaded), median(drain));
+  printf("  decode step (append, SSA 50x decode, wait):    %8.1f us (ssa_decode returned after %.1f us)\n",
+         median(step), median(issue));
   cudaStreamDestroy(st);
   ssa_session_destroy(fed);
   ssa_session_destroy(busy);

@@ -32,6 +32,11 @@
  *    must be complete); append and update_index return when their work is done.
  *    A decode captured into a CUDA graph reads the layer as it was at capture:
  *    replay it only while that layer is unchanged and the session alive.
+ *  - CUDA device memory comes from a stream-ordered pool of the library's own
+ *    per device (not the device's default pool, whose settings stay the
+ *    caller's). It keeps memory that decodes and appends free for their next
+ *    calls, and gives what it holds unused back to the driver whenever a
+ *    session is destroyed.
  *  - Non-finite values: K and V given to append are always scanned (on the host,
  *    or on the device for device pointers of CUDA sessions), and so is q where the
  *    library can read it on the host (CPU sessions, and CUDA sessions with

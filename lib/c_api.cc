@@ -196,7 +196,13 @@ ssa_status ssa_session_create(ssa_runtime* rt, const ssa_session_config* cfg, ss
   });
 }
 
-void ssa_session_destroy(ssa_session* s) { delete s; }
+void ssa_session_destroy(ssa_session* s) {
+  if (s == nullptr) return;
+  const bool on_device = s->cuda != nullptr;
+  const int device = s->rt->device;
+  delete s;
+  if (on_device) ssa::cuda::release_unused_memory(device);  // CUDA backend hook
+}
 
 uint64_t ssa_session_length(const ssa_session* s) {
   if (s == nullptr) return 0;

@@ -34,6 +34,7 @@ absl::Status copy_page_to_host(const ssa_session&, const Page&, size_t, uint8_t*
 absl::StatusOr<PageRef> page_from_host(const ssa_session&, bool, const uint8_t*, size_t) {
   return unsupported("this build has no CUDA backend");
 }
+void release_unused_memory(int) {}
 }  // namespace ssa::cuda
 
 #else  // SSA_HAVE_CUDA
@@ -80,6 +81,11 @@ struct DeviceMem {
   DeviceMem() = default;
   DeviceMem(const DeviceMem&) = delete;
   DeviceMem& operator=(const DeviceMem&) = delete;
+  DeviceMem& operator=(DeviceMem&& o) noexcept {
+    std::swap(p, o.p);
+    std::swap(stream, o.stream);
+    return *this;
+  }
   ~DeviceMem() {
     if (p) cudaFreeAsync(p, stream);
   }
@@ -267,6 +273,21 @@ struct SessionState {
 
   // The device copy of `host`, uploaded on first use (complete on return).
   absl::StatusOr<std::shared_ptr<Books>> device_books(const CodebooksRef& host) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Records `dev` (complete) as the device copy of `host`.
+  void seed_device_books(const CodebooksRef& host, DeviceMem&& dev) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    forget_unused_books();
+    auto b = std::make_shared<Books>();
+    b->host = host;
+    b->dev = std::move(dev);
+    books[host.get()] = std::move(b);
+  }
+  // Forgets device copies of codebooks no layer holds any more (tables that
+  // queued decodes read keep theirs).
+  void forget_unused_books() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    for (auto i = books.begin(); i != books.end();) {
+      if (i->second->host.use_count() == 1) i = books.erase(i); else ++i;
+    }
+  }
 
   // Frees retired tables whose decodes have all run.
   void prune_retired() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
@@ -279,11 +300,7 @@ struct SessionState {
 absl::StatusOr<std::shared_ptr<SessionState::Books>> SessionState::device_books(const CodebooksRef& host) {
   auto it = books.find(host.get());
   if (it != books.end()) return it->second;
-  // Forget device copies of codebooks no layer holds any more (tables that
-  // queued decodes read keep theirs).
-  for (auto i = books.begin(); i != books.end();) {
-    if (i->second->host.use_count() == 1) i = books.erase(i); else ++i;
-  }
+  forget_unused_books();
   auto b = std::make_shared<Books>();
   b->host = host;
   const size_t bytes = host->data.size() * sizeof(float);
@@ -315,22 +332,32 @@ absl::StatusOr<std::shared_ptr<SessionState>> new_state(int device, std::shared_
   return st;
 }
 
-// The n elements each of device K and V given to an append, scanned on the device
-// (on the legacy default stream, as the append's copies) before anything changes;
-// host pointers were scanned by the caller, as on the CPU backend.
-absl::Status check_finite_on_device(const ssa_session& s, const void* k, const void* v, uint64_t n) {
+// The NaN/Inf scan of the n elements each of device K and V given to an append,
+// queued on the legacy default stream with the append's copies; host pointers
+// were scanned by the caller, as on the CPU backend. The result is read by
+// finite_scan_result once the append's device work is queued, so that one wait
+// covers the scan, the copies and the encoding. Rows written before the result
+// is known go to pages beyond the layer's visible length or to new ones, which
+// an append that fails drops.
+absl::Status queue_finite_scan(const ssa_session& s, const void* k, const void* v, uint64_t n) {
   DeviceMem& slots = s.cuda->scan_result;
   if (slots.p == nullptr) {
     SSA_CUDA_RETURN(slots.alloc(2 * sizeof(unsigned long long), nullptr),
                     "cudaMallocAsync of the NaN/Inf scan result");
   }
   auto* d = static_cast<unsigned long long*>(slots.p);
-  constexpr unsigned long long kNone = ~0ull;  // all bits set: no bad element
   SSA_CUDA_RETURN(cudaMemsetAsync(d, 0xff, 2 * sizeof(unsigned long long), nullptr), "NaN/Inf scan setup");
   SSA_CUDA_RETURN(find_non_finite(s.layout.dtype, k, n, d, nullptr), "NaN/Inf scan of k");
   SSA_CUDA_RETURN(find_non_finite(s.layout.dtype, v, n, d + 1, nullptr), "NaN/Inf scan of v");
+  return absl::OkStatus();
+}
+
+// Waits for the legacy default stream (the scan and whatever the append queued
+// after it) and reports the scan's first bad element.
+absl::Status finite_scan_result(const ssa_session& s) {
+  constexpr unsigned long long kNone = ~0ull;  // all bits set: no bad element
   unsigned long long h[2];
-  SSA_CUDA_RETURN(cudaMemcpy(h, d, sizeof h, cudaMemcpyDeviceToHost), "NaN/Inf scan result");
+  SSA_CUDA_RETURN(cudaMemcpy(h, s.cuda->scan_result.p, sizeof h, cudaMemcpyDeviceToHost), "NaN/Inf scan result");
   if (h[0] != kNone) return invalid_argument("k[", h[0], "] is NaN or infinite");
   if (h[1] != kNone) return invalid_argument("v[", h[1], "] is NaN or infinite");
   return absl::OkStatus();
@@ -381,6 +408,14 @@ absl::Status copy_page_to_host(const ssa_session& s, const Page& page, size_t by
   return absl::OkStatus();
 }
 
+void release_unused_memory(int device) {
+  if (cudaSetDevice(device) != cudaSuccess) {
+    cudaGetLastError();
+    return;
+  }
+  device_pool_trim();
+}
+
 absl::StatusOr<PageRef> page_from_host(const ssa_session& s, bool kv, const uint8_t* src, size_t bytes) {
   SSA_CUDA_RETURN(cudaSetDevice(s.cuda->device), "cudaSetDevice");
   absl::StatusOr<PageRef> page = (kv ? s.cuda->kv_pool : s.cuda->code_pool)->allocate();
@@ -392,9 +427,9 @@ absl::StatusOr<PageRef> page_from_host(const ssa_session& s, bool kv, const uint
 
 namespace {
 
-// Codes of tokens [begin, end) with device codebooks `books`, on the legacy
-// default stream. Only the pages of the range go to the device: an append's cost
-// does not grow with the layer.
+// Queues the codes of tokens [begin, end) with device codebooks `books` on the
+// legacy default stream; the caller waits. Only the pages of the range go to the
+// device: an append's cost does not grow with the layer.
 absl::Status encode_range(const ssa_session& s, const float* books, const std::vector<PageRef>& kv,
                           const std::vector<PageRef>& codes, uint64_t begin, uint64_t end) {
   if (end <= begin) return absl::OkStatus();
@@ -406,7 +441,6 @@ absl::Status encode_range(const ssa_session& s, const float* books, const std::v
                             static_cast<uint8_t* const*>(ct.p), books, static_cast<uint32_t>(begin - first * P),
                             static_cast<uint32_t>(end - first * P), nullptr),
                   "PQ encode kernel");
-  SSA_CUDA_RETURN(cudaStreamSynchronize(nullptr), "PQ encode");
   return absl::OkStatus();
 }
 
@@ -452,6 +486,13 @@ absl::Status retrain_layer(ssa_session& s, LayerStore& layer) {
     codes.push_back(*std::move(page));
   }
   SSA_RETURN_IF_ERROR(encode_range(s, static_cast<const float*>(bd.p), layer.kv_pages, codes, 0, layer.n_tokens));
+  SSA_CUDA_RETURN(cudaStreamSynchronize(nullptr), "PQ encode");
+  {
+    // The session's device copy of these codebooks is the one just trained: the
+    // next append or decode need not upload them again.
+    absl::MutexLock lock(&s.cuda->mu);
+    s.cuda->seed_device_books(books, std::move(bd));
+  }
   layer.codebooks = std::move(books);
   layer.code_pages = std::move(codes);
   layer.trained_at_tokens = layer.n_tokens;
@@ -491,9 +532,14 @@ absl::Status session_append(ssa_session& s, uint32_t layer_index, const void* k,
     return invalid_argument("appending ", n_tokens, " tokens to layer ", layer_index, " of ", cur.n_tokens,
                             " exceeds the limit of 4294967295 tokens per layer");
   }
-  if (!host_pointers(s)) {
-    SSA_RETURN_IF_ERROR(check_finite_on_device(s, k, v, n_tokens * L.n_kv_heads * L.head_dim));
-  }
+  const bool scanned_here = !host_pointers(s);
+  if (scanned_here) SSA_RETURN_IF_ERROR(queue_finite_scan(s, k, v, n_tokens * L.n_kv_heads * L.head_dim));
+  // The one wait of an append: for its queued device work, and for the scan's verdict.
+  auto finish = [&]() -> absl::Status {
+    if (scanned_here) return finite_scan_result(s);
+    SSA_CUDA_RETURN(cudaStreamSynchronize(nullptr), "append copies");
+    return absl::OkStatus();
+  };
   const uint64_t old_n = cur.n_tokens, new_n = old_n + n_tokens;
   const uint32_t P = L.page_tokens;
   const bool has_codes = cur.codebooks != nullptr;
@@ -522,10 +568,10 @@ absl::Status session_append(ssa_session& s, uint32_t layer_index, const void* k,
     t = end;
   }
   if (index_wants_training(s.config, cur, new_n)) {
+    SSA_RETURN_IF_ERROR(finish());  // no training on rejected rows
     LayerStore next = cur;  // every code is rebuilt: O(layer) anyway
     commit_tail(std::move(tail), &next);
     SSA_RETURN_IF_ERROR(retrain_layer(s, next));
-    SSA_CUDA_RETURN(cudaStreamSynchronize(nullptr), "append copies");
     cur = std::move(next);
     return absl::OkStatus();
   }
@@ -535,9 +581,7 @@ absl::Status session_append(ssa_session& s, uint32_t layer_index, const void* k,
     const uint64_t base = tail.first_page * P;  // the tail's pages start at this token
     SSA_RETURN_IF_ERROR(encode_range(s, *books, tail.kv, tail.code, old_n - base, new_n - base));
   }
-  // The copies (and codes) are complete before the layer shows them, and the
-  // caller may reuse k and v once this returns.
-  SSA_CUDA_RETURN(cudaStreamSynchronize(nullptr), "append copies");
+  SSA_RETURN_IF_ERROR(finish());
   commit_tail(std::move(tail), &cur);
   return absl::OkStatus();
 }

@@ -1,5 +1,6 @@
 // The CUDA backend behind the C API: device sessions whose pages live in device
-// memory (cudaMalloc, never managed memory), appends from device pointers (or host
+// memory (the library's stream-ordered pool, lib/cuda/device_alloc.h; never managed
+// memory), appends from device pointers (or host
 // pointers with SSA_SESSION_HOST_POINTERS), the PQ index trained and applied on
 // the GPU, and decode / decode_batch through the kernels of kernels/.
 //
@@ -43,6 +44,10 @@ absl::Status retrain_layer(ssa_session& s, LayerStore& layer);
 // Before a truncation to n_tokens: waits for the session's queued decodes that
 // read more tokens (rows an append may rewrite next), and for no other work.
 absl::Status wait_for_readers_beyond(ssa_session& s, uint64_t n_tokens);
+
+// After a CUDA session on `device` was destroyed: gives the memory the library's
+// device pool keeps unused back to the driver.
+void release_unused_memory(int device);
 
 // Snapshot staging of CUDA sessions: the bytes of a device page copied to host
 // memory (dst holds `bytes`), and a new device page of the session's KV (kv) or

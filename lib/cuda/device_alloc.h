@@ -1,6 +1,12 @@
-// Every device allocation of the CUDA backend goes through here, so that tests
-// can inject device-memory exhaustion (fail the n-th call) and check that each
-// failure gives SSA_ERR_OUT_OF_MEMORY and leaves the session as it was.
+// Every device allocation of the CUDA backend goes through here, for two reasons:
+//  - the memory comes from a stream-ordered pool of the library's own, one per
+//    device, that keeps freed memory for reuse. The device's default pool gives
+//    unused memory back to the driver at every synchronisation, so each decode
+//    after a wait mapped its workspace again (about 0.3 ms at 1M tokens) and each
+//    append its small tables; and changing the default pool would change the
+//    embedding program's own allocations.
+//  - tests can inject device-memory exhaustion (fail the n-th call) and check that
+//    each failure gives SSA_ERR_OUT_OF_MEMORY and leaves the session as it was.
 #pragma once
 
 #if defined(SSA_HAVE_CUDA)
@@ -12,9 +18,18 @@
 
 namespace ssa::cuda {
 
-// cudaMallocAsync (stream-ordered: cudaFree would wait for the whole device), or
-// cudaErrorMemoryAllocation when a failure is injected.
+// Stream-ordered allocation from the current device's library pool (cudaFree
+// would wait for the whole device), or cudaErrorMemoryAllocation when a failure
+// is injected. Freed with cudaFreeAsync.
 cudaError_t device_malloc_async(void** p, size_t bytes, cudaStream_t stream);
+
+// Gives the memory the current device's pool holds unused back to the driver
+// (when a session goes, so that what it used is not kept for the process's life).
+void device_pool_trim();
+
+// Test hook: the bytes the current device's pool holds from the driver
+// (reserved) or has handed out (used); 0 before its first allocation.
+uint64_t device_pool_bytes(bool used);
 
 // Test hook: the n-th device allocation from now (1-based) fails and, if
 // `sticky`, all later ones too; n = 0 disarms.

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "common/dtype.h"
+#include "cuda/device_alloc.h"
 #include "backend_test_util.h"
 #include "gpu_test_util.h"
 #include "ssa.h"
@@ -264,6 +265,44 @@ TEST_CASE("gpu backend: index training on the GPU gives the same codebooks every
   CHECK(decode(a, d, ssa, true) == out);
   ssa_session_destroy(a);
   ssa_session_destroy(b);
+  ssa_runtime_destroy(gpu);
+}
+
+
+// The library allocates device memory from a pool of its own that keeps what is
+// freed across waits (the device's default pool gives it back at every
+// synchronisation, and each decode after a wait mapped its workspace again),
+// gives it back on request, and is left holding nothing once the sessions are
+// gone.
+TEST_CASE("gpu backend: the device pool keeps freed memory across waits and holds none after the sessions") {
+  SSA_GPU_TEST_OR_SKIP();
+  ssa_runtime* gpu = runtime(SSA_BACKEND_CUDA);
+  ssa_session* s = session(gpu, 0);
+  const Data d = make_data(20000, 43);
+  fill(s, d, true);
+  const auto before = decode(s, d, params(SSA_METHOD_SSA, 900, 3), true);
+  CUDA_OK(cudaDeviceSynchronize());
+  const uint64_t used = cuda::device_pool_bytes(true);
+  CHECK(used > 0);  // the session's pages
+
+  const size_t big = size_t{64} << 20;
+  void* p = nullptr;
+  REQUIRE(cuda::device_malloc_async(&p, big, nullptr) == cudaSuccess);
+  CHECK(cuda::device_pool_bytes(true) >= used + big);
+  CUDA_OK(cudaFreeAsync(p, nullptr));
+  CUDA_OK(cudaDeviceSynchronize());
+  const uint64_t kept = cuda::device_pool_bytes(false);
+  CHECK(cuda::device_pool_bytes(true) == used);
+  CHECK(kept >= used + big);  // freed, synchronised, still held for reuse
+  cuda::device_pool_trim();
+  CHECK(cuda::device_pool_bytes(false) + big <= kept);  // given back
+  CHECK(decode(s, d, params(SSA_METHOD_SSA, 900, 3), true) == before);
+
+  ssa_session_destroy(s);
+  CUDA_OK(cudaDeviceSynchronize());
+  CHECK(cuda::device_pool_bytes(true) == 0);  // every page, table and workspace freed
+  cuda::device_pool_trim();
+  CHECK(cuda::device_pool_bytes(false) == 0);
   ssa_runtime_destroy(gpu);
 }
 
