@@ -50,7 +50,7 @@ void release_unused_memory(int) {}
 #include "device_pages.h"
 #include "index/pq_index.h"
 #include "kernels/cuda_decode.h"
-#include "kernels/finite_scan.h"
+#include "kernels/append_rows.h"
 #include "kernels/pq_index.h"
 #include "method_plan.h"
 #include "session.h"
@@ -332,24 +332,17 @@ absl::StatusOr<std::shared_ptr<SessionState>> new_state(int device, std::shared_
   return st;
 }
 
-// The NaN/Inf scan of the n elements each of device K and V given to an append,
-// queued on the legacy default stream with the append's copies; host pointers
-// were scanned by the caller, as on the CPU backend. The result is read by
-// finite_scan_result once the append's device work is queued, so that one wait
-// covers the scan, the copies and the encoding. Rows written before the result
-// is known go to pages beyond the layer's visible length or to new ones, which
-// an append that fails drops.
-absl::Status queue_finite_scan(const ssa_session& s, const void* k, const void* v, uint64_t n) {
+// The append's NaN/Inf verdict slots (first bad element of k and of v), reset on
+// the legacy default stream, where the append's row copy lowers them. Host
+// pointers were scanned by the caller, as on the CPU backend.
+absl::StatusOr<unsigned long long*> reset_scan_slots(const ssa_session& s) {
   DeviceMem& slots = s.cuda->scan_result;
   if (slots.p == nullptr) {
     SSA_CUDA_RETURN(slots.alloc(2 * sizeof(unsigned long long), nullptr),
                     "cudaMallocAsync of the NaN/Inf scan result");
   }
-  auto* d = static_cast<unsigned long long*>(slots.p);
-  SSA_CUDA_RETURN(cudaMemsetAsync(d, 0xff, 2 * sizeof(unsigned long long), nullptr), "NaN/Inf scan setup");
-  SSA_CUDA_RETURN(find_non_finite(s.layout.dtype, k, n, d, nullptr), "NaN/Inf scan of k");
-  SSA_CUDA_RETURN(find_non_finite(s.layout.dtype, v, n, d + 1, nullptr), "NaN/Inf scan of v");
-  return absl::OkStatus();
+  SSA_CUDA_RETURN(cudaMemsetAsync(slots.p, 0xff, 2 * sizeof(unsigned long long), nullptr), "NaN/Inf scan setup");
+  return static_cast<unsigned long long*>(slots.p);
 }
 
 // Waits for the legacy default stream (the scan and whatever the append queued
@@ -429,7 +422,7 @@ namespace {
 
 // Queues the codes of tokens [begin, end) with device codebooks `books` on the
 // legacy default stream; the caller waits. Only the pages of the range go to the
-// device: an append's cost does not grow with the layer.
+// device.
 absl::Status encode_range(const ssa_session& s, const float* books, const std::vector<PageRef>& kv,
                           const std::vector<PageRef>& codes, uint64_t begin, uint64_t end) {
   if (end <= begin) return absl::OkStatus();
@@ -441,6 +434,20 @@ absl::Status encode_range(const ssa_session& s, const float* books, const std::v
                             static_cast<uint8_t* const*>(ct.p), books, static_cast<uint32_t>(begin - first * P),
                             static_cast<uint32_t>(end - first * P), nullptr),
                   "PQ encode kernel");
+  return absl::OkStatus();
+}
+
+// The device pointers of an append's tail pages in one upload on the legacy
+// default stream: K/V pages (*kv_table), then code pages (kv_table + tail.kv.size()).
+absl::Status upload_tail_tables(const LayerTail& tail, DeviceMem* out, uint8_t* const** kv_table) {
+  std::vector<uint8_t*> ptrs;
+  ptrs.reserve(tail.kv.size() + tail.code.size());
+  for (const PageRef& p : tail.kv) ptrs.push_back(p->mutable_data());
+  for (const PageRef& p : tail.code) ptrs.push_back(p->mutable_data());
+  SSA_CUDA_RETURN(out->alloc(ptrs.size() * sizeof(uint8_t*), nullptr), "cudaMallocAsync of the append's page table");
+  SSA_CUDA_RETURN(cudaMemcpyAsync(out->p, ptrs.data(), ptrs.size() * sizeof(uint8_t*), cudaMemcpyHostToDevice, nullptr),
+                  "page table upload");
+  *kv_table = static_cast<uint8_t* const*>(out->p);
   return absl::OkStatus();
 }
 
@@ -533,7 +540,6 @@ absl::Status session_append(ssa_session& s, uint32_t layer_index, const void* k,
                             " exceeds the limit of 4294967295 tokens per layer");
   }
   const bool scanned_here = !host_pointers(s);
-  if (scanned_here) SSA_RETURN_IF_ERROR(queue_finite_scan(s, k, v, n_tokens * L.n_kv_heads * L.head_dim));
   // The one wait of an append: for its queued device work, and for the scan's verdict.
   auto finish = [&]() -> absl::Status {
     if (scanned_here) return finite_scan_result(s);
@@ -545,27 +551,43 @@ absl::Status session_append(ssa_session& s, uint32_t layer_index, const void* k,
   const bool has_codes = cur.codebooks != nullptr;
   // The pages written are gathered aside; the layer changes at the commit only.
   // Rows go into the last page from slot old_n % P on: queued decodes read only
-  // tokens below old_n (truncate waited for any that read more).
+  // tokens below old_n (truncate waited for any that read more). So rows can be
+  // written before the scan's verdict: an append it refuses drops them.
   LayerTail tail;
   SSA_RETURN_IF_ERROR(gather_tail(cur, L, new_n, *s.cuda->kv_pool, has_codes ? s.cuda->code_pool.get() : nullptr,
                                   &tail));
-  // Rows: input token-major [n][n_kv][d], pages head-major; one 2D copy per
-  // (page run, head) for K and for V. cudaMemcpyDefault takes host or device input.
-  const size_t row = L.row_bytes();
-  const uint8_t* kb = static_cast<const uint8_t*>(k);
-  const uint8_t* vb = static_cast<const uint8_t*>(v);
-  for (uint64_t t = old_n; t < new_n;) {
-    const uint64_t page = t / P, end = std::min(new_n, (page + 1) * P);
-    uint8_t* dst = tail.kv_page(page).mutable_data();
-    const uint32_t slot = static_cast<uint32_t>(t % P);
-    for (uint32_t h = 0; h < L.n_kv_heads; ++h) {
-      const size_t src = ((t - old_n) * L.n_kv_heads + h) * row;
-      SSA_CUDA_RETURN(cudaMemcpy2DAsync(dst + L.k_offset(h, slot), row, kb + src, L.n_kv_heads * row, row,
-                                        end - t, cudaMemcpyDefault, nullptr), "K row copy");
-      SSA_CUDA_RETURN(cudaMemcpy2DAsync(dst + L.v_offset(h, slot), row, vb + src, L.n_kv_heads * row, row,
-                                        end - t, cudaMemcpyDefault, nullptr), "V row copy");
+  DeviceMem tables;
+  uint8_t* const* kv_table = nullptr;
+  SSA_RETURN_IF_ERROR(upload_tail_tables(tail, &tables, &kv_table));
+  const uint32_t first_slot = static_cast<uint32_t>(old_n - tail.first_page * P);
+  if (scanned_here) {
+    // Device K/V: copied and scanned by one kernel.
+    absl::StatusOr<unsigned long long*> slots = reset_scan_slots(s);
+    if (!slots.ok()) return slots.status();
+    bool aligned = true;
+    for (const PageRef& p : tail.kv) aligned = aligned && reinterpret_cast<uintptr_t>(p->data()) % 16 == 0;
+    const AppendRowsShape shape{L.n_kv_heads, L.head_dim, P, L.dtype};
+    SSA_CUDA_RETURN(append_rows(shape, k, v, n_tokens, kv_table, aligned, first_slot, *slots, nullptr),
+                    "row copy kernel");
+  } else {
+    // Host K/V (scanned by the caller): token-major [n][n_kv][d] into head-major
+    // pages, one 2D copy per (page run, head) for K and for V.
+    const size_t row = L.row_bytes();
+    const uint8_t* kb = static_cast<const uint8_t*>(k);
+    const uint8_t* vb = static_cast<const uint8_t*>(v);
+    for (uint64_t t = old_n; t < new_n;) {
+      const uint64_t page = t / P, end = std::min(new_n, (page + 1) * P);
+      uint8_t* dst = tail.kv_page(page).mutable_data();
+      const uint32_t slot = static_cast<uint32_t>(t % P);
+      for (uint32_t h = 0; h < L.n_kv_heads; ++h) {
+        const size_t src = ((t - old_n) * L.n_kv_heads + h) * row;
+        SSA_CUDA_RETURN(cudaMemcpy2DAsync(dst + L.k_offset(h, slot), row, kb + src, L.n_kv_heads * row, row,
+                                          end - t, cudaMemcpyDefault, nullptr), "K row copy");
+        SSA_CUDA_RETURN(cudaMemcpy2DAsync(dst + L.v_offset(h, slot), row, vb + src, L.n_kv_heads * row, row,
+                                          end - t, cudaMemcpyDefault, nullptr), "V row copy");
+      }
+      t = end;
     }
-    t = end;
   }
   if (index_wants_training(s.config, cur, new_n)) {
     SSA_RETURN_IF_ERROR(finish());  // no training on rejected rows
@@ -578,8 +600,9 @@ absl::Status session_append(ssa_session& s, uint32_t layer_index, const void* k,
   if (has_codes) {
     absl::StatusOr<const float*> books = device_books(*s.cuda, cur.codebooks);
     if (!books.ok()) return books.status();
-    const uint64_t base = tail.first_page * P;  // the tail's pages start at this token
-    SSA_RETURN_IF_ERROR(encode_range(s, *books, tail.kv, tail.code, old_n - base, new_n - base));
+    SSA_CUDA_RETURN(pq_encode(index_shape(L), kv_table, kv_table + tail.kv.size(), *books, first_slot,
+                              first_slot + static_cast<uint32_t>(n_tokens), nullptr),
+                    "PQ encode kernel");
   }
   SSA_RETURN_IF_ERROR(finish());
   commit_tail(std::move(tail), &cur);
