@@ -10,7 +10,8 @@
 // the other session (N tokens, SSA 50x) just queued, and how long that queue
 // then took to drain; then one decode step of the appended session alone: a
 // T-token append, an SSA 50x decode queued (host time until ssa_decode returns)
-// and the wait for its output.
+// and the wait for its output; and the same step with the append queued on the
+// decode's stream (ssa_session_append_async) instead.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdio.h>
@@ -146,6 +147,17 @@ int main(int argc, char** argv) {
     CHECK_CUDA(cudaStreamSynchronize(st));
     step.push_back(now_us() - t0);
   }
+  // The same steps with the append queued on the stream.
+  std::vector<double> async_issue, async_step;
+  for (int r = 0; r < reps; ++r) {
+    const double t0 = now_us();
+    check(ssa_session_append_async(fed, 0, k + src * row, v + src * row, tokens, st), "append_async");
+    src = (src + tokens) % (chunk - tokens);
+    async_issue.push_back(now_us() - t0);
+    check(ssa_decode(fed, 0, q, out, &p, nullptr), "decode");
+    CHECK_CUDA(cudaStreamSynchronize(st));
+    async_step.push_back(now_us() - t0);
+  }
   printf("append of %u token(s) to a %llu-token session, medians of %d:\n", tokens,
          static_cast<unsigned long long>(fed_tokens), reps);
   printf("  device idle:                                   %8.1f us\n", median(idle));
@@ -153,6 +165,8 @@ int main(int argc, char** argv) {
          static_cast<unsigned long long>(context), median(loaded), median(drain));
   printf("  decode step (append, SSA 50x decode, wait):    %8.1f us (ssa_decode returned after %.1f us)\n",
          median(step), median(issue));
+  printf("  the same, append queued on the decode's stream:  %8.1f us (ssa_session_append_async returned after %.1f us)\n",
+         median(async_step), median(async_issue));
   cudaStreamDestroy(st);
   ssa_session_destroy(fed);
   ssa_session_destroy(busy);

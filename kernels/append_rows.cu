@@ -30,23 +30,28 @@ struct Geometry {
   uint64_t row_bytes, half_page_bytes;  // one head row; K (or V) of a whole page
 
   // Destination of unit u of the source (token-major rows).
-  __device__ __forceinline__ uint8_t* dst(uint8_t* const* pages, bool is_v, uint64_t u) const {
+  __device__ __forceinline__ uint8_t* dst(const AppendPages& pages, bool is_v, uint64_t u) const {
     const uint64_t r = u / row_units, c = u % row_units;
     const uint64_t t = r / n_kv, h = r % n_kv;
     const uint64_t slot_abs = first_slot + t;
     const uint64_t page = slot_abs / page_tokens, slot = slot_abs % page_tokens;
-    return pages[page] + (is_v ? half_page_bytes : 0) + (h * page_tokens + slot) * row_bytes + c * unit_bytes;
+    return pages.kv[page] + (is_v ? half_page_bytes : 0) + (h * page_tokens + slot) * row_bytes + c * unit_bytes;
   }
 };
 
 // blockIdx.y: 0 copies k, 1 copies v.
 template <typename Bits, Bits kExponent>
 __global__ void __launch_bounds__(kThreads) append_rows_kernel(const uint8_t* k, const uint8_t* v, uint64_t n_units,
-                                                               Geometry g, uint8_t* const* pages, bool vectors,
-                                                               unsigned long long* first_bad) {
+                                                               Geometry g, const __grid_constant__ AppendPages pages,
+                                                               bool vectors, uint64_t elem_base,
+                                                               unsigned long long* first_bad, uint8_t** table) {
   const bool is_v = blockIdx.y == 1;
+  if (table != nullptr && blockIdx.x == 0 && blockIdx.y == 0) {
+    for (uint32_t i = threadIdx.x; i < 2 * pages.count; i += kThreads)
+      table[i] = i < pages.count ? pages.kv[i] : pages.code[i - pages.count];
+  }
   const uint8_t* src = is_v ? v : k;
-  unsigned long long* first = first_bad + blockIdx.y;
+  unsigned long long* first = first_bad != nullptr ? first_bad + blockIdx.y : nullptr;
   const uint64_t stride = uint64_t{gridDim.x} * kThreads;
   if (vectors) {
     constexpr uint32_t kPerVec = 16 / sizeof(Bits);
@@ -57,9 +62,9 @@ __global__ void __launch_bounds__(kThreads) append_rows_kernel(const uint8_t* k,
       } w;
       w.u4 = reinterpret_cast<const uint4*>(src)[u];
 #pragma unroll
-      for (uint32_t e = 0; e < kPerVec; ++e) {
+      for (uint32_t e = 0; first != nullptr && e < kPerVec; ++e) {
         if (bad<Bits, kExponent>(w.b[e])) {
-          atomicMin(first, static_cast<unsigned long long>(u * kPerVec + e));
+          atomicMin(first, static_cast<unsigned long long>(elem_base + u * kPerVec + e));
           break;
         }
       }
@@ -68,19 +73,20 @@ __global__ void __launch_bounds__(kThreads) append_rows_kernel(const uint8_t* k,
   } else {
     for (uint64_t u = uint64_t{blockIdx.x} * kThreads + threadIdx.x; u < n_units; u += stride) {
       const Bits b = reinterpret_cast<const Bits*>(src)[u];
-      if (bad<Bits, kExponent>(b)) atomicMin(first, static_cast<unsigned long long>(u));
+      if (first != nullptr && bad<Bits, kExponent>(b)) atomicMin(first, static_cast<unsigned long long>(elem_base + u));
       *reinterpret_cast<Bits*>(g.dst(pages, is_v, u)) = b;
     }
   }
 }
 
 template <typename Bits, Bits kExponent>
-cudaError_t launch(const AppendRowsShape& s, const void* k, const void* v, uint64_t n, uint8_t* const* pages,
-                   bool pages_aligned, uint32_t first_slot, unsigned long long* first_bad, cudaStream_t st) {
+cudaError_t launch(const AppendRowsShape& s, const void* k, const void* v, uint64_t n, const AppendPages& pages,
+                   uint32_t first_slot, uint64_t elem_base, unsigned long long* first_bad, uint8_t** table,
+                   cudaStream_t st) {
   const uint64_t row_bytes = uint64_t{s.head_dim} * sizeof(Bits);
   // Rows start at multiples of row_bytes in their page (and K/V halves at
   // multiples of it too), so they are aligned when the pages and row_bytes are.
-  const bool vectors = pages_aligned && row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(k) % 16 == 0 &&
+  const bool vectors = pages.aligned && row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(k) % 16 == 0 &&
                        reinterpret_cast<uintptr_t>(v) % 16 == 0;
   Geometry g{};
   g.unit_bytes = vectors ? 16 : sizeof(Bits);
@@ -95,20 +101,23 @@ cudaError_t launch(const AppendRowsShape& s, const void* k, const void* v, uint6
   const dim3 grid(static_cast<uint32_t>(blocks < kMaxBlocks ? blocks : kMaxBlocks), 2);
   append_rows_kernel<Bits, kExponent><<<grid, kThreads, 0, st>>>(static_cast<const uint8_t*>(k),
                                                                  static_cast<const uint8_t*>(v), n_units, g, pages,
-                                                                 vectors, first_bad);
+                                                                 vectors, elem_base, first_bad, table);
   return cudaGetLastError();
 }
 
 }  // namespace
 
-cudaError_t append_rows(const AppendRowsShape& s, const void* k, const void* v, uint64_t n, uint8_t* const* pages,
-                        bool pages_aligned, uint32_t first_slot, unsigned long long* first_bad, cudaStream_t st) {
+cudaError_t append_rows(const AppendRowsShape& s, const void* k, const void* v, uint64_t n, const AppendPages& pages,
+                        uint32_t first_slot, uint64_t elem_base, unsigned long long* first_bad, uint8_t** table,
+                        cudaStream_t st) {
   if (n == 0) return cudaSuccess;
-  const auto a = pages_aligned;
   switch (s.dtype) {
-    case DType::kF32: return launch<uint32_t, 0x7F800000u>(s, k, v, n, pages, a, first_slot, first_bad, st);
-    case DType::kF16: return launch<uint16_t, 0x7C00u>(s, k, v, n, pages, a, first_slot, first_bad, st);
-    case DType::kBF16: return launch<uint16_t, 0x7F80u>(s, k, v, n, pages, a, first_slot, first_bad, st);
+    case DType::kF32:
+      return launch<uint32_t, 0x7F800000u>(s, k, v, n, pages, first_slot, elem_base, first_bad, table, st);
+    case DType::kF16:
+      return launch<uint16_t, 0x7C00u>(s, k, v, n, pages, first_slot, elem_base, first_bad, table, st);
+    case DType::kBF16:
+      return launch<uint16_t, 0x7F80u>(s, k, v, n, pages, first_slot, elem_base, first_bad, table, st);
   }
   return cudaErrorInvalidValue;
 }

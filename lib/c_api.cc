@@ -230,34 +230,68 @@ ssa_status ssa_session_get_config(const ssa_session* s, ssa_session_config* cfg)
   });
 }
 
+namespace {
+
+// The checks both appends make before anything reads k or v; *elems: the
+// elements of each.
+absl::Status check_append(const ssa_session* s, uint32_t layer, const void* k, const void* v, uint64_t n_tokens,
+                          size_t* elems) {
+  if (s == nullptr) return ssa::invalid_argument("session is NULL");
+  if (k == nullptr || v == nullptr) return ssa::invalid_argument("k and v must not be NULL");
+  if (layer >= s->layout.n_layers) {
+    return ssa::invalid_argument("layer ", layer, " >= n_layers ", s->layout.n_layers);
+  }
+  // Size checks come before anything reads k or v: a hostile n_tokens must be
+  // rejected, not used to scan far beyond the caller's arrays.
+  if (n_tokens > ssa::kMaxTokensPerLayer) {
+    return ssa::invalid_argument("n_tokens ", n_tokens, " exceeds the limit of ", ssa::kMaxTokensPerLayer,
+                                 " tokens per layer");
+  }
+  const uint64_t per_token = uint64_t{s->layout.n_kv_heads} * s->layout.head_dim;
+  if (n_tokens > (SIZE_MAX / 2) / (per_token * s->layout.elem_bytes())) {
+    return ssa::invalid_argument("n_tokens ", n_tokens, " overflows the size of K and V");
+  }
+  *elems = static_cast<size_t>(n_tokens * per_token);
+  return absl::OkStatus();
+}
+
+// CUDA backend hook: K and V in device memory are not scanned on the host.
+bool host_kv(const ssa_session* s) {
+  return s->cuda == nullptr || (s->config.flags & SSA_SESSION_HOST_POINTERS) != 0;
+}
+
+absl::Status append_host_checked(ssa_session* s, uint32_t layer, const void* k, const void* v, uint64_t n_tokens,
+                                 size_t n) {
+  size_t bad = ssa::first_non_finite(s->layout.dtype, k, n);
+  if (bad != n) return ssa::invalid_argument("k[", bad, "] is NaN or infinite");
+  bad = ssa::first_non_finite(s->layout.dtype, v, n);
+  if (bad != n) return ssa::invalid_argument("v[", bad, "] is NaN or infinite");
+  return ssa::session_append(*s, layer, k, v, n_tokens);
+}
+
+}  // namespace
+
 ssa_status ssa_session_append(ssa_session* s, uint32_t layer, const void* k, const void* v,
                               uint64_t n_tokens) {
   return guarded([&]() -> absl::Status {
     if (s == nullptr) return ssa::invalid_argument("session is NULL");
     if (n_tokens == 0) return absl::OkStatus();
-    if (k == nullptr || v == nullptr) return ssa::invalid_argument("k and v must not be NULL");
-    if (layer >= s->layout.n_layers) {
-      return ssa::invalid_argument("layer ", layer, " >= n_layers ", s->layout.n_layers);
-    }
-    // Size checks come before anything reads k or v: a hostile n_tokens must be
-    // rejected, not used to scan far beyond the caller's arrays.
-    if (n_tokens > ssa::kMaxTokensPerLayer) {
-      return ssa::invalid_argument("n_tokens ", n_tokens, " exceeds the limit of ",
-                                   ssa::kMaxTokensPerLayer, " tokens per layer");
-    }
-    const uint64_t per_token = uint64_t{s->layout.n_kv_heads} * s->layout.head_dim;
-    if (n_tokens > (SIZE_MAX / 2) / (per_token * s->layout.elem_bytes())) {
-      return ssa::invalid_argument("n_tokens ", n_tokens, " overflows the size of K and V");
-    }
-    const size_t n = static_cast<size_t>(n_tokens * per_token);
-    // CUDA backend hook: K and V in device memory are not scanned on the host.
-    if (s->cuda == nullptr || (s->config.flags & SSA_SESSION_HOST_POINTERS) != 0) {
-      size_t bad = ssa::first_non_finite(s->layout.dtype, k, n);
-      if (bad != n) return ssa::invalid_argument("k[", bad, "] is NaN or infinite");
-      bad = ssa::first_non_finite(s->layout.dtype, v, n);
-      if (bad != n) return ssa::invalid_argument("v[", bad, "] is NaN or infinite");
-    }
+    size_t n = 0;
+    SSA_RETURN_IF_ERROR(check_append(s, layer, k, v, n_tokens, &n));
+    if (host_kv(s)) return append_host_checked(s, layer, k, v, n_tokens, n);
     return ssa::session_append(*s, layer, k, v, n_tokens);
+  });
+}
+
+ssa_status ssa_session_append_async(ssa_session* s, uint32_t layer, const void* k, const void* v,
+                                    uint64_t n_tokens, void* stream) {
+  return guarded([&]() -> absl::Status {
+    if (s == nullptr) return ssa::invalid_argument("session is NULL");
+    if (n_tokens == 0) return absl::OkStatus();
+    size_t n = 0;
+    SSA_RETURN_IF_ERROR(check_append(s, layer, k, v, n_tokens, &n));
+    if (host_kv(s)) return append_host_checked(s, layer, k, v, n_tokens, n);
+    return ssa::cuda::session_append_async(*s, layer, k, v, n_tokens, stream);  // CUDA backend hook
   });
 }
 

@@ -222,12 +222,16 @@ int main(void) {
   k[n * 2 * 64 - 1] = 0.125f;
   v[0] = -NAN;
   EXPECT_STATUS(ssa_session_append(s, 0, k, v, n), SSA_ERR_INVALID_ARGUMENT);
+  /* CPU sessions: the asynchronous append is the plain one, host scan included. */
+  EXPECT_STATUS(ssa_session_append_async(s, 0, k, v, n, NULL), SSA_ERR_INVALID_ARGUMENT);
+  EXPECT(strstr(ssa_last_error_message(), "v[0]") != NULL);
+  EXPECT_STATUS(ssa_session_append_async(s, 2, k, v, n, NULL), SSA_ERR_INVALID_ARGUMENT);
   v[0] = 0.5f;
   k[5] = 1e-40f; /* subnormal: finite, accepted (checked below by the good append) */
   EXPECT(ssa_session_layer_length(s, 0) == 0); /* every failure changed nothing */
   EXPECT_STATUS(ssa_session_append(s, 0, k, v, 0), SSA_OK);
   EXPECT_STATUS(ssa_session_append(s, 0, k, v, n), SSA_OK);
-  EXPECT_STATUS(ssa_session_append(s, 1, k, v, n / 2), SSA_OK);
+  EXPECT_STATUS(ssa_session_append_async(s, 1, k, v, n / 2, NULL), SSA_OK);
   EXPECT(ssa_session_layer_length(s, 0) == n);
   EXPECT(ssa_session_layer_length(s, 5) == 0);
   EXPECT(ssa_session_length(s) == n / 2);

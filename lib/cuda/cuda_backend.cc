@@ -15,6 +15,9 @@ absl::StatusOr<std::shared_ptr<SessionState>> fork_state(const SessionState&) {
 absl::Status session_append(ssa_session&, uint32_t, const void*, const void*, uint64_t) {
   return unsupported("this build has no CUDA backend");
 }
+absl::Status session_append_async(ssa_session&, uint32_t, const void*, const void*, uint64_t, void*) {
+  return unsupported("this build has no CUDA backend");
+}
 absl::Status retrain_layer(ssa_session&, LayerStore&) {
   return unsupported("this build has no CUDA backend");
 }
@@ -237,6 +240,10 @@ struct SessionState {
   // The NaN/Inf scan's two result slots, kept between appends (which take the
   // session exclusively).
   DeviceMem scan_result;
+  // Asynchronous appends: recorded on the legacy default stream before one (the
+  // append's stream waits for it) and on its stream after it (the legacy stream
+  // waits). Created on the first; appends take the session exclusively.
+  cudaEvent_t append_order[2] = {nullptr, nullptr};
   absl::Mutex mu;
   struct Books {
     CodebooksRef host;  // keeps the key alive
@@ -269,6 +276,8 @@ struct SessionState {
     retired.clear();
     books.clear();  // (scan_result is on the legacy default stream)
     if (stream != nullptr) cudaStreamDestroy(stream);
+    for (cudaEvent_t e : append_order)
+      if (e != nullptr) cudaEventDestroy(e);
   }
 
   // The device copy of `host`, uploaded on first use (complete on return).
@@ -437,17 +446,44 @@ absl::Status encode_range(const ssa_session& s, const float* books, const std::v
   return absl::OkStatus();
 }
 
-// The device pointers of an append's tail pages in one upload on the legacy
-// default stream: K/V pages (*kv_table), then code pages (kv_table + tail.kv.size()).
-absl::Status upload_tail_tables(const LayerTail& tail, DeviceMem* out, uint8_t* const** kv_table) {
-  std::vector<uint8_t*> ptrs;
-  ptrs.reserve(tail.kv.size() + tail.code.size());
-  for (const PageRef& p : tail.kv) ptrs.push_back(p->mutable_data());
-  for (const PageRef& p : tail.code) ptrs.push_back(p->mutable_data());
-  SSA_CUDA_RETURN(out->alloc(ptrs.size() * sizeof(uint8_t*), nullptr), "cudaMallocAsync of the append's page table");
-  SSA_CUDA_RETURN(cudaMemcpyAsync(out->p, ptrs.data(), ptrs.size() * sizeof(uint8_t*), cudaMemcpyHostToDevice, nullptr),
-                  "page table upload");
-  *kv_table = static_cast<uint8_t* const*>(out->p);
+// Queues on st the device K/V rows of tokens [old_n, new_n) into the tail's
+// pages, and their codes with device codebooks `books` (null: no codes). With
+// slots, the rows are also scanned for NaN/Inf into them (reset_scan_slots).
+absl::Status queue_device_rows(const ssa_session& s, const LayerTail& tail, const void* k, const void* v,
+                               uint64_t old_n, uint64_t new_n, const float* books, unsigned long long* slots,
+                               cudaStream_t st) {
+  const KvLayout& L = s.layout;
+  const uint64_t P = L.page_tokens;
+  const AppendRowsShape shape{L.n_kv_heads, L.head_dim, L.page_tokens, L.dtype};
+  DeviceMem table;  // written by the row kernel, read by pq_encode
+  if (books != nullptr) {
+    SSA_CUDA_RETURN(table.alloc(2 * kAppendPagesPerLaunch * sizeof(uint8_t*), st),
+                    "cudaMallocAsync of the append's page table");
+  }
+  for (size_t c0 = 0; c0 < tail.kv.size(); c0 += kAppendPagesPerLaunch) {
+    AppendPages pages{};
+    pages.count = static_cast<uint32_t>(std::min<size_t>(kAppendPagesPerLaunch, tail.kv.size() - c0));
+    pages.aligned = true;
+    for (uint32_t i = 0; i < pages.count; ++i) {
+      pages.kv[i] = tail.kv[c0 + i]->mutable_data();
+      pages.aligned = pages.aligned && reinterpret_cast<uintptr_t>(pages.kv[i]) % 16 == 0;
+      if (books != nullptr) pages.code[i] = tail.code[c0 + i]->mutable_data();
+    }
+    const uint64_t page0 = (tail.first_page + c0) * P;  // first token of the launch's pages
+    const uint64_t begin = std::max(old_n, page0), end = std::min(new_n, page0 + pages.count * P);
+    if (end <= begin) continue;
+    const size_t skip = static_cast<size_t>((begin - old_n) * L.token_bytes());
+    uint8_t** t = books != nullptr ? static_cast<uint8_t**>(table.p) : nullptr;
+    SSA_CUDA_RETURN(append_rows(shape, static_cast<const uint8_t*>(k) + skip, static_cast<const uint8_t*>(v) + skip,
+                                end - begin, pages, static_cast<uint32_t>(begin - page0),
+                                (begin - old_n) * L.n_kv_heads * L.head_dim, slots, t, st),
+                    "row copy kernel");
+    if (books != nullptr) {
+      SSA_CUDA_RETURN(pq_encode(index_shape(L), t, t + pages.count, books, static_cast<uint32_t>(begin - page0),
+                                static_cast<uint32_t>(end - page0), st),
+                      "PQ encode kernel");
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -521,14 +557,22 @@ absl::Status wait_for_readers_beyond(ssa_session& s, uint64_t n_tokens) {
   return absl::OkStatus();
 }
 
-absl::Status session_append(ssa_session& s, uint32_t layer_index, const void* k, const void* v,
-                            uint64_t n_tokens) {
+namespace {
+
+// An append to layer `layer_index` with the session held exclusively; validates
+// the count. With `async`: device K/V read on that stream, not scanned, nothing
+// waited for (session_append_async).
+struct AsyncAppend {
+  cudaStream_t stream;
+};
+
+absl::Status append_locked(ssa_session& s, uint32_t layer_index, const void* k, const void* v, uint64_t n_tokens,
+                           const AsyncAppend* async) {
   const KvLayout& L = s.layout;
   if (layer_index >= L.n_layers) return invalid_argument("layer ", layer_index, " >= n_layers ", L.n_layers);
   if (n_tokens == 0) return absl::OkStatus();
   SSA_RETURN_IF_ERROR(check_space(s, k, "k"));
   SSA_RETURN_IF_ERROR(check_space(s, v, "v"));
-  std::unique_lock lock(s.mu);
   SSA_CUDA_RETURN(cudaSetDevice(s.cuda->device), "cudaSetDevice");
   {
     absl::MutexLock cache_lock(&s.cuda->mu);
@@ -539,16 +583,24 @@ absl::Status session_append(ssa_session& s, uint32_t layer_index, const void* k,
     return invalid_argument("appending ", n_tokens, " tokens to layer ", layer_index, " of ", cur.n_tokens,
                             " exceeds the limit of 4294967295 tokens per layer");
   }
-  const bool scanned_here = !host_pointers(s);
+  const uint64_t old_n = cur.n_tokens, new_n = old_n + n_tokens;
+  const uint32_t P = L.page_tokens;
+  const bool has_codes = cur.codebooks != nullptr;
+  const bool trains = index_wants_training(s.config, cur, new_n);
+  if (async != nullptr && trains) {
+    // Training reads every key on the legacy default stream and takes its time
+    // anyway: the rows are made ready first, then the append runs as a plain one.
+    SSA_CUDA_RETURN(cudaStreamSynchronize(async->stream), "append stream");
+    async = nullptr;
+  }
+  const bool device_rows = !host_pointers(s);
+  const bool scanned_here = device_rows && async == nullptr;
   // The one wait of an append: for its queued device work, and for the scan's verdict.
   auto finish = [&]() -> absl::Status {
     if (scanned_here) return finite_scan_result(s);
     SSA_CUDA_RETURN(cudaStreamSynchronize(nullptr), "append copies");
     return absl::OkStatus();
   };
-  const uint64_t old_n = cur.n_tokens, new_n = old_n + n_tokens;
-  const uint32_t P = L.page_tokens;
-  const bool has_codes = cur.codebooks != nullptr;
   // The pages written are gathered aside; the layer changes at the commit only.
   // Rows go into the last page from slot old_n % P on: queued decodes read only
   // tokens below old_n (truncate waited for any that read more). So rows can be
@@ -556,19 +608,34 @@ absl::Status session_append(ssa_session& s, uint32_t layer_index, const void* k,
   LayerTail tail;
   SSA_RETURN_IF_ERROR(gather_tail(cur, L, new_n, *s.cuda->kv_pool, has_codes ? s.cuda->code_pool.get() : nullptr,
                                   &tail));
-  DeviceMem tables;
-  uint8_t* const* kv_table = nullptr;
-  SSA_RETURN_IF_ERROR(upload_tail_tables(tail, &tables, &kv_table));
-  const uint32_t first_slot = static_cast<uint32_t>(old_n - tail.first_page * P);
-  if (scanned_here) {
-    // Device K/V: copied and scanned by one kernel.
+  const float* books = nullptr;
+  if (has_codes && !trains) {
+    absl::StatusOr<const float*> b = device_books(*s.cuda, cur.codebooks);
+    if (!b.ok()) return b.status();
+    books = *b;
+  }
+  if (async != nullptr) {
+    // The stream's work on the session's pages comes after everything the
+    // library queued on the legacy default stream before (page allocations and
+    // copies, earlier appends), and the library's later work there (copies,
+    // frees, other appends) after it.
+    SessionState& st = *s.cuda;
+    if (st.append_order[0] == nullptr) {
+      for (cudaEvent_t& e : st.append_order)
+        SSA_CUDA_RETURN(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+    }
+    SSA_CUDA_RETURN(cudaEventRecord(st.append_order[0], nullptr), "append ordering");
+    SSA_CUDA_RETURN(cudaStreamWaitEvent(async->stream, st.append_order[0], 0), "append ordering");
+    SSA_RETURN_IF_ERROR(queue_device_rows(s, tail, k, v, old_n, new_n, books, nullptr, async->stream));
+    SSA_CUDA_RETURN(cudaEventRecord(st.append_order[1], async->stream), "append ordering");
+    SSA_CUDA_RETURN(cudaStreamWaitEvent(nullptr, st.append_order[1], 0), "append ordering");
+    commit_tail(std::move(tail), &cur);
+    return absl::OkStatus();
+  }
+  if (device_rows) {
     absl::StatusOr<unsigned long long*> slots = reset_scan_slots(s);
     if (!slots.ok()) return slots.status();
-    bool aligned = true;
-    for (const PageRef& p : tail.kv) aligned = aligned && reinterpret_cast<uintptr_t>(p->data()) % 16 == 0;
-    const AppendRowsShape shape{L.n_kv_heads, L.head_dim, P, L.dtype};
-    SSA_CUDA_RETURN(append_rows(shape, k, v, n_tokens, kv_table, aligned, first_slot, *slots, nullptr),
-                    "row copy kernel");
+    SSA_RETURN_IF_ERROR(queue_device_rows(s, tail, k, v, old_n, new_n, books, *slots, nullptr));
   } else {
     // Host K/V (scanned by the caller): token-major [n][n_kv][d] into head-major
     // pages, one 2D copy per (page run, head) for K and for V.
@@ -588,25 +655,42 @@ absl::Status session_append(ssa_session& s, uint32_t layer_index, const void* k,
       }
       t = end;
     }
+    if (books != nullptr) {
+      const uint64_t base = tail.first_page * P;  // the tail's pages start at this token
+      SSA_RETURN_IF_ERROR(encode_range(s, books, tail.kv, tail.code, old_n - base, new_n - base));
+    }
   }
-  if (index_wants_training(s.config, cur, new_n)) {
-    SSA_RETURN_IF_ERROR(finish());  // no training on rejected rows
+  SSA_RETURN_IF_ERROR(finish());  // before training: none on rejected rows
+  if (trains) {
     LayerStore next = cur;  // every code is rebuilt: O(layer) anyway
     commit_tail(std::move(tail), &next);
     SSA_RETURN_IF_ERROR(retrain_layer(s, next));
     cur = std::move(next);
     return absl::OkStatus();
   }
-  if (has_codes) {
-    absl::StatusOr<const float*> books = device_books(*s.cuda, cur.codebooks);
-    if (!books.ok()) return books.status();
-    SSA_CUDA_RETURN(pq_encode(index_shape(L), kv_table, kv_table + tail.kv.size(), *books, first_slot,
-                              first_slot + static_cast<uint32_t>(n_tokens), nullptr),
-                    "PQ encode kernel");
-  }
-  SSA_RETURN_IF_ERROR(finish());
   commit_tail(std::move(tail), &cur);
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status session_append(ssa_session& s, uint32_t layer_index, const void* k, const void* v,
+                            uint64_t n_tokens) {
+  std::unique_lock lock(s.mu);
+  return append_locked(s, layer_index, k, v, n_tokens, nullptr);
+}
+
+absl::Status session_append_async(ssa_session& s, uint32_t layer_index, const void* k, const void* v,
+                                  uint64_t n_tokens, void* stream) {
+  const AsyncAppend async{static_cast<cudaStream_t>(stream)};
+  cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+  SSA_CUDA_RETURN(cudaStreamIsCapturing(async.stream, &cap), "cudaStreamIsCapturing");
+  if (cap != cudaStreamCaptureStatusNone) {
+    return invalid_argument("the stream is being captured into a CUDA graph: an append changes the session when "
+                            "it is called, so it cannot be replayed");
+  }
+  std::unique_lock lock(s.mu);
+  return append_locked(s, layer_index, k, v, n_tokens, host_pointers(s) ? nullptr : &async);
 }
 
 namespace {

@@ -31,6 +31,8 @@
  *    reads device K/V on the legacy default stream (in order after work on
  *    blocking streams, as cudaMemcpy does; K/V written on a non-blocking stream
  *    must be complete); append and update_index return when their work is done.
+ *    ssa_session_append_async queues its work on a stream of the caller's
+ *    instead (see there).
  *    A decode captured into a CUDA graph reads the layer as it was at capture:
  *    replay it only while that layer is unchanged and the session alive.
  *  - CUDA device memory comes from a stream-ordered pool of the library's own
@@ -224,6 +226,31 @@ ssa_status ssa_session_get_config(const ssa_session *s, ssa_session_config *cfg)
    SSA_ERR_OUT_OF_MEMORY, SSA_ERR_DEVICE. */
 ssa_status ssa_session_append(ssa_session *s, uint32_t layer, const void *k,
                                       const void *v, uint64_t n_tokens);
+
+/* ssa_session_append without waiting, for CUDA sessions fed from device memory
+   (a decode loop: the model writes this step's K/V on `stream`, the append and
+   the next decode are queued behind it, nothing waits on the host).
+   Queues on `stream` (a cudaStream_t; NULL = the legacy default stream) the
+   copy of k and v into the session and their PQ codes, and returns. The layer
+   holds the tokens on return: decodes queued on the same stream afterwards (or
+   ordered after it by the caller) read them; a decode on another stream not so
+   ordered may read them before they are written. k and v are read when the
+   stream gets there: keep them unchanged until then. Unlike ssa_session_append,
+   k and v are NOT scanned for NaN/Inf (that would need a wait): a non-finite
+   value is stored and makes the decodes that read it meaningless.
+   The library orders its own later work on the session (appends, copies,
+   frees, truncate, fork, save) after the queued copy, by making the legacy
+   default stream wait for it; so later work of the caller's on the legacy
+   stream, or on blocking streams, also waits for `stream` up to that point.
+   Exceptions, where it waits for the stream and then appends as
+   ssa_session_append (scan included): an append that reaches the layer's index
+   (re)training threshold, and sessions created with SSA_SESSION_HOST_POINTERS.
+   CPU sessions: the same as ssa_session_append (stream is not used).
+   Returns as ssa_session_append, and SSA_ERR_INVALID_ARGUMENT if the stream is
+   being captured into a CUDA graph (the session changes at the call, so a
+   replay could not append). */
+ssa_status ssa_session_append_async(ssa_session *s, uint32_t layer, const void *k,
+                                            const void *v, uint64_t n_tokens, void *stream);
 
 /* (Re)trains the PQ codebooks of every layer that holds at least one token from
    its current keys and re-encodes all codes. Also runs automatically (see

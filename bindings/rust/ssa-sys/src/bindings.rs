@@ -504,6 +504,16 @@ extern "C" {
     ) -> ssa_status;
 }
 extern "C" {
+    pub fn ssa_session_append_async(
+        s: *mut ssa_session,
+        layer: u32,
+        k: *const ::std::os::raw::c_void,
+        v: *const ::std::os::raw::c_void,
+        n_tokens: u64,
+        stream: *mut ::std::os::raw::c_void,
+    ) -> ssa_status;
+}
+extern "C" {
     pub fn ssa_session_update_index(s: *mut ssa_session) -> ssa_status;
 }
 extern "C" {
