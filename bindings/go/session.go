@@ -159,6 +159,23 @@ func (s *Session) AppendPtr(layer int, k, v unsafe.Pointer, nTokens uint64) erro
 	})
 }
 
+// AppendPtrAsync is AppendPtr queued on a CUDA stream (a cudaStream_t; 0 = the
+// legacy default stream) instead of waiting. For CUDA sessions it returns once the
+// copy is queued: k and v must stay valid and unchanged until the stream gets there,
+// and are not scanned for NaN/Inf. Appends that (re)train the index and HostPointers
+// sessions wait for the stream and append as AppendPtr. CPU sessions: the same as
+// AppendPtr (stream is not used).
+func (s *Session) AppendPtrAsync(layer int, k, v unsafe.Pointer, nTokens uint64, stream uintptr) error {
+	l, err := layerArg(layer)
+	if err != nil {
+		return err
+	}
+	st := *(*unsafe.Pointer)(unsafe.Pointer(&stream))
+	return s.use(func(p *C.ssa_session) error {
+		return check(C.ssa_session_append_async(p, l, k, v, C.uint64_t(nTokens), st), "ssa_session_append_async")
+	})
+}
+
 // UpdateIndex (re)trains the PQ codebooks of every non-empty layer and re-encodes.
 func (s *Session) UpdateIndex() error {
 	return s.use(func(p *C.ssa_session) error {

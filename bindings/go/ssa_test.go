@@ -2,12 +2,14 @@ package ssa
 
 import (
 	"errors"
+	"math"
 	"math/rand"
 	"os"
 	"path/filepath"
 	"reflect"
 	"sync"
 	"testing"
+	"unsafe"
 )
 
 func TestConstantsMatchCgo(t *testing.T) {
@@ -114,6 +116,82 @@ func TestAppendAndErrors(t *testing.T) {
 		t.Fatalf("bad layer: %v", err)
 	}
 	if s.LayerLen(0) != 30 {
+		t.Fatal("failed append changed the layer")
+	}
+}
+
+// sameBits reports whether a and b hold bitwise the same float32 values.
+func sameBits(a, b []float32) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if math.Float32bits(a[i]) != math.Float32bits(b[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+// CPU sessions: AppendPtrAsync is AppendPtr (the stream is not used).
+func TestAppendPtrAsyncOnCPUEqualsAppend(t *testing.T) {
+	rt := cpuRuntime(t, 0)
+	cfg := NewSessionConfig(2, nQ, nKV, dim, F32)
+	cfg.IndexMinTokens = 512 // trained during the chunks below
+	a, err := rt.NewSession(cfg)
+	must(t, err)
+	defer a.Close()
+	b, err := rt.NewSession(cfg)
+	must(t, err)
+	defer b.Close()
+	r := rand.New(rand.NewSource(21))
+	const n = 1500
+	k, v := clustered(r, n, 6), normals(r, n*row, 1)
+	for l := 0; l < 2; l++ {
+		for _, c := range [][2]int{{0, 600}, {600, 1100}, {1100, n}} {
+			lo, hi := c[0]*row, c[1]*row
+			must(t, a.AppendPtrAsync(l, unsafe.Pointer(&k[lo]), unsafe.Pointer(&v[lo]), uint64(c[1]-c[0]), 0))
+			must(t, b.AppendF32(l, k[lo:hi], v[lo:hi]))
+		}
+	}
+	if a.Len() != n || b.Len() != n || a.LayerLen(1) != n {
+		t.Fatalf("lengths %d %d %d", a.Len(), b.Len(), a.LayerLen(1))
+	}
+	q := normals(r, qLen, 1.5)
+	sp := WithMethod(MethodSSA)
+	sp.Budget, sp.NSink, sp.NLocal, sp.Seed, sp.Step = 200, 16, 16, 9, 3
+	for l := 0; l < 2; l++ {
+		for _, p := range []*DecodeParams{WithMethod(MethodDense), sp} {
+			oa, ob := make([]float32, qLen), make([]float32, qLen)
+			_, err := a.DecodeF32(l, q, oa, p)
+			must(t, err)
+			_, err = b.DecodeF32(l, q, ob, p)
+			must(t, err)
+			if !sameBits(oa, ob) {
+				t.Fatalf("layer %d %v: async and plain appends decode differently", l, p.Method)
+			}
+		}
+	}
+}
+
+func TestAppendPtrAsyncErrors(t *testing.T) {
+	rt := cpuRuntime(t, 0)
+	s := newSession(t, rt, 2, F32)
+	kv := normals(rand.New(rand.NewSource(22)), 4*row, 1)
+	p := unsafe.Pointer(&kv[0])
+	var e *Error
+	err := s.AppendPtrAsync(2, p, p, 4, 0)
+	if !errors.As(err, &e) || e.Op != "ssa_session_append_async" || !errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("bad layer: %v", err)
+	}
+	err = s.AppendPtrAsync(-1, p, p, 4, 0)
+	if !errors.As(err, &e) || e.Status != ErrInvalidArgument || e.Op != "" {
+		t.Fatalf("negative layer: %v", err)
+	}
+	if err := s.AppendPtrAsync(0, nil, nil, 4, 0); !errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("nil k/v: %v", err)
+	}
+	if s.LayerLen(0) != 0 {
 		t.Fatal("failed append changed the layer")
 	}
 }

@@ -552,6 +552,31 @@ class Session:
             return
         check(lib.ssa_session_append(self._handle(), layer, kr.ptr, vr.ptr, n), "ssa_session_append")
 
+    def append_async(self, layer: int, k: Any, v: Any, stream: Any = None) -> None:
+        """append, queued on a CUDA stream instead of waiting (ssa_session_append_async).
+
+        Args:
+            layer, k, v: as append.
+            stream: CUDA stream (int handle or torch.cuda.Stream); None: the legacy
+                default stream.
+        For CUDA sessions fed device arrays it returns once the copy is queued on
+        `stream`: keep k and v alive and unchanged until the stream gets there, and
+        k and v are not scanned for NaN/Inf (a non-finite value is stored and makes
+        the decodes that read it meaningless). Appends that (re)train the index and
+        host_pointers sessions wait for the stream and append as append does.
+        CPU sessions: the same as append (stream is not used).
+        """
+        c = self._config
+        layer = self._check_layer(layer)
+        kr = self._array("k", k, (None, c.n_kv_heads, c.head_dim), False)
+        n = int(kr.obj.shape[0])
+        vr = self._array("v", v, (n, c.n_kv_heads, c.head_dim), False)
+        st = _stream_ptr(stream)
+        if n == 0:
+            return
+        check(lib.ssa_session_append_async(self._handle(), layer, kr.ptr, vr.ptr, n, st),
+              "ssa_session_append_async")
+
     def update_index(self) -> None:
         """(Re)trains the PQ codebooks of every non-empty layer and re-encodes all codes."""
         check(lib.ssa_session_update_index(self._handle()), "ssa_session_update_index")

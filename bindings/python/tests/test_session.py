@@ -153,3 +153,44 @@ def test_update_index_keeps_dense_exact(rt, rng):
         assert rel_err(after, reference_attention(q, k, v)) < 1e-5
         pq = s.decode(0, q, method="pq_topk", budget=600)  # budget covers N: exact
         assert rel_err(pq, reference_attention(q, k, v)) < 1e-5
+
+
+def test_append_async_on_cpu_equals_append(rt, rng):
+    # CPU sessions: append_async is append (the stream is not used).
+    from conftest import random_q
+
+    k, v = random_kv(rng, 1500, clusters=6)
+    q = random_q(rng, scale=1.5)
+    chunks = [(0, 600), (600, 1100), (1100, 1500)]  # the index is trained at 512 tokens
+    with make_session(rt, index_min_tokens=512) as a, make_session(rt, index_min_tokens=512) as b:
+        for layer in range(2):
+            for lo, hi in chunks:
+                a.append_async(layer, k[lo:hi], v[lo:hi])
+                b.append(layer, k[lo:hi], v[lo:hi])
+        assert len(a) == len(b) == 1500
+        assert a.layer_length(0) == a.layer_length(1) == 1500
+        for layer in range(2):
+            da, db = a.decode(layer, q, method="dense"), b.decode(layer, q, method="dense")
+            assert da.tobytes() == db.tobytes()
+            kw = dict(method="ssa", budget=200, n_sink=16, n_local=16, seed=9, step=3)
+            sa, sb = a.decode(layer, q, **kw), b.decode(layer, q, **kw)
+            assert sa.tobytes() == sb.tobytes()
+            assert sa.tobytes() != da.tobytes()  # the SSA decode is sparse here
+
+
+def test_append_async_errors(rt, rng):
+    with make_session(rt, n_layers=2) as s:
+        k, v = random_kv(rng, 4)
+        with pytest.raises(ssa.InvalidArgument) as ei:
+            s.append_async(2, k, v)
+        assert ei.value.function == "ssa_session_append_async"
+        with pytest.raises(ValueError) as ei:
+            s.append_async(0, k, v[:3])  # shapes are checked as in append
+        assert ei.value.function is None
+        with pytest.raises(ValueError, match="stream"):
+            s.append_async(0, k, v, stream=-1)
+        bad = k.copy()
+        bad[1, 0, 5] = np.nan
+        with pytest.raises(ssa.InvalidArgument):
+            s.append_async(0, bad, v)  # CPU sessions scan k and v as append does
+        assert s.layer_length(0) == 0

@@ -326,6 +326,33 @@ impl Session {
         error::check(sys::ssa_session_append(self.raw.as_ptr(), layer, k, v, n_tokens), "ssa_session_append")
     }
 
+    /// [`Session::append_raw`] queued on a CUDA stream instead of waiting. `stream` is a
+    /// `cudaStream_t` as an address; 0 = the legacy default stream.
+    ///
+    /// For CUDA sessions it returns once the copy is queued on `stream`, and `k` and `v`
+    /// are not scanned for NaN/Inf (a non-finite value is stored and makes the decodes
+    /// that read it meaningless). Appends that (re)train the index and sessions with
+    /// host pointers wait for the stream and append as `append_raw`. CPU sessions: the
+    /// same as `append_raw` (`stream` is not used).
+    ///
+    /// # Safety
+    /// As [`Session::append_raw`], except that `k` and `v` must stay valid and unchanged
+    /// until `stream` reaches the queued copy (CPU sessions: for the call). `stream` must
+    /// be 0 or a valid CUDA stream of the session's device.
+    pub unsafe fn append_raw_async(
+        &mut self,
+        layer: u32,
+        k: *const c_void,
+        v: *const c_void,
+        n_tokens: u64,
+        stream: usize,
+    ) -> Result<()> {
+        error::check(
+            sys::ssa_session_append_async(self.raw.as_ptr(), layer, k, v, n_tokens, stream as *mut c_void),
+            "ssa_session_append_async",
+        )
+    }
+
     /// Attention output of one layer for one query. `q` and `out` are
     /// `[n_q_heads][head_dim]` flattened. Returns what the decode did.
     pub fn decode<T: Element>(&self, layer: u32, q: &[T], out: &mut [T], params: &DecodeParams) -> Result<DecodeStats> {

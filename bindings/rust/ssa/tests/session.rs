@@ -5,6 +5,8 @@ use ssa::{
     BatchItem, DType, DecodeParams, LoadOptions, Method, Runtime, RuntimeOptions, Session, SessionConfig, Status,
 };
 
+use std::os::raw::c_void;
+
 const Q_LEN: usize = (NQ * D) as usize;
 const ROW: usize = (NKV * D) as usize;
 
@@ -84,6 +86,59 @@ fn append_checks_lengths_before_calling() {
     s.append(1, &kv[..0], &kv[..0]).unwrap();
     s.append(1, &kv, &kv).unwrap();
     assert_eq!((s.layer_len(0), s.layer_len(1), s.len()), (0, 3, 0));
+}
+
+fn bits(x: &[f32]) -> Vec<u32> {
+    x.iter().map(|f| f.to_bits()).collect()
+}
+
+/// CPU sessions: append_raw_async is append_raw (the stream is not used).
+#[test]
+fn append_raw_async_on_cpu_equals_append() {
+    let rt = runtime();
+    let mut rng = Rng::new(21);
+    let cfg = SessionConfig { index_min_tokens: 512, ..SessionConfig::new(2, NQ, NKV, D, DType::F32) };
+    let mut a = rt.create_session(&cfg).unwrap();
+    let mut b = rt.create_session(&cfg).unwrap();
+    let n = 1500;
+    let k = rng.clustered(n, NKV as usize, D as usize, 6);
+    let v = rng.normals(n * ROW, 1.0);
+    for l in 0..2 {
+        // the index is trained at 512 tokens, inside the second chunk
+        for (lo, hi) in [(0, 600), (600, 1100), (1100, n)] {
+            let (kc, vc) = (&k[lo * ROW..hi * ROW], &v[lo * ROW..hi * ROW]);
+            // SAFETY: kc and vc hold hi - lo full tokens of f32; CPU session (used for the call only).
+            unsafe {
+                a.append_raw_async(l, kc.as_ptr() as *const c_void, vc.as_ptr() as *const c_void, (hi - lo) as u64, 0)
+            }
+            .unwrap();
+            b.append(l, kc, vc).unwrap();
+        }
+    }
+    assert_eq!((a.len(), b.len(), a.layer_len(0), a.layer_len(1)), (1500, 1500, 1500, 1500));
+    let q = rng.normals(Q_LEN, 1.5);
+    let sp = DecodeParams::method(Method::Ssa).with_budget(200).with_window(16, 16).with_seed(9, 3);
+    for l in 0..2 {
+        for p in [dense(), sp] {
+            let (oa, ob) = (a.decode_vec(l, &q, &p).unwrap(), b.decode_vec(l, &q, &p).unwrap());
+            assert_eq!(bits(&oa), bits(&ob), "layer {} {:?}", l, p.method);
+        }
+    }
+}
+
+#[test]
+fn append_raw_async_errors() {
+    let rt = runtime();
+    let mut s = rt.create_session(&SessionConfig::new(2, NQ, NKV, D, DType::F32)).unwrap();
+    let kv = vec![0.5f32; 4 * ROW];
+    let p = kv.as_ptr() as *const c_void;
+    // SAFETY: kv holds 4 full tokens of f32; CPU session.
+    let e = unsafe { s.append_raw_async(2, p, p, 4, 0) }.unwrap_err();
+    assert_eq!((e.status(), e.function()), (Status::InvalidArgument, Some("ssa_session_append_async")));
+    // SAFETY: null k/v are rejected by the library.
+    let e = unsafe { s.append_raw_async(0, std::ptr::null(), std::ptr::null(), 4, 0) }.unwrap_err();
+    assert_eq!(e.status(), Status::InvalidArgument);
+    assert_eq!(s.layer_len(0), 0);
 }
 
 #[test]
