@@ -626,9 +626,15 @@ absl::Status append_locked(ssa_session& s, uint32_t layer_index, const void* k, 
     }
     SSA_CUDA_RETURN(cudaEventRecord(st.append_order[0], nullptr), "append ordering");
     SSA_CUDA_RETURN(cudaStreamWaitEvent(async->stream, st.append_order[0], 0), "append ordering");
-    SSA_RETURN_IF_ERROR(queue_device_rows(s, tail, k, v, old_n, new_n, books, nullptr, async->stream));
-    SSA_CUDA_RETURN(cudaEventRecord(st.append_order[1], async->stream), "append ordering");
-    SSA_CUDA_RETURN(cudaStreamWaitEvent(nullptr, st.append_order[1], 0), "append ordering");
+    const absl::Status queued = queue_device_rows(s, tail, k, v, old_n, new_n, books, nullptr, async->stream);
+    // Also when a launch failed: the pages dropped then may have been written by
+    // the launches before it, and are freed or reused on the legacy stream.
+    if (cudaEventRecord(st.append_order[1], async->stream) != cudaSuccess ||
+        cudaStreamWaitEvent(nullptr, st.append_order[1], 0) != cudaSuccess) {
+      cudaGetLastError();
+      SSA_CUDA_RETURN(cudaStreamSynchronize(async->stream), "append ordering");
+    }
+    SSA_RETURN_IF_ERROR(queued);
     commit_tail(std::move(tail), &cur);
     return absl::OkStatus();
   }
