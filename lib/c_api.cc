@@ -290,8 +290,13 @@ ssa_status ssa_session_append_async(ssa_session* s, uint32_t layer, const void* 
     if (n_tokens == 0) return absl::OkStatus();
     size_t n = 0;
     SSA_RETURN_IF_ERROR(check_append(s, layer, k, v, n_tokens, &n));
-    if (host_kv(s)) return append_host_checked(s, layer, k, v, n_tokens, n);
-    return ssa::cuda::session_append_async(*s, layer, k, v, n_tokens, stream);  // CUDA backend hook
+    if (s->cuda == nullptr) return append_host_checked(s, layer, k, v, n_tokens, n);
+    // CUDA backend hooks. Host K/V: the stream may still be writing them.
+    if (host_kv(s)) {
+      SSA_RETURN_IF_ERROR(ssa::cuda::wait_for_stream(stream));
+      return append_host_checked(s, layer, k, v, n_tokens, n);
+    }
+    return ssa::cuda::session_append_async(*s, layer, k, v, n_tokens, stream);
   });
 }
 

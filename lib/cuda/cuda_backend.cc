@@ -18,6 +18,7 @@ absl::Status session_append(ssa_session&, uint32_t, const void*, const void*, ui
 absl::Status session_append_async(ssa_session&, uint32_t, const void*, const void*, uint64_t, void*) {
   return unsupported("this build has no CUDA backend");
 }
+absl::Status wait_for_stream(void*) { return unsupported("this build has no CUDA backend"); }
 absl::Status retrain_layer(ssa_session&, LayerStore&) {
   return unsupported("this build has no CUDA backend");
 }
@@ -274,8 +275,12 @@ struct SessionState {
     for (const auto& c : retired) c->last_use.wait();
     layers.clear();
     retired.clear();
-    books.clear();  // (scan_result is on the legacy default stream)
-    if (stream != nullptr) cudaStreamDestroy(stream);
+    books.clear();  // (scan_result and codebooks are freed on the legacy default stream)
+    if (stream != nullptr) {
+      // Tables are freed on it: done before the pool is trimmed (destroy).
+      cudaStreamSynchronize(stream);
+      cudaStreamDestroy(stream);
+    }
     for (cudaEvent_t e : append_order)
       if (e != nullptr) cudaEventDestroy(e);
   }
@@ -317,6 +322,9 @@ absl::StatusOr<std::shared_ptr<SessionState::Books>> SessionState::device_books(
   SSA_CUDA_RETURN(cudaMemcpyAsync(b->dev.p, host->data.data(), bytes, cudaMemcpyHostToDevice, stream),
                   "codebook upload");
   SSA_CUDA_RETURN(cudaStreamSynchronize(stream), "codebook upload");
+  // Freed on the legacy default stream: asynchronous appends that encode with
+  // them are ordered before it, not before this session's own stream.
+  b->dev.stream = nullptr;
   books.emplace(host.get(), b);
   return b;
 }
@@ -411,11 +419,17 @@ absl::Status copy_page_to_host(const ssa_session& s, const Page& page, size_t by
 }
 
 void release_unused_memory(int device) {
-  if (cudaSetDevice(device) != cudaSuccess) {
+  int current = 0;
+  if (cudaGetDevice(&current) != cudaSuccess || cudaSetDevice(device) != cudaSuccess) {
     cudaGetLastError();
     return;
   }
+  // The destroyed session's memory was freed on the legacy default stream (after
+  // any asynchronous append it queued); a trim gives back only frees that have
+  // completed.
+  if (cudaStreamSynchronize(nullptr) != cudaSuccess) cudaGetLastError();
   device_pool_trim();
+  if (cudaSetDevice(current) != cudaSuccess) cudaGetLastError();
 }
 
 absl::StatusOr<PageRef> page_from_host(const ssa_session& s, bool kv, const uint8_t* src, size_t bytes) {
@@ -620,10 +634,8 @@ absl::Status append_locked(ssa_session& s, uint32_t layer_index, const void* k, 
     // copies, earlier appends), and the library's later work there (copies,
     // frees, other appends) after it.
     SessionState& st = *s.cuda;
-    if (st.append_order[0] == nullptr) {
-      for (cudaEvent_t& e : st.append_order)
-        SSA_CUDA_RETURN(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
-    }
+    for (cudaEvent_t& e : st.append_order)
+      if (e == nullptr) SSA_CUDA_RETURN(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
     SSA_CUDA_RETURN(cudaEventRecord(st.append_order[0], nullptr), "append ordering");
     SSA_CUDA_RETURN(cudaStreamWaitEvent(async->stream, st.append_order[0], 0), "append ordering");
     const absl::Status queued = queue_device_rows(s, tail, k, v, old_n, new_n, books, nullptr, async->stream);
@@ -686,17 +698,28 @@ absl::Status session_append(ssa_session& s, uint32_t layer_index, const void* k,
   return append_locked(s, layer_index, k, v, n_tokens, nullptr);
 }
 
-absl::Status session_append_async(ssa_session& s, uint32_t layer_index, const void* k, const void* v,
-                                  uint64_t n_tokens, void* stream) {
-  const AsyncAppend async{static_cast<cudaStream_t>(stream)};
+absl::Status check_append_stream(void* stream) {
   cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
-  SSA_CUDA_RETURN(cudaStreamIsCapturing(async.stream, &cap), "cudaStreamIsCapturing");
+  SSA_CUDA_RETURN(cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &cap), "cudaStreamIsCapturing");
   if (cap != cudaStreamCaptureStatusNone) {
     return invalid_argument("the stream is being captured into a CUDA graph: an append changes the session when "
                             "it is called, so it cannot be replayed");
   }
+  return absl::OkStatus();
+}
+
+absl::Status wait_for_stream(void* stream) {
+  SSA_RETURN_IF_ERROR(check_append_stream(stream));
+  SSA_CUDA_RETURN(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "append stream");
+  return absl::OkStatus();
+}
+
+absl::Status session_append_async(ssa_session& s, uint32_t layer_index, const void* k, const void* v,
+                                  uint64_t n_tokens, void* stream) {
+  SSA_RETURN_IF_ERROR(check_append_stream(stream));
+  const AsyncAppend async{static_cast<cudaStream_t>(stream)};
   std::unique_lock lock(s.mu);
-  return append_locked(s, layer_index, k, v, n_tokens, host_pointers(s) ? nullptr : &async);
+  return append_locked(s, layer_index, k, v, n_tokens, &async);
 }
 
 namespace {

@@ -40,9 +40,13 @@ absl::StatusOr<std::shared_ptr<SessionState>> fork_state(const SessionState& st)
 // The CUDA versions of session mutations (same contracts as session.h).
 absl::Status session_append(ssa_session& s, uint32_t layer, const void* k, const void* v,
                             uint64_t n_tokens);
-// ssa_session_append_async for CUDA sessions (stream: a cudaStream_t).
+// ssa_session_append_async for CUDA sessions with device pointers (stream: a
+// cudaStream_t).
 absl::Status session_append_async(ssa_session& s, uint32_t layer, const void* k, const void* v,
                                   uint64_t n_tokens, void* stream);
+// Refuses a stream being captured into a graph, then waits for it (an
+// asynchronous append that appends as ssa_session_append).
+absl::Status wait_for_stream(void* stream);
 absl::Status retrain_layer(ssa_session& s, LayerStore& layer);
 // Before a truncation to n_tokens: waits for the session's queued decodes that
 // read more tokens (rows an append may rewrite next), and for no other work.

@@ -25,14 +25,32 @@ constexpr size_t kRow = size_t{kNkv} * kD;
 constexpr size_t kOut = size_t{kNq} * kD;
 
 void hold_stream(cudaStream_t st) {
-  auto sleep = [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(200)); };
+  auto sleep = [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(100)); };
   REQUIRE(cudaLaunchHostFunc(st, sleep, nullptr) == cudaSuccess);
+}
+
+// backend_test_util's session without automatic retraining: after the first
+// training (at 1024 tokens) every append below is queued, none waits to retrain.
+ssa_session* async_session(ssa_runtime* gpu) {
+  ssa_session_config c;
+  ssa_session_config_init(&c);
+  c.n_layers = 1;
+  c.n_q_heads = kNq;
+  c.n_kv_heads = kNkv;
+  c.head_dim = kD;
+  c.kv_dtype = SSA_DTYPE_F16;
+  c.page_tokens = 128;
+  c.index_min_tokens = 1024;
+  c.index_regrow_factor = 0.0f;
+  ssa_session* s = nullptr;
+  REQUIRE(ssa_session_create(gpu, &c, &s) == SSA_OK);
+  return s;
 }
 
 // The appends of both sessions: tokens [0, 700) (no index yet), then past the
 // training threshold (1024: the async append waits and trains), single tokens
 // (encoded with the codebooks), a run across pages, and the rest in one append
-// of more pages than one row-copy launch takes (64).
+// of more pages than one row-copy launch takes (64), with codes.
 std::vector<uint32_t> chunks(uint32_t n) {
   std::vector<uint32_t> c = {700, 700, 1, 1, 1, 1, 1, 300};
   uint32_t used = 0;
@@ -74,7 +92,7 @@ std::vector<std::vector<uint16_t>> decode_plain(ssa_session* s, const Data& d) {
 
 // A session fed d[0, n) with plain appends, in the same chunks.
 ssa_session* reference(ssa_runtime* gpu, const Data& d, const Feed& f, uint32_t n) {
-  ssa_session* s = session(gpu, 0);
+  ssa_session* s = async_session(gpu);
   uint32_t at = 0;
   for (uint32_t c : chunks(d.n)) {
     const uint32_t m = std::min(c, n - at);
@@ -85,21 +103,23 @@ ssa_session* reference(ssa_runtime* gpu, const Data& d, const Feed& f, uint32_t 
   return s;
 }
 
-// d[0, n) appended asynchronously on st behind a held stream; the length is
-// checked after each call, before the stream has run anything.
+// d[0, n) appended asynchronously on st, each append behind a held stream; the
+// length is checked after each call, before the stream has run the append. On
+// return the last append is still queued.
 ssa_session* fed_async(ssa_runtime* gpu, const Data& d, const Feed& f, uint32_t n, cudaStream_t st) {
-  ssa_session* s = session(gpu, 0);
-  hold_stream(st);
+  ssa_session* s = async_session(gpu);
   uint32_t at = 0;
   for (uint32_t c : chunks(d.n)) {
     const uint32_t m = std::min(c, n - at);
     if (m == 0) break;
+    hold_stream(st);
     const ssa_status r = ssa_session_append_async(s, 0, f.k.p + at * kRow, f.v.p + at * kRow, m, st);
     INFO(ssa_last_error_message());
     REQUIRE(r == SSA_OK);
     at += m;
     CHECK(ssa_session_length(s) == at);
   }
+  CHECK(cudaStreamQuery(st) == cudaErrorNotReady);  // the call did not wait for the stream
   return s;
 }
 
@@ -201,6 +221,14 @@ TEST_CASE("gpu backend: asynchronous append refuses bad arguments and changes no
   REQUIRE(ssa_session_append(ref, 0, f.k.p, f.v.p, 300) == SSA_OK);
   CHECK(decode_plain(s, d) == decode_plain(ref, d));
   ssa_session_destroy(ref);
+  // Host K/V (SSA_SESSION_HOST_POINTERS): the stream may still be writing them,
+  // so the append waits for it, then appends as ssa_session_append.
+  ssa_session* h = session(gpu, SSA_SESSION_HOST_POINTERS);
+  hold_stream(st);
+  REQUIRE(ssa_session_append_async(h, 0, d.k.data(), d.v.data(), 300, st) == SSA_OK);
+  CHECK(cudaStreamQuery(st) == cudaSuccess);
+  CHECK(ssa_session_length(h) == 300);
+  ssa_session_destroy(h);
   ssa_session_destroy(s);
   cudaStreamDestroy(st);
   ssa_runtime_destroy(gpu);
