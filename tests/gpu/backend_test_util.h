@@ -54,7 +54,8 @@ inline ssa_runtime* runtime(ssa_backend b) {
   return rt;
 }
 
-inline ssa_session* session(ssa_runtime* rt, uint32_t flags, ssa_dtype dtype = SSA_DTYPE_F16) {
+// regrow: index_regrow_factor (4, the default; 0: trained once, never again).
+inline ssa_session* session(ssa_runtime* rt, uint32_t flags, ssa_dtype dtype = SSA_DTYPE_F16, float regrow = 4.0f) {
   ssa_session_config c;
   ssa_session_config_init(&c);
   c.n_layers = 1;
@@ -65,6 +66,7 @@ inline ssa_session* session(ssa_runtime* rt, uint32_t flags, ssa_dtype dtype = S
   c.page_tokens = 128;
   c.flags = flags;
   c.index_min_tokens = 1024;
+  c.index_regrow_factor = regrow;
   ssa_session* s = nullptr;
   REQUIRE(ssa_session_create(rt, &c, &s) == SSA_OK);
   return s;

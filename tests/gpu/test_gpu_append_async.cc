@@ -29,23 +29,9 @@ void hold_stream(cudaStream_t st) {
   REQUIRE(cudaLaunchHostFunc(st, sleep, nullptr) == cudaSuccess);
 }
 
-// backend_test_util's session without automatic retraining: after the first
-// training (at 1024 tokens) every append below is queued, none waits to retrain.
-ssa_session* async_session(ssa_runtime* gpu) {
-  ssa_session_config c;
-  ssa_session_config_init(&c);
-  c.n_layers = 1;
-  c.n_q_heads = kNq;
-  c.n_kv_heads = kNkv;
-  c.head_dim = kD;
-  c.kv_dtype = SSA_DTYPE_F16;
-  c.page_tokens = 128;
-  c.index_min_tokens = 1024;
-  c.index_regrow_factor = 0.0f;
-  ssa_session* s = nullptr;
-  REQUIRE(ssa_session_create(gpu, &c, &s) == SSA_OK);
-  return s;
-}
+// Sessions without automatic retraining: after the first training (at 1024
+// tokens) every append below is queued, none waits to retrain.
+ssa_session* async_session(ssa_runtime* gpu) { return session(gpu, 0, SSA_DTYPE_F16, 0.0f); }
 
 // The appends of both sessions: tokens [0, 700) (no index yet), then past the
 // training threshold (1024: the async append waits and trains), single tokens
