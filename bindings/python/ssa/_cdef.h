@@ -38,8 +38,9 @@
  *  - CUDA device memory comes from a stream-ordered pool of the library's own
  *    per device (not the device's default pool, whose settings stay the
  *    caller's). It keeps memory that decodes and appends free for their next
- *    calls, and gives what it holds unused back to the driver whenever a
- *    session is destroyed.
+ *    calls; ssa_session_destroy waits for the legacy default stream (the
+ *    session's frees are queued there) and gives what the pool holds unused
+ *    back to the driver.
  *  - Non-finite values: K and V given to append are always scanned (on the host,
  *    or on the device for device pointers of CUDA sessions), and so is q where the
  *    library can read it on the host (CPU sessions, and CUDA sessions with
@@ -238,10 +239,12 @@ ssa_status ssa_session_append(ssa_session *s, uint32_t layer, const void *k,
    stream gets there: keep them unchanged until then. Unlike ssa_session_append,
    k and v are NOT scanned for NaN/Inf (that would need a wait): a non-finite
    value is stored and makes the decodes that read it meaningless.
-   The library orders its own later work on the session (appends, copies,
-   frees, truncate, fork, save) after the queued copy, by making the legacy
-   default stream wait for it; so later work of the caller's on the legacy
-   stream, or on blocking streams, also waits for `stream` up to that point.
+   The queued copy comes after the work queued before the call on the legacy
+   default stream (and so on blocking streams). The library orders its own
+   later work on the session (appends, copies, frees, truncate, fork, save)
+   after the queued copy by making the legacy default stream wait for it; so
+   later work of the caller's on the legacy stream, or on blocking streams, also
+   waits for `stream` up to that point.
    Exceptions, where it waits for the stream and then appends as
    ssa_session_append (scan included): an append that reaches the layer's index
    (re)training threshold, and sessions created with SSA_SESSION_HOST_POINTERS.
