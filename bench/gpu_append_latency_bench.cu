@@ -120,9 +120,14 @@ int main(int argc, char** argv) {
 
   std::vector<double> idle, loaded, drain;
   uint64_t src = 0;
-  auto append = [&] {
-    check(ssa_session_append(fed, 0, k + src * row, v + src * row, tokens), "append");
+  auto next_rows = [&] {  // offset of the next tokens to append, cycling through the chunk
+    const size_t at = src * row;
     src = (src + tokens) % (chunk - tokens);
+    return at;
+  };
+  auto append = [&] {
+    const size_t at = next_rows();
+    check(ssa_session_append(fed, 0, k + at, v + at, tokens), "append");
   };
   for (int r = 0; r < reps; ++r) {
     double t0 = now_us();
@@ -151,8 +156,8 @@ int main(int argc, char** argv) {
   std::vector<double> async_issue, async_step;
   for (int r = 0; r < reps; ++r) {
     const double t0 = now_us();
-    check(ssa_session_append_async(fed, 0, k + src * row, v + src * row, tokens, st), "append_async");
-    src = (src + tokens) % (chunk - tokens);
+    const size_t at = next_rows();
+    check(ssa_session_append_async(fed, 0, k + at, v + at, tokens, st), "append_async");
     async_issue.push_back(now_us() - t0);
     check(ssa_decode(fed, 0, q, out, &p, nullptr), "decode");
     CHECK_CUDA(cudaStreamSynchronize(st));

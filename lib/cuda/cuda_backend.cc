@@ -48,6 +48,7 @@ void release_unused_memory(int) {}
 
 #include <algorithm>
 #include <map>
+#include <optional>
 
 #include "decode/decode_plan.h"
 #include "device_alloc.h"
@@ -576,12 +577,8 @@ namespace {
 // An append to layer `layer_index` with the session held exclusively; validates
 // the count. With `async`: device K/V read on that stream, not scanned, nothing
 // waited for (session_append_async).
-struct AsyncAppend {
-  cudaStream_t stream;
-};
-
 absl::Status append_locked(ssa_session& s, uint32_t layer_index, const void* k, const void* v, uint64_t n_tokens,
-                           const AsyncAppend* async) {
+                           std::optional<cudaStream_t> async) {
   const KvLayout& L = s.layout;
   if (layer_index >= L.n_layers) return invalid_argument("layer ", layer_index, " >= n_layers ", L.n_layers);
   if (n_tokens == 0) return absl::OkStatus();
@@ -601,14 +598,14 @@ absl::Status append_locked(ssa_session& s, uint32_t layer_index, const void* k, 
   const uint32_t P = L.page_tokens;
   const bool has_codes = cur.codebooks != nullptr;
   const bool trains = index_wants_training(s.config, cur, new_n);
-  if (async != nullptr && trains) {
+  if (async && trains) {
     // Training reads every key on the legacy default stream and takes its time
     // anyway: the rows are made ready first, then the append runs as a plain one.
-    SSA_CUDA_RETURN(cudaStreamSynchronize(async->stream), "append stream");
-    async = nullptr;
+    SSA_CUDA_RETURN(cudaStreamSynchronize(*async), "append stream");
+    async.reset();
   }
   const bool device_rows = !host_pointers(s);
-  const bool scanned_here = device_rows && async == nullptr;
+  const bool scanned_here = device_rows && !async;
   // The one wait of an append: for its queued device work, and for the scan's verdict.
   auto finish = [&]() -> absl::Status {
     if (scanned_here) return finite_scan_result(s);
@@ -628,7 +625,7 @@ absl::Status append_locked(ssa_session& s, uint32_t layer_index, const void* k, 
     if (!b.ok()) return b.status();
     books = *b;
   }
-  if (async != nullptr) {
+  if (async) {
     // The stream's work on the session's pages comes after everything the
     // library queued on the legacy default stream before (page allocations and
     // copies, earlier appends), and the library's later work there (copies,
@@ -637,14 +634,14 @@ absl::Status append_locked(ssa_session& s, uint32_t layer_index, const void* k, 
     for (cudaEvent_t& e : st.append_order)
       if (e == nullptr) SSA_CUDA_RETURN(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
     SSA_CUDA_RETURN(cudaEventRecord(st.append_order[0], nullptr), "append ordering");
-    SSA_CUDA_RETURN(cudaStreamWaitEvent(async->stream, st.append_order[0], 0), "append ordering");
-    const absl::Status queued = queue_device_rows(s, tail, k, v, old_n, new_n, books, nullptr, async->stream);
+    SSA_CUDA_RETURN(cudaStreamWaitEvent(*async, st.append_order[0], 0), "append ordering");
+    const absl::Status queued = queue_device_rows(s, tail, k, v, old_n, new_n, books, nullptr, *async);
     // Also when a launch failed: the pages dropped then may have been written by
     // the launches before it, and are freed or reused on the legacy stream.
-    if (cudaEventRecord(st.append_order[1], async->stream) != cudaSuccess ||
+    if (cudaEventRecord(st.append_order[1], *async) != cudaSuccess ||
         cudaStreamWaitEvent(nullptr, st.append_order[1], 0) != cudaSuccess) {
       cudaGetLastError();
-      SSA_CUDA_RETURN(cudaStreamSynchronize(async->stream), "append ordering");
+      SSA_CUDA_RETURN(cudaStreamSynchronize(*async), "append ordering");
     }
     SSA_RETURN_IF_ERROR(queued);
     commit_tail(std::move(tail), &cur);
@@ -695,7 +692,7 @@ absl::Status append_locked(ssa_session& s, uint32_t layer_index, const void* k, 
 absl::Status session_append(ssa_session& s, uint32_t layer_index, const void* k, const void* v,
                             uint64_t n_tokens) {
   std::unique_lock lock(s.mu);
-  return append_locked(s, layer_index, k, v, n_tokens, nullptr);
+  return append_locked(s, layer_index, k, v, n_tokens, std::nullopt);
 }
 
 absl::Status check_append_stream(void* stream) {
@@ -717,9 +714,8 @@ absl::Status wait_for_stream(void* stream) {
 absl::Status session_append_async(ssa_session& s, uint32_t layer_index, const void* k, const void* v,
                                   uint64_t n_tokens, void* stream) {
   SSA_RETURN_IF_ERROR(check_append_stream(stream));
-  const AsyncAppend async{static_cast<cudaStream_t>(stream)};
   std::unique_lock lock(s.mu);
-  return append_locked(s, layer_index, k, v, n_tokens, &async);
+  return append_locked(s, layer_index, k, v, n_tokens, static_cast<cudaStream_t>(stream));
 }
 
 namespace {

@@ -534,6 +534,15 @@ class Session:
         return layer
 
     # -- mutations
+    def _append_args(self, layer: Any, k: Any, v: Any):
+        """The checked layer, k and v array views and token count of an append."""
+        c = self._config
+        layer = self._check_layer(layer)
+        kr = self._array("k", k, (None, c.n_kv_heads, c.head_dim), False)
+        n = int(kr.obj.shape[0])
+        vr = self._array("v", v, (n, c.n_kv_heads, c.head_dim), False)
+        return layer, kr, vr, n
+
     def append(self, layer: int, k: Any, v: Any) -> None:
         """Appends tokens to one layer.
 
@@ -543,11 +552,7 @@ class Session:
                 dtype, C-contiguous; numpy for host sessions, device arrays for CUDA ones.
         All-or-nothing; takes the session exclusively.
         """
-        c = self._config
-        layer = self._check_layer(layer)
-        kr = self._array("k", k, (None, c.n_kv_heads, c.head_dim), False)
-        n = int(kr.obj.shape[0])
-        vr = self._array("v", v, (n, c.n_kv_heads, c.head_dim), False)
+        layer, kr, vr, n = self._append_args(layer, k, v)
         if n == 0:
             return
         check(lib.ssa_session_append(self._handle(), layer, kr.ptr, vr.ptr, n), "ssa_session_append")
@@ -566,11 +571,7 @@ class Session:
         host_pointers sessions wait for the stream and append as append does.
         CPU sessions: the same as append (stream is not used).
         """
-        c = self._config
-        layer = self._check_layer(layer)
-        kr = self._array("k", k, (None, c.n_kv_heads, c.head_dim), False)
-        n = int(kr.obj.shape[0])
-        vr = self._array("v", v, (n, c.n_kv_heads, c.head_dim), False)
+        layer, kr, vr, n = self._append_args(layer, k, v)
         st = _stream_ptr(stream)
         if n == 0:
             return
