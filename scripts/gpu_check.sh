@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds libssa with the CUDA backend on a machine with an NVIDIA GPU, runs the
 # GPU tests (ctest label "gpu"), compute-sanitizer memcheck and racecheck on a
-# small case, and the GPU decode benchmark matrix (report in $OUT/bench.md). Logs
+# small case (SSA_SANITIZE_TOOLS and SSA_SANITIZE_TESTS pick others), and the GPU decode benchmark matrix (report in $OUT/bench.md). Logs
 # go to $OUT (default ./gpu_out).
 # Abseil, xxHash and doctest may come as .deb files in $SSA_DEBS (default
 # ../.debs); they are unpacked under /tmp/prefix (scripts/gpu_prefix.sh), never
@@ -50,7 +50,7 @@ if has test; then
   grep -E "test cases|assertions" "$OUT/tests_direct.log" | tee -a "$OUT/summary.txt"
 fi
 if has sanitize; then
-  for tool in memcheck racecheck; do
+  for tool in ${SSA_SANITIZE_TOOLS:-memcheck racecheck}; do
     log "compute-sanitizer $tool"
     compute-sanitizer --tool "$tool" --error-exitcode 9 "$TESTS" -tc="${SSA_SANITIZE_TESTS:-gpu small end-to-end*,gpu snapshots*}" \
       >"$OUT/sanitizer_$tool.log" 2>&1 || rc=1
