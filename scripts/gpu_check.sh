@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Builds libssa with the CUDA backend on a machine with an NVIDIA GPU, runs the
 # GPU tests (ctest label "gpu"), compute-sanitizer memcheck and racecheck on a
-# small case (SSA_SANITIZE_TOOLS and SSA_SANITIZE_TESTS pick others), and the GPU decode benchmark matrix (report in $OUT/bench.md). Logs
-# go to $OUT (default ./gpu_out).
+# small case (SSA_SANITIZE_TOOLS and SSA_SANITIZE_TESTS pick others) and the GPU
+# decode benchmark matrix (report in $OUT/bench.md); on request (stage "python",
+# wheels from $SSA_WHEELS) the Python binding's CUDA tests. Logs go to $OUT
+# (default ./gpu_out).
 # Abseil, xxHash and doctest may come as .deb files in $SSA_DEBS (default
 # ../.debs); they are unpacked under /tmp/prefix (scripts/gpu_prefix.sh), never
 # into /. FlashInfer's headers in $SSA_FLASHINFER (default .flashinfer) add it as
@@ -56,6 +58,20 @@ if has sanitize; then
       >"$OUT/sanitizer_$tool.log" 2>&1 || rc=1
     tail -4 "$OUT/sanitizer_$tool.log" | tee -a "$OUT/summary.txt"
   done
+fi
+if has python; then
+  # The Python binding's CUDA path (bindings/python/tests/test_cuda.py, torch
+  # tensors on the device). Its wheels (cffi, pytest, setuptools) come from
+  # $SSA_WHEELS (default .whl) into a folder under /tmp, never into the system.
+  log "python binding on the GPU"
+  PYDEPS=/tmp/ssa_pydeps
+  {
+    python3 -m pip install -q --no-index --find-links "${SSA_WHEELS:-.whl}" --target "$PYDEPS" cffi pytest setuptools &&
+      PYTHONPATH="$PYDEPS" SSA_LIB_DIR="$PWD/$BUILD" SSA_INCLUDE_DIR="$PWD/include" \
+        python3 -m pip install -q --no-build-isolation --no-deps --target "$PYDEPS" ./bindings/python &&
+      (root=$PWD && cd / && PYTHONPATH="$PYDEPS" python3 -m pytest -q -p no:cacheprovider -rs "$root/bindings/python/tests/test_cuda.py")
+  } >"$OUT/python.log" 2>&1 || rc=1
+  tail -5 "$OUT/python.log" | tee -a "$OUT/summary.txt"
 fi
 if has bench && [ -x "$BUILD/bench/gpu_decode_bench" ]; then
   # The benchmark matrix: ours (bench/gpu_decode_bench.cu), then PyTorch SDPA in a
