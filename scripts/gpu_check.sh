@@ -61,8 +61,10 @@ if has sanitize; then
 fi
 if has python; then
   # The Python binding's CUDA path (bindings/python/tests/test_cuda.py, torch
-  # tensors on the device). Its wheels (cffi, pytest, setuptools) come from
-  # $SSA_WHEELS (default .whl) into a folder under /tmp, never into the system.
+  # tensors on the device). Its wheels come from $SSA_WHEELS (default .whl, filled
+  # where PyPI is reachable with: pip download --only-binary=:all: --python-version
+  # 3.12 --platform manylinux2014_x86_64 -d .whl cffi pytest 'setuptools<82') into a
+  # folder under /tmp, never into the system.
   log "python binding on the GPU"
   PYDEPS=/tmp/ssa_pydeps
   {

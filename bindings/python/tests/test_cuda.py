@@ -67,6 +67,8 @@ def test_append_async_on_a_torch_stream_equals_append():
                 with torch.cuda.stream(stream):
                     torch.cuda._sleep(2_000_000)  # about a millisecond of queued work
                 a.append_async(0, k[lo:hi], v[lo:hi], stream=stream)
+                # Queued, not waited for (the first chunk trains the index, which waits).
+                assert stream.query() == (lo == 0)
             assert len(a) == len(b) == n
             outs = {}
             for name, s, st in (("async", a, stream), ("plain", b, None)):
