@@ -69,7 +69,7 @@ const ModelShape kShapes[] = {{"paper", 16, 4, 256, DType::kF16, "f16"},
                               {"llama8b", 32, 8, 128, DType::kBF16, "bf16"}};
 
 constexpr uint32_t kPage = 256, kPageShift = 8;  // tokens per KV page
-constexpr uint32_t kM = 16, kK = 256;            // PQ subspaces, centroids
+constexpr uint32_t kK = 256;                     // PQ centroids
 constexpr uint32_t kSink = 128, kLocal = 128;    // always read, inside the budget k
 constexpr float kSsaH = 0.4f;                    // SSA heavy fraction of k - sink - local
 constexpr double kTargetMs = 100.0;              // timed decode time per measurement
@@ -87,6 +87,7 @@ double g_budget_s = 270.0;  // later cases are reported as skipped (see --time-b
 uint32_t g_sparse_splits = 0;  // --sparse-splits: attention splits of sparse methods (0 = automatic)
 uint32_t g_dense_splits = 0;   // --dense-splits: the same for our dense kernel
 bool g_overlap = true;         // --overlap-launches 0: stages launched plainly (stage_launch.cuh)
+uint32_t g_pq_m = 16;          // --pq-m: PQ subspaces (16, the library's default; 8 halves the lookups)
 // --methods: which of dense, pq_topk, ssa, flashinfer run (FlashInfer only when
 // asked: scripts/gpu_check.sh runs it in a process of its own, so that a fault in
 // it cannot take the other results with it).
@@ -417,7 +418,7 @@ DecodeBatch make_batch(const Case& c, const std::vector<Session>& sess, const Me
   const bool sparse = m.proxy != Proxy::kNone;
   const uint32_t n = c.n;
   DecodeBatch b{};
-  b.shape = DecodeShape{s.nq, s.nkv, s.d, kPage, kPageShift, kM, kK, s.dtype};
+  b.shape = DecodeShape{s.nq, s.nkv, s.d, kPage, kPageShift, g_pq_m, kK, s.dtype};
   b.n_items = c.batch;
   b.proxy = m.proxy;
   b.sampling = m.sampling;
@@ -569,7 +570,7 @@ void run_method(const Case& c, const std::vector<Session>& sess, const Method& m
   // by scoring and read back by the top-k, at the least. The byte floor counts
   // both; GB/s counts the bytes read from the session's store only.
   const double elem = 2.0;
-  const double bytes = c.batch * (sparse ? double(n) * s.nkv * kM + double(k) * s.nq * s.d * elem * 2
+  const double bytes = c.batch * (sparse ? double(n) * s.nkv * g_pq_m + double(k) * s.nq * s.d * elem * 2
                                          : double(n) * s.nkv * s.d * elem * 2);
   const double score_bytes = sparse ? c.batch * double(n) * s.nq * 4.0 * 2 : 0.0;
   const double ms = median(total_seeds);
@@ -709,15 +710,15 @@ void run_case(const Case& c, const std::vector<uint32_t>& sparsities, int sms, i
   }
   const auto t0 = std::chrono::steady_clock::now();
   const uint32_t pages = (n + kPage - 1) / kPage;
-  const size_t kv_page = size_t{2} * kPage * s.nkv * s.d * 2, code_page = size_t{s.nkv} * kM * kPage;
-  const uint32_t sub = s.d / kM;
+  const size_t kv_page = size_t{2} * kPage * s.nkv * s.d * 2, code_page = size_t{s.nkv} * g_pq_m * kPage;
+  const uint32_t sub = s.d / g_pq_m;
   size_t fr = 0, tot = 0;
   cudaMemGetInfo(&fr, &tot);
   note("case %s n=%u batch=%u: %.2f GB of K/V + %.2f GB of codes (device free %.2f of %.2f GB)", s.name, n, B,
        double(B) * kv_page * pages / 1e9, double(B) * code_page * pages / 1e9, fr / 1e9, tot / 1e9);
   Arena arena;
   std::vector<Session> sess(B);
-  const PqIndexShape is{s.nkv, s.d, kM, kK, kPage, kPageShift, s.dtype};
+  const PqIndexShape is{s.nkv, s.d, g_pq_m, kK, kPage, kPageShift, s.dtype};
   cudaError_t e = cudaSuccess;
   // All sessions' K/V pages in one pool (a page-table baseline such as FlashInfer
   // indexes pages from one base).
@@ -728,7 +729,7 @@ void run_case(const Case& c, const std::vector<uint32_t>& sparsities, int sms, i
     ss.codes = static_cast<uint8_t*>(arena.get(code_page * pages, "code pages"));
     ss.kv_table = static_cast<const uint8_t**>(arena.get(size_t{pages} * 8, "page table"));
     ss.code_table = static_cast<uint8_t**>(arena.get(size_t{pages} * 8, "code page table"));
-    ss.books = static_cast<float*>(arena.get(size_t{s.nkv} * kM * kK * sub * 4, "codebooks"));
+    ss.books = static_cast<float*>(arena.get(size_t{s.nkv} * g_pq_m * kK * sub * 4, "codebooks"));
     ss.q = arena.get(size_t{s.nq} * s.d * 2, "q");
     ss.out = arena.get(size_t{s.nq} * s.d * 2, "out");
     if (!arena.error.empty()) break;
@@ -742,10 +743,11 @@ void run_case(const Case& c, const std::vector<uint32_t>& sparsities, int sms, i
     if (e == cudaSuccess) e = fill(s.dtype, ss.kv, kv_page * pages / 2, seed);
     if (e == cudaSuccess) {
       if (s.dtype == DType::kF16) {
-        fill_books<<<dim3(kK, kM, s.nkv), 32>>>(reinterpret_cast<const __half*>(ss.kv), ss.books, kM, kK, sub, s.d);
+        fill_books<<<dim3(kK, g_pq_m, s.nkv), 32>>>(reinterpret_cast<const __half*>(ss.kv), ss.books, g_pq_m, kK,
+                                                     sub, s.d);
       } else {
-        fill_books<<<dim3(kK, kM, s.nkv), 32>>>(reinterpret_cast<const __nv_bfloat16*>(ss.kv), ss.books, kM, kK,
-                                                 sub, s.d);
+        fill_books<<<dim3(kK, g_pq_m, s.nkv), 32>>>(reinterpret_cast<const __nv_bfloat16*>(ss.kv), ss.books,
+                                                     g_pq_m, kK, sub, s.d);
       }
       e = cudaGetLastError();
     }
@@ -823,7 +825,8 @@ void usage() {
   fprintf(stderr,
           "usage: gpu_decode_bench [--out FILE] [--configs paper,llama8b] [--contexts 128K,512K,1M]\n"
           "         [--batches 1,16] [--sparsity 10,20,50,100] [--seeds 3] [--time-budget-s 270]\n"
-          "         [--sparse-splits N] [--dense-splits N] [--overlap-launches 0|1] [--methods dense,pq_topk,ssa,flashinfer]\n");
+          "         [--sparse-splits N] [--dense-splits N] [--overlap-launches 0|1] [--pq-m 16]\n"
+          "         [--methods dense,pq_topk,ssa,flashinfer]\n");
 }
 
 }  // namespace
@@ -874,6 +877,9 @@ int main(int argc, char** argv) {
     } else if (a == "--dense-splits" && ok) {
       g_dense_splits = static_cast<uint32_t>(atoi(v));
       ok = g_dense_splits <= kMaxSplits;
+    } else if (a == "--pq-m" && ok) {
+      g_pq_m = static_cast<uint32_t>(atoi(v));
+      ok = g_pq_m == 4 || g_pq_m == 8 || g_pq_m == 16 || g_pq_m == 32;
     } else if (a == "--overlap-launches" && ok) {
       g_overlap = atoi(v) != 0;
     } else if (a == "--time-budget-s" && ok) {
@@ -922,7 +928,7 @@ int main(int argc, char** argv) {
                 .integer("sms", prop.multiProcessorCount).num("l2_mb", prop.l2CacheSize / 1048576.0)
                 .num("mem_gb", prop.totalGlobalMem / 1e9).integer("driver", driver).integer("runtime", runtime)
                 .integer("max_batch_items", kMaxBatchItems).integer("seeds", n_seeds).num("target_ms", kTargetMs)
-                .integer("page_tokens", kPage).integer("pq_m", kM).integer("pq_k", kK).integer("sink", kSink)
+                .integer("page_tokens", kPage).integer("pq_m", g_pq_m).integer("pq_k", kK).integer("sink", kSink)
                 .integer("local", kLocal).num("flush_mb", kFlushBytes / 1048576.0)
                 .integer("overlap_launches", g_overlap ? 1 : 0).done());
 #ifdef SSA_WITH_FLASHINFER
