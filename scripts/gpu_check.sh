@@ -67,12 +67,15 @@ if has python; then
   # folder under /tmp, never into the system.
   log "python binding on the GPU"
   PYDEPS=/tmp/ssa_pydeps
+  LIB_DIR=$(cd "$BUILD" && pwd)
   {
     python3 -m pip install -q --no-index --find-links "${SSA_WHEELS:-.whl}" --target "$PYDEPS" cffi pytest setuptools &&
-      PYTHONPATH="$PYDEPS" SSA_LIB_DIR="$PWD/$BUILD" SSA_INCLUDE_DIR="$PWD/include" \
+      PYTHONPATH="$PYDEPS" SSA_LIB_DIR="$LIB_DIR" SSA_INCLUDE_DIR="$PWD/include" \
         python3 -m pip install -q --no-build-isolation --no-deps --target "$PYDEPS" ./bindings/python &&
       (root=$PWD && cd / && PYTHONPATH="$PYDEPS" python3 -m pytest -q -p no:cacheprovider -rs "$root/bindings/python/tests/test_cuda.py")
   } >"$OUT/python.log" 2>&1 || rc=1
+  # A skip (no torch, no device) would pass pytest; here it is a failure.
+  if grep -q "skipped" "$OUT/python.log"; then echo "python: CUDA tests skipped" >>"$OUT/python.log"; rc=1; fi
   tail -5 "$OUT/python.log" | tee -a "$OUT/summary.txt"
 fi
 if has bench && [ -x "$BUILD/bench/gpu_decode_bench" ]; then
