@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Side-by-side table of a scripts/gpu_ab.sh run: per case, each variant's decode
+"""Side-by-side table of a `scripts/gpu.sh ab` run: per case, each variant's decode
 time (the best of its rounds, plain and graph replay) and its ratio to the base.
 
   python3 scripts/ab_compare.py $OUT/ab_bench.log

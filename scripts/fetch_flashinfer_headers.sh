@@ -2,7 +2,7 @@
 # Unpacks FlashInfer's CUDA headers (include/flashinfer and the CCCL they need)
 # from the flashinfer-python wheel into .flashinfer/ (git-ignored), for the
 # FlashInfer baseline of bench/gpu_decode_bench:
-#   cmake -DSSA_FLASHINFER_DIR=$PWD/.flashinfer   (scripts/gpu_check.sh does this)
+#   cmake -DSSA_FLASHINFER_DIR=$PWD/.flashinfer   (scripts/gpu.sh check does this)
 # Only the headers: the wheel itself (about 100 MB, JIT-built through many Python
 # dependencies) does not fit a GPU machine without network; the headers are ~33 MB.
 #   bash scripts/fetch_flashinfer_headers.sh [dest]     FLASHINFER_VERSION=0.7.4
