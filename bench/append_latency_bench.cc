@@ -39,9 +39,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  ssa_runtime_options o;
-  ssa_runtime_options_init(&o);
-  o.backend = SSA_BACKEND_CPU;
+  const ssa_runtime_options o = ssa_test::runtime_options(SSA_BACKEND_CPU);
   ssa_runtime* rt = nullptr;
   check(ssa_runtime_create(&o, &rt), "runtime");
 
@@ -55,13 +53,7 @@ int main(int argc, char** argv) {
   printf("one-token appends to a CPU session (%u KV heads, d %u, f32, 16-token pages, index %s), %d each:\n",
          kNkv, kD, index ? "on" : "off", reps);
   for (uint32_t n : {1024u, 16384u, 65536u}) {
-    ssa_session_config c;
-    ssa_session_config_init(&c);
-    c.n_layers = 1;
-    c.n_q_heads = kNq;
-    c.n_kv_heads = kNkv;
-    c.head_dim = kD;
-    c.kv_dtype = SSA_DTYPE_F32;
+    ssa_session_config c = ssa_test::make_config(1, kNq, kNkv, kD, SSA_DTYPE_F32);
     c.page_tokens = 16;
     c.index_min_tokens = index ? 1024 : 0xffffffffu;
     c.index_regrow_factor = 1000.f;  // no retraining inside the timed appends

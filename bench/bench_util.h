@@ -1,7 +1,9 @@
 // Small helpers the benchmarks share: stop at a failed call with its message,
-// the median of a sample, a monotonic clock in microseconds.
+// the median of a sample, a monotonic clock in microseconds. Session configs and
+// runtime options come from the test support library (support/config.h).
 #pragma once
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -10,6 +12,7 @@
 #include <vector>
 
 #include "ssa.h"
+#include "support/config.h"
 
 namespace ssa_bench {
 
@@ -20,9 +23,12 @@ inline void check(ssa_status st, const char* what) {
   }
 }
 
+// The middle value (the mean of the two middle ones for an even count); NaN if empty.
 inline double median(std::vector<double> v) {
+  if (v.empty()) return NAN;
   std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 inline double now_us() {

@@ -90,13 +90,7 @@ int main(int argc, char** argv) {
 
   for (const Config& c : all) {
     if (configs.find(std::string(c.name).substr(0, 5)) == std::string::npos) continue;
-    ssa_session_config cfg;
-    ssa_session_config_init(&cfg);
-    cfg.n_layers = 1;
-    cfg.n_q_heads = c.nq;
-    cfg.n_kv_heads = c.nkv;
-    cfg.head_dim = c.d;
-    cfg.kv_dtype = c.dtype;
+    const ssa_session_config cfg = ssa_test::make_config(1, c.nq, c.nkv, c.d, c.dtype);
     ssa_session* s = nullptr;
     check(ssa_session_create(rt, &cfg, &s), "session");
     ssa_bench::StructuredKv gen(c.nkv, c.d, 42);

@@ -52,13 +52,7 @@ using ssa_bench::median;
 using ssa_bench::now_us;
 
 ssa_session* make_session(ssa_runtime* rt) {
-  ssa_session_config c;
-  ssa_session_config_init(&c);
-  c.n_layers = 1;
-  c.n_q_heads = kNq;
-  c.n_kv_heads = kNkv;
-  c.head_dim = kD;
-  c.kv_dtype = SSA_DTYPE_F16;
+  const ssa_session_config c = ssa_test::make_config(1, kNq, kNkv, kD, SSA_DTYPE_F16);
   ssa_session* s = nullptr;
   check(ssa_session_create(rt, &c, &s), "session");
   return s;
@@ -81,9 +75,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  ssa_runtime_options o;
-  ssa_runtime_options_init(&o);
-  o.backend = SSA_BACKEND_CUDA;
+  const ssa_runtime_options o = ssa_test::runtime_options(SSA_BACKEND_CUDA);
   ssa_runtime* rt = nullptr;
   check(ssa_runtime_create(&o, &rt), "runtime");
 

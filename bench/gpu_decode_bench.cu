@@ -47,6 +47,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
 #include "kernels/cuda_decode.h"
 #include "kernels/pq_index.h"
 #include "kernels/stages.h"
@@ -89,7 +90,7 @@ uint32_t g_dense_splits = 0;   // --dense-splits: the same for our dense kernel
 bool g_overlap = true;         // --overlap-launches 0: stages launched plainly (stage_launch.cuh)
 uint32_t g_pq_m = 16;          // --pq-m: PQ subspaces (16, the library's default; 8 halves the lookups)
 // --methods: which of dense, pq_topk, ssa, flashinfer run (FlashInfer only when
-// asked: scripts/gpu_check.sh runs it in a process of its own, so that a fault in
+// asked: scripts/gpu.sh check runs it in a process of its own, so that a fault in
 // it cannot take the other results with it).
 std::vector<std::string> g_methods = {"dense", "pq_topk", "ssa"};
 bool method_on(const char* m) { return std::find(g_methods.begin(), g_methods.end(), m) != g_methods.end(); }
@@ -294,12 +295,7 @@ bool context_ok() {
 
 // ---- timing -----------------------------------------------------------------------
 
-double median(std::vector<double> v) {
-  if (v.empty()) return NAN;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+using ssa_bench::median;
 
 struct Timing {
   std::vector<double> med;  // median of each span between consecutive events
@@ -879,7 +875,7 @@ int main(int argc, char** argv) {
       ok = g_dense_splits <= kMaxSplits;
     } else if (a == "--pq-m" && ok) {
       g_pq_m = static_cast<uint32_t>(atoi(v));
-      ok = g_pq_m == 8 || g_pq_m == 16;  // the two measured (bench/results/pq_m8_2026-12-01.txt)
+      ok = g_pq_m == 8 || g_pq_m == 16;  // the two measured (bench/NOTEBOOK.md, 2026-12-01)
     } else if (a == "--overlap-launches" && ok) {
       g_overlap = atoi(v) != 0;
     } else if (a == "--time-budget-s" && ok) {

@@ -54,13 +54,7 @@ struct Session {
 // Builds one session of `context` tokens with its own data and query; the PQ
 // index trains automatically during the appends.
 void build(ssa_runtime* rt, uint64_t context, uint64_t seed, Session* out) {
-  ssa_session_config cfg;
-  ssa_session_config_init(&cfg);
-  cfg.n_layers = 1;
-  cfg.n_q_heads = kNq;
-  cfg.n_kv_heads = kNkv;
-  cfg.head_dim = kD;
-  cfg.kv_dtype = kType;
+  ssa_session_config cfg = ssa_test::make_config(1, kNq, kNkv, kD, kType);
   check(ssa_session_create(rt, &cfg, &out->s), "session create");
   ssa_bench::StructuredKv gen(kNkv, kD, seed);
   std::vector<uint8_t> K, V;
@@ -153,10 +147,7 @@ int main(int argc, char** argv) {
   }
   if (n_sessions < max_threads) n_sessions = max_threads;  // one per decoding thread at least
 
-  ssa_runtime_options o;
-  ssa_runtime_options_init(&o);
-  o.backend = SSA_BACKEND_CPU;
-  o.num_threads = runtime_threads;
+  const ssa_runtime_options o = ssa_test::runtime_options(SSA_BACKEND_CPU, runtime_threads);
   ssa_runtime* rt = nullptr;
   check(ssa_runtime_create(&o, &rt), "runtime");
 

@@ -27,6 +27,7 @@
 #include "session.h"
 #include "snapshot/snapshot.h"
 #include "status.h"
+#include "support/handles.h"
 
 namespace {
 
@@ -53,27 +54,13 @@ long rss_kib() {
   return kib;
 }
 
-std::unique_ptr<ssa_runtime> make_runtime() {
-  auto rt = std::make_unique<ssa_runtime>();
-  rt->backend = SSA_BACKEND_CPU;
-  rt->pool = std::make_unique<ssa::ThreadPool>(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
-  return rt;
-}
+// One worker per hardware thread (runtime options' default).
+ssa_test::RuntimePtr make_runtime() { return ssa_test::make_runtime(0, 0x5EED); }
 
 // The paper's shape: 16 query heads, 4 KV heads, head dim 256, fp16 KV, 256-token pages.
 ssa_session_config bench_config(uint32_t n_layers) {
-  ssa_session_config c{};
-  c.struct_size = sizeof c;
-  c.n_layers = n_layers;
-  c.n_q_heads = 16;
-  c.n_kv_heads = 4;
-  c.head_dim = 256;
-  c.kv_dtype = SSA_DTYPE_F16;
-  c.pq_subspaces = 16;
-  c.pq_centroids = 256;
+  ssa_session_config c = ssa_test::make_config(n_layers, 16, 4, 256, SSA_DTYPE_F16);
   c.model_fingerprint = 0xBE9C4;
-  c.page_tokens = 256;
-  c.index_min_tokens = 2048;
   c.index_regrow_factor = 0.0f;  // train once; later keys are encoded
   c.index_train_sample = 4096;
   c.index_iterations = 4;
@@ -164,14 +151,7 @@ double sparse_decode_all_layers(ssa_session& s) {
   const ssa::KvLayout& L = s.layout;
   std::vector<uint16_t> q(size_t{L.n_q_heads} * L.head_dim), out(q.size());
   for (size_t i = 0; i < q.size(); ++i) q[i] = ssa::f32_to_f16(0.01f * static_cast<float>(i % 97) - 0.4f);
-  ssa_decode_params p{};
-  p.struct_size = sizeof p;
-  p.method = SSA_METHOD_SSA;
-  p.sparsity = 50.0f;
-  p.heavy_fraction = 0.4f;
-  p.n_sink = 128;
-  p.n_local = 128;
-  p.pi_min = 1e-4f;
+  ssa_decode_params p = ssa_test::params(SSA_METHOD_SSA);  // 50x, h 0.4, sink and local 128
   p.seed = 1;
   const auto t0 = Clock::now();
   for (uint32_t l = 0; l < L.n_layers; ++l) die(ssa::decode(s, l, q.data(), out.data(), p, nullptr), "decode");

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "snapshot/format.h"
-#include "snapshot_test_util.h"
+#include "support/snapshot_helpers.h"
 
 using namespace ssa;
 using namespace ssa::test;

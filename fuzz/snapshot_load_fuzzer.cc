@@ -9,12 +9,12 @@
 
 #include <string>
 
-#include "snapshot_test_util.h"
+#include "support/snapshot_helpers.h"
 
 namespace {
 
 struct Env {
-  std::unique_ptr<ssa_runtime> rt = ssa::test::make_runtime(1);
+  ssa_test::RuntimePtr rt = ssa::test::make_runtime(1);
   int fd = memfd_create("snapshot", 0);
   std::string path = "/proc/self/fd/" + std::to_string(fd);
 };

@@ -16,8 +16,8 @@
 
 #include "common/dtype.h"
 #include "cuda/device_alloc.h"
-#include "backend_test_util.h"
-#include "gpu_test_util.h"
+#include "support/gpu_sessions.h"
+#include "support/gpu_layer.h"
 #include "ssa.h"
 
 namespace ssa::gputest {

@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "backend_test_util.h"
-#include "gpu_test_util.h"
+#include "support/gpu_sessions.h"
+#include "support/gpu_layer.h"
 #include "ssa.h"
 
 namespace ssa::gputest {

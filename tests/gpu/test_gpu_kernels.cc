@@ -12,7 +12,7 @@
 
 #include "common/water_filling.h"
 #include "decode/decode_plan.h"
-#include "gpu_test_util.h"
+#include "support/gpu_layer.h"
 #include "lib/cuda/method_plan.h"
 #include "select/radix_topk.h"
 #include "select/selection.h"

@@ -10,7 +10,7 @@
 #include <random>
 #include <vector>
 
-#include "gpu_test_util.h"
+#include "support/gpu_layer.h"
 #include "index/kmeans.h"
 #include "index/kmeans_rng.h"
 #include "kernels/pq_index.h"

@@ -12,7 +12,7 @@
 #include <map>
 #include <vector>
 
-#include "gpu_test_util.h"
+#include "support/gpu_layer.h"
 #include "support/reference_attention.h"
 #include "support/session_helpers.h"
 #include "support/structured_context.h"

@@ -14,7 +14,7 @@
 #include <thread>
 #include <vector>
 
-#include "backend_test_util.h"
+#include "support/gpu_sessions.h"
 
 namespace ssa::gputest {
 namespace {

@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "backend_test_util.h"
+#include "support/gpu_sessions.h"
 #include "cuda/device_alloc.h"
-#include "gpu_test_util.h"
+#include "support/gpu_layer.h"
 #include "ssa.h"
 
 namespace ssa::gputest {

@@ -20,7 +20,7 @@
 #include "snapshot/file_io.h"
 #include "snapshot/format.h"
 #include "snapshot/record.h"
-#include "snapshot_test_util.h"
+#include "support/snapshot_helpers.h"
 
 using namespace ssa;
 using namespace ssa::test;

@@ -11,7 +11,8 @@
 #include <vector>
 
 #include "common/dtype.h"
-#include "gpu_test_util.h"
+#include "config.h"
+#include "gpu_layer.h"
 #include "ssa.h"
 
 namespace ssa::gputest {
@@ -46,9 +47,7 @@ inline Data make_data(uint32_t n, uint64_t seed) {
 }
 
 inline ssa_runtime* runtime(ssa_backend b) {
-  ssa_runtime_options o;
-  ssa_runtime_options_init(&o);
-  o.backend = b;
+  const ssa_runtime_options o = ssa_test::runtime_options(b);
   ssa_runtime* rt = nullptr;
   REQUIRE(ssa_runtime_create(&o, &rt) == SSA_OK);
   return rt;
@@ -56,13 +55,7 @@ inline ssa_runtime* runtime(ssa_backend b) {
 
 // regrow: index_regrow_factor (4, the default; 0: trained once, never again).
 inline ssa_session* session(ssa_runtime* rt, uint32_t flags, ssa_dtype dtype = SSA_DTYPE_F16, float regrow = 4.0f) {
-  ssa_session_config c;
-  ssa_session_config_init(&c);
-  c.n_layers = 1;
-  c.n_q_heads = kNq;
-  c.n_kv_heads = kNkv;
-  c.head_dim = kD;
-  c.kv_dtype = dtype;
+  ssa_session_config c = ssa_test::make_config(1, kNq, kNkv, kD, dtype);
   c.page_tokens = 128;
   c.flags = flags;
   c.index_min_tokens = 1024;
@@ -100,10 +93,7 @@ inline double rel(const std::vector<uint16_t>& a, const std::vector<uint16_t>& b
 }
 
 inline ssa_decode_params params(ssa_method m, uint32_t budget, uint64_t step = 0) {
-  ssa_decode_params p;
-  ssa_decode_params_init(&p);
-  p.method = m;
-  p.budget = budget;
+  ssa_decode_params p = ssa_test::params(m, budget);
   p.step = step;
   return p;
 }

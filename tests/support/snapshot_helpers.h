@@ -1,4 +1,4 @@
-// Helpers shared by the snapshot tests, the fuzzer and the benchmark: random
+// Helpers shared by the snapshot tests and the fuzzer, over the internal API: random
 // sessions, byte-exact store comparison, decode comparison, file helpers.
 #pragma once
 
@@ -23,32 +23,22 @@
 #include "session.h"
 #include "snapshot/snapshot.h"
 #include "status.h"
+#include "support/config.h"
+#include "support/handles.h"
 
 namespace ssa::test {
 
-inline std::unique_ptr<ssa_runtime> make_runtime(int threads = 1) {
-  auto rt = std::make_unique<ssa_runtime>();
-  rt->backend = SSA_BACKEND_CPU;
-  rt->seed = 0x5EED;
-  rt->pool = std::make_unique<ThreadPool>(threads);
-  return rt;
-}
+// One worker by default: nothing but the caller runs when a test forks.
+inline ssa_test::RuntimePtr make_runtime(int threads = 1) { return ssa_test::make_runtime(threads, 0x5EED); }
 
+// Two small layers, 16-token pages and a 16-centroid index trained at 64 tokens,
+// so that a few hundred tokens exercise pages, codes and codebooks.
 inline ssa_session_config small_config(uint64_t fingerprint = 0xF00DF00Dull) {
-  ssa_session_config c{};
-  c.struct_size = sizeof c;
-  c.n_layers = 2;
-  c.n_q_heads = 4;
-  c.n_kv_heads = 2;
-  c.head_dim = 64;
-  c.kv_dtype = SSA_DTYPE_F16;
-  c.pq_subspaces = 16;
+  ssa_session_config c = ssa_test::make_config(2, 4, 2, 64, SSA_DTYPE_F16);
   c.pq_centroids = 16;
   c.model_fingerprint = fingerprint;
   c.page_tokens = 16;
-  c.flags = 0;
   c.index_min_tokens = 64;
-  c.index_regrow_factor = 4.0f;
   c.index_train_sample = 256;
   c.index_iterations = 2;
   return c;
@@ -170,15 +160,9 @@ inline std::vector<uint8_t> decode_fingerprint(ssa_session& s, uint64_t seed) {
     }
     for (ssa_method m : methods) {
       if (!indexed && m != SSA_METHOD_DENSE) continue;  // would train (change) the session
-      ssa_decode_params p{};
-      p.struct_size = sizeof p;
-      p.method = m;
-      p.budget = 0;
-      p.sparsity = 4.0f;
-      p.heavy_fraction = 0.4f;
+      ssa_decode_params p = ssa_test::params(m, 0, 4.0f);
       p.n_sink = 4;
       p.n_local = 4;
-      p.pi_min = 1e-4f;
       p.seed = 1234;
       p.step = 7;
       std::vector<uint8_t> out(q.size());
