@@ -7,8 +7,9 @@
 
 The text of every block is taken from README.md verbatim. How each is run:
   - A fenced `sh` block followed (in the same section) by a block of another
-    language is that block's setup: it runs with bash -e in a fresh empty folder,
-    with LIBSSA set to this checkout (README says "`$LIBSSA` is this checkout").
+    language is that block's setup: it runs with bash -e, LIBSSA set to this
+    checkout (README says "`$LIBSSA` is this checkout"), in the block's fresh
+    empty folder when it uses $LIBSSA, else in the checkout.
     A line holding only an inline `command` right before a block is its setup
     too; it runs in the checkout (it uses paths relative to it).
   - c: a complete program, written to the file name its setup compiles (`x.c`).
@@ -162,9 +163,14 @@ def base_env():
     return env
 
 
+def setup_dir(setup, work):
+    return work if "$LIBSSA" in setup.text or "${LIBSSA}" in setup.text else ROOT
+
+
 def run_setup(block, setup, work, env):
     if setup is not None:
-        run(block, ["bash", "-ec", setup.text], work, env, "setup: sh block at README.md:%d" % setup.line)
+        run(block, ["bash", "-ec", setup.text], setup_dir(setup, work), env,
+            "setup: sh block at README.md:%d" % setup.line)
     for cmd in inline_setup(block):
         run(block, ["bash", "-ec", cmd], ROOT, env, "setup: " + cmd)
 
@@ -175,6 +181,9 @@ def check_c(block, setup, work, env):
     m = re.search(r"(\S+\.c)\b", setup.text)
     if not m:
         fail(block, "its sh block names no .c file to compile")
+    where = setup_dir(setup, work)
+    if where != work:
+        fail(block, "its sh block must build in a folder of the user's ($LIBSSA for the checkout)")
     with open(os.path.join(work, m.group(1)), "w") as f:
         f.write(block.text)
     out = run(block, ["bash", "-ec", setup.text], work, env, "sh block at README.md:%d with %s" % (setup.line, m.group(1)))
