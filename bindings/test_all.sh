@@ -7,7 +7,8 @@
 #   cmake -S . -B build -DSSA_ENABLE_CUDA=OFF && cmake --build build -j2
 # Installs what it needs (pip: cffi numpy pytest setuptools wheel; apt: golang-go
 # bindgen), then runs: bindings/generate --check, pytest, cargo test (offline),
-# go vet + go test, and the three examples. Any failure stops it with a non-zero exit.
+# go vet + go test, and the three examples, all without LD_LIBRARY_PATH. Any
+# failure stops it with a non-zero exit.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -42,29 +43,39 @@ go version; bindgen --version; cargo --version; "$PY" --version
 step "generated bindings are up to date"
 "$ROOT/bindings/generate" --check
 
+TMPS=()
+trap 'rm -rf "${TMPS[@]}"' EXIT
+
 step "python"
 export SSA_LIB_DIR="$BUILD" SSA_INCLUDE_DIR="$ROOT/include"
-"$PY" -m pip install -q --no-build-isolation --force-reinstall --no-deps "$ROOT/bindings/python"
+# Installed into a folder of its own (first on PYTHONPATH), not over the
+# interpreter's site-packages.
+PYTARGET="$(mktemp -d)"; TMPS+=("$PYTARGET")
+"$PY" -m pip install -q --no-build-isolation --no-deps --target "$PYTARGET" "$ROOT/bindings/python"
 # Run from the repository root so the source tree's ssa/ (without the compiled
 # extension) does not shadow the installed package.
-(cd "$ROOT" && "$PY" -m pytest -q -p no:cacheprovider bindings/python/tests)
-(cd "$ROOT" && "$PY" examples/python/agent_session.py)
+(cd "$ROOT" && PYTHONPATH="$PYTARGET" "$PY" -m pytest -q -p no:cacheprovider bindings/python/tests)
+(cd "$ROOT" && PYTHONPATH="$PYTARGET" "$PY" examples/python/agent_session.py)
 
 step "rust"
-(cd "$ROOT/bindings/rust" && cargo test --offline -q)
-(cd "$ROOT/examples/rust" && cargo run --offline -q)
+# Default: ssa-sys links libssa.a (the test binaries must not load libssa.so);
+# then once more with the shared library (feature `dynamic`).
+(cd "$ROOT/bindings/rust" && env -u LD_LIBRARY_PATH cargo test --offline -q)
+(cd "$ROOT/bindings/rust" && env -u LD_LIBRARY_PATH cargo test --offline -q -p ssa --features dynamic)
+(cd "$ROOT/examples/rust" && env -u LD_LIBRARY_PATH cargo run --offline -q --release)
+EXE="$ROOT/examples/rust/target/release/agent_session"
+if ldd "$EXE" | grep -q libssa; then fail "$EXE loads libssa.so; ssa-sys should link libssa.a"; fi
 
 step "go"
-PREFIX="$(mktemp -d)"
-trap 'rm -rf "$PREFIX"' EXIT
+PREFIX="$(mktemp -d)"; TMPS+=("$PREFIX")
 cmake --install "$BUILD" --prefix "$PREFIX" >/dev/null
 PC="$(find "$PREFIX" -name ssa.pc | head -n1)"
 [ -n "$PC" ] || fail "cmake --install put no ssa.pc under $PREFIX"
 # ssa.pc is relocatable (prefix=${pcfiledir}/../..): no rewriting needed.
-LIBDIR="$(PKG_CONFIG_PATH="$(dirname "$PC")" pkg-config --variable=libdir ssa)"
+# ssa.pc's Libs carry the rpath: nothing else tells the programs where libssa.so is.
 export PKG_CONFIG_PATH="$(dirname "$PC")${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
-export CGO_LDFLAGS="-Wl,-rpath,$LIBDIR" GOPROXY=off GOFLAGS=-mod=mod
-(cd "$ROOT/bindings/go" && go vet ./... && go test -count=1 ./...)
-(cd "$ROOT/examples/go" && go vet . && go run .)
+export GOPROXY=off GOFLAGS=-mod=mod
+(cd "$ROOT/bindings/go" && go vet ./... && env -u LD_LIBRARY_PATH go test -count=1 ./...)
+(cd "$ROOT/examples/go" && go vet . && env -u LD_LIBRARY_PATH go run .)
 
 step "all binding checks passed"

@@ -36,7 +36,7 @@ int main(int argc, char** argv) {
 
   ssa_runtime* rt = nullptr;
   check(ssa_runtime_create(nullptr, &rt), "ssa_runtime_create");  // AUTO backend
-  printf("libssa %u, backend %s, %d CPU threads\n", ssa_version(),
+  printf("libssa %s, backend %s, %d CPU threads\n", ssa_version_string(),
          ssa_runtime_backend(rt) == SSA_BACKEND_CUDA ? "cuda" : "cpu", ssa_runtime_num_threads(rt));
 
   ssa_session_config cfg;

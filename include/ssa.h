@@ -7,9 +7,21 @@
  *  - Every fallible call returns ssa_status. On failure the thread-local
  *    ssa_last_error_message() holds a human-readable detail, and every handle is
  *    left exactly as it was before the call (operations are all-or-nothing).
- *  - Structs that start with `struct_size` are versioned: call the matching
- *    *_init() first, which sets struct_size and every default. Fields are only
- *    ever appended, so code compiled against an older header keeps working.
+ *  - Versioned structs (those that start with `struct_size`): call the matching
+ *    *_init() first, which sets struct_size to this header's sizeof and every
+ *    default. Fields are only ever appended. One rule holds for all of them:
+ *    struct_size may be any size from the end of the struct's core fields (marked
+ *    "core" in each struct) up, that does not end inside a field. Fields beyond
+ *    the caller's size are not read (inputs: they take their defaults) and not
+ *    written (outputs), so code compiled against an older header keeps working.
+ *    A size larger than this header's struct (code compiled against a newer
+ *    header) is accepted for inputs when every byte beyond this header's struct
+ *    is zero, else SSA_ERR_UNSUPPORTED (a field this version does not know is
+ *    set); outputs get zeros there. A size below the core, or inside a field, is
+ *    SSA_ERR_INVALID_ARGUMENT. Every field of this header is in 0.1.0, the first
+ *    version; a field added later will say which version added it.
+ *  - Enums are 32 bits. A value outside an enum's listed values, in a struct or
+ *    an argument, gives SSA_ERR_INVALID_ARGUMENT naming it.
  *  - Out-parameters (`**out`) are written only on success. Objects returned through
  *    them are owned by the caller and freed with the matching *_destroy().
  *    Every other pointer argument is borrowed for the duration of the call only.
@@ -82,6 +94,9 @@ extern "C" {
 /* MAJOR*10000 + MINOR*100 + PATCH of the library actually loaded. */
 SSA_API uint32_t ssa_version(void);
 
+/* The same as a static string, "MAJOR.MINOR.PATCH" ("0.1.0"). Never NULL. */
+SSA_API const char *ssa_version_string(void);
+
 /* ----------------------------------------------------------------- errors */
 
 /* Values are stable and never renumbered. Pinned to 32 bits. */
@@ -151,6 +166,7 @@ typedef struct ssa_runtime_options {
   int32_t num_threads; /* CPU worker threads; 0 (default) = hardware concurrency */
   uint64_t seed;       /* default seed for sampling when a decode passes seed 0;
                           default 0x5EED */
+  /* ---- core: every field above ---- */
 } ssa_runtime_options;
 
 /* Fills *opts with defaults and sets struct_size. opts must not be NULL. */
@@ -193,7 +209,7 @@ typedef struct ssa_session_config {
   uint32_t pq_subspaces; /* M, default 16; must divide head_dim                */
   uint32_t pq_centroids; /* K, default 256; 2..256 (codes are one byte)        */
   uint64_t model_fingerprint; /* opaque to the library; checked on load; default 0 */
-  /* ---- fields below were appended after the API contract ---- */
+  /* ---- core: the fields above; struct_size may end here or at a later field ---- */
   uint32_t page_tokens;  /* tokens per KV page, default 256; power of two 16..4096;
                             a page (K and V) must fit in 1 GiB                */
   uint32_t flags;        /* SSA_SESSION_* flags, default 0                      */
@@ -311,7 +327,8 @@ typedef struct ssa_decode_params {
   uint64_t seed;        /* 0 (default) = the runtime's seed */
   uint64_t step;        /* RNG counter: same (seed, step, inputs) = same result */
   void *stream;         /* cudaStream_t for CUDA sessions; NULL = default stream */
-  /* ---- appended: error-targeted decode (see below) ---- */
+  /* ---- core: the fields above; struct_size may end here or at a later field ---- */
+  /* error-targeted decode (see below) */
   float target_error;   /* epsilon: wanted relative L2 error of each head's output;
                            0 (default) = off; else finite and > 0 */
   float target_delta;   /* delta: allowed failure probability, in (0, 1);
@@ -357,10 +374,7 @@ typedef struct ssa_decode_params {
    SSA_ERR_UNSUPPORTED; other methods give SSA_ERR_INVALID_ARGUMENT, and so does
    SSA with heavy_fraction 1 (no draws to measure the error with). */
 
-/* Fills *p with defaults and sets struct_size. p must not be NULL.
-   Callers built against an older header (a smaller struct_size, down to the
-   struct without the appended fields) still work: missing fields take their
-   defaults. */
+/* Fills *p with defaults and sets struct_size. p must not be NULL. */
 SSA_API void ssa_decode_params_init(ssa_decode_params *p);
 
 typedef struct ssa_decode_stats {
@@ -370,12 +384,12 @@ typedef struct ssa_decode_stats {
   uint64_t heavy_tokens;   /* |H| summed over query heads                        */
   uint64_t draws;          /* m summed over query heads                          */
   uint64_t unique_samples; /* |S| summed over query heads                        */
-  /* ---- appended ---- */
+  /* ---- core: the fields above; struct_size may end here or at a later field ---- */
   double residual_proxy_mass; /* proxy softmax mass of the sampled residual R,
                                  summed over query heads (0 for top-k methods:
                                  that mass is simply dropped there)             */
   uint64_t scored_tokens;  /* proxy scores computed, summed over query heads     */
-  /* ---- appended: error-targeted decode (0 unless target_error > 0) ---- */
+  /* error-targeted decode (0 unless target_error > 0) */
   uint64_t target_budget;  /* budget each head chose (sink + local + |H| + draws),
                               summed over query heads; tokens_read <= this, as
                               duplicate draws are read once                      */
@@ -385,11 +399,19 @@ typedef struct ssa_decode_stats {
                               1 - target_delta, summed over query heads; 0 for
                               exact heads; infinite if a head could not estimate
                               it (the cap left no room for draws, o_hat = 0)     */
+  uint32_t window_only_heads; /* query heads whose budget did not exceed n_sink +
+                              n_local while the context is longer (for error-
+                              targeted decodes: whose cap did not): they read
+                              only the sink and local tokens, no heavy set, no
+                              draws, nothing scored. Nonzero means the budget is
+                              too small for sparse decode here: raise budget or
+                              lower sparsity (ceil(N / sparsity) > n_sink +
+                              n_local is needed)                                 */
 } ssa_decode_stats;
 
-/* Zeroes *st and sets struct_size. st must not be NULL. A stats struct from an
-   older header (smaller struct_size, down to the struct without the appended
-   fields) is accepted; only the fields it has are written. */
+/* Zeroes *st and sets struct_size. st must not be NULL. Sizes as in
+   "Versioned structs" (Conventions): only the fields of the caller's size are
+   written. */
 SSA_API void ssa_decode_stats_init(ssa_decode_stats *st);
 
 /* Attention output of one layer for one new query.
@@ -494,6 +516,7 @@ SSA_API ssa_status ssa_session_load_checked(ssa_runtime *rt, const char *path, u
 typedef struct ssa_snapshot_info {
   uint32_t struct_size;
   uint32_t format_version;    /* format version of the committed superblock      */
+  /* ---- core: the fields above; struct_size may end here or at a later field ---- */
   uint64_t generation;        /* 1 after a full save, +1 per checkpoint          */
   uint64_t file_bytes;        /* bytes the committed snapshot spans in the file   */
   uint64_t live_bytes;        /* bytes of sections the snapshot still uses; the

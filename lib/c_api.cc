@@ -6,7 +6,6 @@
 #include <string>
 #include <thread>
 
-#include "absl/functional/function_ref.h"
 #include "absl/strings/string_view.h"
 #include "cpu/finite_check.h"
 #include "cuda/cuda_backend.h"
@@ -17,6 +16,7 @@
 #include "snapshot/snapshot.h"
 #include "ssa.h"
 #include "status.h"
+#include "versioned_struct.h"
 
 namespace {
 
@@ -64,12 +64,47 @@ ssa_status guarded(Fn&& fn) {
 
 }  // namespace
 
-namespace ssa {
-// The same boundary for C entry points defined in other files of the library.
-// absl::FunctionRef never allocates (a std::function built from a capturing
-// lambda may, outside the try block, where bad_alloc would escape the ABI).
-ssa_status c_api_guarded(absl::FunctionRef<absl::Status()> fn) { return guarded(fn); }
-}  // namespace ssa
+namespace {
+
+// The checks both appends make before anything reads k or v; *elems: the
+// elements of each.
+absl::Status check_append(const ssa_session* s, uint32_t layer, const void* k, const void* v, uint64_t n_tokens,
+                          size_t* elems) {
+  if (s == nullptr) return ssa::invalid_argument("session is NULL");
+  if (k == nullptr || v == nullptr) return ssa::invalid_argument("k and v must not be NULL");
+  if (layer >= s->layout.n_layers) {
+    return ssa::invalid_argument("layer ", layer, " >= n_layers ", s->layout.n_layers);
+  }
+  // Size checks come before anything reads k or v: a hostile n_tokens must be
+  // rejected, not used to scan far beyond the caller's arrays.
+  if (n_tokens > ssa::kMaxTokensPerLayer) {
+    return ssa::invalid_argument("n_tokens ", n_tokens, " exceeds the limit of ", ssa::kMaxTokensPerLayer,
+                                 " tokens per layer");
+  }
+  const uint64_t per_token = uint64_t{s->layout.n_kv_heads} * s->layout.head_dim;
+  if (n_tokens > (SIZE_MAX / 2) / (per_token * s->layout.elem_bytes())) {
+    return ssa::invalid_argument("n_tokens ", n_tokens, " overflows the size of K and V");
+  }
+  *elems = static_cast<size_t>(n_tokens * per_token);
+  return absl::OkStatus();
+}
+
+// CUDA backend hook: K and V in device memory are not scanned on the host.
+bool host_kv(const ssa_session* s) {
+  return s->cuda == nullptr || (s->config.flags & SSA_SESSION_HOST_POINTERS) != 0;
+}
+
+absl::Status append_host_checked(ssa_session* s, uint32_t layer, const void* k, const void* v, uint64_t n_tokens,
+                                 size_t n) {
+  size_t bad = ssa::first_non_finite(s->layout.dtype, k, n);
+  if (bad != n) return ssa::invalid_argument("k[", bad, "] is NaN or infinite");
+  bad = ssa::first_non_finite(s->layout.dtype, v, n);
+  if (bad != n) return ssa::invalid_argument("v[", bad, "] is NaN or infinite");
+  return ssa::session_append(*s, layer, k, v, n_tokens);
+}
+
+
+}  // namespace
 
 extern "C" {
 
@@ -77,8 +112,14 @@ uint32_t ssa_version(void) {
   return SSA_VERSION_MAJOR * 10000u + SSA_VERSION_MINOR * 100u + SSA_VERSION_PATCH;
 }
 
+#define SSA_STR2(x) #x
+#define SSA_STR(x) SSA_STR2(x)
+const char* ssa_version_string(void) {
+  return SSA_STR(SSA_VERSION_MAJOR) "." SSA_STR(SSA_VERSION_MINOR) "." SSA_STR(SSA_VERSION_PATCH);
+}
+
 const char* ssa_status_string(ssa_status st) {
-  switch (st) {
+  switch (ssa::enum_value(st)) {
     case SSA_OK: return "SSA_OK";
     case SSA_ERR_INVALID_ARGUMENT: return "SSA_ERR_INVALID_ARGUMENT";
     case SSA_ERR_OUT_OF_MEMORY: return "SSA_ERR_OUT_OF_MEMORY";
@@ -115,15 +156,10 @@ ssa_status ssa_runtime_create(const ssa_runtime_options* opts, ssa_runtime** out
     if (out == nullptr) return ssa::invalid_argument("out is NULL");
     ssa_runtime_options o;
     ssa_runtime_options_init(&o);
-    if (opts != nullptr) {
-      if (opts->struct_size < sizeof(ssa_runtime_options)) {
-        return ssa::invalid_argument("runtime options struct_size ", opts->struct_size, " < ",
-                                     sizeof(ssa_runtime_options), " (call ssa_runtime_options_init)");
-      }
-      o = *opts;
-    }
-    if (static_cast<uint32_t>(o.backend) > SSA_BACKEND_CUDA) {
-      return ssa::invalid_argument("unknown backend ", static_cast<int>(o.backend));
+    if (opts != nullptr) SSA_RETURN_IF_ERROR(ssa::read_struct(opts, &o));
+    if (ssa::enum_value(o.backend) > SSA_BACKEND_CUDA) {
+      return ssa::invalid_argument("unknown backend ", ssa::enum_value(o.backend),
+                                   " (SSA_BACKEND_AUTO, _CPU or _CUDA)");
     }
     if (o.num_threads < 0 || o.num_threads > 4096) {
       return ssa::invalid_argument("num_threads ", o.num_threads, " must be in 0..4096");
@@ -189,7 +225,10 @@ ssa_status ssa_session_create(ssa_runtime* rt, const ssa_session_config* cfg, ss
     if (rt == nullptr || cfg == nullptr || out == nullptr) {
       return ssa::invalid_argument("rt, cfg and out must not be NULL");
     }
-    auto s = ssa::create_session(rt, *cfg);
+    ssa_session_config c;
+    ssa_session_config_init(&c);
+    SSA_RETURN_IF_ERROR(ssa::read_struct(cfg, &c));
+    auto s = ssa::create_session(rt, c);
     if (!s.ok()) return s.status();
     *out = s->release();
     return absl::OkStatus();
@@ -219,57 +258,11 @@ uint64_t ssa_session_layer_length(const ssa_session* s, uint32_t layer) {
 ssa_status ssa_session_get_config(const ssa_session* s, ssa_session_config* cfg) {
   return guarded([&]() -> absl::Status {
     if (s == nullptr || cfg == nullptr) return ssa::invalid_argument("s and cfg must not be NULL");
-    if (cfg->struct_size < sizeof(ssa_session_config)) {
-      return ssa::invalid_argument("config struct_size ", cfg->struct_size, " < ",
-                                   sizeof(ssa_session_config), " (call ssa_session_config_init)");
-    }
-    const uint32_t size = cfg->struct_size;
-    *cfg = s->config;
-    cfg->struct_size = size;
+    SSA_RETURN_IF_ERROR(ssa::check_output_struct(cfg));
+    ssa::write_struct(s->config, cfg);
     return absl::OkStatus();
   });
 }
-
-namespace {
-
-// The checks both appends make before anything reads k or v; *elems: the
-// elements of each.
-absl::Status check_append(const ssa_session* s, uint32_t layer, const void* k, const void* v, uint64_t n_tokens,
-                          size_t* elems) {
-  if (s == nullptr) return ssa::invalid_argument("session is NULL");
-  if (k == nullptr || v == nullptr) return ssa::invalid_argument("k and v must not be NULL");
-  if (layer >= s->layout.n_layers) {
-    return ssa::invalid_argument("layer ", layer, " >= n_layers ", s->layout.n_layers);
-  }
-  // Size checks come before anything reads k or v: a hostile n_tokens must be
-  // rejected, not used to scan far beyond the caller's arrays.
-  if (n_tokens > ssa::kMaxTokensPerLayer) {
-    return ssa::invalid_argument("n_tokens ", n_tokens, " exceeds the limit of ", ssa::kMaxTokensPerLayer,
-                                 " tokens per layer");
-  }
-  const uint64_t per_token = uint64_t{s->layout.n_kv_heads} * s->layout.head_dim;
-  if (n_tokens > (SIZE_MAX / 2) / (per_token * s->layout.elem_bytes())) {
-    return ssa::invalid_argument("n_tokens ", n_tokens, " overflows the size of K and V");
-  }
-  *elems = static_cast<size_t>(n_tokens * per_token);
-  return absl::OkStatus();
-}
-
-// CUDA backend hook: K and V in device memory are not scanned on the host.
-bool host_kv(const ssa_session* s) {
-  return s->cuda == nullptr || (s->config.flags & SSA_SESSION_HOST_POINTERS) != 0;
-}
-
-absl::Status append_host_checked(ssa_session* s, uint32_t layer, const void* k, const void* v, uint64_t n_tokens,
-                                 size_t n) {
-  size_t bad = ssa::first_non_finite(s->layout.dtype, k, n);
-  if (bad != n) return ssa::invalid_argument("k[", bad, "] is NaN or infinite");
-  bad = ssa::first_non_finite(s->layout.dtype, v, n);
-  if (bad != n) return ssa::invalid_argument("v[", bad, "] is NaN or infinite");
-  return ssa::session_append(*s, layer, k, v, n_tokens);
-}
-
-}  // namespace
 
 ssa_status ssa_session_append(ssa_session* s, uint32_t layer, const void* k, const void* v,
                               uint64_t n_tokens) {
@@ -370,7 +363,7 @@ ssa_status ssa_decode_batch(const ssa_decode_item* items, size_t n_items, uint32
   });
 }
 
-/* ---- snapshots (lib/snapshot; more entry points in lib/snapshot/snapshot_c_api.cc) ---- */
+/* ---- snapshots (lib/snapshot) ---- */
 
 ssa_status ssa_session_save(ssa_session* s, const char* path) {
   return guarded([&]() -> absl::Status {
@@ -393,6 +386,51 @@ ssa_status ssa_session_load(ssa_runtime* rt, const char* path, uint32_t flags, s
     if (!s.ok()) return s.status();
     *out = s->release();
     return absl::OkStatus();
+  });
+}
+
+ssa_status ssa_session_load_checked(ssa_runtime* rt, const char* path, uint32_t flags,
+                                    const ssa_session_config* expected, ssa_session** out) {
+  return guarded([&]() -> absl::Status {
+    if (out == nullptr) return ssa::invalid_argument("out is NULL");
+    ssa_session_config want;
+    if (expected != nullptr) {
+      ssa_session_config_init(&want);
+      SSA_RETURN_IF_ERROR(ssa::read_struct(expected, &want));
+      if (ssa::enum_value(want.kv_dtype) > SSA_DTYPE_BF16) {
+        return ssa::invalid_argument("unknown expected kv_dtype ", ssa::enum_value(want.kv_dtype),
+                                     " (SSA_DTYPE_F32, _F16 or _BF16)");
+      }
+    }
+    absl::StatusOr<std::unique_ptr<ssa_session>> s =
+        ssa::snapshot_load_checked(rt, path, flags, expected != nullptr ? &want : nullptr);
+    if (!s.ok()) return s.status();
+    *out = s->release();
+    return absl::OkStatus();
+  });
+}
+
+void ssa_snapshot_info_init(ssa_snapshot_info* info) {
+  if (info == nullptr) return;
+  *info = ssa_snapshot_info{};
+  info->struct_size = sizeof(ssa_snapshot_info);
+}
+
+ssa_status ssa_snapshot_inspect(const char* path, ssa_snapshot_info* info) {
+  return guarded([&]() { return ssa::snapshot_inspect(path, info); });
+}
+
+ssa_status ssa_session_set_metadata(ssa_session* s, const void* bytes, size_t n) {
+  return guarded([&]() -> absl::Status {
+    if (s == nullptr) return ssa::invalid_argument("session is NULL");
+    return ssa::session_set_metadata(*s, bytes, n);
+  });
+}
+
+ssa_status ssa_session_get_metadata(const ssa_session* s, void* buf, size_t cap, size_t* n_out) {
+  return guarded([&]() -> absl::Status {
+    if (s == nullptr) return ssa::invalid_argument("session is NULL");
+    return ssa::session_get_metadata(*s, buf, cap, n_out);
   });
 }
 

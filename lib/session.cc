@@ -7,6 +7,7 @@
 #include "cuda/cuda_backend.h"
 #include "index/pq_index.h"
 #include "status.h"
+#include "versioned_struct.h"
 #include "store/layer_tail.h"
 
 namespace ssa {
@@ -34,10 +35,8 @@ absl::Status retrain_layer(ssa_session& s, LayerStore& layer) {
 }  // namespace
 
 absl::Status validate_session_config(const ssa_session_config& c, KvLayout* layout) {
-  if (c.struct_size < sizeof(ssa_session_config)) {
-    return invalid_argument("session config struct_size ", c.struct_size, " < ",
-                            sizeof(ssa_session_config), " (call ssa_session_config_init)");
-  }
+  // c is a whole struct of this header (read_struct at the ABI, or a snapshot's
+  // decoded config): its struct_size was checked where it was read.
   if (c.n_layers == 0 || c.n_layers > 65536) {
     return invalid_argument("n_layers ", c.n_layers, " must be in 1..65536");
   }
@@ -51,8 +50,8 @@ absl::Status validate_session_config(const ssa_session_config& c, KvLayout* layo
   if (c.head_dim < 32 || c.head_dim > 512 || c.head_dim % 8 != 0) {
     return invalid_argument("head_dim ", c.head_dim, " must be a multiple of 8 in 32..512");
   }
-  if (static_cast<uint32_t>(c.kv_dtype) > SSA_DTYPE_BF16) {
-    return invalid_argument("unknown kv_dtype ", static_cast<int>(c.kv_dtype));
+  if (enum_value(c.kv_dtype) > SSA_DTYPE_BF16) {
+    return invalid_argument("unknown kv_dtype ", enum_value(c.kv_dtype), " (SSA_DTYPE_F32, _F16 or _BF16)");
   }
   if (c.pq_subspaces == 0 || c.head_dim % c.pq_subspaces != 0) {
     return invalid_argument("pq_subspaces ", c.pq_subspaces, " must divide head_dim ", c.head_dim);

@@ -19,6 +19,10 @@ absl::Status invalid_argument(const Args&... args) {
   return make_error(SSA_ERR_INVALID_ARGUMENT, absl::StrCat(args...));
 }
 template <typename... Args>
+absl::Status internal_error(const Args&... args) {
+  return make_error(SSA_ERR_INTERNAL, absl::StrCat(args...));
+}
+template <typename... Args>
 absl::Status unsupported(const Args&... args) {
   return make_error(SSA_ERR_UNSUPPORTED, absl::StrCat(args...));
 }

@@ -78,7 +78,7 @@ stage_build() { configure_build build . "$BUILD"; }
 stage_test() {
   local tests="$BUILD/tests/gpu/ssa_gpu_tests"
   log "gpu tests"
-  (cd "$BUILD" && ctest -L gpu --output-on-failure) >"$OUT/tests.log" 2>&1 || rc=1
+  (cd "$BUILD" && ctest -L gpu --no-tests=error --output-on-failure) >"$OUT/tests.log" 2>&1 || rc=1
   tail -25 "$OUT/tests.log"
   "$tests" >"$OUT/tests_direct.log" 2>&1 || rc=1
   grep -E "test cases|assertions" "$OUT/tests_direct.log" | tee -a "$OUT/summary.txt"

@@ -1,45 +1,102 @@
 #!/usr/bin/env bash
 # Every test: installs dependencies, builds (CUDA backend compiled when nvcc
-# exists; GPU tests skip without a device), runs the C++/C suites, the C API
-# test under valgrind, the bindings' suites, the whole C++ suite again under
-# AddressSanitizer + UBSan, the concurrency tests and the randomized stress test
-# under ThreadSanitizer and a bounded snapshot fuzzer run.
-# Fails on the first failure.
+# exists; GPU tests report skipped without a device), runs the C++/C suites, the
+# C API tests under valgrind, the bindings' suites, the whole C++ suite again
+# under AddressSanitizer + UBSan, the concurrency tests and the randomized stress
+# test under ThreadSanitizer and a bounded snapshot fuzzer run.
+# Fails on the first failure and prints how long each stage took.
+#
+# Each build folder is configured with every option the stage relies on, so a
+# folder configured otherwise before (scripts/run_example.sh, a developer's
+# cmake call) is brought back to what the tests need.
+# SSA_TEST_STAGES=build,ctest,valgrind,bindings,asan,tsan,fuzz (default: all)
+# runs only the named stages ("ctest", "valgrind" and "bindings" need "build"'s
+# folder to exist).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export SSA_WITH_BINDINGS=1 SSA_WITH_FUZZ=1
-bash scripts/install_deps.sh
 jobs=$(nproc)
+stages="${SSA_TEST_STAGES:-build,ctest,valgrind,bindings,asan,tsan,fuzz}"
+want() { case ",$stages," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
 
-echo "== build and test (release with debug info)"
-cmake -S . -B build >/dev/null
-cmake --build build -j"$jobs"
-ctest --test-dir build --output-on-failure
+declare -a timings=()
+stage_name="" stage_start=0
+begin() { stage_name="$1"; stage_start=$SECONDS; echo "== $1"; }
+end() {
+  timings+=("$(printf '%-10s %5d s' "$stage_name" $((SECONDS - stage_start)))")
+  echo "-- $stage_name: $((SECONDS - stage_start)) s"
+}
+report() {
+  echo "== stage durations"
+  local t
+  for t in "${timings[@]}"; do echo "   $t"; done
+}
+trap report EXIT
 
-echo "== C API test under valgrind (memcheck, leaks)"
-# Against the uninstrumented shared library as users load it. Any invalid
-# access, uninitialised read or definite/possible leak makes valgrind exit 1.
-valgrind --error-exitcode=1 --leak-check=full --errors-for-leak-kinds=definite,possible \
-  ./build/tests/ssa_c_api_test
+begin deps
+bash scripts/install_deps.sh
+end
 
-if [ -x bindings/test_all.sh ]; then
-  echo "== bindings (Python, Rust, Go)"
-  bash bindings/test_all.sh build
+# Options every configuration states, whatever the folder held before.
+common=(-DSSA_BUILD_SHARED=ON -DSSA_BUILD_TESTS=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo)
+
+if want build; then
+  begin build
+  cmake -S . -B build "${common[@]}" -DSSA_BUILD_BENCH=ON -DSSA_BUILD_EXAMPLES=ON \
+    -DSSA_ENABLE_CUDA=ON -DSSA_SANITIZE=OFF -DSSA_TSAN=OFF >/dev/null
+  cmake --build build -j"$jobs"
+  end
 fi
 
-echo "== AddressSanitizer + UndefinedBehaviorSanitizer"
-cmake -S . -B build-asan -DSSA_SANITIZE=ON -DSSA_ENABLE_CUDA=OFF -DSSA_BUILD_BENCH=OFF \
-  -DSSA_BUILD_EXAMPLES=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-cmake --build build-asan -j"$jobs"
-ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  ctest --test-dir build-asan --output-on-failure
-echo "== ThreadSanitizer: concurrent decodes beside writers; randomized multi-session stress"
-cmake -S . -B build-tsan -DSSA_TSAN=ON -DSSA_ENABLE_CUDA=OFF -DSSA_BUILD_BENCH=OFF \
-  -DSSA_BUILD_EXAMPLES=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-cmake --build build-tsan -j"$jobs" --target ssa_tests
-# The stress test prints its operation counts; SSA_STRESS_SECONDS bounds it.
-SSA_STRESS_SECONDS="${SSA_STRESS_SECONDS:-20}" TSAN_OPTIONS=halt_on_error=1 \
-  ./build-tsan/tests/ssa_tests -tc="*committed*,stress:*"
-echo "== snapshot loader fuzzer (bounded: 60 s)"
-bash fuzz/run_fuzzer.sh 60 "$jobs"
+if want ctest; then
+  begin ctest
+  ctest --test-dir build --output-on-failure --no-tests=error
+  end
+fi
+
+if want valgrind; then
+  begin valgrind
+  # Against the uninstrumented shared library as users load it. Any invalid
+  # access, uninitialised read or definite/possible leak makes valgrind exit 1.
+  for t in ssa_c_api_test ssa_c_struct_rules_test; do
+    valgrind -q --error-exitcode=1 --leak-check=full --errors-for-leak-kinds=definite,possible \
+      "./build/tests/$t"
+  done
+  end
+fi
+
+if want bindings && [ -x bindings/test_all.sh ]; then
+  begin bindings
+  bash bindings/test_all.sh build
+  end
+fi
+
+if want asan; then
+  begin asan
+  cmake -S . -B build-asan "${common[@]}" -DSSA_SANITIZE=ON -DSSA_TSAN=OFF -DSSA_ENABLE_CUDA=OFF \
+    -DSSA_BUILD_BENCH=OFF -DSSA_BUILD_EXAMPLES=OFF >/dev/null
+  cmake --build build-asan -j"$jobs"
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    ctest --test-dir build-asan --output-on-failure --no-tests=error
+  end
+fi
+
+if want tsan; then
+  begin tsan
+  # Concurrent decodes beside writers; randomized multi-session stress.
+  cmake -S . -B build-tsan "${common[@]}" -DSSA_TSAN=ON -DSSA_SANITIZE=OFF -DSSA_ENABLE_CUDA=OFF \
+    -DSSA_BUILD_BENCH=OFF -DSSA_BUILD_EXAMPLES=OFF >/dev/null
+  cmake --build build-tsan -j"$jobs" --target ssa_tests
+  # The stress test prints its operation counts; SSA_STRESS_SECONDS bounds it.
+  SSA_STRESS_SECONDS="${SSA_STRESS_SECONDS:-20}" TSAN_OPTIONS=halt_on_error=1 \
+    ./build-tsan/tests/ssa_tests -tc="*committed*,stress:*"
+  end
+fi
+
+if want fuzz; then
+  begin fuzz
+  echo "snapshot loader fuzzer (bounded: 60 s)"
+  bash fuzz/run_fuzzer.sh 60 "$jobs"
+  end
+fi
 echo "== all tests passed"

@@ -298,6 +298,9 @@ type DecodeStats struct {
 	TargetBudget   uint64
 	CappedHeads    uint32
 	PredictedError float64
+	// Query heads whose budget did not exceed sink + local on a longer context:
+	// they read only those tokens (no sparse selection). Nonzero: raise the budget.
+	WindowOnlyHeads uint32
 }
 
 func (s *Session) checkQ(nq, nout int) error {
@@ -357,7 +360,7 @@ func (s *Session) DecodePtr(layer int, q, out unsafe.Pointer, params *DecodePara
 	return DecodeStats{uint64(st.context_tokens), uint64(st.tokens_read), uint64(st.heavy_tokens),
 		uint64(st.draws), uint64(st.unique_samples), float64(st.residual_proxy_mass),
 		uint64(st.scored_tokens), uint64(st.target_budget), uint32(st.capped_heads),
-		float64(st.predicted_error)}, nil
+		float64(st.predicted_error), uint32(st.window_only_heads)}, nil
 }
 
 // BatchItemF32 is one entry of Runtime.DecodeBatchF32.

@@ -332,6 +332,27 @@ func TestSparseBudgetAndReproducibility(t *testing.T) {
 	}
 }
 
+func TestWindowOnlyHeads(t *testing.T) {
+	rt := cpuRuntime(t, 321)
+	s, q := peakedSession(t, rt, 9)
+	out := make([]float32, qLen)
+	// 4096 / 50 = 82 tokens: below the default 128 + 128.
+	st, err := s.DecodeF32(0, q, out, WithMethod(MethodSSA))
+	must(t, err)
+	if st.WindowOnlyHeads != nQ || st.HeavyTokens != 0 || st.Draws != 0 || st.TokensRead != 256*nQ {
+		t.Errorf("budget below sink + local: stats %+v", st)
+	}
+	for _, m := range []Method{MethodDense, MethodSSA} {
+		p := WithMethod(m)
+		p.Budget = 400
+		st, err := s.DecodeF32(0, q, out, p)
+		must(t, err)
+		if st.WindowOnlyHeads != 0 {
+			t.Errorf("%v with budget 400: stats %+v", m, st)
+		}
+	}
+}
+
 func TestConcurrentDecodes(t *testing.T) {
 	rt := cpuRuntime(t, 0)
 	s, q := peakedSession(t, rt, 6)

@@ -860,6 +860,7 @@ absl::Status run_launch_set(const std::vector<Job>& jobs, uint32_t layer_index, 
     for (size_t i = 0; i < jobs.size(); ++i) {
       const DecodePlan& pl = jobs[i].plan;
       stats->context_tokens += pl.n;
+      if (pl.window_only()) stats->window_only_heads += nq;
       const uint64_t always = pl.dense ? pl.n : pl.sink_end + (pl.n - pl.local_begin);
       for (uint32_t h = 0; h < nq; ++h) {
         if (pl.dense || b.proxy == Proxy::kNone) {

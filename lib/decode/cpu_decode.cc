@@ -293,6 +293,7 @@ absl::Status cpu_decode_layer(const ssa_session& s, const LayerStore& layer, uin
   }
   if (stats != nullptr) {
     stats->context_tokens += plan.n;
+    if (plan.window_only()) stats->window_only_heads += nq;
     for (const HeadStats& hs : hstats) {
       stats->tokens_read += hs.read;
       stats->heavy_tokens += hs.heavy;

@@ -12,6 +12,7 @@
 #include "cuda/cuda_backend.h"
 #include "decode_plan.h"
 #include "status.h"
+#include "versioned_struct.h"
 
 namespace ssa {
 namespace {
@@ -72,16 +73,10 @@ absl::Status decode(ssa_session& s, uint32_t layer, const void* q, void* out,
   // CUDA backend hook: refused before an index could be trained for it.
   if (s.cuda != nullptr && p.target_error > 0.0f) return unsupported(kCudaNoErrorTarget);
   if (stats != nullptr) {
-    const uint32_t size = stats->struct_size;
-    if (size < kDecodeStatsMinSize) {
-      return invalid_argument("decode stats struct_size ", size, " < ", kDecodeStatsMinSize,
-                              " (call ssa_decode_stats_init)");
-    }
+    SSA_RETURN_IF_ERROR(check_output_struct(stats));
     ssa_decode_stats fresh{};
     SSA_RETURN_IF_ERROR(locked_decode(s, layer, q, out, p, resolve_seed(s, p), &fresh, traces, profile));
-    // A caller built against an older header has a shorter struct: write only its fields.
-    fresh.struct_size = size;
-    memcpy(stats, &fresh, std::min<size_t>(size, sizeof(ssa_decode_stats)));
+    write_struct(fresh, stats);
     return absl::OkStatus();
   }
   return locked_decode(s, layer, q, out, p, resolve_seed(s, p), nullptr, traces, profile);

@@ -6,29 +6,22 @@
 #include <algorithm>
 
 #include "status.h"
+#include "versioned_struct.h"
 
 namespace ssa {
 
 absl::Status read_decode_params(const ssa_decode_params* in, ssa_decode_params* out) {
   ssa_decode_params_init(out);
   if (in == nullptr) return absl::OkStatus();
-  if (in->struct_size < kDecodeParamsMinSize) {
-    return invalid_argument("decode params struct_size ", in->struct_size, " < ", kDecodeParamsMinSize,
-                            " (call ssa_decode_params_init)");
-  }
-  // Only the caller's bytes are read: its struct may end before our last field.
-  memcpy(out, in, std::min<size_t>(in->struct_size, sizeof(ssa_decode_params)));
-  out->struct_size = sizeof(ssa_decode_params);
-  return absl::OkStatus();
+  return read_struct(in, out);
 }
 
 absl::Status validate_decode_params(const ssa_decode_params& p) {
-  if (p.struct_size < sizeof(ssa_decode_params)) {
-    return invalid_argument("decode params struct_size ", p.struct_size, " < ",
-                            sizeof(ssa_decode_params), " (call ssa_decode_params_init)");
+  if (p.struct_size != sizeof(ssa_decode_params)) {
+    return internal_error("decode params not read with read_decode_params (struct_size ", p.struct_size, ")");
   }
-  if (static_cast<uint32_t>(p.method) > SSA_METHOD_SSA_ADAPTIVE) {
-    return invalid_argument("unknown decode method ", static_cast<int>(p.method));
+  if (enum_value(p.method) > SSA_METHOD_SSA_ADAPTIVE) {
+    return invalid_argument("unknown decode method ", enum_value(p.method), " (SSA_METHOD_DENSE .. SSA_METHOD_SSA_ADAPTIVE)");
   }
   if (p.budget == 0 && !(p.sparsity >= 1.0f && std::isfinite(p.sparsity))) {
     return invalid_argument("sparsity ", p.sparsity, " must be a finite number >= 1 when budget is 0");

@@ -27,12 +27,14 @@ struct DecodePlan {
   uint64_t fixed_tokens() const { return sink_end + (n - local_begin); }
   // Whether any candidate may be read (then proxy methods need an index).
   bool selects() const { return !dense && (targeted ? kprime_cap : kprime) > 0; }
+  // The budget (or cap) covers only sink and local tokens of a longer context.
+  bool window_only() const { return !dense && (targeted ? kprime_cap : kprime) == 0; }
 };
 
-// Where the appended error-target fields start: callers built against the
-// header before them pass this struct_size (their missing fields take defaults).
+// The smallest struct_size accepted (the end of the core fields; the rule is
+// lib/versioned_struct.h's).
 constexpr size_t kDecodeParamsMinSize = offsetof(ssa_decode_params, target_error);
-constexpr size_t kDecodeStatsMinSize = offsetof(ssa_decode_stats, target_budget);
+constexpr size_t kDecodeStatsMinSize = offsetof(ssa_decode_stats, residual_proxy_mass);
 
 // Default cap of an error-targeted budget: N / 5 (a fifth of the rows; beyond
 // that a sparse decode saves little over a dense one).

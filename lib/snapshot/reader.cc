@@ -19,6 +19,7 @@
 #include "snapshot/record.h"
 #include "snapshot/snapshot.h"
 #include "status.h"
+#include "versioned_struct.h"
 
 namespace ssa {
 
@@ -470,9 +471,8 @@ absl::StatusOr<std::unique_ptr<ssa_session>> load(ssa_runtime* rt, const char* p
   if ((flags & ~(SSA_LOAD_VERIFY | SSA_LOAD_MMAP)) != 0) {
     return invalid_argument("unknown load flags 0x", absl::Hex(flags & ~(SSA_LOAD_VERIFY | SSA_LOAD_MMAP)));
   }
-  if (expected != nullptr &&
-      expected->struct_size < offsetof(ssa_session_config, model_fingerprint) + sizeof(uint64_t)) {
-    return invalid_argument("expected config struct_size ", expected->struct_size, " is too small");
+  if (expected != nullptr) {
+    SSA_RETURN_IF_ERROR(check_struct_size(layout_of<ssa_session_config>(), struct_size_of(expected), expected));
   }
   const bool mmap_kv = flags & SSA_LOAD_MMAP;
   const bool verify_all = flags & SSA_LOAD_VERIFY;
@@ -650,9 +650,7 @@ absl::StatusOr<std::unique_ptr<ssa_session>> snapshot_load_checked(
 absl::Status snapshot_inspect(const char* path_c, ssa_snapshot_info* info) {
   SSA_RETURN_IF_ERROR(snap::check_path(path_c));
   if (info == nullptr) return invalid_argument("info is NULL");
-  if (info->struct_size < offsetof(ssa_snapshot_info, generation)) {
-    return invalid_argument("info struct_size ", info->struct_size, " is too small");
-  }
+  SSA_RETURN_IF_ERROR(check_output_struct(info));
   const std::string path(path_c);
   absl::StatusOr<int> fd = open_snapshot(path);
   if (!fd.ok()) return fd.status();
@@ -661,7 +659,6 @@ absl::Status snapshot_inspect(const char* path_c, ssa_snapshot_info* info) {
   SSA_RETURN_IF_ERROR(parse(path, *fd, &p));
 
   ssa_snapshot_info full{};
-  full.struct_size = info->struct_size;
   full.format_version = p.sb.format_version;
   full.generation = p.sb.generation;
   full.file_bytes = p.sb.file_length;
@@ -683,7 +680,7 @@ absl::Status snapshot_inspect(const char* path_c, ssa_snapshot_info* info) {
     full.indexed_layers += L.has_codebooks ? 1 : 0;
   }
   full.metadata_bytes = p.metadata.size();
-  memcpy(info, &full, std::min<size_t>(info->struct_size, sizeof full));
+  write_struct(full, info);
   return absl::OkStatus();
 }
 

@@ -1,6 +1,6 @@
 // Snapshots: full atomic saves, incremental checkpoints, loads (read or mapped)
 // and inspection of a snapshot file. The file format is in format.h and
-// docs/SNAPSHOT_FORMAT.md; the C API (lib/c_api.cc, snapshot_c_api.cc) calls these.
+// docs/SNAPSHOT_FORMAT.md; the C API (lib/c_api.cc) calls these.
 #pragma once
 
 #include <stdint.h>

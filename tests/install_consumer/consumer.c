@@ -17,6 +17,6 @@ int main(void) {
     fprintf(stderr, "header/library version mismatch\n");
     return 1;
   }
-  printf("consumer ok: libssa %u\n", ssa_version());
+  printf("consumer ok: libssa %s\n", ssa_version_string());
   return 0;
 }

@@ -174,12 +174,15 @@ class DecodeStats:
     target_budget: int = 0       # budget each head chose, summed over heads
     capped_heads: int = 0        # heads stopped by max_budget above their target
     predicted_error: float = 0.0  # predicted relative error at 1 - target_delta, summed
+    # heads whose budget did not exceed sink + local on a longer context (they read
+    # only those tokens, nothing sparse); nonzero means: raise the budget
+    window_only_heads: int = 0
 
     @classmethod
     def _from_c(cls, s) -> "DecodeStats":
         return cls(s.context_tokens, s.tokens_read, s.heavy_tokens, s.draws, s.unique_samples,
                    float(s.residual_proxy_mass), s.scored_tokens, s.target_budget, s.capped_heads,
-                   float(s.predicted_error))
+                   float(s.predicted_error), s.window_only_heads)
 
 
 def _stream_ptr(stream: Any):

@@ -11,6 +11,9 @@ pub const SSA_LOAD_MMAP: u32 = 2;
 extern "C" {
     pub fn ssa_version() -> u32;
 }
+extern "C" {
+    pub fn ssa_version_string() -> *const ::std::os::raw::c_char;
+}
 pub const SSA_OK: ssa_status = 0;
 pub const SSA_ERR_INVALID_ARGUMENT: ssa_status = 1;
 pub const SSA_ERR_OUT_OF_MEMORY: ssa_status = 2;
@@ -806,12 +809,13 @@ pub struct ssa_decode_stats {
     pub target_budget: u64,
     pub capped_heads: u32,
     pub predicted_error: f64,
+    pub window_only_heads: u32,
 }
 #[test]
 fn bindgen_test_layout_ssa_decode_stats() {
     assert_eq!(
         ::std::mem::size_of::<ssa_decode_stats>(),
-        88usize,
+        96usize,
         concat!("Size of: ", stringify!(ssa_decode_stats))
     );
     assert_eq!(
@@ -1006,6 +1010,23 @@ fn bindgen_test_layout_ssa_decode_stats() {
         );
     }
     test_field_predicted_error();
+    fn test_field_window_only_heads() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<ssa_decode_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).window_only_heads) as usize - ptr as usize
+            },
+            88usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(ssa_decode_stats),
+                "::",
+                stringify!(window_only_heads)
+            )
+        );
+    }
+    test_field_window_only_heads();
 }
 extern "C" {
     pub fn ssa_decode_stats_init(st: *mut ssa_decode_stats);

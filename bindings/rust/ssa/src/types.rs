@@ -395,6 +395,9 @@ pub struct DecodeStats {
     pub capped_heads: u32,
     /// Error-targeted decode: predicted error bound, summed over heads.
     pub predicted_error: f64,
+    /// Heads whose budget did not exceed sink + local on a longer context: they
+    /// read only those tokens (no sparse selection). Nonzero: raise the budget.
+    pub window_only_heads: u32,
 }
 
 impl DecodeStats {
@@ -410,6 +413,7 @@ impl DecodeStats {
             target_budget: s.target_budget,
             capped_heads: s.capped_heads,
             predicted_error: s.predicted_error,
+            window_only_heads: s.window_only_heads,
         }
     }
 }

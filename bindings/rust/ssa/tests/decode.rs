@@ -243,3 +243,19 @@ fn error_targeted_decode_chooses_budgets_per_head() {
         assert_eq!(e.status(), Status::InvalidArgument, "{:?}", bad);
     }
 }
+
+#[test]
+fn budget_within_sink_and_local_is_reported_window_only() {
+    let rt = runtime();
+    let (s, _, _, q) = peaked(&rt, 9);
+    let mut out = vec![0f32; Q_LEN];
+    // 4096 / 50 = 82 tokens: below the default 128 + 128.
+    let st = s.decode(0, &q, &mut out, &DecodeParams::method(Method::Ssa)).unwrap();
+    assert_eq!(st.window_only_heads, NQ);
+    assert_eq!((st.heavy_tokens, st.draws, st.scored_tokens), (0, 0, 0));
+    assert_eq!(st.tokens_read, 256 * NQ as u64);
+    for m in [Method::Dense, Method::Ssa] {
+        let st = s.decode(0, &q, &mut out, &DecodeParams::method(m).with_budget(400)).unwrap();
+        assert_eq!(st.window_only_heads, 0, "{:?}", m);
+    }
+}
