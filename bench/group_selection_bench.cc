@@ -83,13 +83,7 @@ int main(int argc, char** argv) {
     if (configs.find(std::string(c.name).substr(0, 5)) == std::string::npos) continue;
     const auto dt = static_cast<ssa::DType>(c.dtype);
     const uint32_t g = c.nq / c.nkv;
-    ssa_session_config cfg;
-    ssa_session_config_init(&cfg);
-    cfg.n_layers = 1;
-    cfg.n_q_heads = c.nq;
-    cfg.n_kv_heads = c.nkv;
-    cfg.head_dim = c.d;
-    cfg.kv_dtype = c.dtype;
+    const ssa_session_config cfg = ssa_test::make_config(1, c.nq, c.nkv, c.d, c.dtype);
     ssa_session* s = nullptr;
     check(ssa_session_create(rt, &cfg, &s), "session");
     ssa_bench::StructuredKv gen(c.nkv, c.d, 42);
@@ -122,9 +116,7 @@ int main(int argc, char** argv) {
         for (size_t i = 0; i < width; ++i) o[i] = ssa::load_as_f32(out.data(), dt, i);
         return o;
       };
-      ssa_decode_params dense_p;
-      ssa_decode_params_init(&dense_p);
-      dense_p.method = SSA_METHOD_DENSE;
+      const ssa_decode_params dense_p = ssa_test::params(SSA_METHOD_DENSE);
       std::vector<std::vector<float>> dense;
       for (int qi = 0; qi < n_queries; ++qi) dense.push_back(decode(dense_p, qi, nullptr));
       auto measure = [&](const ssa_decode_params& base) {
@@ -161,10 +153,7 @@ int main(int argc, char** argv) {
       };
       for (float sp : sparsities) {
         for (ssa_method m : methods) {
-          ssa_decode_params p;
-          ssa_decode_params_init(&p);
-          p.method = m;
-          p.sparsity = sp;
+          const ssa_decode_params p = ssa_test::params(m, 0, sp);
           const uint64_t budget = static_cast<uint64_t>(ceil(double(N) / sp));
           const Measure ph = measure(p);
           auto row = [&](const char* sel, uint64_t b, const Measure& r) {
