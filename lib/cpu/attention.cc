@@ -27,23 +27,39 @@ void AttnPartial::finish(float* out) const {
   for (size_t i = 0; i < acc.size(); ++i) out[i] = acc[i] * inv;
 }
 
+namespace {
+
+// The g heads' online-softmax states gathered into flat arrays for attend_block
+// (and written back by flush), so each block of rows is widened once for all g.
+struct GroupState {
+  std::vector<float> m, l, acc;
+  GroupState(const AttnPartial* parts, uint32_t g, uint32_t d) : m(g), l(g), acc(size_t{g} * d) {
+    for (uint32_t h = 0; h < g; ++h) {
+      m[h] = parts[h].m;
+      l[h] = parts[h].l;
+      std::copy(parts[h].acc.begin(), parts[h].acc.end(), acc.begin() + size_t{h} * d);
+    }
+  }
+  void flush(AttnPartial* parts, uint32_t g, uint32_t d) const {
+    for (uint32_t h = 0; h < g; ++h) {
+      parts[h].m = m[h];
+      parts[h].l = l[h];
+      std::copy(acc.begin() + size_t{h} * d, acc.begin() + size_t{h + 1} * d, parts[h].acc.begin());
+    }
+  }
+};
+
+}  // namespace
+
 void attend_range(const KvLayout& layout, const LayerStore& layer, uint32_t kv_head,
                   const float* q, uint32_t g, uint64_t t0, uint64_t t1, AttnPartial* parts) {
   if (t0 >= t1) return;
   const auto& k = simd::kernels();
   const uint32_t P = layout.page_tokens, d = layout.head_dim;
-  // Rows are widened to float once per block and reused by all g query heads of
-  // the group; the per-head softmax state is gathered into flat arrays.
-  thread_local std::vector<float> kf, vf, acc;
+  thread_local std::vector<float> kf, vf;
   kf.resize(kBlock * d);
   vf.resize(kBlock * d);
-  acc.resize(size_t{g} * d);
-  std::vector<float> m(g), l(g);
-  for (uint32_t h = 0; h < g; ++h) {
-    m[h] = parts[h].m;
-    l[h] = parts[h].l;
-    std::copy(parts[h].acc.begin(), parts[h].acc.end(), acc.begin() + size_t{h} * d);
-  }
+  GroupState st(parts, g, d);
   for (uint64_t t = t0; t < t1;) {
     // A block never crosses a page, so its rows are contiguous per head.
     const uint64_t page = t / P;
@@ -53,14 +69,33 @@ void attend_range(const KvLayout& layout, const LayerStore& layer, uint32_t kv_h
     const uint32_t slot = static_cast<uint32_t>(t % P);
     k.to_f32(layout.dtype, base + layout.k_offset(kv_head, slot), kf.data(), n * d);
     k.to_f32(layout.dtype, base + layout.v_offset(kv_head, slot), vf.data(), n * d);
-    k.attend_block(kf.data(), vf.data(), n, d, q, g, nullptr, m.data(), l.data(), acc.data());
+    k.attend_block(kf.data(), vf.data(), n, d, q, g, nullptr, st.m.data(), st.l.data(), st.acc.data());
     t = end;
   }
-  for (uint32_t h = 0; h < g; ++h) {
-    parts[h].m = m[h];
-    parts[h].l = l[h];
-    std::copy(acc.begin() + size_t{h} * d, acc.begin() + size_t{h + 1} * d, parts[h].acc.begin());
+  st.flush(parts, g, d);
+}
+
+void attend_shared_rows(const KvLayout& layout, const LayerStore& layer, uint32_t kv_head,
+                        const float* q, uint32_t g, const uint32_t* tokens, const float* log_pi,
+                        size_t n, AttnPartial* parts) {
+  if (n == 0) return;
+  const auto& k = simd::kernels();
+  const uint32_t P = layout.page_tokens, d = layout.head_dim;
+  thread_local std::vector<float> kf, vf;
+  kf.resize(kBlock * d);
+  vf.resize(kBlock * d);
+  GroupState st(parts, g, d);
+  for (size_t i = 0; i < n; i += kBlock) {
+    const size_t b = std::min(kBlock, n - i);
+    for (size_t r = 0; r < b; ++r) {
+      const uint32_t t = tokens[i + r];
+      const uint8_t* base = layer.kv_pages[t / P]->data();
+      k.to_f32(layout.dtype, base + layout.k_offset(kv_head, t % P), kf.data() + r * d, d);
+      k.to_f32(layout.dtype, base + layout.v_offset(kv_head, t % P), vf.data() + r * d, d);
+    }
+    k.attend_block(kf.data(), vf.data(), b, d, q, g, log_pi + i, st.m.data(), st.l.data(), st.acc.data());
   }
+  st.flush(parts, g, d);
 }
 
 void attend_group_entries(const KvLayout& layout, const LayerStore& layer, uint32_t kv_head,

@@ -49,4 +49,11 @@ struct GroupEntry {
 void attend_group_entries(const KvLayout& layout, const LayerStore& layer, uint32_t kv_head,
                           const float* q, const GroupEntry* entries, size_t n, AttnPartial* parts);
 
+// Rows read once for all g query heads of a group with one shared log inclusion
+// probability each (selection per KV group): tokens[n] in increasing order,
+// gathered in blocks and folded into the g heads' states like attend_range.
+void attend_shared_rows(const KvLayout& layout, const LayerStore& layer, uint32_t kv_head,
+                        const float* q, uint32_t g, const uint32_t* tokens, const float* log_pi,
+                        size_t n, AttnPartial* parts);
+
 }  // namespace ssa

@@ -11,6 +11,7 @@
 #include "cpu/simd.h"
 #include "decode_plan.h"
 #include "select/error_target.h"
+#include "select/group_proposal.h"
 #include "select/selection.h"
 
 namespace ssa {
@@ -164,22 +165,101 @@ HeadStats select_head(const ssa_session& s, const LayerStore& layer, uint32_t la
   return st;
 }
 
+// Stages 1-3 once for the g query heads of one KV head (group selection): the
+// group proposal's logits, one heavy set and one sample with the group's budget
+// g * k', copied to every head of the group, which reweights all of the shared
+// rows by their shared inclusion probabilities (docs/GROUP_SELECTION.md).
+void select_group(const ssa_session& s, const LayerStore& layer, uint32_t layer_index,
+                  uint32_t kv_head, const float* q, const DecodePlan& plan,
+                  const ssa_decode_params& p, uint64_t seed, Selection* sels, HeadStats* hst) {
+  const KvLayout& layout = s.layout;
+  const uint32_t g = layout.group_size(), d = layout.head_dim;
+  const float* qg = q + size_t{kv_head} * g * d;
+  const uint64_t nc = plan.candidates();
+  thread_local std::vector<float> scores, logits, lut, qmean;
+  thread_local SelectScratch scratch;
+  HeadStats st;
+  Selection& sel = sels[0];
+  sel.clear();
+  const auto t_score = Clock::now();
+  auto score = [&](const float* qh, float* out) {
+    if (p.method == SSA_METHOD_ORACLE_TOPK) {
+      exact_scores(layout, layer, kv_head, qh, plan, out);
+    } else {
+      pq_proxy_scores(layout, layer, kv_head, qh, plan, &lut, out);
+    }
+  };
+  const uint64_t kprime = plan.kprime * g;
+  if (kprime >= nc) {
+    // The group's budget covers every candidate: all of them, exactly.
+    for (uint64_t t = plan.sink_end; t < plan.local_begin; ++t) {
+      sel.tokens.push_back(static_cast<uint32_t>(t));
+      sel.log_pi.push_back(0.0f);
+    }
+    sel.heavy = nc;
+  } else {
+    logits.resize(nc);
+    uint64_t scored = nc;
+    if (p.group_selection == SSA_GROUP_MEAN_QUERY) {
+      qmean.resize(d);
+      mean_query(qg, g, d, qmean.data());
+      score(qmean.data(), logits.data());
+    } else {
+      scores.resize(nc * g);
+      std::vector<const float*> rows(g);
+      for (uint32_t j = 0; j < g; ++j) {
+        score(qg + size_t{j} * d, scores.data() + j * nc);
+        rows[j] = scores.data() + j * nc;
+      }
+      mixture_logits(rows.data(), g, nc, logits.data());
+      scored = nc * g;
+    }
+    st.time.scoring = seconds_since(t_score);
+    st.scored = scored;
+    // Keyed by the group's first query head: a group of one draws exactly what
+    // its head draws without group selection.
+    const RngStream rng = make_rng_stream(seed, p.step, layer_index, kv_head * g);
+    const SelectParams sp{p.method, kprime, p.heavy_fraction, p.pi_min};
+    select_tokens(sp, logits.data(), nc, static_cast<uint32_t>(plan.sink_end), rng, scratch, &sel);
+    st.time.heavy = sel.heavy_seconds;
+    st.time.sampling = sel.sampling_seconds;
+  }
+  st.read = plan.fixed_tokens() + sel.tokens.size();
+  st.heavy = sel.heavy;
+  st.draws = sel.draws;
+  st.unique = sel.unique;
+  st.residual = sel.residual_mass;
+  // Every head uses all of the group's rows; the work (scores computed, stage
+  // times) is counted once, on the group's first head.
+  hst[0] = st;
+  for (uint32_t j = 1; j < g; ++j) {
+    sels[j] = sel;
+    hst[j] = st;
+    hst[j].scored = 0;
+    hst[j].time = DecodeProfile{};
+  }
+}
+
 // Selected rows per attention task: fixed-size pieces of a group's sorted entries
 // (fixed, so the result does not depend on the thread count).
 constexpr size_t kEntriesPerTask = 8192;
 
 // Stage 4 for all heads: per KV group, sink and local rows once for the whole
-// group, then the union of the heads' selections in token order.
+// group, then the union of the heads' selections in token order. A selection
+// shared by the whole group (group selection, g > 1) is read in blocks for all
+// g heads at once; a group of one keeps the per-entry path, so that it stays
+// bitwise equal to a per-head selection.
 void attend_selected(const ssa_session& s, const LayerStore& layer, const float* q,
-                     const DecodePlan& plan, const std::vector<Selection>& sels,
+                     const DecodePlan& plan, const std::vector<Selection>& sels, bool shared,
                      std::vector<AttnPartial>* heads) {
   const KvLayout& layout = s.layout;
   const uint32_t d = layout.head_dim, g = layout.group_size(), nkv = layout.n_kv_heads;
+  shared = shared && g > 1;
   std::vector<std::vector<GroupEntry>> entries(nkv);
   std::vector<size_t> first_task(nkv + 1, 0);
   for (uint32_t kv = 0; kv < nkv; ++kv) {
     auto& e = entries[kv];
-    for (uint32_t j = 0; j < g; ++j) {
+    for (uint32_t j = 0; j < (shared ? 1 : g); ++j) {
       const Selection& sel = sels[kv * g + j];
       for (size_t r = 0; r < sel.tokens.size(); ++r) e.push_back({sel.tokens[r], j, sel.log_pi[r]});
     }
@@ -202,9 +282,20 @@ void attend_selected(const ssa_session& s, const LayerStore& layer, const float*
       attend_range(layout, layer, kv, qg, g, plan.local_begin, plan.n, mine);
     } else {
       const auto& e = entries[kv];
-      const size_t b = (piece - 1) * kEntriesPerTask;
-      attend_group_entries(layout, layer, kv, qg, e.data() + b, std::min(kEntriesPerTask, e.size() - b),
-                           mine);
+      const size_t b = (piece - 1) * kEntriesPerTask, count = std::min(kEntriesPerTask, e.size() - b);
+      if (shared) {
+        thread_local std::vector<uint32_t> tokens;
+        thread_local std::vector<float> log_pi;
+        tokens.resize(count);
+        log_pi.resize(count);
+        for (size_t r = 0; r < count; ++r) {
+          tokens[r] = e[b + r].token;
+          log_pi[r] = e[b + r].log_pi;
+        }
+        attend_shared_rows(layout, layer, kv, qg, g, tokens.data(), log_pi.data(), count, mine);
+      } else {
+        attend_group_entries(layout, layer, kv, qg, e.data() + b, count, mine);
+      }
     }
   });
   for (uint32_t h = 0; h < layout.n_q_heads; ++h) {
@@ -269,13 +360,23 @@ absl::Status cpu_decode_layer(const ssa_session& s, const LayerStore& layer, uin
     if (profile != nullptr) profile->attention += seconds_since(t_start);
   } else {
     std::vector<Selection> sels(nq);
-    pool.parallel_for(nq, [&](size_t h) {
-      hstats[h] = select_head(s, layer, layer_index, static_cast<uint32_t>(h), q.data() + h * d, plan,
-                              p, seed, &sels[h]);
-      if (traces != nullptr) trace_selection(plan, sels[h], &(*traces)[h]);
-    });
+    if (p.group_selection != SSA_GROUP_OFF) {
+      pool.parallel_for(layout.n_kv_heads, [&](size_t kv) {
+        select_group(s, layer, layer_index, static_cast<uint32_t>(kv), q.data(), plan, p, seed,
+                     &sels[kv * g], &hstats[kv * g]);
+        for (uint32_t j = 0; traces != nullptr && j < g; ++j) {
+          trace_selection(plan, sels[kv * g + j], &(*traces)[kv * g + j]);
+        }
+      });
+    } else {
+      pool.parallel_for(nq, [&](size_t h) {
+        hstats[h] = select_head(s, layer, layer_index, static_cast<uint32_t>(h), q.data() + h * d, plan,
+                                p, seed, &sels[h]);
+        if (traces != nullptr) trace_selection(plan, sels[h], &(*traces)[h]);
+      });
+    }
     const auto t_attn = Clock::now();
-    attend_selected(s, layer, q.data(), plan, sels, &heads);
+    attend_selected(s, layer, q.data(), plan, sels, p.group_selection != SSA_GROUP_OFF, &heads);
     if (profile != nullptr) profile->attention += seconds_since(t_attn) * pool.num_threads();
   }
 

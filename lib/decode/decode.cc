@@ -72,6 +72,8 @@ absl::Status decode(ssa_session& s, uint32_t layer, const void* q, void* out,
   SSA_RETURN_IF_ERROR(check_item(&s, layer, q, out));
   // CUDA backend hook: refused before an index could be trained for it.
   if (s.cuda != nullptr && p.target_error > 0.0f) return unsupported(kCudaNoErrorTarget);
+  if (s.cuda != nullptr && p.group_selection != SSA_GROUP_OFF) return unsupported(kCudaNoGroupSelection);
+  if (p.group_selection != SSA_GROUP_OFF && p.target_error > 0.0f) return unsupported(kGroupNoErrorTarget);
   if (stats != nullptr) {
     SSA_RETURN_IF_ERROR(check_output_struct(stats));
     ssa_decode_stats fresh{};
@@ -132,6 +134,9 @@ absl::Status decode_batch(const ssa_decode_item* items, size_t n_items, uint32_t
     if (!st.ok()) return make_error(status_code(st), absl::StrCat("item ", i, ": ", st.message()));
   }
   SSA_RETURN_IF_ERROR(check_batch_buffers(items, n_items));
+  if (rt->backend == SSA_BACKEND_CUDA && p.group_selection != SSA_GROUP_OFF) {
+    return unsupported(kCudaNoGroupSelection);
+  }
   if (rt->backend == SSA_BACKEND_CUDA) return cuda::decode_batch(items, n_items, layer, p);  // CUDA backend hook
   std::mutex mu;
   absl::Status first = absl::OkStatus();

@@ -35,6 +35,10 @@ absl::Status validate_decode_params(const ssa_decode_params& p) {
   if (!(p.target_error >= 0.0f && std::isfinite(p.target_error))) {
     return invalid_argument("target_error ", p.target_error, " must be a finite number >= 0 (0 = off)");
   }
+  if (p.group_selection > SSA_GROUP_MEAN_QUERY) {
+    return invalid_argument("unknown group_selection ", p.group_selection,
+                            " (SSA_GROUP_OFF, SSA_GROUP_MIXTURE or SSA_GROUP_MEAN_QUERY)");
+  }
   if (p.target_error > 0.0f) {
     if (p.method != SSA_METHOD_SSA && p.method != SSA_METHOD_SSA_ADAPTIVE) {
       return invalid_argument("target_error > 0 needs method SSA or SSA_ADAPTIVE (method ",

@@ -40,6 +40,12 @@ constexpr size_t kDecodeStatsMinSize = offsetof(ssa_decode_stats, residual_proxy
 // that a sparse decode saves little over a dense one).
 constexpr double kDefaultTargetCapFraction = 0.2;
 
+constexpr const char* kGroupNoErrorTarget =
+    "group_selection with target_error > 0 (an error target per KV group) is not implemented; "
+    "use one of them";
+constexpr const char* kCudaNoGroupSelection =
+    "group_selection is not supported by the CUDA backend yet; use a CPU session or SSA_GROUP_OFF";
+
 // Error-targeted decode chooses budgets per head from rows it reads while
 // selecting; the CUDA launch-set kernels take one budget for all heads.
 constexpr const char* kCudaNoErrorTarget =
