@@ -352,10 +352,10 @@ typedef struct ssa_decode_params {
                            default 0.1; read only when target_error > 0 */
   uint32_t max_budget;  /* cap on the budget chosen per head (tokens incl. sink
                            and local); 0 (default) = max(ceil(N / 5), budget) */
-  /* ---- appended: selection per KV group ---- */
-  uint32_t group_selection; /* an ssa_group_selection; default SSA_GROUP_OFF. Not
-                               with target_error > 0, and CPU sessions only
-                               (SSA_ERR_UNSUPPORTED otherwise) */
+  /* selection per KV group (docs/GROUP_SELECTION.md) */
+  uint32_t group_selection; /* an ssa_group_selection (read as an integer);
+                               default SSA_GROUP_OFF. Not with target_error > 0,
+                               and CPU sessions only (SSA_ERR_UNSUPPORTED) */
 } ssa_decode_params;
 
 /* Error-targeted decode (target_error > 0; methods SSA and SSA_ADAPTIVE only,

@@ -35,6 +35,7 @@ constexpr FieldSpan kDecodeParams[] = {
     SSA_FIELD(ssa_decode_params, seed),         SSA_FIELD(ssa_decode_params, step),
     SSA_FIELD(ssa_decode_params, stream),       SSA_FIELD(ssa_decode_params, target_error),
     SSA_FIELD(ssa_decode_params, target_delta), SSA_FIELD(ssa_decode_params, max_budget),
+    SSA_FIELD(ssa_decode_params, group_selection),
 };
 
 constexpr FieldSpan kDecodeStats[] = {

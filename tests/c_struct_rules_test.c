@@ -200,6 +200,7 @@ static sizes params_sizes(void) {
   add(&s, END(ssa_decode_params, target_error));
   add(&s, END(ssa_decode_params, target_delta));
   add(&s, END(ssa_decode_params, max_budget));
+  add(&s, END(ssa_decode_params, group_selection));
   add(&s, sizeof(ssa_decode_params));
   return s;
 }

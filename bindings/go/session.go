@@ -246,6 +246,9 @@ type DecodeParams struct {
 	TargetError float32
 	TargetDelta float32
 	MaxBudget   uint32
+	// GroupSelection > GroupOff selects once per KV group (CPU sessions; see
+	// docs/GROUP_SELECTION.md).
+	GroupSelection GroupSelection
 }
 
 // DefaultDecodeParams returns the library's defaults (SSA, sparsity 50, ...).
@@ -255,7 +258,8 @@ func DefaultDecodeParams() DecodeParams {
 	return DecodeParams{Method: Method(p.method), Budget: uint32(p.budget), Sparsity: float32(p.sparsity),
 		HeavyFraction: float32(p.heavy_fraction), NSink: uint32(p.n_sink), NLocal: uint32(p.n_local),
 		PiMin: float32(p.pi_min), Seed: uint64(p.seed), Step: uint64(p.step),
-		TargetError: float32(p.target_error), TargetDelta: float32(p.target_delta), MaxBudget: uint32(p.max_budget)}
+		TargetError: float32(p.target_error), TargetDelta: float32(p.target_delta), MaxBudget: uint32(p.max_budget),
+		GroupSelection: GroupSelection(p.group_selection)}
 }
 
 // WithMethod returns the defaults with another method.
@@ -284,6 +288,7 @@ func (d *DecodeParams) toC() C.ssa_decode_params {
 	p.target_error = C.float(d.TargetError)
 	p.target_delta = C.float(d.TargetDelta)
 	p.max_budget = C.uint32_t(d.MaxBudget)
+	p.group_selection = C.uint32_t(d.GroupSelection)
 	return p
 }
 

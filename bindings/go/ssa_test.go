@@ -648,3 +648,43 @@ func TestErrorTarget(t *testing.T) {
 		}
 	}
 }
+
+func TestGroupSelection(t *testing.T) {
+	rt := cpuRuntime(t, 77)
+	s, q := peakedSession(t, rt, 9)
+	const g = nQ / nKV
+	dense := make([]float32, qLen)
+	_, err := s.DecodeF32(0, q, dense, WithMethod(MethodDense))
+	must(t, err)
+	for _, grp := range []GroupSelection{GroupMixture, GroupMeanQuery} {
+		for _, m := range Methods[2:] {
+			p := WithMethod(m)
+			p.GroupSelection, p.Budget = grp, 4096
+			out := make([]float32, qLen)
+			_, err := s.DecodeF32(0, q, out, p)
+			must(t, err)
+			if e := relErr(f64s(out), f64s(dense)); e > 1e-6 {
+				t.Errorf("%v %v at full budget: rel err %g", grp, m, e)
+			}
+			p.Budget, p.NSink, p.NLocal, p.Seed, p.Step = 400, 16, 16, 5, 2
+			st, err := s.DecodeF32(0, q, out, p)
+			must(t, err)
+			// Every head of a group uses the group's rows: at most g * k' of them.
+			if st.TokensRead > nQ*(32+g*(400-32)) {
+				t.Errorf("%v %v: %d rows read", grp, m, st.TokensRead)
+			}
+			if m == MethodPQTopK && st.HeavyTokens != nQ*g*(400-32) {
+				t.Errorf("%v: heavy %d", grp, st.HeavyTokens)
+			}
+		}
+	}
+	p := WithMethod(MethodSSA)
+	p.GroupSelection, p.TargetError = GroupMixture, 0.05
+	if _, err := s.DecodeF32(0, q, make([]float32, qLen), p); !errors.Is(err, ErrUnsupported) {
+		t.Errorf("group selection with an error target: %v", err)
+	}
+	p.GroupSelection, p.TargetError = GroupSelection(7), 0
+	if _, err := s.DecodeF32(0, q, make([]float32, qLen), p); !errors.Is(err, ErrInvalidArgument) {
+		t.Errorf("unknown group selection: %v", err)
+	}
+}

@@ -110,6 +110,24 @@ var methodNames = map[Method]string{
 	MethodSSAAdaptive:   "SSA_METHOD_SSA_ADAPTIVE",
 }
 
+// GroupSelection says who selects the middle rows in a GQA model (ssa_group_selection).
+type GroupSelection uint32
+
+const (
+	// GroupOff is SSA_GROUP_OFF.
+	GroupOff GroupSelection = 0
+	// GroupMixture is SSA_GROUP_MIXTURE.
+	GroupMixture GroupSelection = 1
+	// GroupMeanQuery is SSA_GROUP_MEAN_QUERY.
+	GroupMeanQuery GroupSelection = 2
+)
+
+var groupSelectionNames = map[GroupSelection]string{
+	GroupOff:       "SSA_GROUP_OFF",
+	GroupMixture:   "SSA_GROUP_MIXTURE",
+	GroupMeanQuery: "SSA_GROUP_MEAN_QUERY",
+}
+
 // Integer macros of ssa.h.
 const (
 	VersionMajor        = 0

@@ -135,6 +135,23 @@ typedef enum ssa_method {
   SSA_METHOD_FORCE_32BIT = 0x7fffffff
 } ssa_method;
 
+/* Who selects the middle rows in a GQA model (docs/GROUP_SELECTION.md).
+   OFF: every query head scores, selects and samples on its own (the paper's SSA).
+   MIXTURE and MEAN_QUERY: one selection per KV head, made once for its G query
+   heads: the heavy set and the draws come from one group proposal (the mixture
+   of the G heads' proxy softmaxes, or the proxy softmax of the group's mean
+   query), and every query head of the group reweights all of the shared rows by
+   the shared inclusion probabilities, so each head's Horvitz-Thompson numerator
+   and denominator stay unbiased. The group's budget is the sum of its heads'
+   budgets: G * k' middle rows per KV head, the same rows as G per-head
+   selections before their overlap is removed. */
+typedef enum ssa_group_selection {
+  SSA_GROUP_OFF = 0,
+  SSA_GROUP_MIXTURE = 1,
+  SSA_GROUP_MEAN_QUERY = 2,
+  SSA_GROUP_FORCE_32BIT = 0x7fffffff
+} ssa_group_selection;
+
 /* ---------------------------------------------------------------- runtime */
 
 typedef struct ssa_runtime ssa_runtime;
@@ -315,6 +332,10 @@ typedef struct ssa_decode_params {
                            default 0.1; read only when target_error > 0 */
   uint32_t max_budget;  /* cap on the budget chosen per head (tokens incl. sink
                            and local); 0 (default) = max(ceil(N / 5), budget) */
+  /* selection per KV group (docs/GROUP_SELECTION.md) */
+  uint32_t group_selection; /* an ssa_group_selection (read as an integer);
+                               default SSA_GROUP_OFF. Not with target_error > 0,
+                               and CPU sessions only (SSA_ERR_UNSUPPORTED) */
 } ssa_decode_params;
 
 /* Error-targeted decode (target_error > 0; methods SSA and SSA_ADAPTIVE only,

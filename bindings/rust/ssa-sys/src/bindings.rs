@@ -52,6 +52,11 @@ pub const SSA_METHOD_SSA: ssa_method = 5;
 pub const SSA_METHOD_SSA_ADAPTIVE: ssa_method = 6;
 pub const SSA_METHOD_FORCE_32BIT: ssa_method = 2147483647;
 pub type ssa_method = ::std::os::raw::c_uint;
+pub const SSA_GROUP_OFF: ssa_group_selection = 0;
+pub const SSA_GROUP_MIXTURE: ssa_group_selection = 1;
+pub const SSA_GROUP_MEAN_QUERY: ssa_group_selection = 2;
+pub const SSA_GROUP_FORCE_32BIT: ssa_group_selection = 2147483647;
+pub type ssa_group_selection = ::std::os::raw::c_uint;
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct ssa_runtime {
@@ -541,6 +546,7 @@ pub struct ssa_decode_params {
     pub target_error: f32,
     pub target_delta: f32,
     pub max_budget: u32,
+    pub group_selection: u32,
 }
 #[test]
 fn bindgen_test_layout_ssa_decode_params() {
@@ -792,6 +798,23 @@ fn bindgen_test_layout_ssa_decode_params() {
         );
     }
     test_field_max_budget();
+    fn test_field_group_selection() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<ssa_decode_params>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).group_selection) as usize - ptr as usize
+            },
+            68usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(ssa_decode_params),
+                "::",
+                stringify!(group_selection)
+            )
+        );
+    }
+    test_field_group_selection();
 }
 extern "C" {
     pub fn ssa_decode_params_init(p: *mut ssa_decode_params);

@@ -30,7 +30,8 @@ use std::sync::Arc;
 pub use error::{Error, Result, Status};
 pub use ssa_sys as sys;
 pub use types::{
-    Backend, DType, DecodeParams, DecodeStats, Element, LoadOptions, Method, RuntimeOptions, SessionConfig,
+    Backend, DType, DecodeParams, DecodeStats, Element, GroupSelection, LoadOptions, Method, RuntimeOptions,
+    SessionConfig,
 };
 
 /// (major, minor, patch) of the libssa actually loaded.

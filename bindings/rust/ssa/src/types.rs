@@ -105,6 +105,28 @@ impl Method {
     }
 }
 
+/// Who selects the middle rows in a GQA model (docs/GROUP_SELECTION.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum GroupSelection {
+    /// Every query head selects its own rows (the default).
+    #[default]
+    Off,
+    /// One selection per KV head from the mixture of its query heads' proxy softmaxes.
+    Mixture,
+    /// One selection per KV head from the proxy softmax of the group's mean query.
+    MeanQuery,
+}
+
+impl GroupSelection {
+    pub(crate) fn raw(self) -> u32 {
+        (match self {
+            GroupSelection::Off => sys::SSA_GROUP_OFF,
+            GroupSelection::Mixture => sys::SSA_GROUP_MIXTURE,
+            GroupSelection::MeanQuery => sys::SSA_GROUP_MEAN_QUERY,
+        }) as u32
+    }
+}
+
 /// Options of [`crate::Runtime::new`]. `Default` gives the library's defaults.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RuntimeOptions {
@@ -286,6 +308,8 @@ pub struct DecodeParams {
     pub target_delta: f32,
     /// Cap on the budget a head may choose; `None` = the library's default.
     pub max_budget: Option<u32>,
+    /// One selection per KV group instead of per query head (CPU sessions).
+    pub group_selection: GroupSelection,
 }
 
 impl Default for DecodeParams {
@@ -310,6 +334,7 @@ impl Default for DecodeParams {
             target_error: p.target_error,
             target_delta: p.target_delta,
             max_budget: if p.max_budget == 0 { None } else { Some(p.max_budget) },
+            group_selection: GroupSelection::Off,
         }
     }
 }
@@ -348,6 +373,12 @@ impl DecodeParams {
         self
     }
 
+    /// Selects once per KV group with the given proposal.
+    pub fn with_group_selection(mut self, g: GroupSelection) -> Self {
+        self.group_selection = g;
+        self
+    }
+
     pub(crate) fn to_raw(&self) -> sys::ssa_decode_params {
         let mut p = std::mem::MaybeUninit::<sys::ssa_decode_params>::uninit();
         // SAFETY: init writes every field.
@@ -368,6 +399,7 @@ impl DecodeParams {
         p.target_error = self.target_error;
         p.target_delta = self.target_delta;
         p.max_budget = self.max_budget.unwrap_or(0);
+        p.group_selection = self.group_selection.raw();
         p
     }
 }

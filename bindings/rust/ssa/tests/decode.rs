@@ -259,3 +259,30 @@ fn budget_within_sink_and_local_is_reported_window_only() {
         assert_eq!(st.window_only_heads, 0, "{:?}", m);
     }
 }
+
+#[test]
+fn group_selection_shares_rows_across_a_group_and_is_dense_at_full_budget() {
+    let rt = runtime();
+    let (s, k, v, q) = peaked(&rt, 7);
+    let r = reference(&to_f64(&q), &to_f64(&k), &to_f64(&v), NQ as usize, NKV as usize, D as usize);
+    let g = (NQ / NKV) as u64;
+    for grp in [ssa::GroupSelection::Mixture, ssa::GroupSelection::MeanQuery] {
+        for m in &Method::ALL[2..] {
+            let full = DecodeParams::method(*m).with_budget(4096).with_group_selection(grp);
+            let out = s.decode_vec(0, &q, &full).unwrap();
+            assert!(rel_err(&to_f64(&out), &r) < 1e-5, "{:?} {:?}", grp, m);
+            let p = DecodeParams::method(*m).with_budget(512).with_window(32, 32).with_seed(3, 1).with_group_selection(grp);
+            let mut out = vec![0f32; Q_LEN];
+            let st = s.decode(0, &q, &mut out, &p).unwrap();
+            assert!(out.iter().all(|x| x.is_finite()));
+            // Every head of a group uses the group's rows: at most g * k' of them.
+            assert!(st.tokens_read <= NQ as u64 * (64 + g * (512 - 64)), "{:?} {:?}: {}", grp, m, st.tokens_read);
+            if *m == Method::PqTopK {
+                assert_eq!(st.heavy_tokens, NQ as u64 * g * (512 - 64), "{:?}", grp);
+            }
+        }
+    }
+    let bad = DecodeParams::method(Method::Ssa).with_group_selection(ssa::GroupSelection::Mixture).with_target_error(0.05, 0.1);
+    let mut out = vec![0f32; Q_LEN];
+    assert_eq!(s.decode(0, &q, &mut out, &bad).unwrap_err().status(), Status::Unsupported);
+}
