@@ -3,7 +3,6 @@
 #include <cuda_runtime.h>
 
 #include "cuda_backend.h"
-#include "decode/decode_plan.h"
 #include "device_error.h"
 #include "device_state.h"
 
@@ -42,8 +41,13 @@ absl::Status CudaBackend::check_buffer(const ssa_session& s, const void* p, cons
                           "create it with SSA_SESSION_HOST_POINTERS to pass host memory)");
 }
 
+// Error-targeted decode chooses budgets per head from rows it reads while
+// selecting; the launch-set kernels take one budget for all heads.
 absl::Status CudaBackend::check_decode(const ssa_decode_params& p) const {
-  if (p.target_error > 0.0f) return unsupported(kCudaNoErrorTarget);
+  if (p.target_error > 0.0f) {
+    return unsupported("target_error > 0 (error-targeted decode) is not supported by the CUDA backend; "
+                       "use a CPU session or a fixed budget");
+  }
   return absl::OkStatus();
 }
 

@@ -38,12 +38,6 @@ constexpr size_t kDecodeStatsMinSize = offsetof(ssa_decode_stats, target_budget)
 // that a sparse decode saves little over a dense one).
 constexpr double kDefaultTargetCapFraction = 0.2;
 
-// Error-targeted decode chooses budgets per head from rows it reads while
-// selecting; the CUDA launch-set kernels take one budget for all heads.
-constexpr const char* kCudaNoErrorTarget =
-    "target_error > 0 (error-targeted decode) is not supported by the CUDA backend; "
-    "use a CPU session or a fixed budget";
-
 // *out = defaults overlaid with the first in->struct_size bytes of *in (an
 // older, shorter struct keeps the defaults of the fields it lacks).
 absl::Status read_decode_params(const ssa_decode_params* in, ssa_decode_params* out);
