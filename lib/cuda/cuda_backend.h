@@ -14,6 +14,10 @@
 //   device_index.cc      the PQ index trained and encoded on the device
 //   launch_set.cc        decode: launch sets of items, and their stats
 //   device_checks.cc     devices, memory spaces, decode requests, snapshot staging
+// and the pieces they share: device_alloc (the memory pool), device_pages (device
+// page pools), device_mem (scoped device memory, page tables), device_error
+// (CUDA errors as statuses), last_use (events of queued decodes), method_plan
+// (decode requests as kernel knobs).
 #pragma once
 
 #include <stddef.h>
