@@ -4,7 +4,7 @@
 // of its words, publishes its count with a ready flag, adds up the counts of the
 // blocks before it in the row as they appear (look-back: blocks are started in
 // index order, so every block it waits for has started), scans its own and writes.
-// This saved a kernel that counted first (bench/RESULTS.md). The counts are zeroed
+// No separate kernel counts first (one launch and one pass fewer). The counts are zeroed
 // with the row states at the start of each decode, one set per compaction pass.
 // With samples it also computes each sample's log inclusion probability,
 //   p = w / W_R, pi = 1 - (1 - p)^m (common/inclusion_probability.h),
@@ -159,8 +159,8 @@ __global__ void __launch_bounds__(kThreads) write_kernel(DecodeBatch b, Workspac
 uint32_t compact_words_per_block(uint32_t n_pad_max, uint32_t rows, int sm_count) {
   // One word a thread while that keeps the whole grid within about four blocks per
   // multiprocessor (short rows: more blocks keep the per-thread chains short, a
-  // sample's log pi being double math), up to four words a thread (long rows:
-  // measured at 1M tokens, one word a thread took 31 us instead of 18 us).
+  // sample's log pi being double math), up to four words a thread (long rows: one
+  // word a thread would make so many blocks that their look-back chain dominates).
   const uint32_t words = (n_pad_max + 31) / 32;
   const uint64_t budget = 4ull * static_cast<uint64_t>(sm_count > 0 ? sm_count : 1);
   uint32_t wpb = kThreads;

@@ -27,6 +27,7 @@
 #include "cp_async.cuh"
 #include "device_util.cuh"
 #include "head_dim.cuh"
+#include "row_init.cuh"
 #include "stage_launch.cuh"
 #include "stages.h"
 
@@ -34,10 +35,10 @@ namespace ssa::cuda {
 namespace {
 
 // PQ scoring: 512 threads of 4 tokens (one 32-bit code word per subspace), two
-// blocks per multiprocessor. The kernel waits on its shared-memory table reads
-// (ncu), so it wants warps: with one buffer of code words instead of two, two
+// blocks per multiprocessor. The kernel waits on its shared-memory table reads,
+// so it wants warps: with one buffer of code words instead of two, two
 // 512-thread blocks fit (32 warps per SM instead of 16 with 256 threads and
-// double-buffered codes; scoring 67.1 -> 65.8 us at 1M tokens, bench/RESULTS.md).
+// double-buffered codes).
 constexpr int kScoreThreads = 512;
 constexpr int kScoreBlocksPerSm = 2;  // launch bounds: 64 registers (eight heads a pass: one
                                       // block, its 192 KB of shared memory, no spills)
@@ -67,43 +68,6 @@ size_t score_smem_bytes(int gh, const DecodeShape& s) {
   return (size_t{static_cast<uint32_t>(gh)} * s.pq_centroids + kScoreThreads) *
              s.pq_subspaces * sizeof(float) +
          size_t{static_cast<uint32_t>(gh)} * kScoreBins * sizeof(uint32_t);
-}
-
-// The state of row (item, h) before a sparse decode; its top-k histogram is zeroed
-// by the caller.
-__device__ RowState initial_row(const DecodeBatch& b, const DecodeItem& it) {
-  RowState r{};
-  r.max_key = 0u;
-  r.min_key = 0xffffffffu;
-  const uint32_t heavy = b.heavy == HeavyRule::kAdaptive ? 0u : it.n_heavy;
-  r.n_heavy = heavy;
-  r.topk_k = requested_topk(b, it);
-  r.n_draws = b.sampling == Sampling::kNone ? 0u : it.n_select - heavy;
-  return r;
-}
-
-// Zeroes a row's top-k histogram and its compaction counts (every pass), by the
-// block's threads.
-__device__ void clear_row_sums(const Workspace& ws, uint32_t row, uint32_t n_rows) {
-  for (uint32_t i = threadIdx.x; i < kScoreBins; i += blockDim.x) ws.hist[size_t{row} * kScoreBins + i] = 0;
-  for (uint32_t pass = 0; pass < ws.compact_passes; ++pass) {
-    uint64_t* c = row_compact_counts(ws.compact_counts, pass, n_rows, row, ws.compact_blocks);
-    for (uint32_t i = threadIdx.x; i < ws.compact_blocks; i += blockDim.x) c[i] = 0;
-  }
-}
-
-// One block per item: the row states of its q heads, and its rows' top-k
-// histograms and compaction counts zeroed (saves memset launches per decode).
-// With the PQ proxy the lookup-table kernel does this instead (one launch fewer).
-__global__ void init_rows_kernel(DecodeBatch b, Workspace ws, bool sparse) {
-  stage_begin();
-  const uint32_t item = blockIdx.x;
-  const uint32_t h = threadIdx.x;
-  const uint32_t nq = b.shape.n_q_heads;
-  if (sparse)
-    for (uint32_t hh = 0; hh < nq; ++hh) clear_row_sums(ws, row_of(item, hh, nq), b.n_items * nq);
-  if (h >= nq) return;
-  ws.rows[row_of(item, h, nq)] = initial_row(b, b.items[item]);
 }
 
 // Subspaces of up to this many dimensions load each centroid as float4s.
@@ -378,8 +342,8 @@ __global__ void __launch_bounds__(kScoreThreads, GH >= 8 ? 1 : kScoreBlocksPerSm
       for (int j = 0; j < kTokensPerThread; ++j) acc[g][j] = 0.f;
     uint32_t m = m_first;
     if constexpr (kM16) {
-      // Eight subspaces' lookups unrolled: 1% faster than four at 1M batch 16,
-      // sixteen no better (bench/RESULTS.md).
+      // Eight subspaces' lookups unrolled: enough independent loads in flight to
+      // hide the shared-memory latency without the registers of sixteen.
 #pragma unroll 8
       for (uint32_t step = 0; step < 16; ++step) {
         const uint32_t cw = codes_s[m * kScoreThreads];
@@ -552,14 +516,6 @@ const char* pq_shape_unsupported(const DecodeShape& s) {
   if (heads_per_pass(s) == 0) return "the PQ lookup table of one head exceeds shared memory";
   if (s.page_tokens < 16) return "pages of fewer than 16 tokens";
   return nullptr;
-}
-
-cudaError_t launch_init_rows(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
-                             cudaStream_t st) {
-  if (b.proxy == Proxy::kPq) return cudaSuccess;  // build_lut_kernel does it
-  const bool sparse = b.proxy != Proxy::kNone;
-  const uint32_t threads = std::max(256u, (b.shape.n_q_heads + 31) / 32 * 32);
-  return launch_stage(b, init_rows_kernel, b.n_items, threads, 0, st, b, ws, sparse);
 }
 
 cudaError_t launch_pq_scores(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,

@@ -10,9 +10,9 @@
 // then the page pointer before it can even ask for the row, so each round trip
 // moves little and the stage runs far below the copy bandwidth. Here K and V rows
 // go through a kStages-deep cp.async ring in shared memory (16 KB of rows per stage,
-// two stages in flight per block, four blocks per SM: 3-5% faster at 1M tokens
-// than three stages in flight with three blocks, and six stages with two blocks
-// were 6-10% slower, bench/RESULTS.md), and the addresses are
+// two stages in flight per block, four blocks per SM: more blocks with shallower
+// rings keep more copies in flight per SM than fewer blocks with deeper ones),
+// and the addresses are
 // resolved ahead of the ring: for every stage one thread per token loads the token
 // id two iterations before the rows are requested and the page pointer one
 // iteration before, so neither dependent load sits on the copy path, and only
@@ -280,9 +280,8 @@ uint32_t sparse_gather_splits(const DecodeShape& s, uint32_t rows, uint32_t max_
   });
   // Blocks of a row are about equally long and the stage is bound by the copies in
   // flight, so a last wave that leaves SMs with fewer blocks runs slow: take the
-  // fewest whole waves that rows x splits fills to 90% or more (measured on an
-  // H200: 16 rows, 24 splits (one wave) 0.104 ms vs 66 splits (2.7 waves) 0.114 ms
-  // and 33 splits (1.3 waves) 0.130 ms).
+  // fewest whole waves that rows x splits fills to 90% or more (more splits only
+  // add merge work, and a partial last wave runs at the speed of its few blocks).
   const uint64_t slots = uint64_t{std::max(per_sm, 1u)} * static_cast<uint32_t>(std::max(sm_count, 1));
   uint64_t splits = 1;
   for (uint64_t w = 1; w <= 64; ++w) {

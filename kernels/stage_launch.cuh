@@ -1,18 +1,16 @@
 // Launches of the decode stages with programmatic dependent launch (sm_90).
 // A decode is a chain of short kernels, each reading what the previous one
 // wrote. Launched plainly, a stage's grid is set up only after the previous grid
-// has drained and flushed, a gap of a few microseconds per stage: about a tenth
-// of a 128K-token decode. With the launch attribute, the next grid is set up
+// has drained and flushed, a gap of a few microseconds per stage, which adds up
+// over a decode's chain. With the launch attribute, the next grid is set up
 // while the previous one runs and starts once the previous grid's blocks have
 // all exited; every stage kernel begins with stage_begin(), which waits until
 // the previous grid has completed and its writes are visible. So the stages
 // still run strictly one after another; only the launch work overlaps.
 // One stage releases its dependents early (stage_release_dependents): the
 // lookup-table kernel, whose successor, PQ scoring, copies its first code words
-// before it waits (Llama-3.1-8B shape, 128K tokens, batch 1: 0.091 -> 0.089 ms).
-// Releasing every stage at its start let waiting grids take room on the
-// multiprocessors while the previous grid still ran, and measured 2-3% slower at
-// batch 16 (bench/RESULTS.md).
+// (which no stage writes) before it waits. Other stages do not: a waiting grid
+// released early takes room on the multiprocessors from the grid still running.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -21,19 +21,33 @@ cudaError_t launch_topk(const DecodeBatch& b, const WorkspacePlan& plan, const W
 // picks the compaction counts, zeroed once per decode with the row states.
 cudaError_t launch_compact(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
                            bool samples, uint32_t pass, cudaStream_t st);
+// The adaptive heavy set (adaptive_heavy.cu).
 cudaError_t launch_adaptive_heavy(const DecodeBatch& b, const WorkspacePlan& plan,
                                   const Workspace& ws, cudaStream_t st);
+// Residual weight sums per 32-token block and 1024-token chunk (stratified_sample.cu):
+// mode 0 the residual hierarchy and masses after the heavy set is final, mode 1
+// only the candidate total (adaptive heavy set).
+cudaError_t launch_hierarchy(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws, int mode,
+                             cudaStream_t st);
 cudaError_t launch_sampling(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
                             cudaStream_t st);
 uint32_t sample_group_draws(uint32_t draws_max, uint32_t rows, int sm_count);
-// Attention = the splits' partial results (launch_split_attention), then their
-// merge into the output (launch_merge_splits).
+// Attention (attention.cu) = the splits' partial results (launch_split_attention,
+// by the kernel that serves the launch set), then their merge into the output
+// (launch_merge_splits, attention_merge.cu).
 cudaError_t launch_attention(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
                              bool all_dense, cudaStream_t st);
 cudaError_t launch_split_attention(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
                                    bool all_dense, cudaStream_t st);
 cudaError_t launch_merge_splits(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
                                 cudaStream_t st);
+// The split-K kernel on CUDA cores (split_attention.cuh): sparse rows
+// (sparse_attention.cu), dense rows with GQA groups shared per block
+// (dense_attention.cu).
+cudaError_t launch_sparse_split(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
+                                cudaStream_t st);
+cudaError_t launch_dense_split(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
+                               cudaStream_t st);
 uint32_t dense_heads_per_block(uint32_t group);
 // Tensor-core dense attention (dense_attention_mma.cu): f16/bf16, head dims 64,
 // 128, 256, GQA groups up to 16; one block per (split, KV head, item).

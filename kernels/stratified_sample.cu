@@ -13,41 +13,21 @@
 //  3. A draw sets its token's bit in the sample bitmap: repeated draws of a token
 //     leave one bit, and kernels/bitmap_compact.cu lists the unique samples in
 //     token order with their log pi, so nothing depends on thread timing.
-// The adaptive heavy set (lambda water-filling) is decided here as well.
+// The hierarchy of mode 1 also gives the adaptive heavy set its candidate total
+// (adaptive_heavy.cu).
 #include <cub/block/block_scan.cuh>
-#include <cub/device/device_segmented_radix_sort.cuh>
 
 #include <algorithm>
 
 #include "common/philox.h"
 #include "common/sampling_hierarchy.h"
-#include "common/water_filling.h"
 #include "device_util.cuh"
+#include "row_ref.cuh"
 #include "stage_launch.cuh"
 #include "stages.h"
 
 namespace ssa::cuda {
 namespace {
-
-struct RowRef {
-  const DecodeItem* it;
-  uint32_t h, row;
-};
-
-__device__ RowRef row_ref(const DecodeBatch& b) {
-  RowRef r;
-  r.it = &b.items[blockIdx.z];
-  r.h = blockIdx.y;
-  r.row = row_of(blockIdx.z, blockIdx.y, b.shape.n_q_heads);
-  return r;
-}
-
-__device__ __forceinline__ float* row_scores(const Workspace& ws, const RowRef& r) {
-  return ws.scores + row_token_base(*r.it, r.h);
-}
-__device__ __forceinline__ size_t row_select(const RowRef& r) {
-  return r.it->select_base + size_t{r.h} * r.it->select_cap;
-}
 
 __device__ __forceinline__ uint32_t n_candidates(const DecodeItem& it) {
   return it.local_begin - it.sink_end;
@@ -146,8 +126,8 @@ __global__ void __launch_bounds__(1024) chunk_prefix_kernel(DecodeBatch b, Works
 // target are a prefix of the 32, and their count is the index of the first one
 // above it: one compare per entry and a count, no search. The fallback for a
 // target at or past the total (rounding at the top, or a lane past the row's
-// draws, whose weights are all zero) is worked out only in warps that need it: it
-// was an eighth of the sampler's instructions (ncu, Llama 128K).
+// draws, whose weights are all zero) is worked out only in warps that need it:
+// worked out in every warp, it is a large share of the sampler's instructions.
 struct GroupPick {
   uint32_t index;
   uint64_t weight;
@@ -201,8 +181,7 @@ constexpr uint32_t sample_block_draws(uint32_t group_draws) {
   return kSampleThreads / 32 * sample_warp_draws(group_draws);
 }
 // A group's draws are taken two at a time: half the live registers of all four
-// at once, so four blocks fit a multiprocessor instead of three (64 registers;
-// sampler 39.6 -> 38.1 us at 1M tokens, bench/RESULTS.md).
+// at once, so four blocks fit a multiprocessor instead of three (64 registers).
 constexpr uint32_t kDrawsPerPass = 2;
 constexpr uint32_t kPrefixSmem = 4096;  // rows of up to 4M candidates: chunk prefixes in shared memory
 constexpr uint32_t kPrefixPerThread = kPrefixSmem / kSampleThreads;
@@ -360,99 +339,13 @@ __global__ void __launch_bounds__(kSampleThreads, kSampleBlocksPerSm) sample_ker
   }
 }
 
-__global__ void segments_kernel(DecodeBatch b, Workspace ws) {
-  stage_begin();
-  const uint32_t item = blockIdx.x, h = threadIdx.x;
-  if (h >= b.shape.n_q_heads) return;
-  const DecodeItem& it = b.items[item];
-  const uint32_t row = row_of(item, h, b.shape.n_q_heads);
-  const size_t base = it.select_base + size_t{h} * it.select_cap;
-  const uint32_t n = ws.rows[row].topk_k;
-  ws.seg_begin[row] = static_cast<int>(base);
-  ws.seg_end[row] = static_cast<int>(base + n);
-}
+}  // namespace
 
-// Adaptive: score keys of the k' top candidates, for a descending segmented sort.
-__global__ void candidate_keys_kernel(DecodeBatch b, Workspace ws) {
-  stage_begin();
-  const RowRef r = row_ref(b);
-  const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= ws.rows[r.row].topk_k) return;
-  const size_t base = row_select(r);
-  ws.sort_keys[base + i] = float_key(row_scores(ws, r)[ws.heavy[base + i]]);
-}
-
-__global__ void candidate_probs_kernel(DecodeBatch b, Workspace ws) {
-  stage_begin();
-  const RowRef r = row_ref(b);
-  const RowState& st = ws.rows[r.row];
-  const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= st.topk_k) return;
-  const size_t base = row_select(r);
-  const float w = expf(key_float(ws.sort_keys2[base + i]) - key_float(st.max_key));
-  ws.probs[base + i] = static_cast<double>(w) / st.w_all;
-}
-
-__global__ void water_fill_kernel(DecodeBatch b, Workspace ws) {
-  stage_begin();
-  const uint32_t item = blockIdx.x, h = threadIdx.x;
-  if (h >= b.shape.n_q_heads) return;
-  const DecodeItem& it = b.items[item];
-  if (it.n_select == 0) return;
-  RowState& st = ws.rows[row_of(item, h, b.shape.n_q_heads)];
-  const size_t base = it.select_base + size_t{h} * it.select_cap;
-  const WaterFill wf = water_fill(ws.probs + base, st.topk_k, 1.0, static_cast<double>(it.n_select));
-  st.n_heavy = static_cast<uint32_t>(wf.heavy);
-  st.n_draws = b.sampling == Sampling::kNone ? 0u : it.n_select - st.n_heavy;
-}
-
-// The top-k' candidates past the first n_heavy (by score) leave the heavy bitmap.
-__global__ void drop_light_kernel(DecodeBatch b, Workspace ws) {
-  stage_begin();
-  const RowRef r = row_ref(b);
-  const RowState& st = ws.rows[r.row];
-  const uint32_t i = st.n_heavy + blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= st.topk_k) return;
-  const uint32_t j = ws.sort_vals2[row_select(r) + i] - r.it->sink_end;
-  atomicAnd(&ws.heavy_bits[row_block_base(*r.it, r.h) + (j >> 5)], ~(1u << (j & 31)));
-}
-
-cudaError_t hierarchy(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
-                      int mode, cudaStream_t st) {
+cudaError_t launch_hierarchy(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws, int mode,
+                             cudaStream_t st) {
   const uint32_t chunks = plan.n_pad_max / kChunkTokens;
   const dim3 grid((chunks + kChunksPerBlock - 1) / kChunksPerBlock, b.shape.n_q_heads, b.n_items);
   return launch_stage(b, hierarchy_kernel, grid, 32 * kChunksPerBlock, 0, st, b, ws, mode);
-}
-
-}  // namespace
-
-size_t segmented_sort_temp_bytes(uint32_t rows, uint64_t entries) {
-  size_t c = 0;
-  int n = static_cast<int>(entries);
-  cub::DeviceSegmentedRadixSort::SortPairsDescending(
-      nullptr, c, static_cast<const uint32_t*>(nullptr), static_cast<uint32_t*>(nullptr),
-      static_cast<const uint32_t*>(nullptr), static_cast<uint32_t*>(nullptr), n,
-      static_cast<int>(rows), static_cast<const int*>(nullptr), static_cast<const int*>(nullptr));
-  return c;
-}
-
-cudaError_t launch_adaptive_heavy(const DecodeBatch& b, const WorkspacePlan& plan,
-                                  const Workspace& ws, cudaStream_t st) {
-  cudaError_t e;
-  if ((e = hierarchy(b, plan, ws, 1, st)) != cudaSuccess) return e;
-  const dim3 grid((plan.select_cap_max + 255) / 256, b.shape.n_q_heads, b.n_items);
-  const uint32_t hb = (b.shape.n_q_heads + 31) / 32 * 32;
-  if ((e = launch_stage(b, candidate_keys_kernel, grid, 256, 0, st, b, ws)) != cudaSuccess) return e;
-  if ((e = launch_stage(b, segments_kernel, b.n_items, hb, 0, st, b, ws)) != cudaSuccess) return e;
-  size_t bytes = ws.sort_temp_bytes;
-  e = cub::DeviceSegmentedRadixSort::SortPairsDescending(
-      ws.sort_temp, bytes, ws.sort_keys, ws.sort_keys2, ws.heavy, ws.sort_vals2,
-      static_cast<int>(plan.select_entries), static_cast<int>(plan.rows), ws.seg_begin, ws.seg_end,
-      0, 32, st);
-  if (e != cudaSuccess) return e;
-  if ((e = launch_stage(b, candidate_probs_kernel, grid, 256, 0, st, b, ws)) != cudaSuccess) return e;
-  if ((e = launch_stage(b, water_fill_kernel, b.n_items, hb, 0, st, b, ws)) != cudaSuccess) return e;
-  return launch_stage(b, drop_light_kernel, grid, 256, 0, st, b, ws);
 }
 
 cudaError_t launch_sampling(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
@@ -460,7 +353,7 @@ cudaError_t launch_sampling(const DecodeBatch& b, const WorkspacePlan& plan, con
   cudaError_t e;
   if (b.sampling == Sampling::kNone) return cudaSuccess;
   // Otherwise the sums came from the top-k filter.
-  if (!filter_sums_residual(b) && (e = hierarchy(b, plan, ws, 0, st)) != cudaSuccess) return e;
+  if (!filter_sums_residual(b) && (e = launch_hierarchy(b, plan, ws, 0, st)) != cudaSuccess) return e;
   if (plan.n_pad_max / kChunkTokens > kPrefixSmem &&
       (e = launch_stage(b, chunk_prefix_kernel, dim3(1, b.shape.n_q_heads, b.n_items), 1024, 0, st, b, ws)) !=
           cudaSuccess)
@@ -478,7 +371,7 @@ uint32_t sample_group_draws(uint32_t draws_max, uint32_t rows, int sm_count) {
   // blocks (batch 1 at 128K tokens: the draws are a chain of dependent loads and
   // picks per warp, and the GPU has room for twice the warps). Elsewhere 32: the
   // grid already fills the GPU, and twice the blocks would only rebuild the chunk
-  // prefixes twice as often (1.04-1.07x slower at 1M, bench/RESULTS.md).
+  // prefixes twice as often.
   const uint32_t per_block = sample_block_draws(2);
   const uint64_t blocks16 = uint64_t{rows} * ((draws_max + per_block - 1) / per_block);
   return blocks16 <= uint64_t{kSampleBlocksPerSm} * static_cast<uint64_t>(std::max(sm_count, 1)) ? 2 : 4;

@@ -106,14 +106,14 @@ __device__ __forceinline__ uint32_t swizzled(uint32_t v) { return v ^ ((v >> 3) 
 // Each warp stages a whole chunk in one of its two shared-memory tiles first, then
 // each lane reads down its own row: with 16-byte asynchronous copies where the
 // row's candidates start 16 bytes aligned (sink_end % 4 == 0), issued one chunk
-// ahead (SSA filter 33.5 -> 32.1 us at 1M tokens, bench/RESULTS.md), else with
+// ahead so that the copy of the next chunk overlaps the work on this one, else with
 // coalesced 4-byte loads (load_chunk_tile). The row's last, partial chunk of an
 // aligned row is read directly with 16-byte loads instead, masked at its end.
 // Boundary-bin candidates are counted as residual here; refine subtracts those
 // it selects.
 // kSums: filter_sums_residual; kUniform: uniform sampling weights. Both fixed per
 // launch, so that the per-candidate work carries no test for either (the SSA
-// filter is bound by its instructions: 38.5 -> 34.3 us at 1M tokens).
+// filter is bound by its instructions).
 template <bool kSums, bool kUniform>
 __global__ void __launch_bounds__(kThreads, kFilterBlocksPerSm) filter_kernel(DecodeBatch b, Workspace ws) {
   stage_begin();
@@ -225,9 +225,8 @@ __global__ void __launch_bounds__(kThreads, kFilterBlocksPerSm) filter_kernel(De
       for (uint32_t i = 0; i < kBlockTokens; ++i) step(tile[lane][i], i, k > 0 && i < n_mine);
     } else if (n_here == kChunkTokens) {
       // A whole chunk, copied into the tile (copy_chunk): lane l reads its block,
-      // row l. Direct 16-byte loads per lane (each a different 128-byte line) left
-      // the warps waiting on memory: top-k filter 35 -> 29 us at 1M tokens
-      // (bench/RESULTS.md).
+      // row l. Direct 16-byte loads per lane (each a different 128-byte line) leave
+      // the warps waiting on memory.
 #pragma unroll
       for (uint32_t g = 0; g < kBlockTokens / 4; ++g) {
         const float4 a = tile4[swizzled(lane * (kBlockTokens / 4) + g)];
@@ -413,9 +412,9 @@ uint32_t filter_blocks_per_row(uint32_t n_pad_max, uint32_t rows, uint32_t scan_
   // longest row's chunks (fewer than the histogram's for short rows).
   const uint32_t chunk_blocks = (n_pad_max / kChunkTokens + kFilterWarps - 1) / kFilterWarps;
   uint32_t n = std::max(1u, std::min(scan_blocks, chunk_blocks));
-  // And no second wave that leaves most multiprocessors idle: 64 blocks of 16
-  // rows were 1.29 waves of 6 blocks per SM on an H200 (ncu: 57% of the warps
-  // active). Rows that fill a wave take what fills it whole.
+  // And no second wave that leaves most multiprocessors idle (a grid of a little
+  // more than one wave runs its tail with most warps inactive). Rows that fill a
+  // wave take what fills it whole.
   const uint32_t wave = kFilterBlocksPerSm * static_cast<uint32_t>(std::max(sm_count, 1));
   if (uint64_t{rows} * n > wave) n = std::max(1u, std::min(n, wave / std::max(rows, 1u)));
   return n;

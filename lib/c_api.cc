@@ -7,8 +7,7 @@
 #include <thread>
 
 #include "absl/strings/string_view.h"
-#include "cpu/finite_check.h"
-#include "cuda/cuda_backend.h"
+#include "backend.h"
 #include "decode/decode.h"
 #include "decode/decode_plan.h"
 #include "runtime.h"
@@ -61,48 +60,6 @@ ssa_status guarded(Fn&& fn) {
     return fail(SSA_ERR_INTERNAL, "internal error: unknown exception");
   }
 }
-
-}  // namespace
-
-namespace {
-
-// The checks both appends make before anything reads k or v; *elems: the
-// elements of each.
-absl::Status check_append(const ssa_session* s, uint32_t layer, const void* k, const void* v, uint64_t n_tokens,
-                          size_t* elems) {
-  if (s == nullptr) return ssa::invalid_argument("session is NULL");
-  if (k == nullptr || v == nullptr) return ssa::invalid_argument("k and v must not be NULL");
-  if (layer >= s->layout.n_layers) {
-    return ssa::invalid_argument("layer ", layer, " >= n_layers ", s->layout.n_layers);
-  }
-  // Size checks come before anything reads k or v: a hostile n_tokens must be
-  // rejected, not used to scan far beyond the caller's arrays.
-  if (n_tokens > ssa::kMaxTokensPerLayer) {
-    return ssa::invalid_argument("n_tokens ", n_tokens, " exceeds the limit of ", ssa::kMaxTokensPerLayer,
-                                 " tokens per layer");
-  }
-  const uint64_t per_token = uint64_t{s->layout.n_kv_heads} * s->layout.head_dim;
-  if (n_tokens > (SIZE_MAX / 2) / (per_token * s->layout.elem_bytes())) {
-    return ssa::invalid_argument("n_tokens ", n_tokens, " overflows the size of K and V");
-  }
-  *elems = static_cast<size_t>(n_tokens * per_token);
-  return absl::OkStatus();
-}
-
-// CUDA backend hook: K and V in device memory are not scanned on the host.
-bool host_kv(const ssa_session* s) {
-  return s->cuda == nullptr || (s->config.flags & SSA_SESSION_HOST_POINTERS) != 0;
-}
-
-absl::Status append_host_checked(ssa_session* s, uint32_t layer, const void* k, const void* v, uint64_t n_tokens,
-                                 size_t n) {
-  size_t bad = ssa::first_non_finite(s->layout.dtype, k, n);
-  if (bad != n) return ssa::invalid_argument("k[", bad, "] is NaN or infinite");
-  bad = ssa::first_non_finite(s->layout.dtype, v, n);
-  if (bad != n) return ssa::invalid_argument("v[", bad, "] is NaN or infinite");
-  return ssa::session_append(*s, layer, k, v, n_tokens);
-}
-
 
 }  // namespace
 
@@ -164,26 +121,15 @@ ssa_status ssa_runtime_create(const ssa_runtime_options* opts, ssa_runtime** out
     if (o.num_threads < 0 || o.num_threads > 4096) {
       return ssa::invalid_argument("num_threads ", o.num_threads, " must be in 0..4096");
     }
-    // CUDA backend hook: CUDA when asked for (and usable); AUTO picks it when a
-    // device exists in a CUDA build.
-    ssa_backend chosen = SSA_BACKEND_CPU;
-    if (o.backend == SSA_BACKEND_CUDA) {
-#if defined(SSA_HAVE_CUDA)
-      SSA_RETURN_IF_ERROR(ssa::cuda::check_device(o.device));
-      chosen = SSA_BACKEND_CUDA;
-#else
-      return ssa::unsupported("the CUDA backend is not available in this build");
-#endif
-    } else if (o.backend == SSA_BACKEND_AUTO && ssa::cuda::device_available(o.device)) {
-      chosen = SSA_BACKEND_CUDA;
-    }
+    absl::StatusOr<ssa_backend> chosen = ssa::choose_backend(o.backend, o.device);
+    if (!chosen.ok()) return chosen.status();
     int threads = o.num_threads;
     if (threads == 0) {
       threads = static_cast<int>(std::thread::hardware_concurrency());
       if (threads <= 0) threads = 1;
     }
     auto rt = std::make_unique<ssa_runtime>();
-    rt->backend = chosen;
+    rt->backend = *chosen;
     rt->device = o.device;
     rt->seed = o.seed;
     rt->pool = std::make_unique<ssa::ThreadPool>(threads);
@@ -235,13 +181,7 @@ ssa_status ssa_session_create(ssa_runtime* rt, const ssa_session_config* cfg, ss
   });
 }
 
-void ssa_session_destroy(ssa_session* s) {
-  if (s == nullptr) return;
-  const bool on_device = s->cuda != nullptr;
-  const int device = s->rt->device;
-  delete s;
-  if (on_device) ssa::cuda::release_unused_memory(device);  // CUDA backend hook
-}
+void ssa_session_destroy(ssa_session* s) { ssa::session_destroy(s); }
 
 uint64_t ssa_session_length(const ssa_session* s) {
   if (s == nullptr) return 0;
@@ -268,10 +208,6 @@ ssa_status ssa_session_append(ssa_session* s, uint32_t layer, const void* k, con
                               uint64_t n_tokens) {
   return guarded([&]() -> absl::Status {
     if (s == nullptr) return ssa::invalid_argument("session is NULL");
-    if (n_tokens == 0) return absl::OkStatus();
-    size_t n = 0;
-    SSA_RETURN_IF_ERROR(check_append(s, layer, k, v, n_tokens, &n));
-    if (host_kv(s)) return append_host_checked(s, layer, k, v, n_tokens, n);
     return ssa::session_append(*s, layer, k, v, n_tokens);
   });
 }
@@ -280,16 +216,7 @@ ssa_status ssa_session_append_async(ssa_session* s, uint32_t layer, const void* 
                                     uint64_t n_tokens, void* stream) {
   return guarded([&]() -> absl::Status {
     if (s == nullptr) return ssa::invalid_argument("session is NULL");
-    if (n_tokens == 0) return absl::OkStatus();
-    size_t n = 0;
-    SSA_RETURN_IF_ERROR(check_append(s, layer, k, v, n_tokens, &n));
-    if (s->cuda == nullptr) return append_host_checked(s, layer, k, v, n_tokens, n);
-    // CUDA backend hooks. Host K/V: the stream may still be writing them.
-    if (host_kv(s)) {
-      SSA_RETURN_IF_ERROR(ssa::cuda::wait_for_stream(stream));
-      return append_host_checked(s, layer, k, v, n_tokens, n);
-    }
-    return ssa::cuda::session_append_async(*s, layer, k, v, n_tokens, stream);
+    return ssa::session_append_async(*s, layer, k, v, n_tokens, stream);
   });
 }
 

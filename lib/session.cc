@@ -1,10 +1,11 @@
 #include "session.h"
 
-#include <string.h>
+#include <stddef.h>
 
 #include <algorithm>
 
-#include "cuda/cuda_backend.h"
+#include "backend.h"
+#include "cpu/finite_check.h"
 #include "index/pq_index.h"
 #include "status.h"
 #include "versioned_struct.h"
@@ -14,23 +15,6 @@ namespace ssa {
 namespace {
 
 bool is_pow2(uint32_t v) { return v != 0 && (v & (v - 1)) == 0; }
-
-// Trains codebooks on `layer` and re-encodes all its codes; commits into `layer`
-// only when everything succeeded.
-absl::Status retrain_layer(ssa_session& s, LayerStore& layer) {
-  if (s.cuda != nullptr) return cuda::retrain_layer(s, layer);  // CUDA backend hook
-  absl::StatusOr<CodebooksRef> books =
-      train_codebooks(s.layout, layer, s.config.index_train_sample, s.config.index_iterations,
-                      *s.rt->pool);
-  if (!books.ok()) return books.status();
-  absl::StatusOr<std::vector<PageRef>> codes =
-      encode_layer(s.layout, *books, layer, *s.code_pool, *s.rt->pool);
-  if (!codes.ok()) return codes.status();
-  layer.codebooks = *std::move(books);
-  layer.code_pages = *std::move(codes);
-  layer.trained_at_tokens = layer.n_tokens;
-  return absl::OkStatus();
-}
 
 }  // namespace
 
@@ -96,7 +80,8 @@ absl::StatusOr<std::unique_ptr<ssa_session>> create_session(ssa_runtime* rt,
                                                             const ssa_session_config& cfg) {
   KvLayout layout;
   SSA_RETURN_IF_ERROR(validate_session_config(cfg, &layout));
-  if (rt->backend != SSA_BACKEND_CPU && rt->backend != SSA_BACKEND_CUDA) {
+  const Backend* backend = backend_of(rt->backend);
+  if (backend == nullptr) {
     return unsupported("sessions on backend ", static_cast<int>(rt->backend),
                        " are not available in this build");
   }
@@ -107,7 +92,8 @@ absl::StatusOr<std::unique_ptr<ssa_session>> create_session(ssa_runtime* rt,
   s->layout = layout;
   s->kv_pool = PagePool::create(layout.kv_page_bytes());
   s->code_pool = PagePool::create(layout.code_page_bytes());
-  if (rt->backend == SSA_BACKEND_CUDA) SSA_RETURN_IF_ERROR(cuda::init_session(*s));  // CUDA backend hook
+  s->backend = backend;
+  SSA_RETURN_IF_ERROR(backend->init_session(*s));
   std::lock_guard lock(s->mu);
   s->layers.resize(cfg.n_layers);
   return s;
@@ -119,60 +105,101 @@ uint64_t session_length_locked(const ssa_session& s) {
   return s.layers.empty() ? 0 : n;
 }
 
-absl::Status session_append(ssa_session& s, uint32_t layer_index, const void* k, const void* v,
-                            uint64_t n_tokens) {
+void session_destroy(ssa_session* s) {
+  if (s == nullptr) return;
+  const Backend* backend = s->backend;
+  const int device = s->rt->device;
+  delete s;
+  if (backend != nullptr) backend->session_destroyed(device);
+}
+
+namespace {
+
+struct AppendCall {
+  uint32_t layer;
+  const void* k;
+  const void* v;
+  uint64_t n_tokens;
+  bool async;
+  void* stream;
+};
+
+// The sizes of an append that need no lock, before anything reads k or v: a
+// hostile n_tokens is rejected, not used to read far beyond the caller's arrays.
+absl::Status check_append(const ssa_session& s, const AppendCall& a) {
   const KvLayout& L = s.layout;
-  if (layer_index >= L.n_layers) {
-    return invalid_argument("layer ", layer_index, " >= n_layers ", L.n_layers);
-  }
-  if (n_tokens == 0) return absl::OkStatus();
-  if (s.cuda != nullptr) return cuda::session_append(s, layer_index, k, v, n_tokens);  // CUDA backend hook
-  std::unique_lock lock(s.mu);
-  LayerStore& cur = s.layers[layer_index];
-  if (n_tokens > kMaxTokensPerLayer - cur.n_tokens) {
-    return invalid_argument("appending ", n_tokens, " tokens to layer ", layer_index, " of ",
-                            cur.n_tokens, " exceeds the limit of ", kMaxTokensPerLayer,
+  if (a.k == nullptr || a.v == nullptr) return invalid_argument("k and v must not be NULL");
+  if (a.layer >= L.n_layers) return invalid_argument("layer ", a.layer, " >= n_layers ", L.n_layers);
+  if (a.n_tokens > kMaxTokensPerLayer) {
+    return invalid_argument("n_tokens ", a.n_tokens, " exceeds the limit of ", kMaxTokensPerLayer,
                             " tokens per layer");
   }
-  const uint64_t old_n = cur.n_tokens, new_n = old_n + n_tokens;
-  const uint32_t P = L.page_tokens;
-  const bool has_codes = cur.codebooks != nullptr;
-
-  // The pages written are gathered aside; the layer changes at the commit only.
-  LayerTail tail;
-  SSA_RETURN_IF_ERROR(gather_tail(cur, L, new_n, *s.kv_pool, has_codes ? s.code_pool.get() : nullptr, &tail));
-
-  // Copy rows: input is token-major [n][n_kv_heads][head_dim], pages head-major.
-  const size_t row = L.row_bytes();
-  const uint8_t* kb = static_cast<const uint8_t*>(k);
-  const uint8_t* vb = static_cast<const uint8_t*>(v);
-  for (uint64_t i = 0; i < n_tokens; ++i) {
-    const uint64_t t = old_n + i;
-    uint8_t* page = tail.kv_page(t / P).mutable_data();
-    const uint32_t slot = static_cast<uint32_t>(t % P);
-    for (uint32_t h = 0; h < L.n_kv_heads; ++h) {
-      memcpy(page + L.k_offset(h, slot), kb + (i * L.n_kv_heads + h) * row, row);
-      memcpy(page + L.v_offset(h, slot), vb + (i * L.n_kv_heads + h) * row, row);
-    }
+  if (a.n_tokens > (SIZE_MAX / 2) / L.token_bytes()) {
+    return invalid_argument("n_tokens ", a.n_tokens, " overflows the size of K and V");
   }
+  SSA_RETURN_IF_ERROR(s.backend->check_buffer(s, a.k, "k"));
+  return s.backend->check_buffer(s, a.v, "v");
+}
 
-  if (index_wants_training(s.config, cur, new_n)) {
+absl::Status check_finite_rows(const ssa_session& s, const AppendCall& a) {
+  const size_t n = static_cast<size_t>(a.n_tokens) * s.layout.n_kv_heads * s.layout.head_dim;
+  size_t bad = first_non_finite(s.layout.dtype, a.k, n);
+  if (bad != n) return invalid_argument("k[", bad, "] is NaN or infinite");
+  bad = first_non_finite(s.layout.dtype, a.v, n);
+  if (bad != n) return invalid_argument("v[", bad, "] is NaN or infinite");
+  return absl::OkStatus();
+}
+
+// The one append: checks, gather the tail, the backend copies and encodes,
+// then retrain or commit. The layer changes only at the commit.
+absl::Status append(ssa_session& s, const AppendCall& a) {
+  if (a.n_tokens == 0) return absl::OkStatus();
+  SSA_RETURN_IF_ERROR(check_append(s, a));
+  SSA_RETURN_IF_ERROR(s.backend->prepare_append(s, a.async, a.stream));
+  std::unique_lock lock(s.mu);
+  LayerStore& cur = s.layers[a.layer];
+  if (a.n_tokens > kMaxTokensPerLayer - cur.n_tokens) {
+    return invalid_argument("appending ", a.n_tokens, " tokens to layer ", a.layer, " of ", cur.n_tokens,
+                            " exceeds the limit of ", kMaxTokensPerLayer, " tokens per layer");
+  }
+  // Every size is checked: the caller's n_tokens rows may now be read.
+  const bool host = host_buffers(s);
+  if (host) SSA_RETURN_IF_ERROR(check_finite_rows(s, a));
+  AppendRows rows;
+  rows.layer = a.layer;
+  rows.k = a.k;
+  rows.v = a.v;
+  rows.old_n = cur.n_tokens;
+  rows.new_n = cur.n_tokens + a.n_tokens;
+  rows.trains = index_wants_training(s.config, cur, rows.new_n);
+  const bool has_codes = cur.codebooks != nullptr;
+  rows.encode = has_codes && !rows.trains;
+  rows.async = a.async && !host;
+  rows.stream = a.stream;
+  LayerTail tail;
+  SSA_RETURN_IF_ERROR(s.backend->gather_tail(s, cur, rows.new_n, has_codes, &tail));
+  SSA_RETURN_IF_ERROR(s.backend->write_rows(s, rows, cur, tail));
+  if (rows.trains) {
     LayerStore next = cur;  // every code is rebuilt: O(layer) anyway
     commit_tail(std::move(tail), &next);
-    SSA_RETURN_IF_ERROR(retrain_layer(s, next));
+    SSA_RETURN_IF_ERROR(s.backend->train_index(s, next));
     cur = std::move(next);
     return absl::OkStatus();
   }
-  if (has_codes) {
-    const uint64_t base = tail.first_page * P;  // the tail's pages start at this token
-    // The layer's encoder, built again only when its codebooks change.
-    if (s.encoders.size() < L.n_layers) s.encoders.resize(L.n_layers);
-    std::shared_ptr<const PqEncoder>& enc = s.encoders[layer_index];
-    if (enc == nullptr || enc->books() != cur.codebooks.get()) enc = std::make_shared<PqEncoder>(L, cur.codebooks);
-    enc->encode(tail.kv, tail.code, old_n - base, new_n - base, *s.rt->pool);
-  }
   commit_tail(std::move(tail), &cur);
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status session_append(ssa_session& s, uint32_t layer, const void* k, const void* v,
+                            uint64_t n_tokens) {
+  return append(s, AppendCall{layer, k, v, n_tokens, false, nullptr});
+}
+
+absl::Status session_append_async(ssa_session& s, uint32_t layer, const void* k, const void* v,
+                                  uint64_t n_tokens, void* stream) {
+  return append(s, AppendCall{layer, k, v, n_tokens, true, stream});
 }
 
 absl::Status session_update_index(ssa_session& s) {
@@ -180,7 +207,7 @@ absl::Status session_update_index(ssa_session& s) {
   std::vector<LayerStore> next = s.layers;
   for (LayerStore& layer : next) {
     if (layer.n_tokens == 0) continue;
-    SSA_RETURN_IF_ERROR(retrain_layer(s, layer));
+    SSA_RETURN_IF_ERROR(s.backend->train_index(s, layer));
   }
   s.layers.swap(next);
   return absl::OkStatus();
@@ -190,7 +217,7 @@ absl::Status session_ensure_index(ssa_session& s, uint32_t layer_index) {
   std::unique_lock lock(s.mu);
   LayerStore next = s.layers[layer_index];
   if (next.codebooks != nullptr || next.n_tokens == 0) return absl::OkStatus();
-  SSA_RETURN_IF_ERROR(retrain_layer(s, next));
+  SSA_RETURN_IF_ERROR(s.backend->train_index(s, next));
   s.layers[layer_index] = std::move(next);
   return absl::OkStatus();
 }
@@ -201,7 +228,7 @@ absl::Status session_truncate(ssa_session& s, uint64_t n_tokens) {
   if (n_tokens > len) {
     return invalid_argument("cannot truncate to ", n_tokens, " tokens: the session has ", len);
   }
-  if (s.cuda != nullptr) SSA_RETURN_IF_ERROR(cuda::wait_for_readers_beyond(s, n_tokens));  // CUDA backend hook
+  SSA_RETURN_IF_ERROR(s.backend->before_truncate(s, n_tokens));
   for (LayerStore& layer : s.layers) {
     if (layer.n_tokens <= n_tokens) continue;
     const uint64_t pages = s.layout.pages_for(n_tokens);
@@ -219,11 +246,8 @@ absl::StatusOr<std::unique_ptr<ssa_session>> session_fork(ssa_session& s) {
   f->layout = s.layout;
   f->kv_pool = s.kv_pool;
   f->code_pool = s.code_pool;
-  if (s.cuda != nullptr) {  // CUDA backend hook
-    absl::StatusOr<std::shared_ptr<cuda::SessionState>> st = cuda::fork_state(*s.cuda);
-    if (!st.ok()) return st.status();
-    f->cuda = *std::move(st);
-  }
+  f->backend = s.backend;
+  SSA_RETURN_IF_ERROR(s.backend->init_fork(s, *f));
   std::shared_lock lock(s.mu);
   std::lock_guard flock(f->mu);
   f->layers = s.layers;

@@ -19,20 +19,20 @@
 #include "store/page_pool.h"
 
 namespace ssa {
-struct SnapshotState;  // lib/snapshot/record.h
-class PqEncoder;       // lib/index/pq_index.h
+class Backend;          // lib/backend.h
+struct BackendSession;  // lib/backend.h
+struct SnapshotState;   // lib/snapshot/record.h
+class PqEncoder;        // lib/index/pq_index.h
 }  // namespace ssa
-namespace ssa::cuda {
-struct SessionState;  // CUDA backend hook: device state (lib/cuda/cuda_backend.h)
-}
 
 struct ssa_session {
   ssa_runtime* rt = nullptr;
   ssa_session_config config{};  // as given at create, defaults resolved
   ssa::KvLayout layout;
-  std::shared_ptr<ssa::PagePool> kv_pool, code_pool;
-  // CUDA backend hook: set for sessions of a CUDA runtime (pages in device memory).
-  std::shared_ptr<ssa::cuda::SessionState> cuda;
+  std::shared_ptr<ssa::PagePool> kv_pool, code_pool;  // host pages
+  // The runtime's backend, and its own state of this session (null if it keeps none).
+  const ssa::Backend* backend = nullptr;
+  std::shared_ptr<ssa::BackendSession> backend_state;
 
   // Readers (decode, fork, save) share it; append/update_index/truncate own it.
   // Writer-preferring (lib/rw_lock.h): a stream of decodes cannot starve an append.
@@ -68,10 +68,17 @@ absl::StatusOr<std::unique_ptr<ssa_session>> create_session(ssa_runtime* rt,
 // Caller holds s.mu (shared or exclusive).
 uint64_t session_length_locked(const ssa_session& s);
 
-// The mutations behind the C API. Each takes the session lock itself and is
-// all-or-nothing.
+// Destroys a session (null: nothing), then lets its backend give back what it kept for it.
+void session_destroy(ssa_session* s);
+
+// The mutations behind the C API. Each checks its arguments, takes the session
+// lock itself and is all-or-nothing. Appends check every size (the layer limit
+// included) before anything reads k or v.
 absl::Status session_append(ssa_session& s, uint32_t layer, const void* k, const void* v,
                             uint64_t n_tokens);
+// ssa_session_append_async (stream: a cudaStream_t, null = the legacy default stream).
+absl::Status session_append_async(ssa_session& s, uint32_t layer, const void* k, const void* v,
+                                  uint64_t n_tokens, void* stream);
 absl::Status session_update_index(ssa_session& s);
 // Trains one layer's index if it has none (on-demand training by decode).
 absl::Status session_ensure_index(ssa_session& s, uint32_t layer);

@@ -1,5 +1,3 @@
-#if defined(SSA_HAVE_CUDA)
-
 #include "device_alloc.h"
 
 #include <stdint.h>
@@ -74,5 +72,3 @@ void set_device_alloc_failure_countdown(uint64_t n, bool sticky) { g_faults.arm(
 uint64_t device_alloc_calls_made() { return g_faults.calls(); }
 
 }  // namespace ssa::cuda
-
-#endif  // SSA_HAVE_CUDA

@@ -2,14 +2,12 @@
 //  - the memory comes from a stream-ordered pool of the library's own, one per
 //    device, that keeps freed memory for reuse. The device's default pool gives
 //    unused memory back to the driver at every synchronisation, so each decode
-//    after a wait mapped its workspace again (about 0.3 ms at 1M tokens) and each
-//    append its small tables; and changing the default pool would change the
+//    after a wait would map its workspace again (a cost that grows with the
+//    context) and each append its small tables; and changing the default pool would change the
 //    embedding program's own allocations.
 //  - tests can inject device-memory exhaustion (fail the n-th call) and check that
 //    each failure gives SSA_ERR_OUT_OF_MEMORY and leaves the session as it was.
 #pragma once
-
-#if defined(SSA_HAVE_CUDA)
 
 #include <stddef.h>
 #include <stdint.h>
@@ -37,5 +35,3 @@ void set_device_alloc_failure_countdown(uint64_t n, bool sticky);
 uint64_t device_alloc_calls_made();
 
 }  // namespace ssa::cuda
-
-#endif  // SSA_HAVE_CUDA

@@ -1,5 +1,3 @@
-#if defined(SSA_HAVE_CUDA)
-
 #include "device_pages.h"
 
 #include <cuda_runtime.h>
@@ -61,5 +59,3 @@ void DevicePagePool::release(void* block) {
 }
 
 }  // namespace ssa::cuda
-
-#endif  // SSA_HAVE_CUDA

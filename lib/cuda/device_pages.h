@@ -5,8 +5,6 @@
 // keeper too).
 #pragma once
 
-#if defined(SSA_HAVE_CUDA)
-
 #include <stddef.h>
 
 #include <memory>
@@ -40,5 +38,3 @@ class DevicePagePool : public std::enable_shared_from_this<DevicePagePool> {
 };
 
 }  // namespace ssa::cuda
-
-#endif  // SSA_HAVE_CUDA

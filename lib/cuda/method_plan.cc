@@ -1,5 +1,3 @@
-#if defined(SSA_HAVE_CUDA)
-
 #include "method_plan.h"
 
 #include "select/selection.h"
@@ -44,5 +42,3 @@ void plan_item(const DecodePlan& plan, const ssa_decode_params& p, DecodeItem* i
 }
 
 }  // namespace ssa::cuda
-
-#endif  // SSA_HAVE_CUDA

@@ -3,8 +3,6 @@
 // set rule (select/selection.h), so both backends read the same tokens.
 #pragma once
 
-#if defined(SSA_HAVE_CUDA)
-
 #include "decode/decode_plan.h"
 #include "kernels/decode_types.h"
 #include "ssa.h"
@@ -18,5 +16,3 @@ void set_method(ssa_method method, DecodeBatch* b);
 void plan_item(const DecodePlan& plan, const ssa_decode_params& p, DecodeItem* item);
 
 }  // namespace ssa::cuda
-
-#endif  // SSA_HAVE_CUDA

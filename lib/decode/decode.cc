@@ -1,15 +1,14 @@
 #include "decode.h"
 
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
 #include <algorithm>
-#include <atomic>
-#include <mutex>
 #include <vector>
 
+#include "backend.h"
 #include "cpu/finite_check.h"
-#include "cuda/cuda_backend.h"
 #include "decode_plan.h"
 #include "status.h"
 #include "versioned_struct.h"
@@ -28,9 +27,9 @@ absl::Status check_item(const ssa_session* s, uint32_t layer, const void* q, con
   const uint8_t* qb = static_cast<const uint8_t*>(q);
   const uint8_t* ob = static_cast<const uint8_t*>(out);
   if (qb < ob + bytes && ob < qb + bytes) return invalid_argument("q and out overlap");
-  // CUDA backend hook: device queries cannot be read here.
-  const bool host_q = s->cuda == nullptr || (s->config.flags & SSA_SESSION_HOST_POINTERS) != 0;
-  const size_t bad = host_q ? first_non_finite(s->layout.dtype, q, nq) : nq;
+  SSA_RETURN_IF_ERROR(s->backend->check_buffer(*s, q, "q"));
+  SSA_RETURN_IF_ERROR(s->backend->check_buffer(*s, out, "out"));
+  const size_t bad = host_buffers(*s) ? first_non_finite(s->layout.dtype, q, nq) : nq;
   if (bad != nq) return invalid_argument("q[", bad, "] is NaN or infinite");
   return absl::OkStatus();
 }
@@ -48,10 +47,7 @@ absl::Status locked_decode(ssa_session& s, uint32_t layer, const void* q, void* 
       const DecodePlan plan = plan_decode(l.n_tokens, p);
       const bool needs_index = plan_needs_index(plan, p.method);
       if (!needs_index || l.codebooks != nullptr) {
-        if (s.cuda != nullptr) {  // CUDA backend hook
-          return cuda::decode_layer(s, l, layer, q, out, p, seed, stats);
-        }
-        return cpu_decode_layer(s, l, layer, q, out, p, seed, stats, traces, profile);
+        return s.backend->decode_layer(s, l, layer, q, out, p, seed, stats, traces, profile);
       }
     }
     SSA_RETURN_IF_ERROR(session_ensure_index(s, layer));
@@ -70,9 +66,8 @@ absl::Status decode(ssa_session& s, uint32_t layer, const void* q, void* out,
                     std::vector<HeadTrace>* traces, DecodeProfile* profile) {
   SSA_RETURN_IF_ERROR(validate_decode_params(p));
   SSA_RETURN_IF_ERROR(check_item(&s, layer, q, out));
-  // CUDA backend hook: refused before an index could be trained for it.
-  if (s.cuda != nullptr && p.target_error > 0.0f) return unsupported(kCudaNoErrorTarget);
-  if (s.cuda != nullptr && p.group_selection != SSA_GROUP_OFF) return unsupported(kCudaNoGroupSelection);
+  // Refused before an index could be trained for it.
+  SSA_RETURN_IF_ERROR(s.backend->check_decode(p));
   if (p.group_selection != SSA_GROUP_OFF && p.target_error > 0.0f) return unsupported(kGroupNoErrorTarget);
   if (stats != nullptr) {
     SSA_RETURN_IF_ERROR(check_output_struct(stats));
@@ -124,6 +119,10 @@ absl::Status decode_batch(const ssa_decode_item* items, size_t n_items, uint32_t
                           const ssa_decode_params& p) {
   if (n_items == 0) return absl::OkStatus();
   if (items == nullptr) return invalid_argument("items is NULL");
+  // Before any item is read: no array holds more (PTRDIFF_MAX bytes at most).
+  if (n_items > static_cast<size_t>(PTRDIFF_MAX) / sizeof(ssa_decode_item)) {
+    return invalid_argument("n_items ", n_items, " is larger than any array of items");
+  }
   SSA_RETURN_IF_ERROR(validate_decode_params(p));
   const ssa_runtime* rt = items[0].session != nullptr ? items[0].session->rt : nullptr;
   for (size_t i = 0; i < n_items; ++i) {
@@ -134,31 +133,8 @@ absl::Status decode_batch(const ssa_decode_item* items, size_t n_items, uint32_t
     if (!st.ok()) return make_error(status_code(st), absl::StrCat("item ", i, ": ", st.message()));
   }
   SSA_RETURN_IF_ERROR(check_batch_buffers(items, n_items));
-  if (rt->backend == SSA_BACKEND_CUDA && p.group_selection != SSA_GROUP_OFF) {
-    return unsupported(kCudaNoGroupSelection);
-  }
-  if (rt->backend == SSA_BACKEND_CUDA) return cuda::decode_batch(items, n_items, layer, p);  // CUDA backend hook
-  std::mutex mu;
-  absl::Status first = absl::OkStatus();
-  size_t first_index = n_items;
-  items[0].session->rt->pool->parallel_for(n_items, [&](size_t i) {
-    absl::Status st;
-    try {
-      st = decode(*items[i].session, layer, items[i].q, items[i].out, p, nullptr);
-    } catch (const std::bad_alloc&) {
-      st = make_error(SSA_ERR_OUT_OF_MEMORY, "out of memory");
-    } catch (const std::exception& e) {
-      st = make_error(SSA_ERR_INTERNAL, e.what());
-    }
-    if (!st.ok()) {
-      std::lock_guard<std::mutex> lock(mu);
-      if (i < first_index) {
-        first_index = i;
-        first = make_error(status_code(st), absl::StrCat("item ", i, ": ", st.message()));
-      }
-    }
-  });
-  return first;
+  SSA_RETURN_IF_ERROR(items[0].session->backend->check_decode(p));
+  return items[0].session->backend->decode_batch(items, n_items, layer, p);
 }
 
 }  // namespace ssa

@@ -43,14 +43,6 @@ constexpr double kDefaultTargetCapFraction = 0.2;
 constexpr const char* kGroupNoErrorTarget =
     "group_selection with target_error > 0 (an error target per KV group) is not implemented; "
     "use one of them";
-constexpr const char* kCudaNoGroupSelection =
-    "group_selection is not supported by the CUDA backend yet; use a CPU session or SSA_GROUP_OFF";
-
-// Error-targeted decode chooses budgets per head from rows it reads while
-// selecting; the CUDA launch-set kernels take one budget for all heads.
-constexpr const char* kCudaNoErrorTarget =
-    "target_error > 0 (error-targeted decode) is not supported by the CUDA backend; "
-    "use a CPU session or a fixed budget";
 
 // *out = defaults overlaid with the first in->struct_size bytes of *in (an
 // older, shorter struct keeps the defaults of the fields it lacks).

@@ -12,7 +12,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "cuda/cuda_backend.h"
+#include "backend.h"
 #include "snapshot/file_io.h"
 #include "snapshot/format.h"
 #include "snapshot/internal.h"
@@ -422,42 +422,33 @@ absl::StatusOr<int> open_snapshot(const std::string& path) {
 }
 
 // Reads the pages of one run section: the ones that win are read into new pages
-// of `pool`, the rest only hashed. Checks the section's hash.
-// A CUDA session's pages are read into host scratch and uploaded to its device pool.
+// of the session, the rest only hashed. Checks the section's hash.
+// The session's backend takes each page through host memory (the page itself,
+// or scratch then uploaded).
 absl::Status read_page_run(const Parsed& p, size_t idx, size_t page_bytes, const ssa_session& s,
                            bool kv, const std::vector<uint32_t>& src, std::vector<PageRef>& dst,
                            XXH3_state_t* hash, std::unique_ptr<uint8_t[]>& scratch) {
   const SectionEntry& e = p.entries[idx];
-  PagePool& pool = kv ? *s.kv_pool : *s.code_pool;
   XXH3_64bits_reset(hash);
+  auto staging = [&] {
+    if (!scratch) scratch.reset(new uint8_t[page_bytes]);
+    return scratch.get();
+  };
   for (uint64_t k = 0; k < e.count; ++k) {
     const uint64_t j = e.first + k;
     const uint64_t off = e.offset + k * page_bytes;
-    uint8_t* target;
-    if (j < src.size() && src[j] == idx && s.cuda != nullptr) {
-      // CUDA backend hook: host staging, then upload.
-      if (!scratch) scratch.reset(new uint8_t[page_bytes]);
-      SSA_RETURN_IF_ERROR(snap::pread_exact(p.fd, scratch.get(), page_bytes, off, p.path));
-      XXH3_64bits_update(hash, scratch.get(), page_bytes);
-      absl::StatusOr<PageRef> page = cuda::page_from_host(s, kv, scratch.get(), page_bytes);
-      if (!page.ok()) return page.status();
-      dst[j] = *std::move(page);
-      continue;
-    }
+    auto read = [&](uint8_t* target) -> absl::Status {
+      SSA_RETURN_IF_ERROR(snap::pread_exact(p.fd, target, page_bytes, off, p.path));
+      XXH3_64bits_update(hash, target, page_bytes);
+      return absl::OkStatus();
+    };
     if (j < src.size() && src[j] == idx) {
-      absl::StatusOr<PageRef> page = pool.allocate();
+      absl::StatusOr<PageRef> page = s.backend->page_from_host(s, kv, page_bytes, staging, read);
       if (!page.ok()) return page.status();
-      if ((*page)->bytes() < page_bytes || (*page)->mutable_data() == nullptr) {
-        return make_error(SSA_ERR_INTERNAL, "page pool returned an unusable page");
-      }
-      target = (*page)->mutable_data();
       dst[j] = *std::move(page);
     } else {
-      if (!scratch) scratch.reset(new uint8_t[page_bytes]);
-      target = scratch.get();
+      SSA_RETURN_IF_ERROR(read(staging()));
     }
-    SSA_RETURN_IF_ERROR(snap::pread_exact(p.fd, target, page_bytes, off, p.path));
-    XXH3_64bits_update(hash, target, page_bytes);
   }
   if (XXH3_64bits_digest(hash) != e.xxh3) return run_checksum_error(p.path, e, idx);
   return absl::OkStatus();
@@ -476,7 +467,8 @@ absl::StatusOr<std::unique_ptr<ssa_session>> load(ssa_runtime* rt, const char* p
   }
   const bool mmap_kv = flags & SSA_LOAD_MMAP;
   const bool verify_all = flags & SSA_LOAD_VERIFY;
-  if (mmap_kv && rt->backend != SSA_BACKEND_CPU) {
+  const Backend* backend = backend_of(rt->backend);
+  if (mmap_kv && (backend == nullptr || !backend->host_pages())) {
     return unsupported("SSA_LOAD_MMAP needs a CPU runtime");
   }
   const std::string path(path_c);

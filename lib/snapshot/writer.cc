@@ -13,7 +13,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
-#include "cuda/cuda_backend.h"
+#include "backend.h"
 #include "snapshot/file_io.h"
 #include "snapshot/format.h"
 #include "snapshot/internal.h"
@@ -209,7 +209,7 @@ absl::Status write_body(const ssa_session& s, const SnapshotState& st, const Sna
   // Writes the pages of `pages` in [0, needed) that prev does not hold, as runs of
   // consecutive indices.
   std::unique_ptr<uint8_t[]> partial;  // the masked copy of a partial last page
-  std::unique_ptr<uint8_t[]> staging;  // host copy of a device page (CUDA sessions)
+  std::unique_ptr<uint8_t[]> staging;  // host copy of a page the backend keeps elsewhere
   auto write_pages = [&](uint32_t layer, SectionKind kind, const std::vector<PageRef>& pages,
                          uint64_t n_tokens, size_t page_bytes, const std::vector<PageRef>* old,
                          const std::vector<uint32_t>* old_entry,
@@ -239,15 +239,13 @@ absl::Status write_body(const ssa_session& s, const SnapshotState& st, const Sna
                             absl::StrCat("layer ", layer, " ", snap::section_kind_name(
                                 static_cast<uint32_t>(kind)), " page ", k, " is missing or short"));
         }
-        const uint8_t* bytes = page->data();
-        if (s.cuda != nullptr) {
-          // CUDA backend hook: device pages are staged through host memory.
+        absl::StatusOr<const uint8_t*> host = s.backend->page_to_host(s, *page, page_bytes, [&] {
           if (!staging) staging.reset(new uint8_t[std::max(kv_bytes, code_bytes)]);
-          SSA_RETURN_IF_ERROR(cuda::copy_page_to_host(s, *page, page_bytes, staging.get()));
-          bytes = staging.get();
-        } else {
-          SSA_RETURN_IF_ERROR(snap::verify_mapped_page(st, bytes));
-        }
+          return staging.get();
+        });
+        if (!host.ok()) return host.status();
+        const uint8_t* bytes = *host;
+        SSA_RETURN_IF_ERROR(snap::verify_mapped_page(st, bytes));
         if (k + 1 == needed && tail != 0) {
           if (!partial) partial.reset(new uint8_t[std::max(kv_bytes, code_bytes)]);
           copy_visible(lay, kind, bytes, tail, partial.get());

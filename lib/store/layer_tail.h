@@ -1,8 +1,8 @@
 // The pages an append writes, gathered aside so that the layer itself changes
 // only at the commit, when nothing can fail any more: the partly filled last page
 // (copied first if shared: copy-on-write) and the new pages after it. An append
-// then costs O(its own tokens); copying the layer's page lists to stay
-// all-or-nothing made it O(pages): 56 us per one-token append at 4096 pages.
+// then costs O(its own tokens), where copying the layer's page lists to stay
+// all-or-nothing would make it O(pages).
 // Host (PagePool) and device (DevicePagePool) pages alike.
 #pragma once
 

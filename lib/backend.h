@@ -1,0 +1,130 @@
+// The one interface between the core (session store, decode entry points,
+// snapshots, the C API) and a backend. The core owns what every backend shares:
+// argument and size checks, the session lock, the page lists of each layer and
+// their all-or-nothing commit, on-demand index training, snapshot files. A
+// backend owns where pages live and how rows are copied, encoded, trained and
+// decoded. The CPU backend (lib/cpu/cpu_backend.cc) and the CUDA backend
+// (lib/cuda/cuda_backend.cc; lib/cuda/stub.cc in builds without CUDA) implement
+// it; nothing outside them asks which backend a session has.
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <memory>
+#include <vector>
+
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "ssa.h"
+#include "store/layer_store.h"
+#include "store/page.h"
+
+struct ssa_session;
+
+namespace ssa {
+
+struct LayerTail;      // lib/store/layer_tail.h
+struct HeadTrace;      // lib/decode/cpu_decode.h
+struct DecodeProfile;  // lib/decode/cpu_decode.h
+
+// A backend's own state of one session (device tables, streams, events), held by
+// the session; backends that keep none leave it null.
+struct BackendSession {
+  virtual ~BackendSession() = default;
+};
+
+// The rows one append writes, after the core has checked every size (and
+// scanned host rows for NaN/Inf).
+struct AppendRows {
+  uint32_t layer = 0;
+  const void* k = nullptr;  // token-major [new_n - old_n][n_kv_heads][head_dim],
+  const void* v = nullptr;  // in the session's memory space
+  uint64_t old_n = 0, new_n = 0;  // the layer's tokens [old_n, new_n) are written
+  bool encode = false;  // write their PQ codes with the layer's codebooks
+  bool trains = false;  // the layer is retrained next: the rows must be complete on return
+  bool async = false;   // ssa_session_append_async with device rows: queue on `stream`, wait for nothing
+  void* stream = nullptr;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  // ---- runtime and session lifetime
+  // OK when `device` can serve sessions of this backend.
+  virtual absl::Status check_device(int device) const = 0;
+  // Sets up the backend state of a new or loaded session (s.layout is set).
+  virtual absl::Status init_session(ssa_session& s) const = 0;
+  // The backend state of a fork of `from` (shares pools, caches nothing).
+  virtual absl::Status init_fork(const ssa_session& from, ssa_session& fork) const = 0;
+  // After a session on `device` was destroyed.
+  virtual void session_destroyed(int device) const = 0;
+
+  // True when pages live in host memory (a snapshot file can then be mapped as pages).
+  virtual bool host_pages() const = 0;
+
+  // ---- memory space of K, V, q and out
+  // True when they are device memory unless the session takes host pointers
+  // (SSA_SESSION_HOST_POINTERS); the rule itself is host_buffers() below.
+  virtual bool device_buffers() const = 0;
+  // OK when `p` is in the session's memory space, as far as the backend can tell.
+  virtual absl::Status check_buffer(const ssa_session& s, const void* p, const char* name) const = 0;
+
+  // ---- append (the skeleton: lib/session.cc)
+  // Before the session lock: checks of the stream of an asynchronous append, and
+  // for rows the core scans on the host, the wait until the stream wrote them.
+  virtual absl::Status prepare_append(const ssa_session& s, bool async, void* stream) const = 0;
+  // The pages the append writes (lib/store/layer_tail.h), from the backend's pools.
+  virtual absl::Status gather_tail(ssa_session& s, LayerStore& layer, uint64_t new_n, bool codes,
+                                   LayerTail* tail) const = 0;
+  // Copies the rows into the tail's pages and encodes them (rows.encode);
+  // device rows are scanned for NaN/Inf here, unless queued asynchronously.
+  virtual absl::Status write_rows(ssa_session& s, const AppendRows& rows, const LayerStore& layer,
+                                  LayerTail& tail) const = 0;
+  // Trains codebooks on `layer` and re-encodes all its codes; changes `layer`
+  // only when everything succeeded.
+  virtual absl::Status train_index(ssa_session& s, LayerStore& layer) const = 0;
+  // Before a truncation to n_tokens (session held exclusively).
+  virtual absl::Status before_truncate(ssa_session& s, uint64_t n_tokens) const = 0;
+
+  // ---- decode (lib/decode/decode.cc)
+  // Refuses parameters the backend cannot serve, before an index is trained for them.
+  virtual absl::Status check_decode(const ssa_decode_params& p) const = 0;
+  // One layer, reader lock held, index present when the method needs one.
+  // stats accumulates; traces and profile are filled where the backend records them.
+  virtual absl::Status decode_layer(const ssa_session& s, const LayerStore& layer, uint32_t layer_index,
+                                    const void* q, void* out, const ssa_decode_params& p, uint64_t seed,
+                                    ssa_decode_stats* stats, std::vector<HeadTrace>* traces,
+                                    DecodeProfile* profile) const = 0;
+  // Validated items of sessions of one runtime of this backend.
+  virtual absl::Status decode_batch(const ssa_decode_item* items, size_t n_items, uint32_t layer,
+                                    const ssa_decode_params& p) const = 0;
+
+  // ---- snapshot staging (lib/snapshot): files hold the same bytes for every backend
+  // A new KV (kv) or code page of `bytes` bytes, written by `fill` through host
+  // memory: the page itself, or host staging (from `staging`) then uploaded.
+  virtual absl::StatusOr<PageRef> page_from_host(const ssa_session& s, bool kv, size_t bytes,
+                                                 absl::FunctionRef<uint8_t*()> staging,
+                                                 absl::FunctionRef<absl::Status(uint8_t*)> fill) const = 0;
+  // The first `bytes` bytes of `page` in host memory: the page itself, or a copy
+  // in host staging (from `staging`, as large as the largest page).
+  virtual absl::StatusOr<const uint8_t*> page_to_host(const ssa_session& s, const Page& page, size_t bytes,
+                                                      absl::FunctionRef<uint8_t*()> staging) const = 0;
+};
+
+const Backend& cpu_backend();
+// Null in a build without the CUDA backend.
+const Backend* cuda_backend();
+// The backend of a runtime of `kind` (AUTO resolved); null when this build lacks it.
+const Backend* backend_of(ssa_backend kind);
+// The backend a new runtime gets: CPU; CUDA when asked for (and usable); AUTO:
+// CUDA when this build has it and `device` exists, else CPU.
+absl::StatusOr<ssa_backend> choose_backend(ssa_backend wanted, int device);
+
+// The host-pointer rule: K, V, q and out of session `s` are host memory (the
+// core may read them: size checks first, then NaN/Inf scans).
+bool host_buffers(const ssa_session& s);
+
+}  // namespace ssa

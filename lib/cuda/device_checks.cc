@@ -1,0 +1,81 @@
+// Devices, memory spaces, decode requests the kernels cannot serve, and the
+// host staging of pages for snapshot files.
+#include <cuda_runtime.h>
+
+#include "cuda_backend.h"
+#include "device_error.h"
+#include "device_state.h"
+
+namespace ssa::cuda {
+namespace {
+
+// True for a pointer the device can read (device or managed memory).
+bool is_device_pointer(const void* p) {
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+}
+
+}  // namespace
+
+absl::Status CudaBackend::check_device(int device) const {
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess || n == 0) {
+    cudaGetLastError();
+    return make_error(SSA_ERR_DEVICE, absl::StrCat("no usable CUDA device: ",
+                                                   e != cudaSuccess ? cudaGetErrorString(e) : "none found"));
+  }
+  if (device < 0 || device >= n) {
+    return make_error(SSA_ERR_DEVICE, absl::StrCat("CUDA device ", device, " does not exist (", n, " found)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::check_buffer(const ssa_session& s, const void* p, const char* name) const {
+  if (host_buffers(s) || is_device_pointer(p)) return absl::OkStatus();
+  return invalid_argument(name, " is not a device pointer (a CUDA session takes device memory; "
+                          "create it with SSA_SESSION_HOST_POINTERS to pass host memory)");
+}
+
+// Error-targeted decode chooses budgets per head from rows it reads while
+// selecting; the launch-set kernels take one budget for all heads.
+absl::Status CudaBackend::check_decode(const ssa_decode_params& p) const {
+  if (p.target_error > 0.0f) {
+    return unsupported("target_error > 0 (error-targeted decode) is not supported by the CUDA backend; "
+                       "use a CPU session or a fixed budget");
+  }
+  if (p.group_selection != SSA_GROUP_OFF) {
+    return unsupported("group_selection is not supported by the CUDA backend yet; use a CPU session or "
+                       "SSA_GROUP_OFF");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<PageRef> CudaBackend::page_from_host(const ssa_session& s, bool kv, size_t bytes,
+                                                    absl::FunctionRef<uint8_t*()> staging,
+                                                    absl::FunctionRef<absl::Status(uint8_t*)> fill) const {
+  uint8_t* host = staging();
+  SSA_RETURN_IF_ERROR(fill(host));
+  SessionState& st = state(s);
+  SSA_CUDA_RETURN(cudaSetDevice(st.device), "cudaSetDevice");
+  absl::StatusOr<PageRef> page = (kv ? st.kv_pool : st.code_pool)->allocate();
+  if (!page.ok()) return page.status();
+  if ((*page)->bytes() < bytes) return make_error(SSA_ERR_INTERNAL, "device page is shorter than its layout");
+  SSA_CUDA_RETURN(cudaMemcpy((*page)->mutable_data(), host, bytes, cudaMemcpyHostToDevice), "page upload");
+  return page;
+}
+
+absl::StatusOr<const uint8_t*> CudaBackend::page_to_host(const ssa_session& s, const Page& page, size_t bytes,
+                                                         absl::FunctionRef<uint8_t*()> staging) const {
+  if (page.bytes() < bytes) return make_error(SSA_ERR_INTERNAL, "device page is shorter than its layout");
+  uint8_t* host = staging();
+  SSA_CUDA_RETURN(cudaSetDevice(state(s).device), "cudaSetDevice");
+  SSA_CUDA_RETURN(cudaMemcpy(host, page.data(), bytes, cudaMemcpyDeviceToHost), "page download");
+  return host;
+}
+
+}  // namespace ssa::cuda

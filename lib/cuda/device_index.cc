@@ -1,0 +1,83 @@
+// The PQ index on the device: codebooks trained by k-means (sample and Lloyd
+// iterations on the device, seeds on the host as the CPU backend seeds them),
+// and codes encoded with device codebooks.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "cuda_backend.h"
+#include "device_error.h"
+#include "device_state.h"
+#include "index/pq_index.h"
+
+namespace ssa::cuda {
+
+// Only the pages of the range go to the device.
+absl::Status encode_range(const ssa_session& s, const float* books, const std::vector<PageRef>& kv,
+                          const std::vector<PageRef>& codes, uint64_t begin, uint64_t end) {
+  if (end <= begin) return absl::OkStatus();
+  const uint64_t P = s.layout.page_tokens, first = begin / P, count = (end - 1) / P - first + 1;
+  DeviceMem kt, ct;
+  SSA_RETURN_IF_ERROR(upload_table(kv, false, nullptr, &kt, first, count));
+  SSA_RETURN_IF_ERROR(upload_table(codes, true, nullptr, &ct, first, count));
+  SSA_CUDA_RETURN(pq_encode(index_shape(s.layout), static_cast<const uint8_t* const*>(kt.p),
+                            static_cast<uint8_t* const*>(ct.p), books, static_cast<uint32_t>(begin - first * P),
+                            static_cast<uint32_t>(end - first * P), nullptr),
+                  "PQ encode kernel");
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::train_index(ssa_session& s, LayerStore& layer) const {
+  const KvLayout& L = s.layout;
+  SSA_CUDA_RETURN(cudaSetDevice(state(s).device), "cudaSetDevice");
+  // On the legacy default stream, as appends. Decodes still queued keep reading
+  // the old code pages and codebooks (their tables hold them).
+  const uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(s.config.index_train_sample, layer.n_tokens));
+  const PqIndexShape shape = index_shape(L);
+  auto books = std::make_shared<PqCodebooks>();
+  books->n_kv_heads = L.n_kv_heads;
+  books->subspaces = L.pq_subspaces;
+  books->centroids = L.pq_centroids;
+  books->sub_dim = L.sub_dim();
+  books->data.resize(size_t{L.n_kv_heads} * L.pq_subspaces * L.pq_centroids * L.sub_dim());
+  DeviceMem kt, work, bd;
+  SSA_RETURN_IF_ERROR(upload_table(layer.kv_pages, false, nullptr, &kt));
+  SSA_CUDA_RETURN(work.alloc(kmeans_workspace_bytes(shape, n), nullptr), "cudaMallocAsync of k-means workspace");
+  SSA_CUDA_RETURN(bd.alloc(books->data.size() * sizeof(float), nullptr), "cudaMallocAsync of codebooks");
+  // Sample on the device, k-means++ seeds on the host (as the CPU backend seeds),
+  // Lloyd iterations on the device.
+  SSA_CUDA_RETURN(pq_gather_sample(shape, static_cast<const uint8_t* const*>(kt.p),
+                                   static_cast<uint32_t>(layer.n_tokens), n, work.p, nullptr),
+                  "k-means sample kernel");
+  std::vector<float> sample(size_t{L.n_kv_heads} * n * L.head_dim);
+  SSA_CUDA_RETURN(cudaMemcpy(sample.data(), pq_sample(work.p), sample.size() * sizeof(float),
+                             cudaMemcpyDeviceToHost), "k-means sample download");
+  seed_codebooks(L, sample.data(), n, *s.rt->pool, books.get());
+  SSA_CUDA_RETURN(cudaMemcpy(bd.p, books->data.data(), books->data.size() * sizeof(float),
+                             cudaMemcpyHostToDevice), "k-means seed upload");
+  SSA_CUDA_RETURN(pq_lloyd(shape, n, s.config.index_iterations, work.p, static_cast<float*>(bd.p), nullptr),
+                  "k-means kernels");
+  SSA_CUDA_RETURN(cudaMemcpy(books->data.data(), bd.p, books->data.size() * sizeof(float),
+                             cudaMemcpyDeviceToHost), "codebook download");
+  std::vector<PageRef> codes;
+  const uint64_t pages = L.pages_for(layer.n_tokens);
+  for (uint64_t i = 0; i < pages; ++i) {
+    absl::StatusOr<PageRef> page = state(s).code_pool->allocate();
+    if (!page.ok()) return page.status();
+    codes.push_back(*std::move(page));
+  }
+  SSA_RETURN_IF_ERROR(encode_range(s, static_cast<const float*>(bd.p), layer.kv_pages, codes, 0, layer.n_tokens));
+  SSA_CUDA_RETURN(cudaStreamSynchronize(nullptr), "PQ encode");
+  {
+    // The session's device copy of these codebooks is the one just trained: the
+    // next append or decode need not upload them again.
+    absl::MutexLock lock(&state(s).mu);
+    state(s).seed_device_books(books, std::move(bd));
+  }
+  layer.codebooks = std::move(books);
+  layer.code_pages = std::move(codes);
+  layer.trained_at_tokens = layer.n_tokens;
+  return absl::OkStatus();
+}
+
+}  // namespace ssa::cuda

@@ -1,0 +1,24 @@
+#include "device_mem.h"
+
+#include <algorithm>
+
+#include "device_error.h"
+
+namespace ssa::cuda {
+
+absl::Status upload_table(const std::vector<PageRef>& pages, bool writable, cudaStream_t st, DeviceMem* out,
+                          size_t first, size_t count) {
+  count = std::min(count, pages.size() - first);
+  std::vector<const uint8_t*> ptrs(count);
+  for (size_t i = 0; i < count; ++i) {
+    const PageRef& p = pages[first + i];
+    ptrs[i] = writable ? p->mutable_data() : p->data();
+  }
+  SSA_CUDA_RETURN(out->alloc(ptrs.size() * sizeof(void*), st), "cudaMallocAsync of a page table");
+  // From pageable memory: staged before the call returns, so ptrs may go.
+  SSA_CUDA_RETURN(cudaMemcpyAsync(out->p, ptrs.data(), ptrs.size() * sizeof(void*), cudaMemcpyHostToDevice, st),
+                  "page table upload");
+  return absl::OkStatus();
+}
+
+}  // namespace ssa::cuda

@@ -1,0 +1,174 @@
+#include "device_state.h"
+
+#include "cuda_backend.h"
+#include "device_alloc.h"
+#include "device_error.h"
+#include "kernels/cuda_decode.h"
+
+namespace ssa::cuda {
+
+absl::StatusOr<std::shared_ptr<SessionState::Books>> SessionState::device_books(const CodebooksRef& host) {
+  auto it = books.find(host.get());
+  if (it != books.end()) return it->second;
+  forget_unused_books();
+  auto b = std::make_shared<Books>();
+  b->host = host;
+  const size_t bytes = host->data.size() * sizeof(float);
+  SSA_CUDA_RETURN(b->dev.alloc(bytes, stream), "cudaMallocAsync of codebooks");
+  SSA_CUDA_RETURN(cudaMemcpyAsync(b->dev.p, host->data.data(), bytes, cudaMemcpyHostToDevice, stream),
+                  "codebook upload");
+  SSA_CUDA_RETURN(cudaStreamSynchronize(stream), "codebook upload");
+  // Freed on the legacy default stream: asynchronous appends that encode with
+  // them are ordered before it, not before this session's own stream.
+  b->dev.stream = nullptr;
+  books.emplace(host.get(), b);
+  return b;
+}
+
+// The device codebooks an append encodes with.
+absl::StatusOr<const float*> device_books(SessionState& st, const CodebooksRef& host) {
+  absl::MutexLock lock(&st.mu);
+  absl::StatusOr<std::shared_ptr<SessionState::Books>> b = st.device_books(host);
+  if (!b.ok()) return b.status();
+  return static_cast<const float*>((*b)->dev.p);
+}
+
+absl::StatusOr<std::shared_ptr<SessionState>> new_state(int device, std::shared_ptr<DevicePagePool> kv,
+                                                        std::shared_ptr<DevicePagePool> code) {
+  auto st = std::make_shared<SessionState>();
+  st->device = device;
+  st->kv_pool = std::move(kv);
+  st->code_pool = std::move(code);
+  SSA_CUDA_RETURN(cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  return st;
+}
+
+absl::StatusOr<std::shared_ptr<SessionState::LayerCache>> layer_tables(const ssa_session& s,
+                                                                      uint32_t layer_index,
+                                                                      const LayerStore& layer,
+                                                                      DecodeItem* item) {
+  SessionState& st = state(s);
+  absl::MutexLock lock(&st.mu);
+  if (st.layers.size() < s.layout.n_layers) st.layers.resize(s.layout.n_layers);
+  std::shared_ptr<SessionState::LayerCache>& c = st.layers[layer_index];
+  auto same = [](const std::vector<const uint8_t*>& a, const std::vector<PageRef>& b) {
+    if (a.size() != b.size()) return false;
+    for (size_t i = 0; i < a.size(); ++i)
+      if (a[i] != b[i]->data()) return false;
+    return true;
+  };
+  if (c == nullptr || !same(c->kv, layer.kv_pages) || !same(c->code, layer.code_pages) ||
+      c->books_key != layer.codebooks.get()) {
+    st.prune_retired();
+    auto fresh = std::make_shared<SessionState::LayerCache>();
+    fresh->layer = layer_index;
+    SSA_RETURN_IF_ERROR(upload_table(layer.kv_pages, false, st.stream, &fresh->kv_table));
+    SSA_RETURN_IF_ERROR(upload_table(layer.code_pages, false, st.stream, &fresh->code_table));
+    for (const auto& p : layer.kv_pages) {
+      fresh->kv.push_back(p->data());
+      fresh->memory.push_back(p->keeper());
+    }
+    for (const auto& p : layer.code_pages) {
+      fresh->code.push_back(p->data());
+      fresh->memory.push_back(p->keeper());
+    }
+    fresh->books_key = layer.codebooks.get();
+    if (layer.codebooks != nullptr) {
+      absl::StatusOr<std::shared_ptr<SessionState::Books>> b = st.device_books(layer.codebooks);
+      if (!b.ok()) return b.status();
+      fresh->books = *std::move(b);
+    }
+    // Decodes run on the caller's stream: the uploads must be complete.
+    SSA_CUDA_RETURN(cudaStreamSynchronize(st.stream), "table upload");
+    if (c != nullptr) st.retired.push_back(std::move(c));
+    c = std::move(fresh);
+  }
+  item->kv_pages = static_cast<const uint8_t* const*>(c->kv_table.p);
+  item->code_pages = static_cast<const uint8_t* const*>(c->code_table.p);
+  item->codebooks = c->books != nullptr ? static_cast<const float*>(c->books->dev.p) : nullptr;
+  c->tokens_read = std::max<uint64_t>(c->tokens_read, layer.n_tokens);
+  return c;
+}
+
+// Waits for the session's queued decodes that read more than n_tokens tokens
+// (rows an append may rewrite next), and for no other work.
+absl::Status CudaBackend::before_truncate(ssa_session& s, uint64_t n_tokens) const {
+  SessionState& st = state(s);
+  absl::MutexLock lock(&st.mu);
+  st.prune_retired();
+  auto wait = [&](SessionState::LayerCache& c) {
+    if (c.tokens_read <= n_tokens) return;
+    c.last_use.wait();
+    c.tokens_read = n_tokens;  // decodes still queued read no more than this
+  };
+  for (const auto& c : st.layers)
+    if (c != nullptr) wait(*c);
+  for (const auto& c : st.retired) wait(*c);
+  return absl::OkStatus();
+}
+
+PqIndexShape index_shape(const KvLayout& L) {
+  PqIndexShape s;
+  s.n_kv_heads = L.n_kv_heads;
+  s.head_dim = L.head_dim;
+  s.subspaces = L.pq_subspaces;
+  s.centroids = L.pq_centroids;
+  s.page_tokens = L.page_tokens;
+  s.page_shift = 0;
+  while ((1u << s.page_shift) < L.page_tokens) ++s.page_shift;
+  s.dtype = L.dtype;
+  return s;
+}
+
+DecodeShape decode_shape(const KvLayout& L) {
+  DecodeShape s;
+  s.n_q_heads = L.n_q_heads;
+  s.n_kv_heads = L.n_kv_heads;
+  s.head_dim = L.head_dim;
+  s.page_tokens = L.page_tokens;
+  s.page_shift = index_shape(L).page_shift;
+  s.pq_subspaces = L.pq_subspaces;
+  s.pq_centroids = L.pq_centroids;
+  s.dtype = L.dtype;
+  return s;
+}
+
+absl::Status CudaBackend::init_session(ssa_session& s) const {
+  const char* why = unsupported_shape(decode_shape(s.layout), true);
+  if (why != nullptr) return unsupported("CUDA sessions: ", why);
+  if (s.layout.head_dim / s.layout.pq_subspaces > 64) {
+    return unsupported("CUDA sessions: PQ sub-vectors of more than 64 elements");
+  }
+  SSA_CUDA_RETURN(cudaSetDevice(s.rt->device), "cudaSetDevice");
+  absl::StatusOr<std::shared_ptr<SessionState>> st =
+      new_state(s.rt->device, DevicePagePool::create(s.layout.kv_page_bytes()),
+                DevicePagePool::create(s.layout.code_page_bytes()));
+  if (!st.ok()) return st.status();
+  s.backend_state = *std::move(st);
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::init_fork(const ssa_session& from, ssa_session& fork) const {
+  const SessionState& st = state(from);
+  SSA_CUDA_RETURN(cudaSetDevice(st.device), "cudaSetDevice");
+  absl::StatusOr<std::shared_ptr<SessionState>> f = new_state(st.device, st.kv_pool, st.code_pool);
+  if (!f.ok()) return f.status();
+  fork.backend_state = *std::move(f);
+  return absl::OkStatus();
+}
+
+void CudaBackend::session_destroyed(int device) const {
+  int current = 0;
+  if (cudaGetDevice(&current) != cudaSuccess || cudaSetDevice(device) != cudaSuccess) {
+    cudaGetLastError();
+    return;
+  }
+  // The destroyed session's memory was freed on the legacy default stream (after
+  // any asynchronous append it queued); a trim gives back only frees that have
+  // completed: what the library's pool keeps unused goes back to the driver.
+  if (cudaStreamSynchronize(nullptr) != cudaSuccess) cudaGetLastError();
+  device_pool_trim();
+  if (cudaSetDevice(current) != cudaSuccess) cudaGetLastError();
+}
+
+}  // namespace ssa::cuda

@@ -1,0 +1,135 @@
+// The CUDA backend's state of one session (lib/backend.h BackendSession): its
+// device page pools, its own stream, and the cache of device page tables and
+// codebooks that decodes read, with what keeps that memory alive while queued
+// decodes may read it.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "backend.h"
+#include "device_mem.h"
+#include "device_pages.h"
+#include "kernels/decode_types.h"
+#include "kernels/pq_index.h"
+#include "last_use.h"
+#include "session.h"
+#include "store/kv_layout.h"
+#include "store/layer_store.h"
+
+namespace ssa::cuda {
+
+// Device-side state of one session: page tables per layer (rebuilt when the
+// layer's pages change), device copies of codebooks, and what keeps memory that
+// queued decodes read alive. Decodes return once their kernels are queued, so
+// nothing they read may be freed or recycled until their LastUse event has
+// passed: a layer's tables hold its pages' memory and its codebooks, and tables
+// replaced after a change wait in `retired` until then. Nothing here waits for
+// the device as a whole.
+struct SessionState final : BackendSession {
+  int device = 0;
+  std::shared_ptr<DevicePagePool> kv_pool, code_pool;
+  // Table and codebook uploads (and their frees): non-blocking, so they never
+  // wait for work on other streams.
+  cudaStream_t stream = nullptr;
+  // The NaN/Inf scan's two result slots, kept between appends (which take the
+  // session exclusively).
+  DeviceMem scan_result;
+  // Asynchronous appends: recorded on the legacy default stream before one (the
+  // append's stream waits for it) and on its stream after it (the legacy stream
+  // waits). Created on the first; appends take the session exclusively.
+  cudaEvent_t append_order[2] = {nullptr, nullptr};
+  absl::Mutex mu;
+  struct Books {
+    CodebooksRef host;  // keeps the key alive
+    DeviceMem dev;
+  };
+  struct LayerCache {
+    uint32_t layer = 0;
+    std::vector<const uint8_t*> kv, code;  // page addresses, to notice a change
+    const PqCodebooks* books_key = nullptr;
+    std::vector<std::shared_ptr<void>> memory;  // the pages' memory (Page::keeper)
+    std::shared_ptr<Books> books;
+    DeviceMem kv_table, code_table;
+    LastUse last_use;
+    uint64_t tokens_read = 0;  // the longest context any decode through it read
+  };
+  std::vector<std::shared_ptr<LayerCache>> layers ABSL_GUARDED_BY(mu);
+  std::vector<std::shared_ptr<LayerCache>> retired ABSL_GUARDED_BY(mu);
+  std::map<const PqCodebooks*, std::shared_ptr<Books>> books ABSL_GUARDED_BY(mu);
+
+  SessionState() = default;
+  SessionState(const SessionState&) = delete;
+  SessionState& operator=(const SessionState&) = delete;
+  // Waits for this session's queued decodes, then frees (in stream order).
+  ~SessionState() {
+    absl::MutexLock lock(&mu);
+    for (const auto& c : layers)
+      if (c) c->last_use.wait();
+    for (const auto& c : retired) c->last_use.wait();
+    layers.clear();
+    retired.clear();
+    books.clear();  // (scan_result and codebooks are freed on the legacy default stream)
+    if (stream != nullptr) {
+      // Tables are freed on it: done before the pool is trimmed (destroy).
+      cudaStreamSynchronize(stream);
+      cudaStreamDestroy(stream);
+    }
+    for (cudaEvent_t e : append_order)
+      if (e != nullptr) cudaEventDestroy(e);
+  }
+
+  // The device copy of `host`, uploaded on first use (complete on return).
+  absl::StatusOr<std::shared_ptr<Books>> device_books(const CodebooksRef& host) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Records `dev` (complete) as the device copy of `host`.
+  void seed_device_books(const CodebooksRef& host, DeviceMem&& dev) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    forget_unused_books();
+    auto b = std::make_shared<Books>();
+    b->host = host;
+    b->dev = std::move(dev);
+    books[host.get()] = std::move(b);
+  }
+  // Forgets device copies of codebooks no layer holds any more (tables that
+  // queued decodes read keep theirs).
+  void forget_unused_books() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    for (auto i = books.begin(); i != books.end();) {
+      if (i->second->host.use_count() == 1) i = books.erase(i); else ++i;
+    }
+  }
+
+  // Frees retired tables whose decodes have all run.
+  void prune_retired() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    retired.erase(std::remove_if(retired.begin(), retired.end(),
+                                 [](const std::shared_ptr<LayerCache>& c) { return !c->last_use.pending(); }),
+                  retired.end());
+  }
+};
+
+// The state of a session of the CUDA backend.
+inline SessionState& state(const ssa_session& s) { return static_cast<SessionState&>(*s.backend_state); }
+
+// A new state on `device` with these page pools (a fork shares its source's).
+absl::StatusOr<std::shared_ptr<SessionState>> new_state(int device, std::shared_ptr<DevicePagePool> kv,
+                                                        std::shared_ptr<DevicePagePool> code);
+
+// The device codebooks an append encodes with.
+absl::StatusOr<const float*> device_books(SessionState& st, const CodebooksRef& host);
+
+// The device page tables and codebooks of a layer for a decode (into item),
+// uploaded once per change of the layer. The tables they replace are retired,
+// not freed: decodes queued earlier may still read them.
+absl::StatusOr<std::shared_ptr<SessionState::LayerCache>> layer_tables(const ssa_session& s, uint32_t layer_index,
+                                                                      const LayerStore& layer, DecodeItem* item);
+
+// The kernels' view of a session's layout.
+PqIndexShape index_shape(const KvLayout& L);
+DecodeShape decode_shape(const KvLayout& L);
+
+}  // namespace ssa::cuda

@@ -1,0 +1,192 @@
+// Decode on the device: items grouped by shape (and memory space) into launch
+// sets of up to kMaxBatchItems items of any lengths, each one run of the kernel
+// pipeline (kernels/cuda_decode.h), and the stats read back from its row states.
+#include <cuda_runtime.h>
+#include <string.h>
+
+#include <algorithm>
+#include <mutex>
+#include <shared_mutex>
+
+#include "cuda_backend.h"
+#include "decode/decode_plan.h"
+#include "device_error.h"
+#include "device_state.h"
+#include "kernels/cuda_decode.h"
+#include "method_plan.h"
+
+namespace ssa::cuda {
+namespace {
+
+struct Job {
+  const ssa_session* s;
+  const LayerStore* layer;
+  const void* q;
+  void* out;
+  DecodePlan plan;
+};
+
+// One launch set over jobs of one shape; stats (optional) summed over the jobs.
+absl::Status run_launch_set(const std::vector<Job>& jobs, uint32_t layer_index, const ssa_decode_params& p,
+                            uint64_t seed, ssa_decode_stats* stats) {
+  const ssa_session& s0 = *jobs[0].s;
+  cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
+  DecodeBatch b{};
+  b.shape = decode_shape(s0.layout);
+  b.n_items = static_cast<uint32_t>(jobs.size());
+  bool all_dense = true;
+  for (const Job& j : jobs) all_dense = all_dense && j.plan.dense;
+  set_method(all_dense ? SSA_METHOD_DENSE : p.method, &b);
+  if (b.sampling != Sampling::kNone) {
+    for (const Job& j : jobs) {
+      if (!j.plan.dense && j.plan.candidates() > kMaxSampledCandidates)
+        return absl::UnimplementedError(
+            "CUDA backend: sampling over 2^26 or more candidate tokens in one session");
+    }
+  }
+  b.pi_min = p.pi_min;
+  b.layer = layer_index;
+  b.seed = seed;
+  b.step = p.step;
+  const size_t qbytes = size_t{s0.layout.n_q_heads} * s0.layout.row_bytes();
+  const bool staged = host_buffers(s0);
+  DeviceMem stage;
+  if (staged) SSA_CUDA_RETURN(stage.alloc(2 * qbytes * jobs.size(), stream), "cudaMallocAsync of q/out staging");
+  std::vector<std::shared_ptr<SessionState::LayerCache>> tables(jobs.size());
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const Job& j = jobs[i];
+    DecodeItem& it = b.items[i];
+    absl::StatusOr<std::shared_ptr<SessionState::LayerCache>> t = layer_tables(*j.s, layer_index, *j.layer, &it);
+    if (!t.ok()) return t.status();
+    tables[i] = *std::move(t);
+    if (staged) {
+      uint8_t* base = static_cast<uint8_t*>(stage.p) + 2 * qbytes * i;
+      SSA_CUDA_RETURN(cudaMemcpyAsync(base, j.q, qbytes, cudaMemcpyHostToDevice, stream), "q upload");
+      it.q = base;
+      it.out = base + qbytes;
+    } else {
+      it.q = j.q;
+      it.out = j.out;
+    }
+    plan_item(j.plan, p, &it);
+  }
+  int sms = 0;
+  SSA_CUDA_RETURN(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, state(s0).device),
+                  "cudaDeviceGetAttribute");
+  WorkspacePlan plan;
+  SSA_CUDA_RETURN(plan_workspace(&b, sms, &plan), "decode planning");
+  void* blob = nullptr;
+  SSA_CUDA_RETURN(device_malloc_async(&blob, plan.total_bytes, stream), "cudaMallocAsync of the decode workspace");
+  const Workspace ws = bind_workspace(blob, plan);
+  cudaError_t e = run_decode(b, plan, ws, stream);
+  std::vector<RowState> rows;
+  if (e == cudaSuccess && stats != nullptr && !all_dense) {
+    rows.resize(plan.rows);
+    e = cudaMemcpyAsync(rows.data(), ws.rows, rows.size() * sizeof(RowState), cudaMemcpyDeviceToHost, stream);
+  }
+  if (e == cudaSuccess && staged) {
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      e = cudaMemcpyAsync(jobs[i].out, b.items[i].out, qbytes, cudaMemcpyDeviceToHost, stream);
+      if (e != cudaSuccess) break;
+    }
+  }
+  cudaFreeAsync(blob, stream);
+  if (e != cudaSuccess) return device_error(e, "decode kernels");
+  // What the queued kernels read stays alive until they have run. Should an
+  // event not be recorded, the decode is waited for instead.
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    SessionState& st = state(*jobs[i].s);
+    absl::MutexLock lock(&st.mu);
+    if (tables[i]->last_use.record(stream) != cudaSuccess) {
+      cudaGetLastError();
+      SSA_CUDA_RETURN(cudaStreamSynchronize(stream), "decode");
+    }
+  }
+  if (staged || stats != nullptr) SSA_CUDA_RETURN(cudaStreamSynchronize(stream), "decode");
+  if (stats != nullptr) {
+    const uint32_t nq = s0.layout.n_q_heads;
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      const DecodePlan& pl = jobs[i].plan;
+      stats->context_tokens += pl.n;
+      if (pl.window_only()) stats->window_only_heads += nq;
+      const uint64_t always = pl.dense ? pl.n : pl.sink_end + (pl.n - pl.local_begin);
+      for (uint32_t h = 0; h < nq; ++h) {
+        if (pl.dense || b.proxy == Proxy::kNone) {
+          stats->tokens_read += pl.n;
+          continue;
+        }
+        const RowState& r = rows[i * nq + h];
+        stats->tokens_read += always + r.n_heavy + r.n_unique;
+        stats->heavy_tokens += r.n_heavy;
+        stats->scored_tokens += pl.kprime > 0 ? pl.candidates() : 0;
+        if (b.sampling != Sampling::kNone) {
+          stats->draws += r.n_draws;
+          stats->unique_samples += r.n_unique;
+          const double total = r.w_resid_proxy + r.w_heavy;
+          stats->residual_proxy_mass += total > 0 ? r.w_resid_proxy / total : 0.0;
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CudaBackend::decode_layer(const ssa_session& s, const LayerStore& layer, uint32_t layer_index,
+                                       const void* q, void* out, const ssa_decode_params& p, uint64_t seed,
+                                       ssa_decode_stats* stats, std::vector<HeadTrace>*, DecodeProfile*) const {
+  SSA_CUDA_RETURN(cudaSetDevice(state(s).device), "cudaSetDevice");
+  std::vector<Job> jobs{Job{&s, &layer, q, out, plan_decode(layer.n_tokens, p)}};
+  return run_launch_set(jobs, layer_index, p, seed, stats);
+}
+
+absl::Status CudaBackend::decode_batch(const ssa_decode_item* items, size_t n_items, uint32_t layer,
+                                       const ssa_decode_params& p) const {
+  // Proxy methods need an index on every layer decoded (trained on demand).
+  std::vector<ssa_session*> sessions;
+  for (size_t i = 0; i < n_items; ++i) sessions.push_back(items[i].session);
+  std::sort(sessions.begin(), sessions.end());
+  sessions.erase(std::unique(sessions.begin(), sessions.end()), sessions.end());
+  for (ssa_session* s : sessions) {
+    bool needs = false;
+    {
+      std::shared_lock lock(s->mu);
+      const LayerStore& l = s->layers[layer];
+      if (l.n_tokens == 0) return invalid_argument("layer ", layer, " holds no tokens");
+      const DecodePlan plan = plan_decode(l.n_tokens, p);
+      needs = plan_needs_index(plan, p.method) && l.codebooks == nullptr;
+    }
+    if (needs) SSA_RETURN_IF_ERROR(session_ensure_index(*s, layer));
+  }
+  // Shared locks on every distinct session (sorted by address: one global
+  // order), released on every path out, early returns included.
+  std::vector<std::shared_lock<RwLock>> locks;
+  locks.reserve(sessions.size());
+  for (ssa_session* s : sessions) locks.emplace_back(s->mu);
+  absl::Status st = absl::OkStatus();
+  {
+    const uint64_t seed = p.seed != 0 ? p.seed : sessions[0]->rt->seed;
+    SSA_CUDA_RETURN(cudaSetDevice(state(*sessions[0]).device), "cudaSetDevice");
+    // Launch sets: items of one shape (and pointer space), up to kMaxBatchItems each.
+    std::vector<bool> done(n_items, false);
+    for (size_t i = 0; i < n_items && st.ok(); ++i) {
+      if (done[i]) continue;
+      std::vector<Job> jobs;
+      const ssa_session& a = *items[i].session;
+      for (size_t j = i; j < n_items && jobs.size() < kMaxBatchItems; ++j) {
+        const ssa_session& b = *items[j].session;
+        if (done[j] || memcmp(&a.layout, &b.layout, sizeof(KvLayout)) != 0 ||
+            host_buffers(a) != host_buffers(b))
+          continue;
+        done[j] = true;
+        const LayerStore& l = b.layers[layer];
+        jobs.push_back(Job{&b, &l, items[j].q, items[j].out, plan_decode(l.n_tokens, p)});
+      }
+      st = run_launch_set(jobs, layer, p, seed, nullptr);
+    }
+  }
+  return st;
+}
+
+}  // namespace ssa::cuda

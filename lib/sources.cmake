@@ -1,0 +1,12 @@
+# The library's sources, included by the top-level CMakeLists.txt: the core and
+# the CPU backend always; the CUDA backend (lib/cuda, kernels/) when a CUDA
+# compiler was found, else lib/cuda/stub.cc in its place.
+file(GLOB_RECURSE SSA_SOURCES CONFIGURE_DEPENDS ${CMAKE_CURRENT_LIST_DIR}/*.cc)
+list(FILTER SSA_SOURCES EXCLUDE REGEX "/lib/cuda/[^/]*$")
+if(SSA_HAVE_CUDA)
+  file(GLOB SSA_CUDA_SOURCES CONFIGURE_DEPENDS ${CMAKE_CURRENT_LIST_DIR}/cuda/*.cc
+    ${CMAKE_CURRENT_LIST_DIR}/cuda/*.cu ${PROJECT_SOURCE_DIR}/kernels/*.cu)
+  list(REMOVE_ITEM SSA_CUDA_SOURCES ${CMAKE_CURRENT_LIST_DIR}/cuda/stub.cc)
+else()
+  set(SSA_CUDA_SOURCES ${CMAKE_CURRENT_LIST_DIR}/cuda/stub.cc)
+endif()
