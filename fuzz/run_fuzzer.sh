@@ -36,7 +36,7 @@ for fuzzer in snapshot_load_fuzzer snapshot_struct_fuzzer; do
   cov=$(sed -n 's/.* cov: \([0-9]*\).*/\1/p' <<<"$last")
   ft=$(sed -n 's/.* ft: \([0-9]*\).*/\1/p' <<<"$last")
   corp=$(sed -n 's/.* corp: \([0-9]*\).*/\1/p' <<<"$last")
-  crashes=$(ls "$logs/$fuzzer-"* 2>/dev/null | wc -l)
+  crashes=$(find "$logs" -maxdepth 1 -name "$fuzzer-*" | wc -l)
   echo "$fuzzer: ${half}s, runs ${runs:-?}, coverage ${cov:-?} edges / ${ft:-?} features, corpus ${corp:-?}, crashes $crashes, exit $rc (log: $log)"
   if [ "$rc" -ne 0 ] || [ "$crashes" -ne 0 ]; then
     echo "== $fuzzer FAILED; end of its log:" >&2

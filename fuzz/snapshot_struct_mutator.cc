@@ -53,6 +53,11 @@ void mutate_section(SnapshotImage& img, std::mt19937_64& rng) {
   const ssa::snap::SectionEntry& e = img.entries[i];
   uint8_t* b = img.body(i);
   const uint64_t len = e.length;
+  if (len < 4) {  // a length already edited down: one byte
+    if (len > 0) b[rng() % len] = static_cast<uint8_t>(rng());
+    img.rehash(i);
+    return;
+  }
   switch (static_cast<SectionKind>(e.kind)) {
     case SectionKind::kCodePages: {  // a code byte, often one naming no centroid
       const uint64_t at = rng() % len;
