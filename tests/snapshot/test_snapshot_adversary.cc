@@ -11,6 +11,7 @@
 
 #include "alloc.h"
 #include "loaded_session_check.h"
+#include "snapshot/content_check.h"
 #include "snapshot/file_io.h"
 #include "snapshot/format.h"
 #include "snapshot_image.h"
@@ -486,5 +487,53 @@ TEST_CASE("generations at the top of the range: checkpoints never lose a commit"
     REQUIRE(!r.ok());
     CHECK(status_code(r.status()) == SSA_ERR_CORRUPT);
     CHECK(std::string(r.status().message()).find("generation") != std::string::npos);
+  }
+}
+
+TEST_CASE("the content checks agree with a per-value reference on every value") {
+  // Codes: every byte value at a few positions among the largest valid codes.
+  KvLayout lay;
+  lay.n_layers = 1;
+  lay.n_q_heads = 2;
+  lay.n_kv_heads = 1;
+  lay.head_dim = 32;
+  lay.pq_subspaces = 1;
+  lay.page_tokens = 16;
+  lay.dtype = DType::kF16;
+  for (uint32_t k : {2u, 3u, 16u, 127u, 128u, 129u, 200u, 255u, 256u}) {
+    lay.pq_centroids = k;
+    std::vector<uint8_t> page(lay.code_page_bytes(), 0);
+    for (size_t at : {size_t{0}, size_t{7}, size_t{8}, page.size() - 1}) {
+      for (uint32_t b = 0; b < 256; ++b) {
+        std::fill(page.begin(), page.end(), static_cast<uint8_t>(k - 1));  // the largest valid code
+        page[at] = static_cast<uint8_t>(b);
+        const bool ok = snap::check_code_page(lay, page.data(), "p", 0, 0).ok();
+        CHECK_MESSAGE(ok == (b < k), "k " << k << " byte " << b << " at " << at);
+      }
+    }
+  }
+  // K/V: every 16-bit pattern as f16 and bf16 (f32: the patterns' top halves).
+  for (DType t : {DType::kF16, DType::kBF16, DType::kF32}) {
+    lay.dtype = t;
+    std::vector<uint8_t> page(lay.kv_page_bytes(), 0);
+    const size_t n = page.size() / lay.elem_bytes();
+    int mismatches = 0;
+    for (uint32_t bits = 0; bits < 65536; ++bits) {
+      const size_t at = bits % n;
+      float ref;
+      if (t == DType::kF32) {
+        const uint32_t w = (bits << 16) | (bits & 0xffffu);
+        memcpy(page.data() + at * 4, &w, 4);
+        memcpy(&ref, &w, 4);
+      } else {
+        const uint16_t h = static_cast<uint16_t>(bits);
+        memcpy(page.data() + at * 2, &h, 2);
+        ref = t == DType::kF16 ? f16_to_f32(h) : bf16_to_f32(h);
+      }
+      const bool ok = snap::check_kv_page(lay, page.data(), "p", 0, 0).ok();
+      mismatches += ok != std::isfinite(ref);
+      memset(page.data() + at * lay.elem_bytes(), 0, lay.elem_bytes());
+    }
+    CHECK_MESSAGE(mismatches == 0, "dtype " << static_cast<int>(t));
   }
 }
