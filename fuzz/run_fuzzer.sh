@@ -10,6 +10,8 @@ seconds=${1:-60}
 jobs=${2:-2}
 here=$(cd "$(dirname "$0")" && pwd)
 build=${SSA_FUZZ_BUILD:-$here/../build-fuzz}
+mkdir -p "$build"
+build=$(cd "$build" && pwd)
 command -v clang++ >/dev/null || { echo "clang++ not found (apt-get install -y clang libclang-rt-14-dev)" >&2; exit 2; }
 cmake -S "$here" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ >/dev/null
