@@ -32,7 +32,8 @@ const FileIo& file_io() { return *g_io.load(std::memory_order_acquire); }
 void set_file_io(const FileIo* io) { g_io.store(io ? io : &kPosix, std::memory_order_release); }
 
 absl::Status io_error(const char* op, const std::string& path, int err) {
-  return make_error(SSA_ERR_IO, absl::StrCat(op, " '", path, "': ", strerror(err)));
+  return make_error(err == ENOMEM ? SSA_ERR_OUT_OF_MEMORY : SSA_ERR_IO,
+                    absl::StrCat(op, " '", path, "': ", strerror(err)));
 }
 
 absl::Status pwrite_all(int fd, const void* data, size_t n, uint64_t offset,
@@ -74,6 +75,26 @@ absl::Status pread_exact(int fd, void* data, size_t n, uint64_t offset, const st
   return absl::OkStatus();
 }
 
+absl::Status pread_upto(int fd, void* data, size_t n, uint64_t offset, const std::string& path,
+                        size_t* got) {
+  uint8_t* p = static_cast<uint8_t*>(data);
+  *got = 0;
+  while (n > 0) {
+    const size_t chunk = n < kMaxChunk ? n : kMaxChunk;
+    const ssize_t r = file_io().pread(fd, p, chunk, static_cast<off_t>(offset));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return io_error("cannot read", path, errno);
+    }
+    if (r == 0) break;
+    p += r;
+    n -= static_cast<size_t>(r);
+    offset += static_cast<uint64_t>(r);
+    *got += static_cast<size_t>(r);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status fsync_fd(int fd, const std::string& path) {
   while (file_io().fsync(fd) != 0) {
     if (errno == EINTR) continue;
@@ -82,10 +103,15 @@ absl::Status fsync_fd(int fd, const std::string& path) {
   return absl::OkStatus();
 }
 
-absl::Status fsync_parent_dir(const std::string& path) {
+std::string parent_dir(const std::string& path) {
   const size_t slash = path.find_last_of('/');
-  std::string dir = slash == std::string::npos ? "." : path.substr(0, slash);
-  if (dir.empty()) dir = "/";
+  if (slash == std::string::npos) return std::string(".");
+  if (slash == 0) return std::string("/");
+  return path.substr(0, slash);
+}
+
+absl::Status fsync_parent_dir(const std::string& path) {
+  const std::string dir = parent_dir(path);
   const int fd = file_io().open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
   if (fd < 0) return io_error("cannot open directory", dir, errno);
   FdGuard guard(fd);

@@ -37,14 +37,21 @@ const FileIo& file_io();
 void set_file_io(const FileIo* io);
 
 // Helpers on top of the table: retry EINTR and short transfers, and turn errno
-// into SSA_ERR_IO with a message naming the operation and the path.
+// into a status with a message naming the operation and the path: ENOMEM (no
+// memory for a mapping or a kernel buffer) is SSA_ERR_OUT_OF_MEMORY, every other
+// errno SSA_ERR_IO.
 absl::Status io_error(const char* op, const std::string& path, int err);
 absl::Status pwrite_all(int fd, const void* data, size_t n, uint64_t offset,
                         const std::string& path);
 // Reads exactly n bytes; a short read (end of file) is SSA_ERR_CORRUPT.
 absl::Status pread_exact(int fd, void* data, size_t n, uint64_t offset,
                          const std::string& path);
+// Reads up to n bytes, fewer only at the end of the file; *got says how many.
+absl::Status pread_upto(int fd, void* data, size_t n, uint64_t offset, const std::string& path,
+                        size_t* got);
 absl::Status fsync_fd(int fd, const std::string& path);
+// The directory part of a path ("." for a bare name, "/" for a name in the root).
+std::string parent_dir(const std::string& path);
 // Opens the directory holding `path` and fsyncs it (makes a rename durable).
 absl::Status fsync_parent_dir(const std::string& path);
 

@@ -2,6 +2,8 @@
 
 #include <xxhash.h>
 
+#include "absl/strings/str_cat.h"
+
 namespace ssa::snap {
 
 const char* section_kind_name(uint32_t kind) {
@@ -78,15 +80,19 @@ void encode_config(const ssa_session_config& cfg, uint64_t kv_page_bytes,
   put_u64(out + 72, code_page_bytes);
 }
 
-void decode_config(const uint8_t in[kConfigBytes], ssa_session_config* cfg,
-                   uint64_t* kv_page_bytes, uint64_t* code_page_bytes) {
+absl::Status decode_config(const uint8_t in[kConfigBytes], ssa_session_config* cfg,
+                           uint64_t* kv_page_bytes, uint64_t* code_page_bytes) {
+  const uint32_t dtype = get_u32(in + 16);
+  if (dtype != SSA_DTYPE_F32 && dtype != SSA_DTYPE_F16 && dtype != SSA_DTYPE_BF16) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown kv_dtype ", dtype));
+  }
   *cfg = ssa_session_config{};
   cfg->struct_size = sizeof(ssa_session_config);
   cfg->n_layers = get_u32(in + 0);
   cfg->n_q_heads = get_u32(in + 4);
   cfg->n_kv_heads = get_u32(in + 8);
   cfg->head_dim = get_u32(in + 12);
-  cfg->kv_dtype = static_cast<ssa_dtype>(get_u32(in + 16));
+  cfg->kv_dtype = static_cast<ssa_dtype>(dtype);
   cfg->pq_subspaces = get_u32(in + 20);
   cfg->pq_centroids = get_u32(in + 24);
   cfg->page_tokens = get_u32(in + 28);
@@ -98,6 +104,7 @@ void decode_config(const uint8_t in[kConfigBytes], ssa_session_config* cfg,
   cfg->model_fingerprint = get_u64(in + 56);
   *kv_page_bytes = get_u64(in + 64);
   *code_page_bytes = get_u64(in + 72);
+  return absl::OkStatus();
 }
 
 SectionEntry decode_entry(const uint8_t* p) {

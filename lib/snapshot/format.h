@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "ssa.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
@@ -52,6 +53,10 @@ const char* section_kind_name(uint32_t kind);
 // Section flag: a reader that does not know the section's kind may skip it.
 inline constexpr uint32_t kSectionOptional = 1u;
 inline constexpr uint32_t kNoLayer = 0xffffffffu;
+
+// The slot generation g is committed to: a full save writes generation 1 to slot
+// 0, and each checkpoint writes the slot not holding the current generation.
+inline constexpr uint32_t slot_for_generation(uint64_t g) { return static_cast<uint32_t>((g + 1) % 2); }
 
 // Superblock, 128 bytes in version 1 (header_length says how long).
 struct Superblock {
@@ -103,12 +108,13 @@ inline constexpr uint32_t kLayerHasCodebooks = 1u;
 // Codebooks section: 16-byte header (n_kv_heads, subspaces, centroids, sub_dim).
 inline constexpr uint32_t kCodebooksHeaderBytes = 16;
 
-// Config section body (kConfigBytes) and its inverse. decode_config checks only
-// the encoding; the caller validates the values.
+// Config section body (kConfigBytes) and its inverse. decode_config checks that
+// kv_dtype names a dtype (an enum is never loaded from an unchecked integer); the
+// caller validates the other values (validate_session_config).
 void encode_config(const ssa_session_config& cfg, uint64_t kv_page_bytes,
                    uint64_t code_page_bytes, uint8_t out[kConfigBytes]);
-void decode_config(const uint8_t in[kConfigBytes], ssa_session_config* cfg,
-                   uint64_t* kv_page_bytes, uint64_t* code_page_bytes);
+absl::Status decode_config(const uint8_t in[kConfigBytes], ssa_session_config* cfg,
+                           uint64_t* kv_page_bytes, uint64_t* code_page_bytes);
 
 inline void put_u32(uint8_t* p, uint32_t v) { memcpy(p, &v, 4); }
 inline void put_u64(uint8_t* p, uint64_t v) { memcpy(p, &v, 8); }

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <stdint.h>
+#include <sys/stat.h>
 
 #include <string>
 
@@ -11,11 +12,11 @@
 
 namespace ssa::snap {
 
-// Reads both superblock slots of an open snapshot file of file_size bytes and
-// returns the valid one with the highest generation, with its fields checked
-// against the file size. SSA_ERR_CORRUPT / SSA_ERR_VERSION with a message.
-absl::Status read_superblock(int fd, uint64_t file_size, const std::string& path,
-                             Superblock* sb);
+// Reads both superblock slots of an open snapshot file and returns the valid one
+// with the highest generation; then fstats the file into *st and checks the
+// superblock's fields against its size. SSA_ERR_CORRUPT / SSA_ERR_VERSION with a
+// message.
+absl::Status read_superblock(int fd, const std::string& path, Superblock* sb, struct stat* st);
 
 // Hashes a mapped section that was not verified at load, once; SSA_ERR_CORRUPT if
 // it does not match. Called before page bytes from a mapping are copied into

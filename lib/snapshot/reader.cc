@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "backend.h"
+#include "snapshot/content_check.h"
 #include "snapshot/file_io.h"
 #include "snapshot/format.h"
 #include "snapshot/internal.h"
@@ -37,12 +38,18 @@ absl::Status corrupt(const std::string& path, const Args&... args) {
 
 }  // namespace
 
-absl::Status read_superblock(int fd, uint64_t file_size, const std::string& path,
-                             Superblock* out) {
-  if (file_size == 0) return corrupt(path, "file is empty (0 bytes), not a snapshot");
+absl::Status read_superblock(int fd, const std::string& path, Superblock* out,
+                             struct stat* st) {
   uint8_t area[kHeaderAreaBytes] = {};
-  const size_t n = static_cast<size_t>(std::min<uint64_t>(file_size, kHeaderAreaBytes));
-  SSA_RETURN_IF_ERROR(pread_exact(fd, area, n, 0, path));
+  size_t n = 0;
+  SSA_RETURN_IF_ERROR(pread_upto(fd, area, kHeaderAreaBytes, 0, path, &n));
+  if (n == 0) return corrupt(path, "file is empty (0 bytes), not a snapshot");
+  // Sized only now: a checkpoint writes its sections and table before the
+  // superblock that points at them, and files only grow, so the file is at least
+  // as long as any superblock already read says. (Sizing first made a commit
+  // landing in between look like truncation.)
+  if (file_io().fstat(fd, st) != 0) return io_error("cannot stat", path, errno);
+  const uint64_t file_size = static_cast<uint64_t>(st->st_size);
 
   struct Candidate {
     bool valid = false;
@@ -114,6 +121,12 @@ absl::Status read_superblock(int fd, uint64_t file_size, const std::string& path
   sb.file_id = get_u64(p + kSbFileIdOff);
   if (sb.slot != static_cast<uint32_t>(best)) {
     return corrupt(path, "superblock in slot ", best, " says it belongs in slot ", sb.slot);
+  }
+  // Generation g lives in slot (g + 1) % 2, so the two slots never hold the same
+  // generation and the newer one is never ambiguous.
+  if (sb.generation == 0 || slot_for_generation(sb.generation) != sb.slot) {
+    return corrupt(path, "superblock in slot ", best, " holds generation ", sb.generation,
+                   ", which no writer puts in that slot");
   }
   if (sb.file_length > file_size) {
     return corrupt(path, "truncated: the snapshot spans ", sb.file_length,
@@ -227,7 +240,12 @@ absl::Status check_expected(const Parsed& p, const ssa_session_config& x) {
   if (c.n_q_heads != x.n_q_heads) return mismatch("n_q_heads", x.n_q_heads, c.n_q_heads);
   if (c.n_kv_heads != x.n_kv_heads) return mismatch("n_kv_heads", x.n_kv_heads, c.n_kv_heads);
   if (c.head_dim != x.head_dim) return mismatch("head_dim", x.head_dim, c.head_dim);
-  if (c.kv_dtype != x.kv_dtype) return mismatch("kv_dtype", x.kv_dtype, c.kv_dtype);
+  // The caller's enum is read as the integer it holds: it may name no dtype.
+  uint32_t want_dtype;
+  static_assert(sizeof want_dtype == sizeof x.kv_dtype);
+  memcpy(&want_dtype, &x.kv_dtype, sizeof want_dtype);
+  if (static_cast<uint32_t>(c.kv_dtype) != want_dtype)
+    return mismatch("kv_dtype", want_dtype, static_cast<uint32_t>(c.kv_dtype));
   if (c.pq_subspaces != x.pq_subspaces)
     return mismatch("pq_subspaces", x.pq_subspaces, c.pq_subspaces);
   if (c.pq_centroids != x.pq_centroids)
@@ -252,56 +270,102 @@ absl::Status add_page_run(Parsed& p, size_t idx, size_t page_bytes,
   return absl::OkStatus();
 }
 
+// Reads the section table, checking its header against the superblock before
+// anything sized by it is allocated, and each entry against the file as it is
+// read, so a damaged table fails after one chunk rather than after reading
+// everything it claims.
+absl::Status read_table(Parsed* p) {
+  const snap::Superblock& sb = p->sb;
+  const std::string& path = p->path;
+  uint8_t hdr[snap::kTableHeaderBytes];
+  SSA_RETURN_IF_ERROR(snap::pread_exact(p->fd, hdr, sizeof hdr, sb.table_offset, path));
+  const uint64_t n_sections = snap::get_u32(hdr + 8);
+  if (memcmp(hdr, snap::kTableMagic, 8) != 0 || snap::get_u32(hdr + 12) != snap::kEntryBytes ||
+      sb.table_length != snap::kTableHeaderBytes + n_sections * snap::kEntryBytes ||
+      snap::get_u64(hdr + 16) != sb.generation || snap::get_u64(hdr + 24) != sb.file_id) {
+    return corrupt(path, "section table header does not match its superblock");
+  }
+  // Sections are non-empty, 64-byte aligned and (the known kinds) disjoint, all
+  // before the table: at most one per 64 bytes of that area.
+  const uint64_t area = sb.table_offset - snap::kHeaderAreaBytes;
+  if (n_sections > area / snap::kSectionAlign) {
+    return corrupt(path, "section table lists ", n_sections, " sections; the ", area,
+                   " bytes before it hold at most ", area / snap::kSectionAlign);
+  }
+  std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> hash(XXH3_createState(),
+                                                                XXH3_freeState);
+  if (!hash) return make_error(SSA_ERR_OUT_OF_MEMORY, "cannot allocate a hash state");
+  XXH3_64bits_reset(hash.get());
+  XXH3_64bits_update(hash.get(), hdr, sizeof hdr);
+  constexpr uint64_t kChunkEntries = 1024;
+  std::vector<uint8_t> chunk(static_cast<size_t>(std::min(n_sections, kChunkEntries)) *
+                             snap::kEntryBytes);
+  p->entries.reserve(static_cast<size_t>(std::min<uint64_t>(n_sections, kChunkEntries)));
+  std::vector<std::pair<uint64_t, uint64_t>> extents;  // the known sections
+  uint32_t unknown_kind = 0;
+  for (uint64_t done = 0; done < n_sections;) {
+    const uint64_t k = std::min(kChunkEntries, n_sections - done);
+    const uint64_t off = sb.table_offset + snap::kTableHeaderBytes + done * snap::kEntryBytes;
+    SSA_RETURN_IF_ERROR(snap::pread_exact(p->fd, chunk.data(), k * snap::kEntryBytes, off, path));
+    XXH3_64bits_update(hash.get(), chunk.data(), k * snap::kEntryBytes);
+    for (uint64_t j = 0; j < k; ++j) {
+      const SectionEntry e = snap::decode_entry(chunk.data() + j * snap::kEntryBytes);
+      const uint64_t idx = done + j;
+      if (e.kind == 0) return corrupt(path, "section table entry #", idx, " has kind 0");
+      if (e.alignment < snap::kSectionAlign || (e.alignment & (e.alignment - 1)) != 0 ||
+          e.offset % e.alignment != 0 || e.offset < snap::kHeaderAreaBytes ||
+          e.offset > sb.table_offset || e.length == 0 || e.length > sb.table_offset - e.offset) {
+        return corrupt(path, "section table entry #", idx, " (", snap::section_kind_name(e.kind),
+                       ") at offset ", e.offset, " length ", e.length, " alignment ", e.alignment,
+                       " lies outside the section area or is empty");
+      }
+      if (e.kind > static_cast<uint32_t>(SectionKind::kMetadata)) {
+        // Unknown: optional ones are skipped; a required one is reported once the
+        // table is known to be intact (a damaged kind is corruption, not a version).
+        if (!(e.flags & snap::kSectionOptional) && unknown_kind == 0) unknown_kind = e.kind;
+        continue;
+      }
+      const bool per_layer = e.kind == uint32_t(SectionKind::kKvPages) ||
+                             e.kind == uint32_t(SectionKind::kCodePages) ||
+                             e.kind == uint32_t(SectionKind::kCodebooks);
+      if (!per_layer && e.layer != snap::kNoLayer) {
+        return corrupt(path, describe(e, p->entries.size()), " names a layer");
+      }
+      extents.emplace_back(e.offset, e.length);
+      p->live_bytes += e.length;
+      p->entries.push_back(e);
+    }
+    done += k;
+  }
+  if (XXH3_64bits_digest(hash.get()) != sb.table_xxh3) {
+    return corrupt(path, "section table fails its checksum");
+  }
+  if (unknown_kind != 0) {
+    return make_error(SSA_ERR_VERSION,
+                      absl::StrCat("snapshot '", path, "' holds a section of kind ", unknown_kind,
+                                   " that this library does not know"));
+  }
+  std::sort(extents.begin(), extents.end());
+  for (size_t i = 1; i < extents.size(); ++i) {
+    if (extents[i].first < extents[i - 1].first + extents[i - 1].second) {
+      return corrupt(path, "sections at offsets ", extents[i - 1].first, " and ",
+                     extents[i].first, " overlap");
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status parse(const std::string& path, int fd, Parsed* p) {
-  const snap::FileIo& io = snap::file_io();
   p->path = path;
   p->fd = fd;
   struct stat st;
-  if (io.fstat(fd, &st) != 0) return snap::io_error("cannot stat", path, errno);
-  if (!S_ISREG(st.st_mode)) {
-    return make_error(SSA_ERR_IO, absl::StrCat("'", path, "' is not a regular file"));
-  }
+  SSA_RETURN_IF_ERROR(snap::read_superblock(fd, path, &p->sb, &st));
   p->file_size = static_cast<uint64_t>(st.st_size);
   p->dev = st.st_dev;
   p->ino = st.st_ino;
-  SSA_RETURN_IF_ERROR(snap::read_superblock(fd, p->file_size, path, &p->sb));
   const snap::Superblock& sb = p->sb;
-
-  // Section table (its length was checked against the file by read_superblock).
-  std::string table(static_cast<size_t>(sb.table_length), '\0');
-  SSA_RETURN_IF_ERROR(snap::pread_exact(fd, table.data(), table.size(), sb.table_offset, path));
-  if (XXH3_64bits(table.data(), table.size()) != sb.table_xxh3) {
-    return corrupt(path, "section table fails its checksum");
-  }
-  const uint8_t* t = reinterpret_cast<const uint8_t*>(table.data());
-  const uint32_t n_sections = snap::get_u32(t + 8), entry_bytes = snap::get_u32(t + 12);
-  if (memcmp(t, snap::kTableMagic, 8) != 0 || entry_bytes != snap::kEntryBytes ||
-      (sb.table_length - snap::kTableHeaderBytes) / snap::kEntryBytes != n_sections ||
-      (sb.table_length - snap::kTableHeaderBytes) % snap::kEntryBytes != 0 ||
-      snap::get_u64(t + 16) != sb.generation || snap::get_u64(t + 24) != sb.file_id) {
-    return corrupt(path, "section table header does not match its superblock");
-  }
   p->live_bytes = snap::kHeaderAreaBytes + sb.table_length;
-  for (uint32_t i = 0; i < n_sections; ++i) {
-    const SectionEntry e =
-        snap::decode_entry(t + snap::kTableHeaderBytes + size_t{i} * snap::kEntryBytes);
-    if (e.kind < static_cast<uint32_t>(SectionKind::kConfig) ||
-        e.kind > static_cast<uint32_t>(SectionKind::kMetadata)) {
-      if (e.flags & snap::kSectionOptional) continue;
-      return make_error(SSA_ERR_VERSION,
-                        absl::StrCat("snapshot '", path, "' holds a section of kind ", e.kind,
-                                     " that this library does not know"));
-    }
-    const size_t idx = p->entries.size();
-    if (e.alignment < snap::kSectionAlign || (e.alignment & (e.alignment - 1)) != 0 ||
-        e.offset % e.alignment != 0 || e.offset < snap::kHeaderAreaBytes ||
-        e.offset > sb.table_offset || e.length > sb.table_offset - e.offset) {
-      return corrupt(path, describe(e, idx), " at offset ", e.offset, " length ", e.length,
-                     " alignment ", e.alignment, " lies outside the section area");
-    }
-    p->live_bytes += e.length;
-    p->entries.push_back(e);
-  }
+  SSA_RETURN_IF_ERROR(read_table(p));
 
   // Config.
   for (size_t i = 0; i < p->entries.size(); ++i) {
@@ -323,9 +387,9 @@ absl::Status parse(const std::string& path, int fd, Parsed* p) {
                    " bytes, not ", snap::kConfigBytes);
   }
   SSA_RETURN_IF_ERROR(read_section(*p, static_cast<size_t>(p->config_entry), &body));
-  snap::decode_config(reinterpret_cast<const uint8_t*>(body.data()), &p->cfg, &p->kv_bytes,
-                      &p->code_bytes);
-  absl::Status valid = validate_session_config(p->cfg, &p->layout);
+  absl::Status valid = snap::decode_config(reinterpret_cast<const uint8_t*>(body.data()), &p->cfg,
+                                           &p->kv_bytes, &p->code_bytes);
+  if (valid.ok()) valid = validate_session_config(p->cfg, &p->layout);
   if (!valid.ok()) return corrupt(path, "invalid session config: ", valid.message());
   if (p->layout.kv_page_bytes() != p->kv_bytes || p->layout.code_page_bytes() != p->code_bytes) {
     return corrupt(path, "config says pages of ", p->kv_bytes, "/", p->code_bytes,
@@ -341,6 +405,10 @@ absl::Status parse(const std::string& path, int fd, Parsed* p) {
   }
   SSA_RETURN_IF_ERROR(read_section(*p, static_cast<size_t>(p->layers_entry), &body));
   p->layers.resize(p->cfg.n_layers);
+  // Every page of every layer lies in its own bytes of the section area, which
+  // bounds what the page tables below allocate by the file's size in total.
+  const uint64_t area = sb.table_offset - snap::kHeaderAreaBytes;
+  uint64_t page_bytes_needed = 0;
   for (uint32_t l = 0; l < p->cfg.n_layers; ++l) {
     const uint8_t* r = reinterpret_cast<const uint8_t*>(body.data()) + l * snap::kLayerRecordBytes;
     Parsed::Layer& L = p->layers[l];
@@ -351,12 +419,23 @@ absl::Status parse(const std::string& path, int fd, Parsed* p) {
       return corrupt(path, "layer ", l, " has unknown flags 0x", absl::Hex(flags));
     }
     L.has_codebooks = flags & snap::kLayerHasCodebooks;
-    // Every page must lie in the file, which bounds what is allocated below.
-    const uint64_t pages = L.n_tokens / p->layout.page_tokens + 1;
-    if (pages > p->file_size / p->kv_bytes + 1) {
+    if (L.n_tokens > kMaxTokensPerLayer || L.trained_at > kMaxTokensPerLayer) {
+      return corrupt(path, "layer ", l, " claims ", L.n_tokens, " tokens (trained at ",
+                     L.trained_at, "); a layer holds at most ", kMaxTokensPerLayer);
+    }
+    if (!L.has_codebooks && L.trained_at != 0) {
+      return corrupt(path, "layer ", l, " has no index but says it was trained at ",
+                     L.trained_at, " tokens");
+    }
+    const uint64_t pages = p->layout.pages_for(L.n_tokens);
+    const uint64_t per_page = p->kv_bytes + (L.has_codebooks ? p->code_bytes : 0);
+    if (pages > (area - page_bytes_needed) / per_page) {
       return corrupt(path, "layer ", l, " claims ", L.n_tokens,
                      " tokens, more than the file can hold");
     }
+    page_bytes_needed += pages * per_page;
+  }
+  for (Parsed::Layer& L : p->layers) {
     L.kv_src.assign(p->layout.pages_for(L.n_tokens), kNoSource);
     if (L.has_codebooks) L.code_src.assign(L.kv_src.size(), kNoSource);
   }
@@ -415,10 +494,34 @@ absl::Status parse(const std::string& path, int fd, Parsed* p) {
   return absl::OkStatus();
 }
 
+// Opens without blocking (a FIFO or device at the path must not hang the open)
+// and refuses anything but a regular file before a byte is read.
 absl::StatusOr<int> open_snapshot(const std::string& path) {
-  const int fd = snap::file_io().open(path.c_str(), O_RDONLY | O_CLOEXEC, 0);
+  const snap::FileIo& io = snap::file_io();
+  const int fd = io.open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK, 0);
   if (fd < 0) return snap::io_error("cannot open snapshot", path, errno);
-  return fd;
+  snap::FdGuard guard(fd);
+  struct stat st;
+  if (io.fstat(fd, &st) != 0) return snap::io_error("cannot stat", path, errno);
+  if (!S_ISREG(st.st_mode)) {
+    return make_error(SSA_ERR_IO, absl::StrCat("snapshot '", path, "' is not a regular file (",
+                                               S_ISDIR(st.st_mode)    ? "a directory"
+                                               : S_ISFIFO(st.st_mode) ? "a FIFO"
+                                               : S_ISSOCK(st.st_mode) ? "a socket"
+                                                                      : "a device",
+                                               ")"));
+  }
+  const int fl = fcntl(fd, F_GETFL);
+  if (fl >= 0) (void)fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+  return guard.release();
+}
+
+
+// The content rules for a page a session will use (superseded copies are only
+// hashed): finite K/V, code bytes below pq_centroids.
+absl::Status check_page(const Parsed& p, uint32_t layer, uint64_t j, bool kv, const uint8_t* page) {
+  return kv ? snap::check_kv_page(p.layout, page, p.path, layer, j)
+            : snap::check_code_page(p.layout, page, p.path, layer, j);
 }
 
 // Reads the pages of one run section: the ones that win are read into new pages
@@ -442,8 +545,13 @@ absl::Status read_page_run(const Parsed& p, size_t idx, size_t page_bytes, const
       XXH3_64bits_update(hash, target, page_bytes);
       return absl::OkStatus();
     };
+    // A page the session will use is checked before the backend takes it.
+    auto read_checked = [&](uint8_t* target) -> absl::Status {
+      SSA_RETURN_IF_ERROR(read(target));
+      return check_page(p, e.layer, j, kv, target);
+    };
     if (j < src.size() && src[j] == idx) {
-      absl::StatusOr<PageRef> page = s.backend->page_from_host(s, kv, page_bytes, staging, read);
+      absl::StatusOr<PageRef> page = s.backend->page_from_host(s, kv, page_bytes, staging, read_checked);
       if (!page.ok()) return page.status();
       dst[j] = *std::move(page);
     } else {
@@ -489,15 +597,17 @@ absl::StatusOr<std::unique_ptr<ssa_session>> load(ssa_runtime* rt, const char* p
 
   std::shared_ptr<MappedSnapshot> mapping;
   if (mmap_kv) {
-    void* base = io.mmap(nullptr, static_cast<size_t>(p.file_size), PROT_READ, MAP_SHARED, *fd, 0);
+    // The committed bytes only: the file may grow beyond them meanwhile.
+    const size_t bytes = static_cast<size_t>(p.sb.file_length);
+    void* base = io.mmap(nullptr, bytes, PROT_READ, MAP_SHARED, *fd, 0);
     if (base == MAP_FAILED) return snap::io_error("cannot map snapshot", path, errno);
-    // Sparse decodes touch scattered rows: fault in only the OS pages they read,
-    // no readahead around them, so the resident set follows the rows read.
-    madvise(base, static_cast<size_t>(p.file_size), MADV_RANDOM);
     mapping = std::make_shared<MappedSnapshot>();
     mapping->path = path;
     mapping->base = static_cast<uint8_t*>(base);
-    mapping->bytes = static_cast<size_t>(p.file_size);
+    mapping->bytes = bytes;
+    // Sparse decodes touch scattered rows: fault in only the OS pages they read,
+    // no readahead around them, so the resident set follows the rows read.
+    madvise(base, bytes, MADV_RANDOM);
   }
 
   std::vector<LayerStore> layers(p.cfg.n_layers);
@@ -524,6 +634,13 @@ absl::StatusOr<std::unique_ptr<ssa_session>> load(ssa_runtime* rt, const char* p
         const uint8_t* base = mapping->base + e.offset;
         if (XXH3_64bits(base, e.length) != e.xxh3) return run_checksum_error(path, e, i);
         ms.verified.store(true);
+        // While the pages are resident: the content rule of a read load.
+        const std::vector<uint32_t>& src = p.layers[e.layer].kv_src;
+        for (uint64_t k = 0; k < e.count; ++k) {
+          const uint64_t j = e.first + k;
+          if (j >= src.size() || src[j] != i) continue;
+          SSA_RETURN_IF_ERROR(snap::check_kv_page(p.layout, base + k * p.kv_bytes, path, e.layer, j));
+        }
         // The hash read the pages in; give them back so verifying costs no RSS.
         const uint64_t os_page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
         madvise(mapping->base + e.offset / os_page * os_page,
@@ -555,6 +672,7 @@ absl::StatusOr<std::unique_ptr<ssa_session>> load(ssa_runtime* rt, const char* p
       }
       cb->data.resize((body.size() - snap::kCodebooksHeaderBytes) / sizeof(float));
       memcpy(cb->data.data(), b + snap::kCodebooksHeaderBytes, cb->data.size() * sizeof(float));
+      SSA_RETURN_IF_ERROR(snap::check_codebooks(*cb, path, e.layer));
       layers[e.layer].codebooks = std::move(cb);
     }
   }

@@ -18,6 +18,7 @@
 #include "snapshot/format.h"
 #include "snapshot/internal.h"
 #include "snapshot/record.h"
+#include "snapshot/save_path.h"
 #include "snapshot/snapshot.h"
 #include "status.h"
 
@@ -367,18 +368,23 @@ absl::Status finish_file(SectionWriter& w, const std::vector<SectionEntry>& tabl
   SSA_RETURN_IF_ERROR(w.write_raw(bytes.data(), bytes.size()));
   SSA_RETURN_IF_ERROR(w.flush());
   sb->generation = generation;
-  sb->slot = static_cast<uint32_t>((generation + 1) % 2);
+  sb->slot = snap::slot_for_generation(generation);
   sb->file_length = w.pos();
   sb->file_id = file_id;
   return absl::OkStatus();
 }
 
 // Callers hold s.snapshot_mu and s.mu (shared).
+// A save through a symbolic link replaces the link's target (the link stays);
+// the temporary file lies beside the target so the rename stays in one directory.
 absl::Status save_locked(ssa_session& s, const std::string& path) {
   static std::atomic<uint64_t> tmp_counter{0};
   const snap::FileIo& io = snap::file_io();
   SnapshotState& st = state_of(s);
-  const std::string tmp = absl::StrCat(path, ".tmp.", getpid(), ".", tmp_counter.fetch_add(1));
+  absl::StatusOr<std::string> resolved = snap::resolve_save_target(path);
+  if (!resolved.ok()) return resolved.status();
+  const std::string& target = *resolved;
+  const std::string tmp = snap::temp_name(target, tmp_counter.fetch_add(1));
   const int fd = io.open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0) return snap::io_error("cannot create temporary snapshot file", tmp, errno);
   snap::FdGuard guard(fd);
@@ -412,13 +418,15 @@ absl::Status save_locked(ssa_session& s, const std::string& path) {
   SSA_RETURN_IF_ERROR(snap::pwrite_all(fd, header.get(), snap::kHeaderAreaBytes, 0, tmp));
   SSA_RETURN_IF_ERROR(snap::fsync_fd(fd, tmp));
   guard.reset();
-  if (io.rename(tmp.c_str(), path.c_str()) != 0) {
-    return make_error(SSA_ERR_IO, absl::StrCat("cannot rename '", tmp, "' to '", path,
+  if (io.rename(tmp.c_str(), target.c_str()) != 0) {
+    return make_error(SSA_ERR_IO, absl::StrCat("cannot rename '", tmp, "' to '", target,
                                                "': ", strerror(errno)));
   }
   renamed = true;
   // From here path holds the new snapshot; only its durability is in question.
-  SSA_RETURN_IF_ERROR(snap::fsync_parent_dir(path));
+  SSA_RETURN_IF_ERROR(snap::fsync_parent_dir(target));
+  // Temporary files of writers killed mid-save are removed here, by the next save.
+  (void)snap::remove_stale_temps(target);
 
   SnapshotRecord& rec = *body.record;
   rec.path = path;
@@ -438,7 +446,8 @@ absl::Status checkpoint_locked(ssa_session& s, const std::string& path) {
   const std::shared_ptr<SnapshotRecord> prev = st.record;
   if (!prev || prev->path != path) return save_locked(s, path);
 
-  const int fd = io.open(path.c_str(), O_RDWR | O_CLOEXEC, 0);
+  // Non-blocking: a FIFO at the path must not hang the open.
+  const int fd = io.open(path.c_str(), O_RDWR | O_CLOEXEC | O_NONBLOCK, 0);
   if (fd < 0) {
     if (errno == ENOENT) return save_locked(s, path);
     return snap::io_error("cannot open snapshot for a checkpoint", path, errno);
@@ -446,11 +455,21 @@ absl::Status checkpoint_locked(ssa_session& s, const std::string& path) {
   snap::FdGuard guard(fd);
   struct stat stbuf;
   if (io.fstat(fd, &stbuf) != 0) return snap::io_error("cannot stat", path, errno);
+  if (!S_ISREG(stbuf.st_mode)) {
+    return make_error(SSA_ERR_IO, absl::StrCat("cannot checkpoint to '", path,
+                                               "': it is not a regular file"));
+  }
+  const int fl = fcntl(fd, F_GETFL);
+  if (fl >= 0) (void)fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
   snap::Superblock cur;
+  struct stat now;
+  // Generation 2^64-1 cannot be followed by a checkpoint (the next one would wrap
+  // to 0 and lose to the slot it replaces): a full save starts again at 1.
   const bool same_file =
       stbuf.st_dev == prev->dev && stbuf.st_ino == prev->ino &&
-      static_cast<uint64_t>(stbuf.st_size) >= prev->file_length &&
-      snap::read_superblock(fd, static_cast<uint64_t>(stbuf.st_size), path, &cur).ok() &&
+      prev->generation < UINT64_MAX &&
+      snap::read_superblock(fd, path, &cur, &now).ok() &&
+      static_cast<uint64_t>(now.st_size) >= prev->file_length &&
       cur.generation == prev->generation && cur.file_id == prev->file_id &&
       cur.file_length == prev->file_length;
   uint64_t live = snap::kHeaderAreaBytes;

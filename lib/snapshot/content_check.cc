@@ -1,0 +1,111 @@
+#include "snapshot/content_check.h"
+
+#include <string.h>
+
+#include "absl/strings/str_cat.h"
+#include "cpu/finite_check.h"
+#include "status.h"
+
+namespace ssa::snap {
+namespace {
+
+// Word-at-a-time tests over 8-byte words (pages are multiples of 64 bytes; a
+// tail is handled bytewise by the callers' exact search). Each lane's masked
+// value plus `add` reaches the lane's top bit exactly when the lane is bad, and
+// never carries into the next lane.
+struct Lanes {
+  uint64_t mask, add, top;
+};
+constexpr uint64_t rep16(uint64_t v) { return v * 0x0001000100010001ull; }
+constexpr uint64_t rep32(uint64_t v) { return v * 0x0000000100000001ull; }
+
+Lanes exponent_lanes(DType t) {
+  switch (t) {  // all exponent bits set: Inf or NaN
+    case DType::kF32: return {rep32(0x7f800000u), rep32(0x00800000u), rep32(0x80000000u)};
+    case DType::kF16: return {rep16(0x7c00u), rep16(0x0400u), rep16(0x8000u)};
+    default: return {rep16(0x7f80u), rep16(0x0080u), rep16(0x8000u)};
+  }
+}
+
+// True when some 8-byte word of [p, p + n) (n a multiple of 8) has a bad lane.
+bool any_bad_lane(const uint8_t* p, size_t n, Lanes l) {
+  uint64_t acc = 0;
+  for (size_t i = 0; i + 8 <= n; i += 8) {
+    uint64_t w;
+    memcpy(&w, p + i, 8);
+    acc |= ((w & l.mask) + l.add) & l.top;
+  }
+  return acc != 0;
+}
+
+// True when some byte of [p, p + n) (n a multiple of 8) is >= k (2 <= k <= 255).
+bool any_byte_at_least(const uint8_t* p, size_t n, uint32_t k) {
+  constexpr uint64_t kLow7 = 0x7f7f7f7f7f7f7f7full, kHigh = 0x8080808080808080ull;
+  constexpr uint64_t kOnes = 0x0101010101010101ull;
+  uint64_t acc = 0;
+  if (k <= 128) {  // b >= k  <=>  high bit set, or low 7 bits + (128 - k) reach 128
+    const uint64_t add = (128 - k) * kOnes;
+    for (size_t i = 0; i + 8 <= n; i += 8) {
+      uint64_t w;
+      memcpy(&w, p + i, 8);
+      acc |= (((w & kLow7) + add) | w) & kHigh;
+    }
+  } else {  // b >= k  <=>  high bit set and low 7 bits + (256 - k) reach 128
+    const uint64_t add = (256 - k) * kOnes;
+    for (size_t i = 0; i + 8 <= n; i += 8) {
+      uint64_t w;
+      memcpy(&w, p + i, 8);
+      acc |= ((w & kLow7) + add) & w & kHigh;
+    }
+  }
+  return acc != 0;
+}
+
+}  // namespace
+
+absl::Status check_kv_page(const KvLayout& lay, const uint8_t* page, const std::string& path,
+                           uint32_t layer, uint64_t page_index) {
+  const size_t n = lay.kv_page_bytes() / lay.elem_bytes();
+  const size_t bytes = lay.kv_page_bytes();
+  if (bytes % 8 == 0 && !any_bad_lane(page, bytes, exponent_lanes(lay.dtype))) return absl::OkStatus();
+  const size_t bad = first_non_finite(lay.dtype, page, n);
+  if (bad == n) return absl::OkStatus();
+  const size_t half = n / 2;  // K rows, then V rows
+  const size_t row = (bad % half) / lay.head_dim;
+  return make_error(SSA_ERR_CORRUPT,
+                    absl::StrCat("snapshot '", path, "': layer ", layer, " KV page ", page_index,
+                                 " holds a non-finite ", bad < half ? "K" : "V", " value (head ",
+                                 row / lay.page_tokens, ", slot ", row % lay.page_tokens,
+                                 "); sessions never hold NaN or Inf"));
+}
+
+absl::Status check_code_page(const KvLayout& lay, const uint8_t* page, const std::string& path,
+                             uint32_t layer, uint64_t page_index) {
+  if (lay.pq_centroids >= 256) return absl::OkStatus();  // every byte names a centroid
+  const size_t n = lay.code_page_bytes();
+  const size_t words = n / 8 * 8;
+  bool bad = any_byte_at_least(page, words, lay.pq_centroids);
+  for (size_t i = words; i < n; ++i) bad |= page[i] >= lay.pq_centroids;
+  if (!bad) return absl::OkStatus();
+  size_t at = 0;
+  while (page[at] < lay.pq_centroids) ++at;
+  const size_t per_head = size_t{lay.pq_subspaces} * lay.page_tokens;
+  return make_error(SSA_ERR_CORRUPT,
+                    absl::StrCat("snapshot '", path, "': layer ", layer, " code page ", page_index,
+                                 " holds code ", page[at], " (head ", at / per_head, ", subspace ",
+                                 (at % per_head) / lay.page_tokens, ", slot ",
+                                 at % lay.page_tokens, ") but the codebooks have ",
+                                 lay.pq_centroids, " centroids"));
+}
+
+absl::Status check_codebooks(const PqCodebooks& cb, const std::string& path, uint32_t layer) {
+  const size_t n = cb.data.size();
+  const size_t bad = first_non_finite(DType::kF32, cb.data.data(), n);
+  if (bad == n) return absl::OkStatus();
+  return make_error(SSA_ERR_CORRUPT,
+                    absl::StrCat("snapshot '", path, "': layer ", layer,
+                                 " codebooks hold a non-finite centroid coordinate (float ", bad,
+                                 " of ", n, ")"));
+}
+
+}  // namespace ssa::snap

@@ -1,0 +1,29 @@
+// Checks of page and codebook contents read from a snapshot, against the rules
+// the session's own writers keep: K/V and centroids are finite (append rejects
+// NaN/Inf), and every PQ code byte names a centroid (< pq_centroids), because a
+// decode indexes its lookup table with the code bytes unchecked.
+#pragma once
+
+#include <stdint.h>
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "store/kv_layout.h"
+#include "store/pq_codebooks.h"
+
+namespace ssa::snap {
+
+// SSA_ERR_CORRUPT naming the layer, page and element unless every value of the
+// KV page (tail slots included: the writer stores them as zeros) is finite.
+absl::Status check_kv_page(const KvLayout& lay, const uint8_t* page, const std::string& path,
+                           uint32_t layer, uint64_t page_index);
+
+// SSA_ERR_CORRUPT unless every byte of the code page is < lay.pq_centroids.
+absl::Status check_code_page(const KvLayout& lay, const uint8_t* page, const std::string& path,
+                             uint32_t layer, uint64_t page_index);
+
+// SSA_ERR_CORRUPT unless every centroid coordinate is finite.
+absl::Status check_codebooks(const PqCodebooks& cb, const std::string& path, uint32_t layer);
+
+}  // namespace ssa::snap
