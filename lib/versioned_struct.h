@@ -4,6 +4,12 @@
 // when larger than this header's struct, leaves the unknown bytes zero (inputs;
 // for outputs they are written as zero). Inputs are read only up to the caller's
 // size (later fields keep their defaults); outputs are written only up to it.
+//
+// Appending a field to a released struct: add it to the struct's table in
+// versioned_struct.cc and to tests/c_struct_rules_test.c, label it with the
+// version in ssa.h, and keep the exported *_init symbol of the older version
+// writing only the older size (a new symbol version in lib/ssa.map): a program
+// built against the older header calls *_init on its smaller struct.
 #pragma once
 
 #include <stddef.h>
