@@ -35,4 +35,26 @@ inline double now_us() {
   return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+// A head shape of the CPU benchmarks: the paper's (16 q, 4 KV, d 256, f16) and
+// Llama-3.1-8B's (32 q, 8 KV, d 128, bf16).
+struct Shape {
+  const char* name;
+  uint32_t nq, nkv, d;
+  ssa_dtype dtype;
+};
+constexpr Shape kCpuShapes[] = {{"paper 16q/4kv/d256/f16", 16, 4, 256, SSA_DTYPE_F16},
+                                {"llama3-8b 32q/8kv/d128/bf16", 32, 8, 128, SSA_DTYPE_BF16}};
+
+inline const char* method_name(ssa_method m) {
+  switch (m) {
+    case SSA_METHOD_DENSE: return "dense";
+    case SSA_METHOD_ORACLE_TOPK: return "oracle_topk";
+    case SSA_METHOD_PQ_TOPK: return "pq_topk";
+    case SSA_METHOD_HYBRID_UNIFORM: return "hybrid_uniform";
+    case SSA_METHOD_SAMPLING: return "sampling";
+    case SSA_METHOD_SSA: return "ssa";
+    default: return "ssa_adaptive";
+  }
+}
+
 }  // namespace ssa_bench

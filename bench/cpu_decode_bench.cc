@@ -40,23 +40,7 @@ double copy_bandwidth_gbs() {
   return 2.0 * bytes / best / 1e9;  // read + write
 }
 
-struct Config {
-  const char* name;
-  uint32_t nq, nkv, d;
-  ssa_dtype dtype;
-};
-
-const char* method_name(ssa_method m) {
-  switch (m) {
-    case SSA_METHOD_DENSE: return "dense";
-    case SSA_METHOD_ORACLE_TOPK: return "oracle_topk";
-    case SSA_METHOD_PQ_TOPK: return "pq_topk";
-    case SSA_METHOD_HYBRID_UNIFORM: return "hybrid_uniform";
-    case SSA_METHOD_SAMPLING: return "sampling";
-    case SSA_METHOD_SSA: return "ssa";
-    default: return "ssa_adaptive";
-  }
-}
+using ssa_bench::method_name;
 
 using ssa_bench::check;
 
@@ -82,13 +66,12 @@ int main(int argc, char** argv) {
   printf("# CPU decode benchmark\n\nthreads: %d, memcpy bandwidth (read+write): %.1f GB/s, reps: %d (median)\n\n",
          ssa_runtime_num_threads(rt), copy_gbs, reps);
 
-  const Config all[] = {{"paper 16q/4kv/d256/f16", 16, 4, 256, SSA_DTYPE_F16},
-                        {"llama3-8b 32q/8kv/d128/bf16", 32, 8, 128, SSA_DTYPE_BF16}};
+  const auto& all = ssa_bench::kCpuShapes;
   const ssa_method methods[] = {SSA_METHOD_ORACLE_TOPK, SSA_METHOD_PQ_TOPK, SSA_METHOD_HYBRID_UNIFORM,
                                 SSA_METHOD_SAMPLING, SSA_METHOD_SSA, SSA_METHOD_SSA_ADAPTIVE};
   const float sparsities[] = {10, 20, 50, 100};
 
-  for (const Config& c : all) {
+  for (const ssa_bench::Shape& c : all) {
     if (configs.find(std::string(c.name).substr(0, 5)) == std::string::npos) continue;
     const ssa_session_config cfg = ssa_test::make_config(1, c.nq, c.nkv, c.d, c.dtype);
     ssa_session* s = nullptr;

@@ -28,21 +28,7 @@ using ssa_bench::check;
 using ssa_bench::median;
 using ssa_bench::now_us;
 
-struct Config {
-  const char* name;
-  uint32_t nq, nkv, d;
-  ssa_dtype dtype;
-};
-
-const char* method_name(ssa_method m) {
-  switch (m) {
-    case SSA_METHOD_PQ_TOPK: return "pq_topk";
-    case SSA_METHOD_HYBRID_UNIFORM: return "hybrid_uniform";
-    case SSA_METHOD_SAMPLING: return "sampling";
-    case SSA_METHOD_SSA: return "ssa";
-    default: return "ssa_adaptive";
-  }
-}
+using ssa_bench::method_name;
 
 const char* mode_name(uint32_t mode) {
   return mode == SSA_GROUP_OFF ? "per-head" : mode == SSA_GROUP_MIXTURE ? "group mixture" : "group mean-q";
@@ -74,12 +60,11 @@ int main(int argc, char** argv) {
   check(ssa_runtime_create(nullptr, &rt), "runtime");
   printf("# Group selection vs per-head selection (CPU, structured workload)\n\nthreads: %d, reps: %d (median), "
          "query sets: %d\n\n", ssa_runtime_num_threads(rt), reps, n_queries);
-  const Config all[] = {{"paper 16q/4kv/d256/f16", 16, 4, 256, SSA_DTYPE_F16},
-                        {"llama3-8b 32q/8kv/d128/bf16", 32, 8, 128, SSA_DTYPE_BF16}};
+  const auto& all = ssa_bench::kCpuShapes;
   const ssa_method methods[] = {SSA_METHOD_PQ_TOPK, SSA_METHOD_HYBRID_UNIFORM, SSA_METHOD_SAMPLING, SSA_METHOD_SSA,
                                 SSA_METHOD_SSA_ADAPTIVE};
   const float sparsities[] = {10, 20, 50};
-  for (const Config& c : all) {
+  for (const ssa_bench::Shape& c : all) {
     if (configs.find(std::string(c.name).substr(0, 5)) == std::string::npos) continue;
     const auto dt = static_cast<ssa::DType>(c.dtype);
     const uint32_t g = c.nq / c.nkv;

@@ -8,29 +8,7 @@
 
 #include "ssa.h"
 
-static int failures = 0;
-
-#define EXPECT(cond)                                                    \
-  do {                                                                  \
-    if (!(cond)) {                                                      \
-      fprintf(stderr, "%s:%d: expectation failed: %s\n", __FILE__, __LINE__, #cond); \
-      ++failures;                                                       \
-    }                                                                   \
-  } while (0)
-
-/* The call fails with `want` and leaves a non-empty message. */
-#define EXPECT_STATUS(call, want)                                         \
-  do {                                                                    \
-    ssa_status got_ = (call);                                             \
-    if (got_ != (want)) {                                                 \
-      fprintf(stderr, "%s:%d: %s returned %s, want %s (%s)\n", __FILE__, __LINE__, #call, \
-              ssa_status_string(got_), ssa_status_string(want), ssa_last_error_message()); \
-      ++failures;                                                         \
-    } else if ((want) != SSA_OK && ssa_last_error_message()[0] == '\0') { \
-      fprintf(stderr, "%s:%d: %s gave no message\n", __FILE__, __LINE__, #call); \
-      ++failures;                                                         \
-    }                                                                     \
-  } while (0)
+#include "support/c_expect.h"
 
 /* A dense decode of layer 0 equals want bitwise (the session is as it was). */
 static int dense_equals(ssa_session *s, const float *q, const float *want, size_t n_floats) {

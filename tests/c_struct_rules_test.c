@@ -18,28 +18,7 @@
 
 #include "ssa.h"
 
-static int failures = 0;
-
-#define EXPECT(cond)                                                                 \
-  do {                                                                               \
-    if (!(cond)) {                                                                   \
-      fprintf(stderr, "%s:%d: expectation failed: %s\n", __FILE__, __LINE__, #cond); \
-      ++failures;                                                                    \
-    }                                                                                \
-  } while (0)
-
-#define EXPECT_STATUS(call, want)                                                                  \
-  do {                                                                                             \
-    ssa_status got_ = (call);                                                                      \
-    if (got_ != (want)) {                                                                          \
-      fprintf(stderr, "%s:%d: %s returned %s, want %s (%s)\n", __FILE__, __LINE__, #call,          \
-              ssa_status_string(got_), ssa_status_string(want), ssa_last_error_message());         \
-      ++failures;                                                                                  \
-    } else if ((want) != SSA_OK && ssa_last_error_message()[0] == '\0') {                          \
-      fprintf(stderr, "%s:%d: %s gave no message\n", __FILE__, __LINE__, #call);                   \
-      ++failures;                                                                                  \
-    }                                                                                              \
-  } while (0)
+#include "support/c_expect.h"
 
 #define END(T, f) (offsetof(T, f) + sizeof(((T *)0)->f))
 
