@@ -63,13 +63,13 @@ if has python; then
   # The Python binding's CUDA path (bindings/python/tests/test_cuda.py, torch
   # tensors on the device). Its wheels come from $SSA_WHEELS (default .whl, filled
   # where PyPI is reachable with: pip download --only-binary=:all: --python-version
-  # 3.12 --platform manylinux2014_x86_64 -d .whl cffi pytest 'setuptools<82') into a
+  # 3.12 --platform manylinux2014_x86_64 -d .whl cffi pytest 'setuptools<82' scikit-build-core) into a
   # folder under /tmp, never into the system.
   log "python binding on the GPU"
   PYDEPS=/tmp/ssa_pydeps
   LIB_DIR=$(cd "$BUILD" && pwd)
   {
-    python3 -m pip install -q --no-index --find-links "${SSA_WHEELS:-.whl}" --target "$PYDEPS" cffi pytest setuptools &&
+    python3 -m pip install -q --no-index --find-links "${SSA_WHEELS:-.whl}" --target "$PYDEPS" cffi pytest setuptools scikit-build-core &&
       PYTHONPATH="$PYDEPS" SSA_LIB_DIR="$LIB_DIR" SSA_INCLUDE_DIR="$PWD/include" \
         python3 -m pip install -q --no-build-isolation --no-deps --target "$PYDEPS" ./bindings/python &&
       (root=$PWD && cd / && PYTHONPATH="$PYDEPS" python3 -m pytest -q -p no:cacheprovider -rs "$root/bindings/python/tests/test_cuda.py")

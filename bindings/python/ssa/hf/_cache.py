@@ -166,7 +166,7 @@ class _Decode:
             q = query[:, :, i, :]
             if fix != 1.0:
                 q = q * fix
-            outs.append(c._decode(self.layer, q, self.pos + i).to(query.dtype))
+            outs.append(c._decode(self.layer, q, self.pos + i).to(device=query.device, dtype=query.dtype))
         return torch.stack(outs, dim=1), None  # [batch, n_tokens, n_q_heads, head_dim]
 
 
@@ -189,8 +189,10 @@ class SSACache(Cache):
         backend: "auto" (the device of the model's tensors), "cpu" or "cuda".
         observer: observer(layer_idx, query, output, stats, cache), called after each
             libssa decode; query and output are [batch, n_q_heads, head_dim] tensors
-            (the query as libssa got it), stats a list per batch row (None where not
-            collected: CUDA sessions collect stats only with an observer).
+            (the query as libssa got it), stats a list of ssa.DecodeStats per batch row.
+            Without an observer, stats (cache.last_stats) are collected for one
+            sequence on the CPU only; batches then go through one ssa_decode_batch
+            call per layer and CUDA decodes never wait for the device.
         threads: CPU worker threads of the libssa runtime (0: all cores).
         progress_min_tokens: prefills of at least this many tokens show a progress
             bar over the layers (None: never).
@@ -374,7 +376,9 @@ class SSACache(Cache):
         cuda = self.runtime.backend == "cuda"
         if cuda:
             kw["stream"] = self._stream()
-        want_stats = not cuda or (observe and self.observer is not None)
+        # Stats come from per-row decodes: always for one CPU sequence, else only for
+        # an observer (ssa_decode_batch returns none; on CUDA they cost a wait).
+        want_stats = (observe and self.observer is not None) or (not cuda and len(self.sessions) == 1)
         stats: List[Any] = [None] * len(self.sessions)
         try:
             if len(self.sessions) > 1 and not want_stats:
