@@ -249,11 +249,12 @@ def test_model_without_ssa_attention_is_refused():
         ssa.hf.SSACache(model)
 
 
-def test_repr_and_layer_map():
+def test_repr_and_layer_map(capsys):
     model = _gemma()
-    cache = ssa.hf.SSACache(model, method="ssa", sparsity=10)
+    cache = ssa.hf.SSACache(model, method="ssa", sparsity=10, progress_min_tokens=32)
     assert "no session yet" in repr(cache)
     _generate(model, cache, _ids(40), 2)
+    assert "prefill 40 tokens" in capsys.readouterr().err  # the progress bar of a long prefill
     r = repr(cache)
     assert "4 layers, 2 in libssa (cpu float32), 2 sliding-window" in r and "41 position(s)" in r, r
     assert [cache.layer_of(i) for i in range(4)] == [None, 0, None, 1]
