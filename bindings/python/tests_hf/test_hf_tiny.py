@@ -260,3 +260,16 @@ def test_repr_and_layer_map(capsys):
     assert [cache.layer_of(i) for i in range(4)] == [None, 0, None, 1]
     with pytest.raises(ssa.InvalidArgument, match="not a layer"):
         cache.layer_of(4)
+
+
+def test_attention_switched_away_from_ssa_is_reported():
+    model = _llama()
+    cache = ssa.hf.SSACache(model)
+    model.set_attn_implementation("sdpa")
+    try:
+        with pytest.raises(RuntimeError, match="layer 0: the attention call after the cache update"):
+            _generate(model, cache, _ids(20), 2)
+    finally:
+        model.set_attn_implementation("ssa")
+    dense = ssa.hf.SSACache(model, method="dense")
+    assert _generate(model, dense, _ids(20), 2).shape == (1, 22)

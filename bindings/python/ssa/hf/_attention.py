@@ -12,7 +12,10 @@ _tls = threading.local()
 
 def set_pending(work) -> None:
     prev = getattr(_tls, "pending", None)
-    if prev is not None:
+    # A hand-over left by an earlier layer of this forward was never taken: that
+    # layer's attention ran another implementation. One from this layer or a later
+    # one is what a forward that failed midway left behind: replaced.
+    if prev is not None and prev.layer.cache is work.layer.cache and prev.layer.layer_idx < work.layer.layer_idx:
         _tls.pending = None
         raise RuntimeError(
             "SSACache layer %d: the attention call after the cache update did not run through the \"ssa\" "

@@ -239,6 +239,7 @@ class SSACache(Cache):
         self.last_stats: Dict[int, list] = {}
         self._padded = False
         self._bar = None
+        self._step = 0  # RNG step of the last decode
 
     # -- what it holds
     @property
@@ -393,6 +394,7 @@ class SSACache(Cache):
             raise _relabel(e, "SSACache layer %d (session layer %d), decoding a query of shape %s"
                            % (layer.layer_idx, layer.slot, tuple(q.shape))) from None
         if observe:
+            self._step = step
             if layer.slot == 0:
                 self.last_stats = {}
             self.last_stats[layer.layer_idx] = stats
@@ -405,7 +407,7 @@ class SSACache(Cache):
         layer_idx, for error measurement. query: [batch, n_q_heads, head_dim] (or
         [n_q_heads, head_dim] for one sequence), as the observer received it.
         params: as set_params (unset ones are the cache's); the RNG step is that of the
-        last token. Returns a tensor of query's shape."""
+        last decode. Returns a tensor of query's shape."""
         slot = self.layer_of(layer_idx)
         if slot is None:
             raise invalid("model layer %d is a sliding-window layer; it is not in libssa" % layer_idx)
@@ -418,7 +420,7 @@ class SSACache(Cache):
         if tuple(q.shape) != want:
             raise invalid("decode_reference layer %d: query has shape %s, expected %s"
                           % (layer_idx, tuple(query.shape), want))
-        out = self._decode(self.layers[layer_idx], q, max(self.layers[layer_idx].seen - 1, 0), p, observe=False)
+        out = self._decode(self.layers[layer_idx], q, self._step, p, observe=False)
         return out[0] if one else out
 
     # -- progress of long prefills
