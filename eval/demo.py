@@ -11,6 +11,10 @@ import importlib.util
 import os
 import sys
 import time
+import warnings
+
+# transformers >= 5.24 renames generate's past_key_values to cache; 5.17 has only the old name.
+warnings.filterwarnings("ignore", message=".*past_key_values.*deprecated", category=FutureWarning)
 
 DOCS = ("/usr/share/common-licenses/Apache-2.0",)
 QUESTION = "What is the name and version of this license? Answer in a few words."
