@@ -5,7 +5,7 @@
 #
 # BUILD_DIR is a CMake build directory of this repository holding libssa.so, e.g.
 #   cmake -S . -B build -DSSA_ENABLE_CUDA=OFF && cmake --build build -j2
-# Installs what it needs (pip: cffi numpy pytest setuptools wheel; apt: golang-go
+# Installs what it needs (pip: cffi numpy pytest setuptools wheel scikit-build-core; apt: golang-go
 # bindgen), then runs: bindings/generate --check, pytest, cargo test (offline),
 # go vet + go test, and the three examples, all without LD_LIBRARY_PATH. Any
 # failure stops it with a non-zero exit.
@@ -23,7 +23,7 @@ PY="${PYTHON:-python3}"
 
 step "tools"
 need_pip=()
-for mod in cffi numpy pytest setuptools wheel; do
+for mod in cffi numpy pytest setuptools wheel scikit_build_core; do
   "$PY" -c "import $mod" 2>/dev/null || need_pip+=("$mod")
 done
 if [ "${#need_pip[@]}" -gt 0 ]; then

@@ -97,14 +97,14 @@ stage_sanitize() {
 # The Python binding's CUDA path (bindings/python/tests/test_cuda.py, torch
 # tensors on the device). Wheels from $SSA_WHEELS (default .whl; fill it where
 # PyPI is reachable: pip download --only-binary=:all: --python-version 3.12
-# --platform manylinux2014_x86_64 -d .whl cffi pytest 'setuptools<82'), installed
+# --platform manylinux2014_x86_64 -d .whl cffi pytest 'setuptools<82' scikit-build-core), installed
 # into a folder under /tmp, never into the system.
 stage_python() {
   local deps=/tmp/ssa_pydeps lib_dir root=$PWD
   lib_dir=$(cd "$BUILD" && pwd)
   log "python binding on the GPU"
   {
-    python3 -m pip install -q --no-index --find-links "${SSA_WHEELS:-.whl}" --target "$deps" cffi pytest setuptools &&
+    python3 -m pip install -q --no-index --find-links "${SSA_WHEELS:-.whl}" --target "$deps" cffi pytest setuptools scikit-build-core &&
       PYTHONPATH="$deps" SSA_LIB_DIR="$lib_dir" SSA_INCLUDE_DIR="$root/include" \
         python3 -m pip install -q --no-build-isolation --no-deps --target "$deps" ./bindings/python &&
       (cd / && PYTHONPATH="$deps" python3 -m pytest -q -p no:cacheprovider -rs "$root/bindings/python/tests/test_cuda.py")

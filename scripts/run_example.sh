@@ -1,20 +1,26 @@
 #!/usr/bin/env bash
-# The main job: installs dependencies, builds libssa (with the CUDA backend when a
-# CUDA compiler exists), then
-#   1. answers a question about a long document on this machine with a real model
-#      (SmolLM2-135M-Instruct, offline from PyPI), its decode attention served by
-#      libssa with SSA and, for comparison, dense (eval/run_demo.sh; arguments go
-#      to eval/demo.py, e.g. --doc FILE --question "..." --sparsity 50);
+# The main job. Installs dependencies, then
+#   1. answers a question about a long document with a real model
+#      (SmolLM2-135M-Instruct through Hugging Face transformers; its decode
+#      attention served by libssa through ssa.hf, with SSA and with DENSE for
+#      comparison): eval/run_demo.sh, which installs the Python package
+#      (pip install ./bindings/python builds libssa) with torch and transformers;
+#      arguments go to eval/demo.py, e.g. --doc FILE --question "..." --sparsity 20;
 #   2. times DENSE, PQ top-k and SSA on a synthetic 128K-token session
-#      (examples/long_context_demo).
-# libssa runs on the GPU where one is present and on the CPU otherwise.
+#      (examples/long_context_demo, built here with CMake).
+# Runs on the GPU where one is present and on the CPU otherwise.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install_deps.sh
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DSSA_BUILD_TESTS=OFF >/dev/null
-cmake --build build -j"$(nproc)" --target ssa long_context_demo
-echo "== long-document question answering (SmolLM2-135M, decode attention through libssa)"
-SSA_BUILD_DIR="$PWD/build" bash eval/run_demo.sh "$@"
+echo "== long-document question answering (SmolLM2-135M via transformers, decode attention through libssa)"
+bash eval/run_demo.sh "$@"
 echo
 echo "== synthetic 128K-token session: DENSE vs PQ top-k vs SSA at 50x"
-./build/examples/long_context_demo
+# A build folder of its own: the test command's build/ keeps its own settings.
+# The CUDA backend only where a GPU is there to run it (its kernels take long to compile).
+cuda=OFF
+if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then cuda=ON; fi
+cmake -S . -B build-example -DCMAKE_BUILD_TYPE=Release -DSSA_BUILD_TESTS=OFF -DSSA_BUILD_BENCH=OFF \
+  -DSSA_ENABLE_CUDA="$cuda" >/dev/null
+cmake --build build-example -j"$(nproc)" --target long_context_demo
+./build-example/examples/long_context_demo

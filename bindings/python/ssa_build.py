@@ -1,39 +1,43 @@
-"""cffi builder for ssa._ssa_cffi. Used by setup.py; see its docstring for the environment."""
+"""cffi builder of ssa._ssa_cffi (out-of-line API mode).
+
+CMakeLists.txt runs ``python ssa_build.py --emit FILE.c`` to write the extension's C
+source, which CMake then compiles against ssa.h and links with libssa. Running it
+with no arguments compiles the extension in place against ../../build (SSA_LIB_DIR /
+SSA_INCLUDE_DIR override both), for quick work on the binding itself.
+"""
 import os
+import sys
 
 from cffi import FFI
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def _dir(env, default_rel):
-    value = os.environ.get(env)
-    path = os.path.abspath(value if value else os.path.join(HERE, default_rel))
-    return path
+def builder(include_dir=None, lib_dir=None):
+    with open(os.path.join(HERE, "ssa", "_cdef.h"), encoding="utf-8") as f:
+        cdef = f.read()
+    ffi = FFI()
+    ffi.cdef(cdef)
+    kw = {}
+    if lib_dir:
+        kw = dict(include_dirs=[include_dir], library_dirs=[lib_dir], libraries=["ssa"],
+                  extra_link_args=["-Wl,-rpath," + lib_dir])
+    ffi.set_source("ssa._ssa_cffi", '#include "ssa.h"\n', **kw)
+    return ffi
 
 
-LIB_DIR = _dir("SSA_LIB_DIR", os.path.join("..", "..", "build"))
-INCLUDE_DIR = _dir("SSA_INCLUDE_DIR", os.path.join("..", "..", "include"))
+def main(argv):
+    if len(argv) == 2 and argv[0] == "--emit":
+        builder().emit_c_code(argv[1])
+        return 0
+    if argv:
+        sys.stderr.write("usage: ssa_build.py [--emit FILE.c]\n")
+        return 2
+    lib_dir = os.path.abspath(os.environ.get("SSA_LIB_DIR") or os.path.join(HERE, "..", "..", "build"))
+    inc_dir = os.path.abspath(os.environ.get("SSA_INCLUDE_DIR") or os.path.join(HERE, "..", "..", "include"))
+    builder(inc_dir, lib_dir).compile(tmpdir=HERE, verbose=True)
+    return 0
 
-if not os.path.exists(os.path.join(INCLUDE_DIR, "ssa.h")):
-    raise RuntimeError("ssa.h not found in %s: set SSA_INCLUDE_DIR" % INCLUDE_DIR)
-if not any(n.startswith("libssa.so") or n in ("libssa.dylib", "ssa.lib", "libssa.a")
-           for n in (os.listdir(LIB_DIR) if os.path.isdir(LIB_DIR) else [])):
-    raise RuntimeError("libssa not found in %s: build it first or set SSA_LIB_DIR" % LIB_DIR)
-
-with open(os.path.join(HERE, "ssa", "_cdef.h"), encoding="utf-8") as f:
-    CDEF = f.read()
-
-ffibuilder = FFI()
-ffibuilder.cdef(CDEF)
-ffibuilder.set_source(
-    "ssa._ssa_cffi",
-    '#include "ssa.h"\n',
-    include_dirs=[INCLUDE_DIR],
-    library_dirs=[LIB_DIR],
-    libraries=["ssa"],
-    extra_link_args=["-Wl,-rpath," + LIB_DIR],
-)
 
 if __name__ == "__main__":
-    ffibuilder.compile(verbose=True)
+    sys.exit(main(sys.argv[1:]))

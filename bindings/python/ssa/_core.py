@@ -220,6 +220,39 @@ def _decode_params(method: Any = "ssa", sparsity: float = 50.0, budget: Optional
     return p
 
 
+def _session_config(n_layers: int, n_q_heads: int, n_kv_heads: int, head_dim: int, dtype: Any = "float16", *,
+                    pq_subspaces: Optional[int] = None, pq_centroids: Optional[int] = None,
+                    model_fingerprint: int = 0, page_tokens: Optional[int] = None, host_pointers: bool = False,
+                    index_min_tokens: Optional[int] = None, index_regrow_factor: Optional[float] = None,
+                    index_train_sample: Optional[int] = None, index_iterations: Optional[int] = None):
+    """A checked ssa_session_config from create_session's arguments."""
+    cfg = ffi.new("ssa_session_config *")
+    lib.ssa_session_config_init(cfg)
+    cfg.n_layers = _int("n_layers", n_layers, 0, _U32)
+    cfg.n_q_heads = _int("n_q_heads", n_q_heads, 0, _U32)
+    cfg.n_kv_heads = _int("n_kv_heads", n_kv_heads, 0, _U32)
+    cfg.head_dim = _int("head_dim", head_dim, 0, _U32)
+    cfg.kv_dtype = _dtype(dtype)
+    if pq_subspaces is not None:
+        cfg.pq_subspaces = _int("pq_subspaces", pq_subspaces, 0, _U32)
+    if pq_centroids is not None:
+        cfg.pq_centroids = _int("pq_centroids", pq_centroids, 0, _U32)
+    cfg.model_fingerprint = _int("model_fingerprint", model_fingerprint, 0, _U64)
+    if page_tokens is not None:
+        cfg.page_tokens = _int("page_tokens", page_tokens, 0, _U32)
+    if host_pointers:
+        cfg.flags |= lib.SSA_SESSION_HOST_POINTERS
+    if index_min_tokens is not None:
+        cfg.index_min_tokens = _int("index_min_tokens", index_min_tokens, 0, _U32)
+    if index_regrow_factor is not None:
+        cfg.index_regrow_factor = _float("index_regrow_factor", index_regrow_factor)
+    if index_train_sample is not None:
+        cfg.index_train_sample = _int("index_train_sample", index_train_sample, 0, _U32)
+    if index_iterations is not None:
+        cfg.index_iterations = _int("index_iterations", index_iterations, 0, _U32)
+    return cfg
+
+
 class Runtime:
     """A libssa runtime: backend choice, CPU worker threads and the default sampling seed.
 
@@ -345,46 +378,38 @@ class Runtime:
             host_pointers: for CUDA sessions, take host arrays instead of device arrays.
             index_*: PQ index policy (see ssa_session_config in ssa.h).
         """
-        cfg = ffi.new("ssa_session_config *")
-        lib.ssa_session_config_init(cfg)
-        cfg.n_layers = _int("n_layers", n_layers, 0, _U32)
-        cfg.n_q_heads = _int("n_q_heads", n_q_heads, 0, _U32)
-        cfg.n_kv_heads = _int("n_kv_heads", n_kv_heads, 0, _U32)
-        cfg.head_dim = _int("head_dim", head_dim, 0, _U32)
-        cfg.kv_dtype = _dtype(dtype)
-        if pq_subspaces is not None:
-            cfg.pq_subspaces = _int("pq_subspaces", pq_subspaces, 0, _U32)
-        if pq_centroids is not None:
-            cfg.pq_centroids = _int("pq_centroids", pq_centroids, 0, _U32)
-        cfg.model_fingerprint = _int("model_fingerprint", model_fingerprint, 0, _U64)
-        if page_tokens is not None:
-            cfg.page_tokens = _int("page_tokens", page_tokens, 0, _U32)
-        if host_pointers:
-            cfg.flags |= lib.SSA_SESSION_HOST_POINTERS
-        if index_min_tokens is not None:
-            cfg.index_min_tokens = _int("index_min_tokens", index_min_tokens, 0, _U32)
-        if index_regrow_factor is not None:
-            cfg.index_regrow_factor = _float("index_regrow_factor", index_regrow_factor)
-        if index_train_sample is not None:
-            cfg.index_train_sample = _int("index_train_sample", index_train_sample, 0, _U32)
-        if index_iterations is not None:
-            cfg.index_iterations = _int("index_iterations", index_iterations, 0, _U32)
+        cfg = _session_config(n_layers, n_q_heads, n_kv_heads, head_dim, dtype, pq_subspaces=pq_subspaces,
+                              pq_centroids=pq_centroids, model_fingerprint=model_fingerprint,
+                              page_tokens=page_tokens, host_pointers=host_pointers,
+                              index_min_tokens=index_min_tokens, index_regrow_factor=index_regrow_factor,
+                              index_train_sample=index_train_sample, index_iterations=index_iterations)
         out = ffi.new("ssa_session **")
         check(lib.ssa_session_create(self._handle(), cfg, out), "ssa_session_create")
         return Session._adopt(self, out[0])
 
-    def load(self, path: PathLike, verify: bool = False, mmap: bool = False) -> "Session":
+    def load(self, path: PathLike, verify: bool = False, mmap: bool = False,
+             expect: Optional[dict] = None) -> "Session":
         """Restores a session saved with Session.save/checkpoint onto this runtime.
 
         Args:
             path: the snapshot file.
             verify: verify every checksum up front (default: on read).
             mmap: map the file instead of reading it (CPU sessions).
+            expect: the shape the snapshot must have, as create_session's arguments
+                (n_layers, n_q_heads, n_kv_heads, head_dim, dtype, pq_subspaces,
+                pq_centroids, model_fingerprint; omitted ones take create_session's
+                defaults). Checked before any page is read (ssa_session_load_checked);
+                a snapshot of another shape or model raises ssa.Mismatch naming the field.
         Raises ssa.IOError, ssa.Corrupt, ssa.Version, ssa.Mismatch, ssa.Unsupported, ...
         """
         flags = (lib.SSA_LOAD_VERIFY if verify else 0) | (lib.SSA_LOAD_MMAP if mmap else 0)
         out = ffi.new("ssa_session **")
-        check(lib.ssa_session_load(self._handle(), _path(path), flags, out), "ssa_session_load")
+        if expect is None:
+            check(lib.ssa_session_load(self._handle(), _path(path), flags, out), "ssa_session_load")
+        else:
+            cfg = _session_config(**expect)
+            check(lib.ssa_session_load_checked(self._handle(), _path(path), flags, cfg, out),
+                  "ssa_session_load_checked")
         return Session._adopt(self, out[0])
 
     def decode_batch(self, items: Iterable[Sequence[Any]], layer: int, method: Any = "ssa",

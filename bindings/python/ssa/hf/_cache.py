@@ -1,0 +1,558 @@
+"""SSACache: a transformers Cache whose full-attention layers live in libssa sessions."""
+import math
+from typing import Any, Callable, Dict, List, Optional
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin, DynamicSlidingWindowLayer
+
+from .. import _core
+from .._errors import Error, invalid
+from . import _attention, _model, _params
+
+_TORCH_DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+
+
+def _relabel(e: Error, where: str) -> Error:
+    """The same libssa error, its message prefixed with where it happened."""
+    return type(e)("%s: %s" % (where, e.message), e.status, e.function)
+
+
+class SSALayer(CacheLayerMixin):
+    """One full-attention layer of an SSACache. Its K/V live in session layer `slot` of
+    each batch row's libssa session; during a prefill it also keeps the prompt's K/V
+    as tensors (for the dense prefill attention), dropped at the first decode step."""
+
+    is_sliding = False
+    is_croppable = True
+    is_compileable = False
+    supports_early_init = False
+
+    def __init__(self, cache: "SSACache", layer_idx: int, slot: int):
+        super().__init__()
+        self.cache = cache
+        self.layer_idx = layer_idx
+        self.slot = slot
+        self.seen = 0  # positions seen (padding included), as transformers counts them
+        self.dense_k: Optional[torch.Tensor] = None
+        self.dense_v: Optional[torch.Tensor] = None
+
+    def __repr__(self):
+        return "SSALayer(%d -> session layer %d, %d tokens)" % (self.layer_idx, self.slot, self.seen)
+
+    # -- CacheLayerMixin
+    def lazy_initialization(self, key_states, value_states) -> None:
+        self.is_initialized = True
+
+    def get_seq_length(self) -> int:
+        return self.seen
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def get_max_cache_shape(self) -> int:  # transformers < 5.16 name of get_max_length
+        return -1
+
+    def get_mask_sizes(self, query_length, *args) -> tuple:
+        if isinstance(query_length, torch.Tensor):  # older transformers pass cache_position
+            query_length = int(query_length.shape[0])
+        return self.seen + int(query_length), 0
+
+    def reset(self) -> None:
+        self.cache._reset()
+
+    def crop(self, tokens_to_remove: int) -> None:
+        self.cache._crop_from_layer(self, tokens_to_remove)
+
+    def offload(self):
+        pass
+
+    def prefetch(self):
+        pass
+
+    def reorder_cache(self, beam_idx) -> None:
+        self.cache._select_rows_from_layer(self, [int(i) for i in beam_idx.tolist()])
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self.cache._select_rows_from_layer(self, [b for b in range(self.cache.batch_size) for _ in range(repeats)])
+
+    def batch_select_indices(self, indices) -> None:
+        idx = indices.tolist() if isinstance(indices, torch.Tensor) else list(indices)
+        self.cache._select_rows_from_layer(self, [int(i) for i in idx])
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        c = self.cache
+        shape = c.shape
+        if key_states.dim() != 4 or tuple(key_states.shape[1::2]) != (shape.n_kv_heads, shape.head_dim) \
+                or value_states.shape != key_states.shape:
+            raise invalid("SSACache layer %d: key_states %s and value_states %s, expected both "
+                          "[batch, %d, n_tokens, %d]" % (self.layer_idx, tuple(key_states.shape),
+                                                         tuple(value_states.shape), shape.n_kv_heads,
+                                                         shape.head_dim))
+        c._ensure_sessions(key_states, self.layer_idx)
+        if key_states.shape[0] != c.batch_size:
+            raise invalid("SSACache layer %d: key_states has batch %d, the cache holds %d sequences"
+                          % (self.layer_idx, key_states.shape[0], c.batch_size))
+        t = int(key_states.shape[2])
+        pos = self.seen
+        if t > 1 and (self.seen == 0 or self.dense_k is not None):
+            if self.dense_k is not None:
+                key_states = torch.cat([self.dense_k, key_states], dim=-2)
+                value_states = torch.cat([self.dense_v, value_states], dim=-2)
+            self.dense_k, self.dense_v = key_states, value_states
+            work = _Prefill(self, key_states, value_states, t)
+        else:
+            self.dense_k = self.dense_v = None
+            work = _Decode(self, key_states, value_states, pos)
+        self.seen += t
+        self.is_initialized = True
+        _attention.set_pending(work)
+        return key_states, value_states
+
+
+def _valid_keys(mask, b: int, t: int):
+    """Which of the last t key positions row b attends (False: padding), or None for all."""
+    if mask is None:
+        return None
+    m = mask[b if mask.shape[0] > 1 else 0, 0, -1, -t:]
+    if m.dtype != torch.bool:
+        m = m == 0  # additive float mask: 0 where attended
+    return m
+
+
+class _Prefill:
+    """A multi-token chunk at the start of a sequence: dense attention over the given
+    K/V (transformers' sdpa), then the chunk's K/V appended to the sessions."""
+
+    def __init__(self, layer, keys, values, t):
+        self.layer, self.keys, self.values, self.t = layer, keys, values, t
+
+    def run(self, module, query, key, value, mask, kwargs, sdpa):
+        out = sdpa(module, query, key, value, mask, **kwargs)
+        c, t = self.layer.cache, self.t
+        k_new, v_new = key[:, :, -t:, :], value[:, :, -t:, :]
+        for b in range(c.batch_size):
+            c._append(self.layer, b, k_new[b], v_new[b], _valid_keys(mask, b, t))
+        c._progress_step(self.layer, t)
+        return out
+
+
+class _Decode:
+    """New tokens of a sequence already in the sessions: each token's K/V appended,
+    then its query answered by libssa decode with the cache's parameters."""
+
+    def __init__(self, layer, keys, values, pos):
+        self.layer, self.keys, self.values, self.pos = layer, keys, values, pos
+
+    def run(self, module, query, key, value, mask, kwargs, sdpa):
+        c = self.layer.cache
+        if kwargs.get("softcap") is not None:
+            raise invalid("SSACache layer %d: attention soft-capping is not supported" % self.layer.layer_idx)
+        b_, hq, t, d = query.shape
+        if hq != c.shape.n_q_heads or d != c.shape.head_dim or b_ != c.batch_size:
+            raise invalid("SSACache layer %d: query has shape %s, expected [%d, %d, n_tokens, %d]"
+                          % (self.layer.layer_idx, tuple(query.shape), c.batch_size, c.shape.n_q_heads,
+                             c.shape.head_dim))
+        scaling = kwargs.get("scaling")
+        # libssa scales scores by 1/sqrt(head_dim); another model scale goes into q.
+        fix = 1.0 if scaling is None else float(scaling) * math.sqrt(d)
+        outs = []
+        for i in range(t):
+            for b in range(b_):
+                # One new token is always stored (reading the mask would wait for the
+                # device); padding inside a multi-token chunk is skipped.
+                valid = _valid_keys(mask, b, t) if t > 1 else None
+                c._append(self.layer, b, self.keys[b, :, i:i + 1, :], self.values[b, :, i:i + 1, :],
+                          None if valid is None else valid[i:i + 1])
+            q = query[:, :, i, :]
+            if fix != 1.0:
+                q = q * fix
+            outs.append(c._decode(self.layer, q, self.pos + i).to(device=query.device, dtype=query.dtype))
+        return torch.stack(outs, dim=1), None  # [batch, n_tokens, n_q_heads, head_dim]
+
+
+class SSACache(Cache):
+    """A transformers Cache keeping the K/V of the model's full-attention layers in
+    libssa sessions (one per batch row, keys after RoPE) and answering each decode
+    step's queries with libssa's sparse decode; sliding-window layers stay on
+    transformers' own sliding cache.
+
+    Args:
+        model: the model (loaded with attn_implementation="ssa").
+        method: "dense", "oracle_topk", "pq_topk", "hybrid_uniform", "sampling",
+            "ssa" or "ssa_adaptive".
+        sparsity: N / budget when budget is None (>= 1).
+        budget: rows read per query head per decode, sink and local included.
+        h: heavy fraction of SSA and HYBRID_UNIFORM, in [0, 1].
+        n_sink, n_local: tokens always read at the start and the end.
+        seed: sampling seed; the RNG step of a decode is its token's position, so
+            a sequence's samples do not depend on the batch or on save/load.
+        backend: "auto" (the device of the model's tensors), "cpu" or "cuda".
+        observer: observer(layer_idx, query, output, stats, cache), called after each
+            libssa decode; query and output are [batch, n_q_heads, head_dim] tensors
+            (the query as libssa got it), stats a list of ssa.DecodeStats per batch row.
+            Without an observer, stats (cache.last_stats) are collected for one
+            sequence on the CPU only; batches then go through one ssa_decode_batch
+            call per layer and CUDA decodes never wait for the device.
+        threads: CPU worker threads of the libssa runtime (0: all cores).
+        progress_min_tokens: prefills of at least this many tokens show a progress
+            bar over the layers (None: never).
+
+    Prefill (a multi-token chunk at the start of a sequence) attends densely with
+    transformers' sdpa and appends the chunk's K/V; a later multi-token chunk (after a
+    decode, a load or a truncate) goes token by token through libssa decode. Padding
+    positions (attention_mask 0) are not stored.
+    """
+
+    def __init__(self, model, method: str = "ssa", sparsity: float = 20.0, budget: Optional[int] = None,
+                 h: float = 0.4, n_sink: int = 128, n_local: int = 128, seed: int = 0, backend: str = "auto",
+                 observer: Optional[Callable] = None, threads: int = 0,
+                 progress_min_tokens: Optional[int] = 8192):
+        self.shape = _model.shape_of(model)
+        impl = getattr(_model.text_config(model), "_attn_implementation", None)
+        if impl is not None and impl != "ssa":
+            raise invalid("the model runs attention %r; an SSACache needs a model loaded with "
+                          "attn_implementation=\"ssa\" (after import ssa.hf)" % (impl,))
+        self.params = _params.check(dict(method=method, sparsity=sparsity, budget=budget, h=h, n_sink=n_sink,
+                                         n_local=n_local, seed=seed))
+        self.backend = _params.check_backend(backend)
+        if observer is not None and not callable(observer):
+            raise invalid("observer must be callable, got %r" % (observer,))
+        self.observer = observer
+        self.threads = threads
+        self.progress_min_tokens = progress_min_tokens
+        self.fingerprint = _model.fingerprint(model)
+        self._config_summary = _model.config_summary(model)
+        slots = {}
+        layers: List[Any] = []
+        for i, t in enumerate(self.shape.layer_types):
+            if t == _model.FULL:
+                slots[i] = len(slots)
+                layers.append(SSALayer(self, i, slots[i]))
+            else:
+                layers.append(DynamicSlidingWindowLayer(sliding_window=self.shape.sliding_window))
+        super().__init__(layers=layers)
+        self._slots = slots
+        self.sessions: List[_core.Session] = []
+        self.runtime: Optional[_core.Runtime] = None
+        self.dtype: Optional[str] = None
+        self.device: Optional[torch.device] = None
+        self.last_stats: Dict[int, list] = {}
+        self._padded = False
+        self._bar = None
+        self._step = 0  # RNG step of the last decode
+
+    # -- what it holds
+    @property
+    def batch_size(self) -> int:
+        return len(self.sessions) if self.sessions else -1
+
+    def layer_of(self, model_layer_idx: int) -> Optional[int]:
+        """The session layer holding model layer model_layer_idx; None for sliding layers."""
+        if not 0 <= int(model_layer_idx) < self.shape.n_layers:
+            raise invalid("layer %r is not a layer of this %d-layer model" % (model_layer_idx, self.shape.n_layers))
+        return self._slots.get(int(model_layer_idx))
+
+    def __len__(self):
+        return self.shape.n_layers
+
+    def __repr__(self):
+        n_full = len(self._slots)
+        p = self.params
+        budget = "budget=%d" % p["budget"] if p["budget"] else "sparsity=%g" % p["sparsity"]
+        where = ("%s %s" % (self.runtime.backend, self.dtype)) if self.runtime is not None else "no session yet"
+        rows = ", ".join(str(len(s)) for s in self.sessions[:4]) + (", ..." if len(self.sessions) > 4 else "")
+        return ("SSACache(%s: %d layers, %d in libssa (%s), %d sliding-window on transformers' cache; "
+                "%d sequence(s) of %d position(s), tokens stored per row [%s]; method=%s %s h=%g "
+                "sink=%d local=%d seed=%d)" % (self.shape.model_type, self.shape.n_layers, n_full, where,
+                                               self.shape.n_layers - n_full, max(self.batch_size, 0),
+                                               self.get_seq_length(), rows, p["method"], budget, p["h"],
+                                               p["n_sink"], p["n_local"], p["seed"]))
+
+    def set_params(self, **params) -> None:
+        """Changes decode parameters (method, sparsity, budget, h, n_sink, n_local, seed)
+        for the following steps; all are checked before any is changed."""
+        self.params = _params.check(params, self.params)
+
+    # -- Cache protocol
+    def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
+        return self.layers[layer_idx].update(key_states, value_states, *args, **kwargs)
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        if layer_idx >= len(self.layers):
+            return 0
+        return self.layers[layer_idx].get_seq_length()
+
+    def reset(self) -> None:
+        self._reset()
+
+    def crop(self, max_length: int) -> None:
+        n = self.get_seq_length() + max_length if max_length < 0 else max_length
+        self.truncate(max(n, 0))
+
+    def reorder_cache(self, beam_idx) -> None:
+        self._select_rows([int(i) for i in beam_idx.tolist()])
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self._select_rows([b for b in range(max(self.batch_size, 0)) for _ in range(repeats)])
+
+    def batch_select_indices(self, indices) -> None:
+        idx = indices.tolist() if isinstance(indices, torch.Tensor) else list(indices)
+        self._select_rows([int(i) for i in idx])
+
+    # -- sessions
+    def _ensure_sessions(self, key_states, layer_idx: int) -> None:
+        if self.sessions:
+            dev = key_states.device
+            want = self.device if self.runtime.backend == "cuda" else torch.device("cpu")
+            if self.runtime.backend == "cuda" and dev != want:
+                raise invalid("SSACache layer %d: key_states on %s, the cache's sessions on %s"
+                              % (layer_idx, dev, want))
+            return
+        dt = _TORCH_DTYPES.get(key_states.dtype)
+        if dt is None:
+            raise invalid("SSACache layer %d: key_states dtype %s; libssa takes float32, float16 and bfloat16"
+                          % (layer_idx, key_states.dtype))
+        dev = key_states.device
+        backend = self.backend
+        if backend == "auto":
+            backend = "cuda" if dev.type == "cuda" else "cpu"
+        if backend == "cuda" and dev.type != "cuda":
+            raise invalid("SSACache(backend=\"cuda\") got %s tensors; move the model to a CUDA device" % dev)
+        self._open(backend, dt, dev, int(key_states.shape[0]))
+
+    def _open(self, backend: str, dtype: str, device, batch: int) -> None:
+        kw = dict(backend=backend, threads=self.threads)
+        if backend == "cuda":
+            kw["device"] = device.index if device.index is not None else torch.cuda.current_device()
+        self.runtime = _core.Runtime(**kw)
+        self.dtype = dtype
+        self.device = torch.device("cuda", kw["device"]) if backend == "cuda" else torch.device("cpu")
+        self.sessions = [self._new_session() for _ in range(batch)]
+
+    def _session_shape(self) -> dict:
+        s = self.shape
+        return dict(n_layers=len(self._slots), n_q_heads=s.n_q_heads, n_kv_heads=s.n_kv_heads,
+                    head_dim=s.head_dim, dtype=self.dtype, model_fingerprint=int(self.fingerprint[:16], 16))
+
+    def _new_session(self) -> _core.Session:
+        return self.runtime.create_session(**self._session_shape())
+
+    def _to_session(self, x):
+        """x as the session takes it: its dtype, its memory space, contiguous."""
+        x = x.to(dtype=getattr(torch, self.dtype))
+        if self.runtime.backend == "cpu" and x.device.type != "cpu":
+            x = x.cpu()  # backend="cpu" with a CUDA model: a copy and a wait
+        return x.contiguous()
+
+    def _stream(self):
+        return torch.cuda.current_stream(self.device) if self.runtime.backend == "cuda" else None
+
+    def _append(self, layer: SSALayer, b: int, k, v, valid) -> None:
+        """Appends row b's [n_kv, t, d] K/V (positions where valid is False skipped)."""
+        k, v = k.transpose(0, 1), v.transpose(0, 1)
+        if valid is not None and not bool(valid.all()):
+            self._padded = True
+            k, v = k[valid], v[valid]
+        if k.shape[0] == 0:
+            return
+        k, v = self._to_session(k), self._to_session(v)
+        s = self.sessions[b]
+        try:
+            if self.runtime.backend == "cuda":
+                # Queued on torch's stream: the tensors' memory is reused only by later
+                # work on that stream, which runs after the copy.
+                s.append_async(layer.slot, k, v, stream=self._stream())
+            else:
+                s.append(layer.slot, k, v)
+        except Error as e:
+            raise _relabel(e, "SSACache layer %d (session layer %d, batch row %d), appending K/V of shape %s"
+                           % (layer.layer_idx, layer.slot, b, tuple(k.shape))) from None
+
+    def _decode(self, layer: SSALayer, q, step: int, params: Optional[dict] = None, observe: bool = True):
+        """libssa decode of [batch, n_q_heads, head_dim] queries at one layer."""
+        q = self._to_session(q)
+        out = torch.empty_like(q)
+        kw = _params.library_kwargs(params or self.params)
+        kw["step"] = step
+        cuda = self.runtime.backend == "cuda"
+        if cuda:
+            kw["stream"] = self._stream()
+        # Stats come from per-row decodes: always for one CPU sequence, else only for
+        # an observer (ssa_decode_batch returns none; on CUDA they cost a wait).
+        want_stats = (observe and self.observer is not None) or (not cuda and len(self.sessions) == 1)
+        stats: List[Any] = [None] * len(self.sessions)
+        try:
+            if len(self.sessions) > 1 and not want_stats:
+                self.runtime.decode_batch([(s, q[b], out[b]) for b, s in enumerate(self.sessions)],
+                                          layer.slot, **kw)
+            else:
+                for b, s in enumerate(self.sessions):
+                    r = s.decode(layer.slot, q[b], out=out[b], stats=want_stats, **kw)
+                    if want_stats:
+                        stats[b] = r[1]
+        except Error as e:
+            raise _relabel(e, "SSACache layer %d (session layer %d), decoding a query of shape %s"
+                           % (layer.layer_idx, layer.slot, tuple(q.shape))) from None
+        if observe:
+            self._step = step
+            if layer.slot == 0:
+                self.last_stats = {}
+            self.last_stats[layer.layer_idx] = stats
+            if self.observer is not None:
+                self.observer(layer.layer_idx, q, out, stats, self)
+        return out
+
+    def decode_reference(self, layer_idx: int, query, method: str = "dense", **params):
+        """The output of another decode method on the same sessions at model layer
+        layer_idx, for error measurement. query: [batch, n_q_heads, head_dim] (or
+        [n_q_heads, head_dim] for one sequence), as the observer received it.
+        params: as set_params (unset ones are the cache's); the RNG step is that of the
+        last decode. Returns a tensor of query's shape."""
+        slot = self.layer_of(layer_idx)
+        if slot is None:
+            raise invalid("model layer %d is a sliding-window layer; it is not in libssa" % layer_idx)
+        if not self.sessions:
+            raise invalid("the cache holds no tokens yet")
+        p = _params.check(dict(params, method=method), self.params)
+        one = query.dim() == 2
+        q = query.unsqueeze(0) if one else query
+        want = (len(self.sessions), self.shape.n_q_heads, self.shape.head_dim)
+        if tuple(q.shape) != want:
+            raise invalid("decode_reference layer %d: query has shape %s, expected %s"
+                          % (layer_idx, tuple(query.shape), want))
+        out = self._decode(self.layers[layer_idx], q, self._step, p, observe=False)
+        return out[0] if one else out
+
+    # -- progress of long prefills
+    def _progress_step(self, layer: SSALayer, t: int) -> None:
+        if self.progress_min_tokens is None or t < self.progress_min_tokens:
+            return
+        if layer.slot == 0:
+            try:
+                from tqdm.auto import tqdm
+            except ImportError:
+                return
+            self._bar = tqdm(total=len(self._slots), desc="prefill %d tokens" % t, unit="layer", leave=False)
+        if self._bar is not None:
+            self._bar.update(1)
+            if layer.slot == len(self._slots) - 1:
+                self._bar.close()
+                self._bar = None
+
+    # -- rows, rollback, branches
+    def _reset(self) -> None:
+        for s in self.sessions:
+            s.close()
+        self.sessions = []
+        self.last_stats = {}
+        self._padded = False
+        for layer in self.layers:
+            if isinstance(layer, SSALayer):
+                layer.seen = 0
+                layer.dense_k = layer.dense_v = None
+            else:
+                layer.keys = layer.values = None
+                layer.is_initialized = False
+                layer.cumulative_length = 0
+
+    def _crop_from_layer(self, layer, tokens_to_remove):
+        # Cache.crop loops over layers; the sessions are cropped once, by the first.
+        if layer.slot == 0:
+            self.crop(tokens_to_remove)
+
+    def _select_rows_from_layer(self, layer, rows):
+        if layer.slot == 0:
+            self._select_rows(rows)
+
+    def _select_rows(self, rows: List[int]) -> None:
+        n = len(self.sessions)
+        if n == 0:
+            return
+        for r in rows:
+            if not 0 <= r < n:
+                raise invalid("batch row %d out of range (the cache holds %d)" % (r, n))
+        new = [self.sessions[r].fork() for r in rows]
+        for s in self.sessions:
+            s.close()
+        self.sessions = new
+        idx = torch.tensor(rows, dtype=torch.long)
+        for layer in self.layers:
+            if isinstance(layer, SSALayer):
+                if layer.dense_k is not None:
+                    layer.dense_k = layer.dense_k[idx.to(layer.dense_k.device)]
+                    layer.dense_v = layer.dense_v[idx.to(layer.dense_v.device)]
+            elif layer.is_initialized and layer.keys is not None and layer.keys.numel():
+                layer.keys = layer.keys[idx.to(layer.keys.device)]
+                layer.values = layer.values[idx.to(layer.values.device)]
+
+    def truncate(self, n: int) -> None:
+        """Keeps the first n positions (agent rollback); later tokens are forgotten."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise invalid("truncate(n): n must be an integer >= 0, got %r" % (n,))
+        cur = self.get_seq_length()
+        if n > cur:
+            raise invalid("truncate(%d): the cache holds only %d positions" % (n, cur))
+        if n == cur:
+            return
+        if self._padded:
+            raise invalid("truncate: this cache stored padded sequences; rollback needs unpadded rows")
+        for i, layer in enumerate(self.layers):
+            if not isinstance(layer, SSALayer) and layer.keys is not None and layer.keys.shape[-2] < cur:
+                raise invalid("truncate(%d): model layer %d is a sliding-window layer (window %d) that keeps only "
+                              "the last %d of %d positions; it cannot roll back" % (
+                                  n, i, layer.sliding_window, layer.keys.shape[-2], cur))
+        for s in self.sessions:
+            s.truncate(n)
+        for layer in self.layers:
+            if isinstance(layer, SSALayer):
+                layer.seen = n
+                if layer.dense_k is not None:
+                    layer.dense_k = layer.dense_k[..., :n, :]
+                    layer.dense_v = layer.dense_v[..., :n, :]
+            elif layer.keys is not None:
+                layer.keys = layer.keys[..., :n, :]
+                layer.values = layer.values[..., :n, :]
+                layer.cumulative_length = n
+        self.last_stats = {}
+
+    def fork(self) -> "SSACache":
+        """An independent copy (sessions forked copy-on-write, sliding layers copied):
+        a branch for an agent, or one of several answers to the same prompt."""
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        new.sessions = [s.fork() for s in self.sessions]
+        new.last_stats = {}
+        new._bar = None
+        layers = []
+        for layer in self.layers:
+            if isinstance(layer, SSALayer):
+                c = SSALayer(new, layer.layer_idx, layer.slot)
+                c.seen, c.dense_k, c.dense_v, c.is_initialized = layer.seen, layer.dense_k, layer.dense_v, \
+                    layer.is_initialized
+            else:
+                c = DynamicSlidingWindowLayer(sliding_window=layer.sliding_window)
+                c.__dict__.update({k: v for k, v in layer.__dict__.items()})
+                if layer.keys is not None:
+                    c.keys, c.values = layer.keys.clone(), layer.values.clone()
+            layers.append(c)
+        new.layers = layers
+        return new
+
+    def save(self, path) -> None:
+        """Writes the cache to the folder path (created if missing): one libssa
+        snapshot per batch row (a checkpoint, appending only what changed, when path
+        holds this cache's earlier save), the sliding-window layers' K/V, and a
+        manifest with the model's fingerprint and the decode parameters."""
+        from ._persist import save
+
+        save(self, path)
+
+    @classmethod
+    def load(cls, path, model, backend: str = "auto", observer: Optional[Callable] = None, threads: int = 0,
+             device=None) -> "SSACache":
+        """Restores a cache saved with save() for this model. A cache of another model
+        (another configuration fingerprint) is refused with ssa.Mismatch.
+        backend/device: where the sessions go ("auto": the model's device)."""
+        from ._persist import load
+
+        return load(cls, path, model, backend, observer, threads, device)

@@ -1,0 +1,176 @@
+"""SSACache.save / SSACache.load: a folder with one libssa snapshot per batch row,
+the sliding-window layers' K/V (torch tensors) and a JSON manifest."""
+import json
+import os
+import tempfile
+
+import torch
+
+from .. import _core
+from .._errors import Error, Mismatch, invalid
+from . import _model, _params
+
+FORMAT = "ssa.hf.cache/1"
+MANIFEST = "cache.json"
+SLIDING = "sliding.pt"
+
+
+def _row_file(b: int) -> str:
+    return "row%d.ssa" % b
+
+
+def _atomic_write(path: str, data: bytes) -> None:
+    d = os.path.dirname(path)
+    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def save(cache, path) -> None:
+    path = os.fspath(path)
+    if not cache.sessions:
+        raise invalid("SSACache.save: the cache holds no tokens yet")
+    for layer in cache.layers:
+        if getattr(layer, "dense_k", None) is not None:
+            # The prompt's dense copy is not saved: a loaded cache continues a prefill
+            # token by token through libssa decode (exact with method "dense").
+            break
+    os.makedirs(path, exist_ok=True)
+    if cache.runtime.backend == "cuda":
+        torch.cuda.current_stream(cache.device).synchronize()  # queued appends land first
+    for b, s in enumerate(cache.sessions):
+        s.checkpoint(os.path.join(path, _row_file(b)))
+    sliding = {}
+    for i, layer in enumerate(cache.layers):
+        if cache.layer_of(i) is None:
+            sliding[str(i)] = {"keys": None if layer.keys is None else layer.keys.detach().cpu(),
+                               "values": None if layer.values is None else layer.values.detach().cpu(),
+                               "cumulative_length": int(getattr(layer, "cumulative_length", 0))}
+    if sliding:
+        tmp = os.path.join(path, ".tmp-" + SLIDING)
+        torch.save(sliding, tmp)
+        os.replace(tmp, os.path.join(path, SLIDING))
+    manifest = {
+        "format": FORMAT,
+        "fingerprint": cache.fingerprint,
+        "model": cache._config_summary,
+        "params": cache.params,
+        "positions": cache.get_seq_length(),
+        "batch": len(cache.sessions),
+        "dtype": cache.dtype,
+        "padded": cache._padded,
+        "rows": [_row_file(b) for b in range(len(cache.sessions))],
+        "sliding": SLIDING if sliding else None,
+    }
+    _atomic_write(os.path.join(path, MANIFEST), json.dumps(manifest, indent=1, sort_keys=True).encode())
+
+
+def _differences(saved: dict, now: dict) -> str:
+    keys = sorted(set(saved) | set(now))
+    diffs = ["%s %r vs %r" % (k, saved.get(k), now.get(k)) for k in keys if saved.get(k) != now.get(k)]
+    return "; ".join(diffs[:6]) or "same summary, other fingerprint"
+
+
+def load(cls, path, model, backend, observer, threads, device):
+    path = os.fspath(path)
+    mpath = os.path.join(path, MANIFEST)
+    try:
+        with open(mpath, "rb") as f:
+            manifest = json.loads(f.read().decode("utf-8"))
+    except FileNotFoundError:
+        raise invalid("SSACache.load: %s holds no saved cache (no %s)" % (path, MANIFEST)) from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise invalid("SSACache.load: %s is not a valid manifest: %s" % (mpath, e)) from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise invalid("SSACache.load: %s has format %r, expected %r" % (
+            mpath, manifest.get("format") if isinstance(manifest, dict) else None, FORMAT))
+    fp = _model.fingerprint(model)
+    if manifest.get("fingerprint") != fp:
+        saved = manifest.get("model") if isinstance(manifest.get("model"), dict) else {}
+        raise Mismatch("the cache in %s was saved for another model (%s); refusing to load it into this one"
+                       % (path, _differences(saved, _model.config_summary(model))), None, "SSACache.load")
+    params = manifest.get("params")
+    if not isinstance(params, dict):
+        raise invalid("SSACache.load: %s has no decode parameters" % mpath)
+    rows = manifest.get("rows")
+    positions = manifest.get("positions")
+    dtype = manifest.get("dtype")
+    if not isinstance(rows, list) or not rows or not all(isinstance(r, str) and os.path.basename(r) == r
+                                                           for r in rows):
+        raise invalid("SSACache.load: %s lists no valid row snapshots" % mpath)
+    if not isinstance(positions, int) or isinstance(positions, bool) or positions < 0:
+        raise invalid("SSACache.load: %s has an invalid position count %r" % (mpath, positions))
+    if dtype not in ("float32", "float16", "bfloat16"):
+        raise invalid("SSACache.load: %s has an invalid dtype %r" % (mpath, dtype))
+    params = _params.check(params)  # every value checked again
+    cache = cls(model, observer=observer, threads=threads, backend=backend, **params)
+    be = cache.backend
+    if be == "auto":
+        try:
+            dev = next(model.parameters()).device
+        except StopIteration:
+            dev = torch.device("cpu")
+        dev = torch.device(device) if device is not None else dev
+        be = "cuda" if dev.type == "cuda" else "cpu"
+    else:
+        dev = torch.device(device) if device is not None else (
+            torch.device("cuda", torch.cuda.current_device()) if be == "cuda" else torch.device("cpu"))
+    cache._open(be, dtype, dev, 0)
+    expect = cache._session_shape()
+    sessions = []
+    try:
+        for r in rows:
+            try:
+                s = cache.runtime.load(os.path.join(path, r), expect=expect)
+            except Error as e:
+                raise type(e)("SSACache.load: %s: %s" % (os.path.join(path, r), e.message), e.status,
+                              e.function) from None
+            sessions.append(s)
+            if manifest.get("padded") is False and len(s) != positions:
+                raise invalid("SSACache.load: %s holds %d tokens, the manifest says %d" % (r, len(s), positions))
+    except BaseException:
+        for s in sessions:
+            s.close()
+        raise
+    cache.sessions = sessions
+    cache._padded = bool(manifest.get("padded"))
+    for layer in cache.layers:
+        if hasattr(layer, "seen"):
+            layer.seen = positions
+            layer.is_initialized = True
+    if manifest.get("sliding"):
+        state = torch.load(os.path.join(path, SLIDING), map_location="cpu", weights_only=True)
+        for i, layer in enumerate(cache.layers):
+            if cache.layer_of(i) is not None:
+                continue
+            st = state.get(str(i)) if isinstance(state, dict) else None
+            if not isinstance(st, dict):
+                raise invalid("SSACache.load: %s has no state of sliding layer %d" % (SLIDING, i))
+            k, v, n = st.get("keys"), st.get("values"), st.get("cumulative_length")
+            if n != positions:
+                raise invalid("SSACache.load: sliding layer %d saved at %r positions, the manifest says %d"
+                              % (i, n, positions))
+            if k is not None:
+                want = (len(sessions), cache.shape.n_kv_heads, cache.shape.head_dim)
+                if not isinstance(k, torch.Tensor) or not isinstance(v, torch.Tensor) or k.shape != v.shape \
+                        or k.dim() != 4 or (k.shape[0], k.shape[1], k.shape[3]) != want \
+                        or k.shape[2] > min(positions, layer.sliding_window):
+                    raise invalid("SSACache.load: sliding layer %d K/V of shape %s do not fit [%d, %d, <= %d, %d]"
+                                  % (i, tuple(getattr(k, "shape", ())), want[0], want[1],
+                                     min(positions, layer.sliding_window), want[2]))
+                if not (torch.isfinite(k).all() and torch.isfinite(v).all()):
+                    raise invalid("SSACache.load: sliding layer %d K/V hold non-finite values" % i)
+                layer.lazy_initialization(k.to(dev), v.to(dev))
+                layer.keys, layer.values = k.to(dev), v.to(dev)
+            layer.cumulative_length = positions
+    elif any(cache.layer_of(i) is None for i in range(cache.shape.n_layers)):
+        raise invalid("SSACache.load: the model has sliding-window layers but %s saved none" % path)
+    return cache

@@ -1,0 +1,275 @@
+"""ssa.hf on small randomly initialised models (no weights to download): decode
+logits through SSACache against transformers' own sdpa forward over the whole
+sequence, batches with padding, sliding-window layers, save/load, fork, truncate,
+the wrong-model refusal and bad parameters."""
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import ssa  # noqa: E402
+import ssa.hf  # noqa: E402
+
+pytestmark = pytest.mark.model
+
+
+def _llama(seed=0, layers=2, **kw):
+    cfg = transformers.LlamaConfig(vocab_size=97, hidden_size=128, intermediate_size=192, num_hidden_layers=layers,
+                                   num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                                   max_position_embeddings=4096, initializer_range=0.1, **kw)
+    torch.manual_seed(seed)
+    return transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="ssa").eval()
+
+
+def _gemma(seed=0):
+    cfg = transformers.Gemma3TextConfig(vocab_size=97, hidden_size=128, intermediate_size=192, num_hidden_layers=4,
+                                        num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+                                        query_pre_attn_scalar=32, sliding_window=16,
+                                        layer_types=["sliding_attention", "full_attention"] * 2,
+                                        max_position_embeddings=4096, initializer_range=0.1)
+    torch.manual_seed(seed)
+    return transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="ssa").eval()
+
+
+def _ids(n, seed=1, batch=1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 97, (batch, n), generator=g)
+
+
+def _sdpa_logits(model, ids, mask=None):
+    """Logits of every position from one plain forward with transformers' sdpa."""
+    model.set_attn_implementation("sdpa")
+    try:
+        with torch.no_grad():
+            return model(ids, attention_mask=mask).logits
+    finally:
+        model.set_attn_implementation("ssa")
+
+
+def _stepwise_logits(model, cache, ids, n_prompt, mask=None):
+    """Prefill ids[:, :n_prompt], then one token per forward; logits of every step."""
+    out = []
+    with torch.no_grad():
+        m = None if mask is None else mask[:, :n_prompt]
+        out.append(model(ids[:, :n_prompt], attention_mask=m, past_key_values=cache).logits[:, -1])
+        for t in range(n_prompt, ids.shape[1]):
+            m = None if mask is None else mask[:, :t + 1]
+            out.append(model(ids[:, t:t + 1], attention_mask=m, past_key_values=cache).logits[:, -1])
+    return torch.stack(out, dim=1)  # [batch, steps, vocab]
+
+
+@pytest.mark.parametrize("make", [_llama, _gemma], ids=["llama", "gemma3-sliding"])
+@pytest.mark.parametrize("method", ["dense", "ssa", "pq_topk", "oracle_topk", "hybrid_uniform", "sampling",
+                                    "ssa_adaptive"])
+def test_decode_logits_equal_sdpa_at_full_budget(make, method):
+    model = make()
+    ids = _ids(300)
+    want = _sdpa_logits(model, ids)[:, 239:]
+    kw = {} if method == "dense" else dict(budget=10 ** 6)
+    cache = ssa.hf.SSACache(model, method=method, n_sink=4, n_local=4, **kw)
+    got = _stepwise_logits(model, cache, ids, 240)
+    assert torch.allclose(got, want, atol=2e-4, rtol=1e-4), (got - want).abs().max()
+    assert cache.get_seq_length() == 300
+    assert [len(s) for s in cache.sessions] == [300]
+    if method != "dense":
+        st = cache.last_stats[cache.shape.full_layers[-1]][0]
+        assert st.context_tokens == 300
+
+
+def test_sparse_decode_differs_and_reads_fewer_rows():
+    model = _llama()
+    ids = _ids(600)
+    want = _sdpa_logits(model, ids)[:, 499:]
+    cache = ssa.hf.SSACache(model, method="ssa", sparsity=10, n_sink=8, n_local=8)
+    got = _stepwise_logits(model, cache, ids, 500)
+    assert not torch.allclose(got, want, atol=1e-5)
+    st = cache.last_stats[0][0]
+    assert st.context_tokens == 600
+    assert 0 < st.tokens_read <= 4 * 60  # summed over the 4 query heads: N / 10 each
+
+
+def test_batch_with_left_padding_equals_each_sequence_alone():
+    model = _llama()
+    a, b = _ids(260, seed=3)[0], _ids(200, seed=4)[0]
+    pad = a.shape[0] - b.shape[0]
+    ids = torch.stack([a, torch.cat([torch.zeros(pad, dtype=torch.long), b])])
+    mask = torch.ones_like(ids)
+    mask[1, :pad] = 0
+    cache = ssa.hf.SSACache(model, method="dense")
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=mask, past_key_values=cache, max_new_tokens=6, do_sample=False,
+                             pad_token_id=0)
+    assert [len(s) for s in cache.sessions] == [260 + 5, 200 + 5]  # padding not stored
+    for row, seq in ((0, a), (1, b)):
+        alone = ssa.hf.SSACache(model, method="dense")
+        with torch.no_grad():
+            ref = model.generate(seq[None], past_key_values=alone, max_new_tokens=6, do_sample=False)
+        assert out[row, -6:].tolist() == ref[0, -6:].tolist()
+
+
+def test_observer_and_decode_reference():
+    model = _llama()
+    ids = _ids(400)
+    seen = []
+
+    def observer(layer_idx, q, out, stats, cache):
+        ref = cache.decode_reference(layer_idx, q, method="dense")
+        err = float((out - ref).norm() / ref.norm())
+        seen.append((layer_idx, tuple(q.shape), tuple(out.shape), len(stats), err))
+
+    cache = ssa.hf.SSACache(model, method="ssa", sparsity=8, n_sink=8, n_local=8, observer=observer)
+    with torch.no_grad():
+        model.generate(ids, past_key_values=cache, max_new_tokens=3, do_sample=False)
+    assert len(seen) == 2 * 2  # 2 decode steps (the first token comes from the prefill) x 2 layers
+    assert all(s[1] == (1, 4, 32) and s[2] == (1, 4, 32) and s[3] == 1 for s in seen)
+    assert all(0 < s[4] < 1 for s in seen)  # sparse, and not garbage
+    assert cache.layer_of(1) == 1
+
+
+def _generate(model, cache, ids, n):
+    with torch.no_grad():
+        return model.generate(ids, past_key_values=cache, max_new_tokens=n, do_sample=False)
+
+
+@pytest.mark.parametrize("make", [_llama, _gemma], ids=["llama", "gemma3-sliding"])
+def test_save_load_fork_resume_equal_uninterrupted(make, tmp_path):
+    model = make()
+    ids = _ids(200)
+    kw = dict(method="ssa", sparsity=6, n_sink=4, n_local=4, seed=7)
+    full = _generate(model, ssa.hf.SSACache(model, **kw), ids, 12)
+    cache = ssa.hf.SSACache(model, **kw)
+    first = _generate(model, cache, ids, 5)
+    assert first.tolist() == full[:, :205].tolist()
+    cache.save(tmp_path / "c")
+    branch = cache.fork()
+    assert _generate(model, cache, first, 7).tolist() == full.tolist()
+    assert _generate(model, branch, first, 7).tolist() == full.tolist()
+    loaded = ssa.hf.SSACache.load(tmp_path / "c", model)
+    assert loaded.params == cache.params and loaded.get_seq_length() == 204
+    assert _generate(model, loaded, first, 7).tolist() == full.tolist()
+    # A second save of the grown cache is a checkpoint into the same folder.
+    cache.save(tmp_path / "c")
+    again = ssa.hf.SSACache.load(tmp_path / "c", model)
+    assert again.get_seq_length() == cache.get_seq_length() == 211
+
+
+def test_truncate_rolls_back_to_an_earlier_state():
+    model = _llama()
+    ids = _ids(220)
+    kw = dict(method="ssa", sparsity=6, n_sink=4, n_local=4, seed=3)
+    cache = ssa.hf.SSACache(model, **kw)
+    first = _generate(model, cache, ids, 4)
+    cont = _generate(model, cache, first, 6)
+    cache.truncate(first.shape[1] - 1)
+    assert cache.get_seq_length() == 223 and len(cache.sessions[0]) == 223
+    assert _generate(model, cache, first, 6).tolist() == cont.tolist()
+    # Another continuation from the rolled-back state is its own branch.
+    cache.truncate(first.shape[1] - 1)
+    other = torch.cat([first, torch.tensor([[5, 6, 7]])], dim=1)
+    ref = _generate(model, ssa.hf.SSACache(model, **kw), ids, 4)
+    assert ref.tolist() == first.tolist()
+    _generate(model, cache, other, 2)
+    assert cache.get_seq_length() == other.shape[1] + 1
+
+
+def test_sliding_layers_cannot_roll_back_past_their_window():
+    model = _gemma()
+    cache = ssa.hf.SSACache(model, method="dense")
+    _generate(model, cache, _ids(100), 3)
+    with pytest.raises(ssa.InvalidArgument, match="sliding-window layer"):
+        cache.truncate(50)
+    assert cache.get_seq_length() == 102
+
+
+def test_load_refuses_another_model(tmp_path):
+    a, b = _llama(layers=2), _llama(layers=3)
+    cache = ssa.hf.SSACache(a, method="dense")
+    _generate(a, cache, _ids(50), 2)
+    cache.save(tmp_path / "a")
+    with pytest.raises(ssa.Mismatch, match="another model.*num_hidden_layers 2 vs 3"):
+        ssa.hf.SSACache.load(tmp_path / "a", b)
+    with pytest.raises(ssa.InvalidArgument, match="no saved cache"):
+        ssa.hf.SSACache.load(tmp_path / "missing", a)
+
+
+def test_load_checks_what_it_reads(tmp_path):
+    model = _llama()
+    cache = ssa.hf.SSACache(model, method="dense")
+    _generate(model, cache, _ids(50), 2)
+    cache.save(tmp_path / "c")
+    import json
+    man = tmp_path / "c" / "cache.json"
+    good = json.loads(man.read_text())
+    for bad, msg in ((dict(good, params=dict(good["params"], sparsity=0.5)), "sparsity"),
+                     (dict(good, rows=["../x.ssa"]), "row snapshots"),
+                     (dict(good, positions=-1), "position count"),
+                     (dict(good, positions=7), "holds 51 tokens"),
+                     (dict(good, format="other/9"), "format")):
+        man.write_text(json.dumps(bad))
+        with pytest.raises(ssa.Error, match=msg):
+            ssa.hf.SSACache.load(tmp_path / "c", model)
+    man.write_text("{not json")
+    with pytest.raises(ssa.InvalidArgument, match="not a valid manifest"):
+        ssa.hf.SSACache.load(tmp_path / "c", model)
+    (tmp_path / "c" / "row0.ssa").write_bytes(b"garbage" * 100)
+    man.write_text(json.dumps(good))
+    with pytest.raises(ssa.Error, match="row0.ssa"):
+        ssa.hf.SSACache.load(tmp_path / "c", model)
+
+
+@pytest.mark.parametrize("kw,msg", [
+    (dict(method="fast"), "method='fast' is not one of"),
+    (dict(sparsity=0.5), "sparsity"),
+    (dict(sparsity=float("nan")), "sparsity"),
+    (dict(budget=0), "budget"),
+    (dict(budget=2.5), "budget must be an integer"),
+    (dict(h=1.5), "h=1.5"),
+    (dict(n_sink=-1), "n_sink"),
+    (dict(seed=-3), "seed"),
+    (dict(backend="tpu"), "backend='tpu'"),
+    (dict(observer=3), "observer must be callable"),
+])
+def test_bad_parameters_are_refused(kw, msg):
+    model = _llama()
+    with pytest.raises(ssa.InvalidArgument, match=msg):
+        ssa.hf.SSACache(model, **kw)
+    cache = ssa.hf.SSACache(model)
+    if "backend" not in kw and "observer" not in kw:
+        with pytest.raises(ssa.InvalidArgument, match=msg):
+            cache.set_params(**kw)
+        assert cache.params["method"] == "ssa" and cache.params["sparsity"] == 20.0
+    with pytest.raises(ssa.InvalidArgument, match="unknown decode parameter"):
+        cache.set_params(sparsty=3)
+
+
+def test_model_without_ssa_attention_is_refused():
+    model = _llama()
+    model.set_attn_implementation("sdpa")
+    with pytest.raises(ssa.InvalidArgument, match="attn_implementation=\"ssa\""):
+        ssa.hf.SSACache(model)
+
+
+def test_repr_and_layer_map(capsys):
+    model = _gemma()
+    cache = ssa.hf.SSACache(model, method="ssa", sparsity=10, progress_min_tokens=32)
+    assert "no session yet" in repr(cache)
+    _generate(model, cache, _ids(40), 2)
+    assert "prefill 40 tokens" in capsys.readouterr().err  # the progress bar of a long prefill
+    r = repr(cache)
+    assert "4 layers, 2 in libssa (cpu float32), 2 sliding-window" in r and "41 position(s)" in r, r
+    assert [cache.layer_of(i) for i in range(4)] == [None, 0, None, 1]
+    with pytest.raises(ssa.InvalidArgument, match="not a layer"):
+        cache.layer_of(4)
+
+
+def test_attention_switched_away_from_ssa_is_reported():
+    model = _llama()
+    cache = ssa.hf.SSACache(model)
+    model.set_attn_implementation("sdpa")
+    try:
+        with pytest.raises(RuntimeError, match="layer 0: the attention call after the cache update"):
+            _generate(model, cache, _ids(20), 2)
+    finally:
+        model.set_attn_implementation("ssa")
+    dense = ssa.hf.SSACache(model, method="dense")
+    assert _generate(model, dense, _ids(20), 2).shape == (1, 22)
