@@ -16,6 +16,7 @@ from ._core import (
     Backend,
     DecodeStats,
     DType,
+    GroupSelection,
     Method,
     Runtime,
     Session,
@@ -41,7 +42,7 @@ from ._errors import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "Runtime", "Session", "SessionConfig", "DecodeStats", "Status", "Backend", "DType", "Method",
+    "Runtime", "Session", "SessionConfig", "DecodeStats", "Status", "Backend", "DType", "GroupSelection", "Method",
     "METHODS", "version", "header_version",
     "Error", "InvalidArgument", "OutOfMemory", "IOError", "Corrupt", "Version", "Mismatch",
     "Unsupported", "Device", "Busy", "Internal",

@@ -58,6 +58,16 @@ class Method(enum.IntEnum):
 
 METHODS = tuple(m.name.lower() for m in Method)
 
+
+class GroupSelection(enum.IntEnum):
+    """ssa_group_selection values: who selects the middle rows in a GQA model
+    (docs/GROUP_SELECTION.md). OFF: every query head alone; MIXTURE / MEAN_QUERY:
+    one selection per KV head, shared by its query heads."""
+
+    OFF = lib.SSA_GROUP_OFF
+    MIXTURE = lib.SSA_GROUP_MIXTURE
+    MEAN_QUERY = lib.SSA_GROUP_MEAN_QUERY
+
 _U32 = (1 << 32) - 1
 _U64 = (1 << 64) - 1
 
@@ -196,7 +206,8 @@ def _decode_params(method: Any = "ssa", sparsity: float = 50.0, budget: Optional
                    heavy_fraction: float = 0.4, n_sink: int = 128, n_local: int = 128,
                    seed: Optional[int] = None, step: int = 0, pi_min: Optional[float] = None,
                    stream: Any = None, target_error: Optional[float] = None,
-                   target_delta: Optional[float] = None, max_budget: Optional[int] = None):
+                   target_delta: Optional[float] = None, max_budget: Optional[int] = None,
+                   group_selection: Any = "off"):
     p = ffi.new("ssa_decode_params *")
     lib.ssa_decode_params_init(p)
     p.method = _enum("method", method, Method)
@@ -217,6 +228,7 @@ def _decode_params(method: Any = "ssa", sparsity: float = 50.0, budget: Optional
         p.target_delta = _float("target_delta", target_delta)
     if max_budget is not None:
         p.max_budget = _int("max_budget", max_budget, 0, _U32)
+    p.group_selection = _enum("group_selection", group_selection, GroupSelection)
     return p
 
 
@@ -416,7 +428,8 @@ class Runtime:
                      sparsity: float = 50.0, budget: Optional[int] = None, heavy_fraction: float = 0.4,
                      n_sink: int = 128, n_local: int = 128, seed: Optional[int] = None, step: int = 0,
                      pi_min: Optional[float] = None, stream: Any = None, target_error: Optional[float] = None,
-                     target_delta: Optional[float] = None, max_budget: Optional[int] = None) -> List[Any]:
+                     target_delta: Optional[float] = None, max_budget: Optional[int] = None,
+                     group_selection: Any = "off") -> List[Any]:
         """Decodes many sessions of this runtime at one layer in one call.
 
         Args:
@@ -429,7 +442,8 @@ class Runtime:
         items = list(items)
         layer = _int("layer", layer, 0, _U32)
         params = _decode_params(method, sparsity, budget, heavy_fraction, n_sink, n_local, seed, step,
-                                pi_min, stream, target_error, target_delta, max_budget)
+                                pi_min, stream, target_error, target_delta, max_budget,
+                                group_selection)
         c_items = ffi.new("ssa_decode_item[]", max(len(items), 1))
         refs, outs = [], []
         for i, item in enumerate(items):
@@ -644,7 +658,7 @@ class Session:
                n_local: int = 128, seed: Optional[int] = None, step: int = 0, out: Any = None,
                stats: bool = False, pi_min: Optional[float] = None, stream: Any = None,
                target_error: Optional[float] = None, target_delta: Optional[float] = None,
-               max_budget: Optional[int] = None):
+               max_budget: Optional[int] = None, group_selection: Any = "off"):
         """Attention output of one layer for one new query.
 
         Args:
@@ -670,11 +684,15 @@ class Session:
             target_delta: allowed failure probability, in (0, 1) (None: 0.1).
             max_budget: cap on each head's chosen budget in tokens (None or 0: N / 5, at
                 least the floor); DecodeStats.capped_heads counts heads it stopped.
+            group_selection: "off" (default), "mixture" or "mean_query" (or
+                ssa.GroupSelection): one selection per KV head shared by its query
+                heads (CPU sessions; docs/GROUP_SELECTION.md).
         Returns out, or (out, DecodeStats) when stats is true.
         """
         layer = self._check_layer(layer)
         params = _decode_params(method, sparsity, budget, heavy_fraction, n_sink, n_local, seed, step,
-                                pi_min, stream, target_error, target_delta, max_budget)
+                                pi_min, stream, target_error, target_delta, max_budget,
+                                group_selection)
         qr, outr = self._decode_arrays("", q, out)
         st = ffi.NULL
         if stats:

@@ -231,3 +231,27 @@ def test_concurrent_decodes_match_serial(rt, rng):
             t.join()
         for a, b in zip(serial, results):
             assert np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("group", ["mixture", "mean_query", ssa.GroupSelection.MIXTURE])
+def test_group_selection_shares_rows_and_is_dense_at_full_budget(rt, rng, group):
+    with make_session(rt, "float32") as s:
+        n = 3000
+        k, v = random_kv(rng, n)
+        s.append(0, k, v)
+        q = random_q(rng, scale=2.0)
+        dense = s.decode(0, q, method="dense")
+        for m in ["pq_topk", "ssa", "sampling"]:
+            assert rel_err(s.decode(0, q, method=m, budget=n, group_selection=group), dense) < 1e-6
+            _, st = s.decode(0, q, method=m, budget=300, n_sink=16, n_local=16, group_selection=group,
+                             stats=True)
+            g = N_Q // 2  # conftest's sessions have 2 KV heads
+            assert st.tokens_read <= N_Q * (32 + g * (300 - 32))
+            if m == "pq_topk":
+                assert st.heavy_tokens == N_Q * g * (300 - 32)
+    with make_session(rt, "float32") as s:
+        s.append(0, *random_kv(rng, 500))
+        with pytest.raises(ssa.InvalidArgument, match="group_selection"):
+            s.decode(0, random_q(rng), group_selection="sideways")
+        with pytest.raises(ssa.Unsupported, match="group_selection"):
+            s.decode(0, random_q(rng), group_selection="mixture", target_error=0.05)

@@ -76,6 +76,20 @@ def test_decode_logits_equal_sdpa_at_full_budget(make, method):
         assert st.context_tokens == 300
 
 
+@pytest.mark.parametrize("group", ["mixture", "mean_query"])
+def test_group_selection_is_exact_at_full_budget_and_sparse_below(group):
+    model = _llama()
+    ids = _ids(300)
+    want = _sdpa_logits(model, ids)[:, 239:]
+    cache = ssa.hf.SSACache(model, method="ssa", budget=10 ** 6, n_sink=4, n_local=4, group_selection=group)
+    got = _stepwise_logits(model, cache, ids, 240)
+    assert torch.allclose(got, want, atol=2e-4, rtol=1e-4), (got - want).abs().max()
+    cache = ssa.hf.SSACache(model, method="ssa", sparsity=10, n_sink=8, n_local=8, group_selection=group)
+    _stepwise_logits(model, cache, ids, 240)
+    st = cache.last_stats[0][0]
+    assert st.context_tokens == 300 and st.draws > 0
+
+
 def test_sparse_decode_differs_and_reads_fewer_rows():
     model = _llama()
     ids = _ids(600)
@@ -228,6 +242,7 @@ def test_load_checks_what_it_reads(tmp_path):
     (dict(seed=-3), "seed"),
     (dict(backend="tpu"), "backend='tpu'"),
     (dict(observer=3), "observer must be callable"),
+    (dict(group_selection="sideways"), "group_selection='sideways' is not one of"),
 ])
 def test_bad_parameters_are_refused(kw, msg):
     model = _llama()

@@ -196,6 +196,9 @@ class SSACache(Cache):
         threads: CPU worker threads of the libssa runtime (0: all cores).
         progress_min_tokens: prefills of at least this many tokens show a progress
             bar over the layers (None: never).
+        group_selection: "off" (each query head selects its own rows), "mixture" or
+            "mean_query" (one selection per KV head shared by its query heads; CPU
+            sessions only; docs/GROUP_SELECTION.md).
 
     Prefill (a multi-token chunk at the start of a sequence) attends densely with
     transformers' sdpa and appends the chunk's K/V; a later multi-token chunk (after a
@@ -206,14 +209,14 @@ class SSACache(Cache):
     def __init__(self, model, method: str = "ssa", sparsity: float = 20.0, budget: Optional[int] = None,
                  h: float = 0.4, n_sink: int = 128, n_local: int = 128, seed: int = 0, backend: str = "auto",
                  observer: Optional[Callable] = None, threads: int = 0,
-                 progress_min_tokens: Optional[int] = 8192):
+                 progress_min_tokens: Optional[int] = 8192, group_selection: str = "off"):
         self.shape = _model.shape_of(model)
         impl = getattr(_model.text_config(model), "_attn_implementation", None)
         if impl is not None and impl != "ssa":
             raise invalid("the model runs attention %r; an SSACache needs a model loaded with "
                           "attn_implementation=\"ssa\" (after import ssa.hf)" % (impl,))
         self.params = _params.check(dict(method=method, sparsity=sparsity, budget=budget, h=h, n_sink=n_sink,
-                                         n_local=n_local, seed=seed))
+                                         n_local=n_local, seed=seed, group_selection=group_selection))
         self.backend = _params.check_backend(backend)
         if observer is not None and not callable(observer):
             raise invalid("observer must be callable, got %r" % (observer,))

@@ -4,7 +4,9 @@ import math
 from .._core import METHODS
 from .._errors import invalid
 
-DEFAULTS = dict(method="ssa", sparsity=20.0, budget=None, h=0.4, n_sink=128, n_local=128, seed=0)
+DEFAULTS = dict(method="ssa", sparsity=20.0, budget=None, h=0.4, n_sink=128, n_local=128, seed=0,
+                group_selection="off")
+GROUP_SELECTIONS = ("off", "mixture", "mean_query")
 BACKENDS = ("auto", "cpu", "cuda")
 
 
@@ -50,6 +52,11 @@ def check(params: dict, base: dict = None) -> dict:
             v = _count(k, v, 0)
         elif k == "seed":
             v = _count("seed", v, 0)
+        elif k == "group_selection":
+            g = getattr(v, "name", v)
+            if not isinstance(g, str) or g.lower() not in GROUP_SELECTIONS:
+                raise invalid("group_selection=%r is not one of %s" % (v, ", ".join(GROUP_SELECTIONS)))
+            v = g.lower()
         out[k] = v
     return out
 
@@ -57,7 +64,8 @@ def check(params: dict, base: dict = None) -> dict:
 def library_kwargs(p: dict) -> dict:
     """The keyword arguments of ssa.Session.decode for these parameters."""
     return dict(method=p["method"], sparsity=p["sparsity"], budget=p["budget"], heavy_fraction=p["h"],
-                n_sink=p["n_sink"], n_local=p["n_local"], seed=p["seed"])
+                n_sink=p["n_sink"], n_local=p["n_local"], seed=p["seed"],
+                group_selection=p.get("group_selection", "off"))
 
 
 def check_backend(backend):
