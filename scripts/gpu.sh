@@ -95,23 +95,35 @@ stage_sanitize() {
 }
 
 # The Python binding's CUDA path (bindings/python/tests/test_cuda.py, torch
-# tensors on the device). Wheels from $SSA_WHEELS (default .whl; fill it where
-# PyPI is reachable: pip download --only-binary=:all: --python-version 3.12
-# --platform manylinux2014_x86_64 -d .whl cffi pytest 'setuptools<82' scikit-build-core), installed
-# into a folder under /tmp, never into the system.
+# tensors on the device; test_hf_cuda.py, ssa.hf on a random model of
+# Llama-3.1-8B's attention shape against transformers' sdpa), then the
+# end-to-end decode through generate (bench/hf_decode_bench.py, $SSA_HF_BENCH_ARGS;
+# skipped when SSA_HF_BENCH=0). The machine's python3 has torch, transformers,
+# pytest and scikit-build-core; cffi and pycparser come as wheels from $SSA_WHEELS
+# (default .whl; fill it where PyPI is reachable: pip download --no-deps
+# --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 -d .whl
+# cffi pycparser), installed into a folder under /tmp, never into the system.
 stage_python() {
   local deps=/tmp/ssa_pydeps lib_dir root=$PWD
   lib_dir=$(cd "$BUILD" && pwd)
   log "python binding on the GPU"
   {
-    python3 -m pip install -q --no-index --find-links "${SSA_WHEELS:-.whl}" --target "$deps" cffi pytest setuptools scikit-build-core &&
+    { python3 -c "import cffi" 2>/dev/null ||
+      python3 -m pip install -q --no-index --no-deps --find-links "${SSA_WHEELS:-.whl}" --target "$deps" cffi pycparser; } &&
       PYTHONPATH="$deps" SSA_LIB_DIR="$lib_dir" SSA_INCLUDE_DIR="$root/include" \
         python3 -m pip install -q --no-build-isolation --no-deps --target "$deps" ./bindings/python &&
-      (cd / && PYTHONPATH="$deps" python3 -m pytest -q -p no:cacheprovider -rs "$root/bindings/python/tests/test_cuda.py")
+      (cd / && PYTHONPATH="$deps" python3 -m pytest -q -s -p no:cacheprovider -rs -W ignore::FutureWarning \
+        "$root/bindings/python/tests/test_cuda.py" "$root/bindings/python/tests/test_hf_cuda.py")
   } >"$OUT/python.log" 2>&1 || rc=1
   # A skip (no torch, no device) would pass pytest; here it is a failure.
   if grep -q "skipped" "$OUT/python.log"; then echo "python: CUDA tests skipped" >>"$OUT/python.log"; rc=1; fi
-  tail -5 "$OUT/python.log" | tee -a "$OUT/summary.txt"
+  tail -8 "$OUT/python.log" | tee -a "$OUT/summary.txt"
+  if [ "${SSA_HF_BENCH:-1}" != 0 ]; then
+    log "ssa.hf decode through generate (bench/hf_decode_bench.py)"
+    # shellcheck disable=SC2086
+    (cd / && PYTHONPATH="$deps" python3 "$root/bench/hf_decode_bench.py" ${SSA_HF_BENCH_ARGS:-} \
+      --json "$OUT/hf_decode_bench.json") 2>&1 | tee "$OUT/hf_decode_bench.md" || rc=1
+  fi
 }
 
 # run_logged RAW CMD...: appends the JSON lines to RAW, shows the '#' notes.
