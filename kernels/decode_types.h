@@ -31,7 +31,7 @@ struct DecodeShape {
 };
 
 // One (session, layer, query) of a launch set. Every pointer is device memory.
-// The token ranges follow SSA_SPEC.md: [0, sink_end) and [local_begin, n_tokens)
+// The token ranges follow docs/ALGORITHM.md (#fixed-tokens): [0, sink_end) and [local_begin, n_tokens)
 // are always read with pi = 1, the candidates C are [sink_end, local_begin).
 struct DecodeItem {
   const uint8_t* const* kv_pages = nullptr;    // one device pointer per KV page

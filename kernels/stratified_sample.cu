@@ -1,4 +1,4 @@
-// Sampling of the residual R = C \ H (SSA_SPEC.md steps 1-2 on the GPU).
+// Sampling of the residual R = C \ H (docs/ALGORITHM.md #stratification, #inclusion-probability, #sampling-hierarchy, on the GPU).
 //  1. Residual weights w_i = exp(s~_i - max) (or 1 for uniform sampling), 0 for
 //     the tokens of the heavy bitmap, in fixed point (cand_weight, device_util.cuh),
 //     are summed per 32-token block and per 1024-token chunk: by the top-k filter

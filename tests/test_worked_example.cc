@@ -1,4 +1,4 @@
-// The worked example of SSA_SPEC.md, number for number: proxy q = (.5,.2,.1,.1,.1),
+// The worked example of docs/ALGORITHM.md (#worked-example), number for number: proxy q = (.5,.2,.1,.1,.1),
 // true weights w = (5,2,1,1,1), k = 3, no sink/local.
 #include <doctest/doctest.h>
 

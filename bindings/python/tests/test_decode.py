@@ -122,7 +122,7 @@ def test_oracle_topk_matches_numpy_oracle(rt, rng):
 def test_sampled_methods_average_out_and_rank(rt, rng):
     """Independent draws per step: averaging 16 steps shrinks the error about 4x (an
     unbiased-style estimator), and at equal budget proxy-proportional sampling beats
-    uniform sampling while stratification beats plain sampling (SSA_SPEC.md)."""
+    uniform sampling while stratification beats plain sampling (docs/ALGORITHM.md #stratification)."""
     s, k, v, q = _peaked_session(rt, rng)
     with s:
         ref = reference_attention(q, k, v)
