@@ -6,9 +6,11 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <algorithm>
 #include <chrono>
+#include <string>
 #include <vector>
 
 #include "ssa.h"
@@ -55,6 +57,22 @@ inline const char* method_name(ssa_method m) {
     case SSA_METHOD_SSA: return "ssa";
     default: return "ssa_adaptive";
   }
+}
+
+// "65536,262144" -> {65536, 262144}.
+inline std::vector<uint64_t> parse_u64_list(const char* text) {
+  std::vector<uint64_t> out;
+  for (const char* p = text; *p != '\0';) {
+    char* end = nullptr;
+    out.push_back(strtoull(p, &end, 10));
+    p = *end == ',' ? end + 1 : end + strlen(end);
+  }
+  return out;
+}
+
+// Whether --configs (e.g. "paper,llama") names this shape (by its first word's prefix).
+inline bool wants_shape(const std::string& configs, const Shape& s) {
+  return configs.find(std::string(s.name).substr(0, 5)) != std::string::npos;
 }
 
 }  // namespace ssa_bench

@@ -52,8 +52,7 @@ int main(int argc, char** argv) {
   std::string configs = "paper,llama";
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!strcmp(argv[i], "--contexts")) {
-      contexts.clear();
-      for (char* tok = strtok(argv[i + 1], ","); tok; tok = strtok(nullptr, ",")) contexts.push_back(strtoull(tok, nullptr, 10));
+      contexts = ssa_bench::parse_u64_list(argv[i + 1]);
     } else if (!strcmp(argv[i], "--reps")) {
       reps = atoi(argv[i + 1]);
     } else if (!strcmp(argv[i], "--configs")) {
@@ -72,7 +71,7 @@ int main(int argc, char** argv) {
   const float sparsities[] = {10, 20, 50, 100};
 
   for (const ssa_bench::Shape& c : all) {
-    if (configs.find(std::string(c.name).substr(0, 5)) == std::string::npos) continue;
+    if (!ssa_bench::wants_shape(configs, c)) continue;
     const ssa_session_config cfg = ssa_test::make_config(1, c.nq, c.nkv, c.d, c.dtype);
     ssa_session* s = nullptr;
     check(ssa_session_create(rt, &cfg, &s), "session");
