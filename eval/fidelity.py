@@ -68,8 +68,8 @@ def model_meta(m):
 
 # ------------------------------------------------------------------------ documents
 
-def cmd_doc(args):
-    m = models.load(args.model)
+def cmd_doc(args, m=None):
+    m = m or models.load(args.model)
     run = plan.doc_run(m, args.doc, args.length)
     N = run.n_context
     stored = stored_prefill(args, run.ids[:N])
@@ -79,7 +79,7 @@ def cmd_doc(args):
         base = harness.make_base(m, stored, rec, ns)
     print("%s %s: context %d, sink+local %d+%d, base cache %.1fs" % (args.model, args.doc, N, ns, ns, t.s),
           flush=True)
-    feed = run.ids[N:]
+    feed = run.ids[N:N + args.steps + 1]
     rows = []
     for meth, sp in harness.configs(args.methods, args.sparsities):
         rec.reset()
@@ -102,8 +102,8 @@ def cmd_doc(args):
 
 # ------------------------------------------------------------------------ RULER
 
-def cmd_ruler(args):
-    m = models.load(args.model)
+def cmd_ruler(args, m=None):
+    m = m or models.load(args.model)
     ctx = plan.ruler_context(m, args.task, args.length, args.seed)
     ids = m.encode(ctx.prefix)
     N = len(ids)
@@ -114,7 +114,7 @@ def cmd_ruler(args):
     print("%s %s L=%d seed %d: prefix %d tokens, %d questions, sink+local %d+%d" % (
         args.model, args.task, args.length, args.seed, N, len(ctx.questions), ns, ns), flush=True)
     questions = []
-    for qi, q in enumerate(ctx.questions):
+    for qi, q in enumerate(ctx.questions[: args.questions]):
         qids = m.encode(q.text, bos=False)
         runs = []
         for meth, sp in harness.configs(args.methods, args.sparsities):
@@ -124,8 +124,13 @@ def cmd_ruler(args):
 
             def done(gen, q=q):
                 return ruler.score(q, m.decode(gen))
+
+            def give_up(gen):
+                # The answer is its first line: a newline after some text ends it.
+                text = m.decode(gen).lstrip()
+                return "\n" in text.rstrip("\n") or (text.endswith("\n") and text.strip() != "")
             with harness.Timer() as t:
-                r = harness.answer(m, c, N, qids, q.max_new, done)
+                r = harness.answer(m, c, N, qids, q.max_new, done, give_up)
             text = m.decode(r["generated"])
             r.update(method=meth, sparsity=sp, answer=text, correct=ruler.score(q, text), seconds=round(t.s, 1),
                      **rec.summary())
@@ -162,9 +167,11 @@ def main():
     d.add_argument("--doc", choices=plan.DOC_NAMES, required=True)
     d.add_argument("--head-errors", action="store_true", help="keep every (layer, step, head) error")
     d.add_argument("--sink-local", type=int, default=None, help="override N/256 (an ablation)")
+    d.add_argument("--steps", type=int, default=plan.DOC_STEPS, help="teacher-forced steps (<= %d)" % plan.DOC_STEPS)
     r = sub.add_parser("ruler")
     r.add_argument("--task", choices=ruler.TASKS, required=True)
     r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--questions", type=int, default=None, help="ask only the first N questions of the context")
     p = sub.add_parser("proxy")
     p.add_argument("--doc", choices=plan.DOC_NAMES, required=True)
     p.add_argument("--steps", type=int, default=8)
@@ -177,7 +184,22 @@ def main():
         x.add_argument("--methods", nargs="+", default=harness.METHODS, choices=harness.METHODS)
         x.add_argument("--sparsities", nargs="+", type=float, default=harness.SPARSITIES)
     sub.add_parser("report")
+    b = sub.add_parser("batch", help="several pieces in one process (the model loaded once)")
+    b.add_argument("--model", required=True, choices=sorted(models.GGUF))
+    b.add_argument("--threads", type=int, default=1)
+    b.add_argument("pieces", nargs="+", help="argument lists of doc/ruler/proxy, each as one string, "
+                   "e.g. 'doc --doc pydoc_topics --length 32768'")
     args = ap.parse_args()
+    if args.cmd == "batch":
+        torch.set_num_threads(args.threads)
+        m = models.load(args.model)
+        for piece in args.pieces:
+            a = ap.parse_args(piece.split() + ["--model", args.model, "--threads", str(args.threads)])
+            print("== %s" % piece, flush=True)
+            with harness.Timer() as t:
+                {"doc": cmd_doc, "ruler": cmd_ruler, "proxy": cmd_proxy}[a.cmd](a, m)
+            print("== done in %.0fs" % t.s, flush=True)
+        return
     if args.cmd == "report":
         import report
         report.main()

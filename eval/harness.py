@@ -74,9 +74,13 @@ class Recorder:
 
 def make_base(loaded, stored: Dict, recorder: Recorder, n_sl: int):
     import ssa.hf
-    cache = ssa.hf.SSACache(loaded.model, method="dense", sparsity=1.0, h=HEAVY_FRACTION, n_sink=n_sl,
-                            n_local=n_sl, seed=SEED, backend="cpu", observer=recorder)
-    prefill_store.into_cache(stored, cache)
+    kw = dict(method="dense", sparsity=1.0, h=HEAVY_FRACTION, n_sink=n_sl, n_local=n_sl, seed=SEED,
+              backend="cpu", observer=recorder)
+    try:
+        cache = ssa.hf.SSACache(loaded.model, threads=1, **kw)   # one libssa thread on the shared CPU
+    except TypeError:
+        cache = ssa.hf.SSACache(loaded.model, **kw)
+    prefill_store.into_cache(stored, cache, loaded.model)
     return cache
 
 
@@ -115,21 +119,33 @@ def teacher_forced(loaded, cache, pos0: int, logits0: torch.Tensor, feed: Sequen
     return dict(preds=preds, logps=logps)
 
 
+def body_step(model, cache, tok: int, pos: int) -> None:
+    """A decode step whose logits are not needed: the model body only (every
+    layer and its attention through the cache), without the LM head, which is
+    most of a step's cost in Gemma-3 (262K-token vocabulary)."""
+    with torch.no_grad():
+        model.model(input_ids=torch.tensor([[tok]]), past_key_values=cache, use_cache=True,
+                    cache_position=torch.tensor([pos]))
+
+
 def answer(loaded, cache, pos0: int, question: Sequence[int], max_new: int,
-           done: Optional[Callable[[List[int]], bool]] = None) -> Dict:
+           done: Optional[Callable[[List[int]], bool]] = None,
+           give_up: Optional[Callable[[List[int]], bool]] = None) -> Dict:
     """Decodes the question tokens (each through the cache), then up to max_new
-    greedy tokens; stops early at EOS or when done(generated) holds."""
-    logits = None
+    greedy tokens; stops early at EOS, when done(generated) holds (the answer is
+    already correct) or when give_up(generated) holds (it can no longer be)."""
     pos = pos0
-    for tok in question:
-        logits = step(loaded.model, cache, int(tok), pos)
+    for tok in question[:-1]:
+        body_step(loaded.model, cache, int(tok), pos)
         pos += 1
+    logits = step(loaded.model, cache, int(question[-1]), pos)
+    pos += 1
     gen: List[int] = []
     eos = loaded.tok.eos_token_id
     for _ in range(max_new):
         t = int(torch.argmax(logits))
         gen.append(t)
-        if t == eos or (done is not None and done(gen)):
+        if t == eos or (done is not None and done(gen)) or (give_up is not None and give_up(gen)):
             break
         logits = step(loaded.model, cache, t, pos)
         pos += 1

@@ -83,13 +83,25 @@ def load(model_name: str, ids: Sequence[int]) -> Dict:
     return torch.load(path_for(model_name, ids), weights_only=True)
 
 
-def into_cache(stored: Dict, cache) -> None:
-    """Appends a stored prefill to an empty cache, layer by layer, through the
-    Cache.update the model's attention would call."""
+def into_cache(stored: Dict, cache, model) -> None:
+    """Appends a stored prefill to an empty cache, layer by layer, as the model's
+    own prefill does: the layer's Cache.update, then the model's attention
+    function (for an SSACache's full-attention layers, the "ssa" implementation
+    stores the K/V in the session there). The attention runs on a one-token
+    placeholder query whose output is discarded: the stored prefill already holds
+    the real outputs' effect (its logits and the K/V of every layer)."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+    impl = getattr(model.config, "_attn_implementation", "sdpa")
+    attend = ALL_ATTENTION_FUNCTIONS.get(impl) if impl != "sdpa" else None
     n = len(stored["ids"])
     for i, (k, v) in enumerate(zip(stored["keys"], stored["values"])):
         if k.shape[-2] < n:
             pad = n - k.shape[-2]
             k = torch.cat([k.new_zeros(k.shape[:-2] + (pad, k.shape[-1])), k], dim=-2)
             v = torch.cat([v.new_zeros(v.shape[:-2] + (pad, v.shape[-1])), v], dim=-2)
-        cache.update(k, v, i, {"cache_position": torch.arange(n)})
+        ks, vs = cache.update(k, v, i, {"cache_position": torch.arange(n)})
+        if attend is not None:
+            module = model.model.layers[i].self_attn
+            n_q = model.config.num_attention_heads
+            q = torch.zeros(k.shape[0], n_q, 1, k.shape[-1], dtype=k.dtype)
+            attend(module, q, ks, vs, None, dropout=0.0, scaling=getattr(module, "scaling", None))
