@@ -48,12 +48,13 @@ def save(name, obj):
     print("wrote eval/results/%s" % name, flush=True)
 
 
-def stored_prefill(args, ids):
+def stored_prefill(args, ids, m):
+    """The cached dense prefill of ids, computed first if missing: with the loaded
+    model itself, whose "ssa" attention is transformers' sdpa when the cache is not
+    an SSACache."""
     if not prefill_store.have(args.model, ids):
-        print("no cached prefill of these %d tokens: computing it (sdpa)" % len(ids), flush=True)
-        m = models.load(args.model, attn="sdpa")
+        print("no cached prefill of these %d tokens: computing it (dense)" % len(ids), flush=True)
         prefill_store.compute(m, ids)
-        del m
     return prefill_store.load(args.model, ids)
 
 
@@ -72,7 +73,7 @@ def cmd_doc(args, m=None):
     m = m or models.load(args.model)
     run = plan.doc_run(m, args.doc, args.length)
     N = run.n_context
-    stored = stored_prefill(args, run.ids[:N])
+    stored = stored_prefill(args, run.ids[:N], m)
     ns = args.sink_local if args.sink_local is not None else harness.sink_local(N)
     rec = harness.Recorder()
     with harness.Timer() as t:
@@ -107,7 +108,7 @@ def cmd_ruler(args, m=None):
     ctx = plan.ruler_context(m, args.task, args.length, args.seed)
     ids = m.encode(ctx.prefix)
     N = len(ids)
-    stored = stored_prefill(args, ids)
+    stored = stored_prefill(args, ids, m)
     ns = harness.sink_local(N)
     rec = harness.Recorder()
     base = harness.make_base(m, stored, rec, ns)
@@ -147,12 +148,12 @@ def cmd_ruler(args, m=None):
 
 # ------------------------------------------------------------------------ proxy quality
 
-def cmd_proxy(args):
+def cmd_proxy(args, m=None):
     import pq_proxy
-    m = models.load(args.model)
+    m = m or models.load(args.model)
     run = plan.doc_run(m, args.doc, args.length)
     N = run.n_context
-    stored = stored_prefill(args, run.ids[:N])
+    stored = stored_prefill(args, run.ids[:N], m)
     res = pq_proxy.measure(m, stored, run.ids[N:N + args.steps], args.fractions,
                            os.path.join(prefill_store.CACHE_DIR, "proxy-%s.ssa" % args.model))
     save("%s-proxy-%s-%d.json" % (args.model, args.doc, args.length),
