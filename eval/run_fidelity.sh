@@ -18,6 +18,9 @@ cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
 RECORDED="doc-smollm2-pydoc_topics-8192-16 ruler-smollm2-niah_single-8192-0-1 ruler-smollm2-niah_multikey-8192-0-1
   ruler-smollm2-niah_multivalue-8192-0-1 proxy-smollm2-pydoc_topics-8192
+  ruler-smollm2-niah_single-4096-0-1 ruler-smollm2-variable_tracking-4096-0-1
+  ruler-smollm2-niah_multikey-4096-0-1 ruler-smollm2-niah_multivalue-4096-0-1
+  ruler-smollm2-niah_single-4096-1 ruler-smollm2-niah_multikey-4096-1-2
   doc-gemma3-pydoc_topics-32768 proxy-gemma3-pydoc_topics-32768 sl-gemma3-pydoc_topics-32768-16
   doc-gemma3-pydoc_topics-16384 proxy-gemma3-pydoc_topics-16384
   ruler-gemma3-niah_single-16384-0-1 ruler-gemma3-niah_multikey-16384-0-1
