@@ -19,4 +19,7 @@ trap 'rm -f "$log"' EXIT
 [ "${PIPESTATUS[0]}" -eq 0 ] || exit 1
 # Everything is installed above: a skipped model test here is a failure.
 if grep -qE '^SKIPPED|[0-9]+ skipped' "$log"; then echo "ci_test.sh: ssa.hf tests were skipped" >&2; exit 1; fi
+# The evaluation's own pieces that need no model (task generators, intervals, the
+# snapshot reader of eval/pq_proxy.py).
+"$PY" -m pytest -q -p no:cacheprovider eval/test_eval.py
 echo "tests: $((SECONDS - t1))s"
