@@ -209,7 +209,10 @@ def check_go(block, setup, work, env):
     run_setup(block, setup, work, env)
     with open(os.path.join(work, "main.go"), "w") as f:
         f.write(GO_HARNESS % block.text)
-    env = dict(env, GOFLAGS="-mod=mod", GOPROXY="off")
+    # A build cache of the check's own, as on a fresh machine: a machine's Go cache
+    # can keep the binding's package built with the link flags of a libssa installed
+    # elsewhere (seen after that install was removed: ld cannot find -lssa).
+    env = dict(env, GOFLAGS="-mod=mod", GOPROXY="off", GOCACHE=os.path.join(ROOT, "build-readme", "go-cache"))
     if "PKG_CONFIG_PATH" not in env:
         # The setup's `export` lives in its own shell: take it from there.
         m = re.search(r"export PKG_CONFIG_PATH=(\S+)", (setup.text if setup else "") + "\n".join(inline_setup(block)))
