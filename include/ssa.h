@@ -315,8 +315,9 @@ SSA_API ssa_status ssa_session_append_async(ssa_session *s, uint32_t layer, cons
    SSA_ERR_DEVICE. */
 SSA_API ssa_status ssa_session_update_index(ssa_session *s);
 
-/* Keeps the first n_tokens tokens of every layer (agent rollback). Layers
-   shorter than n_tokens are left as they are. Codebooks are kept.
+/* Keeps the first n_tokens tokens of every layer (agent rollback). n_tokens may
+   not exceed ssa_session_length (the shortest layer), so every layer ends up
+   exactly n_tokens long. Codebooks are kept.
    Takes the session exclusively.
    Returns SSA_OK, SSA_ERR_INVALID_ARGUMENT (s NULL, n_tokens > ssa_session_length). */
 SSA_API ssa_status ssa_session_truncate(ssa_session *s, uint64_t n_tokens);
