@@ -43,18 +43,6 @@ ssa_status load_status(ssa_runtime* rt, const std::string& path, uint32_t flags,
   return status_code(s.status());
 }
 
-std::vector<std::string> list_dir(const std::string& dir) {
-  std::vector<std::string> out;
-  DIR* d = opendir(dir.c_str());
-  if (!d) return out;
-  while (dirent* e = readdir(d)) {
-    if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) out.push_back(e->d_name);
-  }
-  closedir(d);
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
 void check_restores(ssa_runtime* rt, ssa_session& orig, const std::string& path) {
   const std::vector<uint8_t> want = decode_fingerprint(orig, 99);
   for (uint32_t flags : {0u, SSA_LOAD_VERIFY, SSA_LOAD_MMAP, SSA_LOAD_MMAP | SSA_LOAD_VERIFY}) {

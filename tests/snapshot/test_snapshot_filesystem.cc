@@ -28,21 +28,9 @@ using namespace ssa::test;
 
 namespace {
 
-std::vector<std::string> names_in(const std::string& dir) {
-  std::vector<std::string> out;
-  DIR* d = opendir(dir.c_str());
-  if (!d) return out;
-  while (dirent* e = readdir(d)) {
-    if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) out.push_back(e->d_name);
-  }
-  closedir(d);
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
 int count_with(const std::string& dir, const std::string& part) {
   int n = 0;
-  for (const std::string& f : names_in(dir)) n += f.find(part) != std::string::npos ? 1 : 0;
+  for (const std::string& f : list_dir(dir)) n += f.find(part) != std::string::npos ? 1 : 0;
   return n;
 }
 
@@ -335,7 +323,7 @@ TEST_CASE("temporary files of saves killed mid-write are removed by the next sav
   std::vector<std::string> want = {"t.snap", live_tmp.substr(dir.size() + 1),
                                    other_host.substr(dir.size() + 1), other_snap.substr(dir.size() + 1)};
   std::sort(want.begin(), want.end());
-  CHECK(names_in(dir) == want);
+  CHECK(list_dir(dir) == want);
   kill(live, SIGKILL);
   REQUIRE(waitpid(live, nullptr, 0) == live);
   REQUIRE(snapshot_save(*s, path.c_str()).ok());  // now that writer is gone too
@@ -381,7 +369,7 @@ TEST_CASE("a save through a symbolic link replaces the link's target and keeps t
     REQUIRE(back.ok());
     CHECK(store_diff(*s, **back) == "");
   }
-  CHECK(names_in(other) == std::vector<std::string>{"abs.snap"});  // no temp file beside the link
+  CHECK(list_dir(other) == std::vector<std::string>{"abs.snap"});  // no temp file beside the link
   // A dangling link: the save creates its target.
   const std::string dangling = dir + "/dangling.snap";
   REQUIRE(symlink("new.snap", dangling.c_str()) == 0);
@@ -392,9 +380,9 @@ TEST_CASE("a save through a symbolic link replaces the link's target and keeps t
   const std::string a = dir + "/a.snap", b = dir + "/b.snap";
   REQUIRE(symlink("b.snap", a.c_str()) == 0);
   REQUIRE(symlink("a.snap", b.c_str()) == 0);
-  const std::vector<std::string> before_loop = names_in(dir);
+  const std::vector<std::string> before_loop = list_dir(dir);
   const absl::Status st = snapshot_save(*s, a.c_str());
   CHECK(status_code(st) == SSA_ERR_IO);
   CHECK(std::string(st.message()).find("a.snap") != std::string::npos);
-  CHECK(names_in(dir) == before_loop);
+  CHECK(list_dir(dir) == before_loop);
 }

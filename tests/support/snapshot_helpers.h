@@ -2,12 +2,14 @@
 // sessions, byte-exact store comparison, decode comparison, file helpers.
 #pragma once
 
+#include <dirent.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <mutex>
 #include <shared_mutex>
 #include <filesystem>
@@ -224,6 +226,19 @@ inline bool write_file(const std::string& path, const void* data, size_t n) {
 inline uint64_t file_size(const std::string& path) {
   struct stat st;
   return stat(path.c_str(), &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
+}
+
+// The entries of a folder but . and .., sorted (empty if it cannot be read).
+inline std::vector<std::string> list_dir(const std::string& dir) {
+  std::vector<std::string> out;
+  DIR* d = opendir(dir.c_str());
+  if (!d) return out;
+  while (dirent* e = readdir(d)) {
+    if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) out.push_back(e->d_name);
+  }
+  closedir(d);
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 }  // namespace ssa::test
