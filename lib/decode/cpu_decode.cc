@@ -107,6 +107,16 @@ void exact_scores(const KvLayout& layout, const LayerStore& layer, uint32_t kv_h
   }
 }
 
+// Scores of the candidates for query q: exact for the oracle, else the PQ proxy.
+void candidate_scores(const KvLayout& layout, const LayerStore& layer, uint32_t kv_head, const float* q,
+                      const DecodePlan& plan, ssa_method method, std::vector<float>* lut, float* scores) {
+  if (method == SSA_METHOD_ORACLE_TOPK) {
+    exact_scores(layout, layer, kv_head, q, plan, scores);
+  } else {
+    pq_proxy_scores(layout, layer, kv_head, q, plan, lut, scores);
+  }
+}
+
 void append_range(uint64_t t0, uint64_t t1, HeadTrace* trace) {
   for (uint64_t t = t0; t < t1; ++t) {
     trace->tokens.push_back(static_cast<uint32_t>(t));
@@ -128,11 +138,7 @@ HeadStats select_head(const ssa_session& s, const LayerStore& layer, uint32_t la
     const auto t_score = Clock::now();
     const uint64_t nc = plan.candidates();
     scores.resize(nc);
-    if (p.method == SSA_METHOD_ORACLE_TOPK) {
-      exact_scores(layout, layer, kv_head, q, plan, scores.data());
-    } else {
-      pq_proxy_scores(layout, layer, kv_head, q, plan, &lut, scores.data());
-    }
+    candidate_scores(layout, layer, kv_head, q, plan, p.method, &lut, scores.data());
     st.time.scoring = seconds_since(t_score);
     const RngStream rng = make_rng_stream(seed, p.step, layer_index, q_head);
     if (plan.targeted) {
@@ -183,11 +189,7 @@ void select_group(const ssa_session& s, const LayerStore& layer, uint32_t layer_
   sel.clear();
   const auto t_score = Clock::now();
   auto score = [&](const float* qh, float* out) {
-    if (p.method == SSA_METHOD_ORACLE_TOPK) {
-      exact_scores(layout, layer, kv_head, qh, plan, out);
-    } else {
-      pq_proxy_scores(layout, layer, kv_head, qh, plan, &lut, out);
-    }
+    candidate_scores(layout, layer, kv_head, qh, plan, p.method, &lut, out);
   };
   const uint64_t kprime = plan.kprime * g;
   if (kprime >= nc) {
