@@ -121,6 +121,10 @@ ssa_status ssa_runtime_create(const ssa_runtime_options* opts, ssa_runtime** out
     if (o.num_threads < 0 || o.num_threads > 4096) {
       return ssa::invalid_argument("num_threads ", o.num_threads, " must be in 0..4096");
     }
+    if (o.host_cache_bytes > o.device_kv_budget) {
+      return ssa::invalid_argument("host_cache_bytes ", o.host_cache_bytes, " exceeds device_kv_budget ",
+                                   o.device_kv_budget, " (the cache is part of the budget; 0 = an eighth of it)");
+    }
     absl::StatusOr<ssa_backend> chosen = ssa::choose_backend(o.backend, o.device);
     if (!chosen.ok()) return chosen.status();
     int threads = o.num_threads;
@@ -133,6 +137,8 @@ ssa_status ssa_runtime_create(const ssa_runtime_options* opts, ssa_runtime** out
     rt->device = o.device;
     rt->seed = o.seed;
     rt->pool = std::make_unique<ssa::ThreadPool>(threads);
+    const uint64_t cache = o.host_cache_bytes != 0 ? o.host_cache_bytes : o.device_kv_budget / 8;
+    rt->budget = std::make_shared<ssa::DeviceBudget>(o.device_kv_budget, cache);
     *out = rt.release();
     return absl::OkStatus();
   });

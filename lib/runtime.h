@@ -1,5 +1,5 @@
 // The runtime: which backend serves sessions, the CPU worker threads, the default
-// sampling seed. Shared by all threads of the embedding program.
+// sampling seed, the device budget of its sessions' K/V. Shared by all threads of the embedding program.
 #pragma once
 
 #include <stdint.h>
@@ -8,10 +8,14 @@
 
 #include "cpu/thread_pool.h"
 #include "ssa.h"
+#include "store/device_budget.h"
 
 struct ssa_runtime {
   ssa_backend backend = SSA_BACKEND_CPU;
   int32_t device = 0;
   uint64_t seed = 0x5EED;
   std::unique_ptr<ssa::ThreadPool> pool;
+  // The device memory its CUDA sessions' K/V pages may use (never null; unlimited
+  // unless ssa_runtime_options.device_kv_budget was set).
+  std::shared_ptr<ssa::DeviceBudget> budget;
 };

@@ -13,7 +13,8 @@ namespace {
 constexpr FieldSpan kRuntimeOptions[] = {
     SSA_FIELD(ssa_runtime_options, struct_size), SSA_FIELD(ssa_runtime_options, backend),
     SSA_FIELD(ssa_runtime_options, device),      SSA_FIELD(ssa_runtime_options, num_threads),
-    SSA_FIELD(ssa_runtime_options, seed),
+    SSA_FIELD(ssa_runtime_options, seed),        SSA_FIELD(ssa_runtime_options, device_kv_budget),
+    SSA_FIELD(ssa_runtime_options, host_cache_bytes),
 };
 
 constexpr FieldSpan kSessionConfig[] = {
@@ -45,6 +46,7 @@ constexpr FieldSpan kDecodeStats[] = {
     SSA_FIELD(ssa_decode_stats, residual_proxy_mass), SSA_FIELD(ssa_decode_stats, scored_tokens),
     SSA_FIELD(ssa_decode_stats, target_budget),   SSA_FIELD(ssa_decode_stats, capped_heads),
     SSA_FIELD(ssa_decode_stats, predicted_error), SSA_FIELD(ssa_decode_stats, window_only_heads),
+    SSA_FIELD(ssa_decode_stats, rows_from_host),  SSA_FIELD(ssa_decode_stats, host_cache_hits),
 };
 
 constexpr FieldSpan kSnapshotInfo[] = {
@@ -76,6 +78,7 @@ static_assert(ordered(kSnapshotInfo, sizeof(ssa_snapshot_info)));
 static_assert(sizeof(ssa_decode_stats) - kDecodeStats[std::size(kDecodeStats) - 1].end < 8);
 static_assert(sizeof(ssa_decode_params) - kDecodeParams[std::size(kDecodeParams) - 1].end < 8);
 static_assert(sizeof(ssa_session_config) - kSessionConfig[std::size(kSessionConfig) - 1].end < 8);
+static_assert(sizeof(ssa_runtime_options) - kRuntimeOptions[std::size(kRuntimeOptions) - 1].end < 8);
 static_assert(sizeof(ssa_snapshot_info) - kSnapshotInfo[std::size(kSnapshotInfo) - 1].end < 8);
 
 #define SSA_LAYOUT(T, core_field, table)                                                              \

@@ -66,12 +66,41 @@ static void test_runtime_options(void) {
   ssa_runtime_options_init(&o);
   o.backend = SSA_BACKEND_CPU;
   o.num_threads = 1;
-  /* Every field is core: only the full size (and larger, zero-extended). */
+  /* The core ends at seed; the struct may end there or after any later field. */
   o.struct_size = (uint32_t)offsetof(ssa_runtime_options, seed);
   EXPECT_STATUS(ssa_runtime_create(&o, &rt), SSA_ERR_INVALID_ARGUMENT);
   o.struct_size = (uint32_t)(offsetof(ssa_runtime_options, seed) + 4);
   EXPECT_STATUS(ssa_runtime_create(&o, &rt), SSA_ERR_INVALID_ARGUMENT);
+  o.struct_size = (uint32_t)(offsetof(ssa_runtime_options, device_kv_budget) + 4);
+  EXPECT_STATUS(ssa_runtime_create(&o, &rt), SSA_ERR_INVALID_ARGUMENT);
   EXPECT(rt == NULL);
+  {
+    /* Sizes that end at a field boundary: later fields keep their defaults, so
+       bytes beyond the caller's size (here a budget a cache would exceed) are
+       never read. */
+    const size_t ends[] = {END(ssa_runtime_options, seed), END(ssa_runtime_options, device_kv_budget)};
+    size_t i;
+    for (i = 0; i < sizeof ends / sizeof ends[0]; ++i) {
+      memset(&b, 0, sizeof b);
+      o.device_kv_budget = 1u << 20;
+      o.host_cache_bytes = 2u << 20;
+      o.struct_size = (uint32_t)ends[i];
+      memcpy(b.bytes, &o, sizeof o);
+      EXPECT_STATUS(ssa_runtime_create((const ssa_runtime_options *)(void *)b.bytes, &rt), SSA_OK);
+      ssa_runtime_destroy(rt);
+      rt = NULL;
+    }
+    /* The whole struct: a cache larger than the budget is refused. */
+    o.struct_size = sizeof o;
+    EXPECT_STATUS(ssa_runtime_create(&o, &rt), SSA_ERR_INVALID_ARGUMENT);
+    EXPECT(rt == NULL);
+    o.host_cache_bytes = 1u << 18;
+    EXPECT_STATUS(ssa_runtime_create(&o, &rt), SSA_OK); /* CPU runtimes accept and ignore a budget */
+    ssa_runtime_destroy(rt);
+    rt = NULL;
+    o.device_kv_budget = 0;
+    o.host_cache_bytes = 0;
+  }
   memset(&b, 0, sizeof b);
   o.struct_size = (uint32_t)(sizeof o + 16);
   memcpy(b.bytes, &o, sizeof o);
@@ -193,6 +222,8 @@ static sizes stats_sizes(void) {
   add(&s, END(ssa_decode_stats, capped_heads));
   add(&s, END(ssa_decode_stats, predicted_error));
   add(&s, END(ssa_decode_stats, window_only_heads));
+  add(&s, END(ssa_decode_stats, rows_from_host));
+  add(&s, END(ssa_decode_stats, host_cache_hits));
   add(&s, sizeof(ssa_decode_stats));
   return s;
 }
@@ -244,7 +275,7 @@ static void test_decode_structs(ssa_session *s, const float *q) {
     EXPECT_STATUS(ssa_decode(s, 0, q, got, &p, st), SSA_OK);
     EXPECT(st->struct_size == (ss.at[i] >= sizeof full ? sizeof full + 24 : ss.at[i]));
     EXPECT(memcmp(b.bytes + 8, (const unsigned char *)&full + 8,
-                  (ss.at[i] < sizeof full ? ss.at[i] : END(ssa_decode_stats, window_only_heads)) - 8) == 0);
+                  (ss.at[i] < sizeof full ? ss.at[i] : END(ssa_decode_stats, host_cache_hits)) - 8) == 0);
     if (ss.at[i] < sizeof full) {
       EXPECT(b.bytes[ss.at[i]] == 0xCD); /* beyond the caller's struct: untouched */
     } else {

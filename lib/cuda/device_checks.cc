@@ -58,13 +58,18 @@ absl::Status CudaBackend::check_decode(const ssa_decode_params& p) const {
 absl::StatusOr<PageRef> CudaBackend::page_from_host(const ssa_session& s, bool kv, size_t bytes,
                                                     absl::FunctionRef<uint8_t*()> staging,
                                                     absl::FunctionRef<absl::Status(uint8_t*)> fill) const {
-  uint8_t* host = staging();
-  SSA_RETURN_IF_ERROR(fill(host));
   SessionState& st = state(s);
   SSA_CUDA_RETURN(cudaSetDevice(st.device), "cudaSetDevice");
-  absl::StatusOr<PageRef> page = (kv ? st.kv_pool : st.code_pool)->allocate();
+  absl::StatusOr<PageRef> page = kv ? st.kv_pool->allocate() : st.code_pool->allocate();
   if (!page.ok()) return page.status();
-  if ((*page)->bytes() < bytes) return make_error(SSA_ERR_INTERNAL, "device page is shorter than its layout");
+  if ((*page)->bytes() < bytes) return make_error(SSA_ERR_INTERNAL, "page is shorter than its layout");
+  if ((*page)->tier() == PageTier::kHost) {
+    // A host-tier page (beyond the device budget) is host memory: filled in place.
+    SSA_RETURN_IF_ERROR(fill((*page)->mutable_data()));
+    return page;
+  }
+  uint8_t* host = staging();
+  SSA_RETURN_IF_ERROR(fill(host));
   SSA_CUDA_RETURN(cudaMemcpy((*page)->mutable_data(), host, bytes, cudaMemcpyHostToDevice), "page upload");
   return page;
 }
@@ -72,6 +77,11 @@ absl::StatusOr<PageRef> CudaBackend::page_from_host(const ssa_session& s, bool k
 absl::StatusOr<const uint8_t*> CudaBackend::page_to_host(const ssa_session& s, const Page& page, size_t bytes,
                                                          absl::FunctionRef<uint8_t*()> staging) const {
   if (page.bytes() < bytes) return make_error(SSA_ERR_INTERNAL, "device page is shorter than its layout");
+  if (page.tier() == PageTier::kHost) {
+    // Host-tier pages are read in place, once the device's writes to them are done.
+    SSA_CUDA_RETURN(cudaStreamSynchronize(nullptr), "page download");
+    return page.data();
+  }
   uint8_t* host = staging();
   SSA_CUDA_RETURN(cudaSetDevice(state(s).device), "cudaSetDevice");
   SSA_CUDA_RETURN(cudaMemcpy(host, page.data(), bytes, cudaMemcpyDeviceToHost), "page download");

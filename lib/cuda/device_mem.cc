@@ -6,6 +6,13 @@
 
 namespace ssa::cuda {
 
+absl::Status upload_array(const void* host, size_t bytes, cudaStream_t st, DeviceMem* out) {
+  SSA_CUDA_RETURN(out->alloc(bytes, st), "cudaMallocAsync of a table");
+  // From pageable memory: staged before the call returns, so the source may go.
+  if (bytes > 0) SSA_CUDA_RETURN(cudaMemcpyAsync(out->p, host, bytes, cudaMemcpyHostToDevice, st), "table upload");
+  return absl::OkStatus();
+}
+
 absl::Status upload_table(const std::vector<PageRef>& pages, bool writable, cudaStream_t st, DeviceMem* out,
                           size_t first, size_t count) {
   count = std::min(count, pages.size() - first);

@@ -41,6 +41,9 @@ struct DeviceMem {
 
 // A device array of the pointers of pages [first, first + count) (all by
 // default), uploaded on st.
+// A device copy of `bytes` bytes of host memory, uploaded on st.
+absl::Status upload_array(const void* host, size_t bytes, cudaStream_t st, DeviceMem* out);
+
 absl::Status upload_table(const std::vector<PageRef>& pages, bool writable, cudaStream_t st, DeviceMem* out,
                           size_t first = 0, size_t count = SIZE_MAX);
 

@@ -36,7 +36,8 @@ absl::StatusOr<PageRef> DevicePagePool::allocate() {
   }
   std::shared_ptr<DevicePagePool> self = shared_from_this();
   std::shared_ptr<void> keeper(block, [self](void* p) { self->release(p); });
-  return std::make_shared<Page>(static_cast<uint8_t*>(block), page_bytes_, true, std::move(keeper));
+  return std::make_shared<Page>(static_cast<uint8_t*>(block), page_bytes_, true, std::move(keeper),
+                                PageTier::kDevice);
 }
 
 absl::StatusOr<PageRef> DevicePagePool::copy_of(const Page& src) {

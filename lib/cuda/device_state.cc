@@ -33,7 +33,7 @@ absl::StatusOr<const float*> device_books(SessionState& st, const CodebooksRef& 
   return static_cast<const float*>((*b)->dev.p);
 }
 
-absl::StatusOr<std::shared_ptr<SessionState>> new_state(int device, std::shared_ptr<DevicePagePool> kv,
+absl::StatusOr<std::shared_ptr<SessionState>> new_state(int device, std::shared_ptr<TieredKvPool> kv,
                                                         std::shared_ptr<DevicePagePool> code) {
   auto st = std::make_shared<SessionState>();
   st->device = device;
@@ -57,17 +57,35 @@ absl::StatusOr<std::shared_ptr<SessionState::LayerCache>> layer_tables(const ssa
       if (a[i] != b[i]->data()) return false;
     return true;
   };
-  if (c == nullptr || !same(c->kv, layer.kv_pages) || !same(c->code, layer.code_pages) ||
-      c->books_key != layer.codebooks.get()) {
+  const bool tiered = st.kv_pool->tiered();
+  std::vector<const uint8_t*> entries;
+  std::vector<uint8_t> tier_codes;
+  std::vector<std::shared_ptr<void>> memory;
+  if (tiered) SSA_RETURN_IF_ERROR(tier_view(st, layer_index, layer, &entries, &tier_codes, &memory));
+  const bool kv_same = c != nullptr && (tiered ? c->kv == entries : same(c->kv, layer.kv_pages));
+  if (!kv_same || !same(c->code, layer.code_pages) || c->books_key != layer.codebooks.get()) {
     st.prune_retired();
     auto fresh = std::make_shared<SessionState::LayerCache>();
     fresh->layer = layer_index;
-    SSA_RETURN_IF_ERROR(upload_table(layer.kv_pages, false, st.stream, &fresh->kv_table));
-    SSA_RETURN_IF_ERROR(upload_table(layer.code_pages, false, st.stream, &fresh->code_table));
-    for (const auto& p : layer.kv_pages) {
-      fresh->kv.push_back(p->data());
-      fresh->memory.push_back(p->keeper());
+    if (tiered) {
+      fresh->tiered = true;
+      fresh->kv = std::move(entries);
+      fresh->memory = std::move(memory);
+      SSA_RETURN_IF_ERROR(upload_array(fresh->kv.data(), fresh->kv.size() * sizeof(void*), st.stream,
+                                       &fresh->kv_table));
+      SSA_RETURN_IF_ERROR(upload_array(tier_codes.data(), tier_codes.size(), st.stream, &fresh->tier_table));
+      SSA_CUDA_RETURN(fresh->page_rows.alloc(fresh->kv.size() * sizeof(uint32_t), st.stream),
+                      "cudaMallocAsync of the tier accounting");
+      SSA_CUDA_RETURN(cudaMemsetAsync(fresh->page_rows.p, 0, fresh->kv.size() * sizeof(uint32_t), st.stream),
+                      "tier accounting setup");
+    } else {
+      SSA_RETURN_IF_ERROR(upload_table(layer.kv_pages, false, st.stream, &fresh->kv_table));
+      for (const auto& p : layer.kv_pages) {
+        fresh->kv.push_back(p->data());
+        fresh->memory.push_back(p->keeper());
+      }
     }
+    SSA_RETURN_IF_ERROR(upload_table(layer.code_pages, false, st.stream, &fresh->code_table));
     for (const auto& p : layer.code_pages) {
       fresh->code.push_back(p->data());
       fresh->memory.push_back(p->keeper());
@@ -140,10 +158,17 @@ absl::Status CudaBackend::init_session(ssa_session& s) const {
     return unsupported("CUDA sessions: PQ sub-vectors of more than 64 elements");
   }
   SSA_CUDA_RETURN(cudaSetDevice(s.rt->device), "cudaSetDevice");
+  const size_t kv_bytes = s.layout.kv_page_bytes();
+  const std::shared_ptr<DeviceBudget>& budget = s.rt->budget;
+  auto kv = std::make_shared<TieredKvPool>(DevicePagePool::create(kv_bytes),
+                                           budget->limited() ? PinnedPagePool::create(kv_bytes) : nullptr,
+                                           budget, kv_bytes);
   absl::StatusOr<std::shared_ptr<SessionState>> st =
-      new_state(s.rt->device, DevicePagePool::create(s.layout.kv_page_bytes()),
-                DevicePagePool::create(s.layout.code_page_bytes()));
+      new_state(s.rt->device, std::move(kv), DevicePagePool::create(s.layout.code_page_bytes()));
   if (!st.ok()) return st.status();
+  if (budget->limited()) {
+    (*st)->cache_pages_per_layer = budget->limit(DeviceBudget::kCache) / kv_bytes / s.layout.n_layers;
+  }
   s.backend_state = *std::move(st);
   return absl::OkStatus();
 }
@@ -153,6 +178,7 @@ absl::Status CudaBackend::init_fork(const ssa_session& from, ssa_session& fork) 
   SSA_CUDA_RETURN(cudaSetDevice(st.device), "cudaSetDevice");
   absl::StatusOr<std::shared_ptr<SessionState>> f = new_state(st.device, st.kv_pool, st.code_pool);
   if (!f.ok()) return f.status();
+  (*f)->cache_pages_per_layer = st.cache_pages_per_layer;
   fork.backend_state = *std::move(f);
   return absl::OkStatus();
 }

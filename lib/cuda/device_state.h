@@ -17,12 +17,14 @@
 #include "backend.h"
 #include "device_mem.h"
 #include "device_pages.h"
+#include "device_tiers.h"
 #include "kernels/decode_types.h"
 #include "kernels/pq_index.h"
 #include "last_use.h"
 #include "session.h"
 #include "store/kv_layout.h"
 #include "store/layer_store.h"
+#include "tiered_pool.h"
 
 namespace ssa::cuda {
 
@@ -35,7 +37,9 @@ namespace ssa::cuda {
 // the device as a whole.
 struct SessionState final : BackendSession {
   int device = 0;
-  std::shared_ptr<DevicePagePool> kv_pool, code_pool;
+  std::shared_ptr<TieredKvPool> kv_pool;  // K/V pages: device, or host beyond the runtime's budget
+  std::shared_ptr<DevicePagePool> code_pool;
+  size_t cache_pages_per_layer = 0;  // capacity of each layer's cache of host pages
   // Table and codebook uploads (and their frees): non-blocking, so they never
   // wait for work on other streams.
   cudaStream_t stream = nullptr;
@@ -53,17 +57,22 @@ struct SessionState final : BackendSession {
   };
   struct LayerCache {
     uint32_t layer = 0;
-    std::vector<const uint8_t*> kv, code;  // page addresses, to notice a change
+    std::vector<const uint8_t*> kv, code;  // table entries, to notice a change
     const PqCodebooks* books_key = nullptr;
     std::vector<std::shared_ptr<void>> memory;  // the pages' memory (Page::keeper)
     std::shared_ptr<Books> books;
     DeviceMem kv_table, code_table;
+    // Tiered sessions: the TierCode of each page and the rows per page that
+    // decodes through these tables read (kernels/tier_accounting.h).
+    bool tiered = false;
+    DeviceMem tier_table, page_rows;
     LastUse last_use;
     uint64_t tokens_read = 0;  // the longest context any decode through it read
   };
   std::vector<std::shared_ptr<LayerCache>> layers ABSL_GUARDED_BY(mu);
   std::vector<std::shared_ptr<LayerCache>> retired ABSL_GUARDED_BY(mu);
   std::map<const PqCodebooks*, std::shared_ptr<Books>> books ABSL_GUARDED_BY(mu);
+  std::vector<std::unique_ptr<LayerTiers>> tiers ABSL_GUARDED_BY(mu);  // tiered sessions, per layer
 
   SessionState() = default;
   SessionState(const SessionState&) = delete;
@@ -76,6 +85,7 @@ struct SessionState final : BackendSession {
     for (const auto& c : retired) c->last_use.wait();
     layers.clear();
     retired.clear();
+    tiers.clear();
     books.clear();  // (scan_result and codebooks are freed on the legacy default stream)
     if (stream != nullptr) {
       // Tables are freed on it: done before the pool is trimmed (destroy).
@@ -116,7 +126,7 @@ struct SessionState final : BackendSession {
 inline SessionState& state(const ssa_session& s) { return static_cast<SessionState&>(*s.backend_state); }
 
 // A new state on `device` with these page pools (a fork shares its source's).
-absl::StatusOr<std::shared_ptr<SessionState>> new_state(int device, std::shared_ptr<DevicePagePool> kv,
+absl::StatusOr<std::shared_ptr<SessionState>> new_state(int device, std::shared_ptr<TieredKvPool> kv,
                                                         std::shared_ptr<DevicePagePool> code);
 
 // The device codebooks an append encodes with.
@@ -127,6 +137,12 @@ absl::StatusOr<const float*> device_books(SessionState& st, const CodebooksRef& 
 // not freed: decodes queued earlier may still read them.
 absl::StatusOr<std::shared_ptr<SessionState::LayerCache>> layer_tables(const ssa_session& s, uint32_t layer_index,
                                                                       const LayerStore& layer, DecodeItem* item);
+
+// After a decode through `tables` queued on `stream` (and its tier accounting):
+// queues the copy of the rows it read per page back to the host, for the tier
+// policies to take in at a later decode (lib/cuda/device_tiers.h). Nothing is
+// queued on a stream being captured into a graph.
+cudaError_t queue_tier_readback(const ssa_session& s, SessionState::LayerCache& tables, cudaStream_t stream);
 
 // The kernels' view of a session's layout.
 PqIndexShape index_shape(const KvLayout& L);

@@ -13,6 +13,7 @@
 #include "device_error.h"
 #include "device_state.h"
 #include "kernels/cuda_decode.h"
+#include "kernels/tier_accounting.h"
 #include "method_plan.h"
 
 namespace ssa::cuda {
@@ -79,6 +80,34 @@ absl::Status run_launch_set(const std::vector<Job>& jobs, uint32_t layer_index, 
   SSA_CUDA_RETURN(device_malloc_async(&blob, plan.total_bytes, stream), "cudaMallocAsync of the decode workspace");
   const Workspace ws = bind_workspace(blob, plan);
   cudaError_t e = run_decode(b, plan, ws, stream);
+  // Tiered sessions: what was read from which tier (stats, and the read-back
+  // the placement and the cache of host pages learn from).
+  bool any_tiered = false;
+  for (const auto& t : tables) any_tiered = any_tiered || t->tiered;
+  DeviceMem tier_counts;
+  std::vector<unsigned long long> counts;
+  if (e == cudaSuccess && any_tiered) {
+    if (stats != nullptr) {
+      counts.assign(2 * jobs.size(), 0);
+      e = tier_counts.alloc(counts.size() * sizeof(unsigned long long), stream);
+      if (e == cudaSuccess) e = cudaMemsetAsync(tier_counts.p, 0, counts.size() * sizeof(unsigned long long), stream);
+    }
+    TierBatch tb{};
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      if (!tables[i]->tiered) continue;
+      tb.items[i].page_tier = static_cast<const uint8_t*>(tables[i]->tier_table.p);
+      tb.items[i].page_rows = static_cast<uint32_t*>(tables[i]->page_rows.p);
+      if (stats != nullptr) tb.items[i].counts = static_cast<unsigned long long*>(tier_counts.p) + 2 * i;
+    }
+    if (e == cudaSuccess) e = launch_tier_accounting(b, ws, tb, stream);
+    for (size_t i = 0; i < jobs.size() && e == cudaSuccess; ++i) {
+      if (tables[i]->tiered) e = queue_tier_readback(*jobs[i].s, *tables[i], stream);
+    }
+    if (e == cudaSuccess && stats != nullptr) {
+      e = cudaMemcpyAsync(counts.data(), tier_counts.p, counts.size() * sizeof(unsigned long long),
+                          cudaMemcpyDeviceToHost, stream);
+    }
+  }
   std::vector<RowState> rows;
   if (e == cudaSuccess && stats != nullptr && !all_dense) {
     rows.resize(plan.rows);
@@ -108,6 +137,10 @@ absl::Status run_launch_set(const std::vector<Job>& jobs, uint32_t layer_index, 
     for (size_t i = 0; i < jobs.size(); ++i) {
       const DecodePlan& pl = jobs[i].plan;
       stats->context_tokens += pl.n;
+      if (!counts.empty()) {
+        stats->rows_from_host += counts[2 * i];
+        stats->host_cache_hits += counts[2 * i + 1];
+      }
       if (pl.window_only()) stats->window_only_heads += nq;
       const uint64_t always = pl.dense ? pl.n : pl.sink_end + (pl.n - pl.local_begin);
       for (uint32_t h = 0; h < nq; ++h) {

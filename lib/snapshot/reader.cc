@@ -653,7 +653,7 @@ absl::StatusOr<std::unique_ptr<ssa_session>> load(ssa_runtime* rt, const char* p
         const uint64_t j = e.first + k;
         if (j >= src.size() || src[j] != i) continue;
         dst[j] = std::make_shared<Page>(mapping->base + e.offset + k * p.kv_bytes, p.kv_bytes,
-                                        false, keeper);
+                                        false, keeper, PageTier::kFile);
       }
     } else if (kind == SectionKind::kKvPages || kind == SectionKind::kCodePages) {
       runs.push_back(i);

@@ -3,7 +3,7 @@
 // (copied first if shared: copy-on-write) and the new pages after it. An append
 // then costs O(its own tokens), where copying the layer's page lists to stay
 // all-or-nothing would make it O(pages).
-// Host (PagePool) and device (DevicePagePool) pages alike.
+// Host (PagePool), device (DevicePagePool) and tiered (TieredKvPool) pages alike.
 #pragma once
 
 #include <stdint.h>
@@ -31,9 +31,9 @@ struct LayerTail {
 // The tail of `layer` growing to new_n tokens. code_pool: null when the layer has
 // no codes. Also reserves room in the layer's page lists (geometrically), so that
 // commit_tail cannot fail; that changes no content.
-template <typename Pool>
-absl::Status gather_tail(LayerStore& layer, const KvLayout& L, uint64_t new_n, Pool& kv_pool, Pool* code_pool,
-                         LayerTail* t) {
+template <typename KvPool, typename CodePool>
+absl::Status gather_tail(LayerStore& layer, const KvLayout& L, uint64_t new_n, KvPool& kv_pool,
+                         CodePool* code_pool, LayerTail* t) {
   const uint32_t P = L.page_tokens;
   const uint64_t old_n = layer.n_tokens, need = L.pages_for(new_n);
   auto reserve = [&](std::vector<PageRef>& v) {

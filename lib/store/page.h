@@ -11,17 +11,25 @@
 
 namespace ssa {
 
+// Where a page's bytes live (docs/TIERED_MEMORY.md). CPU sessions hold host or
+// file pages; CUDA sessions device pages, and with a device budget host pages
+// (pinned, mapped into the device's address space: kernels read them over the
+// bus through the same pointer).
+enum class PageTier : uint8_t { kHost = 0, kDevice = 1, kFile = 2 };
+
 class Page {
  public:
   // `keeper` keeps the memory alive (a pool slot or a file mapping) and frees or
   // recycles it when the last reference to the page goes.
-  Page(uint8_t* data, size_t bytes, bool writable, std::shared_ptr<void> keeper)
-      : data_(data), bytes_(bytes), writable_(writable), keeper_(std::move(keeper)) {}
+  Page(uint8_t* data, size_t bytes, bool writable, std::shared_ptr<void> keeper,
+       PageTier tier = PageTier::kHost)
+      : data_(data), bytes_(bytes), writable_(writable), tier_(tier), keeper_(std::move(keeper)) {}
 
   const uint8_t* data() const { return data_; }
   uint8_t* mutable_data() { return writable_ ? data_ : nullptr; }
   size_t bytes() const { return bytes_; }
   bool writable() const { return writable_; }
+  PageTier tier() const { return tier_; }
   // The memory's own lifetime, for readers that must keep the bytes (not the
   // page) alive: a copy delays recycling without counting as a sharer of the
   // page, so copy-on-write decisions are unaffected.
@@ -31,6 +39,7 @@ class Page {
   uint8_t* data_;
   size_t bytes_;
   bool writable_;
+  PageTier tier_;
   std::shared_ptr<void> keeper_;
 };
 

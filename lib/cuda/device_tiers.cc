@@ -1,0 +1,181 @@
+#include "device_tiers.h"
+
+#include <algorithm>
+
+#include "device_error.h"
+#include "device_state.h"
+#include "session.h"
+#include "store/tier_policy.h"
+
+namespace ssa::cuda {
+namespace {
+
+// Copies into the cache per decode, in bytes: a decode never waits long for them.
+constexpr size_t kAdmitBytesPerDecode = size_t{4} << 20;
+
+LayerTiers& layer_tiers(SessionState& st, uint32_t layer_index, uint32_t n_layers) {
+  if (st.tiers.size() < n_layers) st.tiers.resize(n_layers);
+  std::unique_ptr<LayerTiers>& t = st.tiers[layer_index];
+  if (t == nullptr) t = std::make_unique<LayerTiers>(st.cache_pages_per_layer);
+  return *t;
+}
+
+// Takes in the rows per page of the newest decode of the layer once it has run:
+// recency of use for the placement, reads of host pages for the cache.
+absl::Status take_in_reads(SessionState& st, LayerTiers& lt, const LayerStore& layer) {
+  if (!lt.pending) return absl::OkStatus();
+  const cudaError_t q = cudaEventQuery(lt.ready);
+  if (q == cudaErrorNotReady) return absl::OkStatus();
+  SSA_CUDA_RETURN(q, "tier accounting read-back");
+  lt.pending = false;
+  const uint64_t step = ++lt.step;
+  const size_t n = std::min(lt.rows_pages, layer.kv_pages.size());
+  const uint32_t* rows = static_cast<const uint32_t*>(lt.rows_host.p);
+  std::vector<PageCachePolicy::PageReads> reads;
+  for (size_t i = 0; i < n; ++i) {
+    if (rows[i] == 0) continue;
+    lt.last_read[i] = step;
+    if (layer.kv_pages[i]->tier() != PageTier::kDevice) reads.push_back({i, rows[i]});
+  }
+  const size_t page_bytes = st.kv_pool->page_bytes();
+  const PageCachePolicy::Update u =
+      lt.policy.observe(reads, step, std::max<size_t>(1, kAdmitBytesPerDecode / page_bytes));
+  for (uint64_t e : u.evict) {
+    lt.copies.erase(e);
+    ++lt.version;
+  }
+  bool copied = false;
+  for (size_t a = 0; a < u.admit.size(); ++a) {
+    const uint64_t page = u.admit[a];
+    absl::StatusOr<PageRef> dev = st.kv_pool->device_page(DeviceBudget::kCache);
+    if (!dev.ok() || *dev == nullptr) {
+      // No room in the cache account (or no device memory): not cached.
+      for (size_t b = a; b < u.admit.size(); ++b) lt.policy.forget(u.admit[b]);
+      break;
+    }
+    const Page& src = *layer.kv_pages[page];
+    SSA_CUDA_RETURN(cudaMemcpyAsync((*dev)->mutable_data(), src.data(), page_bytes, cudaMemcpyDefault, st.stream),
+                    "host page copy into the cache");
+    lt.copies[page] = LayerTiers::Copy{src.data(), *std::move(dev)};
+    ++lt.version;
+    copied = true;
+  }
+  // A copy is complete before any table points at it.
+  if (copied) SSA_CUDA_RETURN(cudaStreamSynchronize(st.stream), "host page copy into the cache");
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+bool page_movable(const PageRef& p) { return p.use_count() == 1; }
+
+bool layer_has_host_pages(const LayerStore& layer) {
+  for (const PageRef& p : layer.kv_pages)
+    if (p->tier() != PageTier::kDevice) return true;
+  return false;
+}
+
+absl::Status rebalance_layer(ssa_session& s, uint32_t layer_index, LayerStore& layer, uint64_t new_pages) {
+  SessionState& st = state(s);
+  TieredKvPool& pool = *st.kv_pool;
+  if (!pool.tiered()) return absl::OkStatus();
+  absl::MutexLock lock(&st.mu);
+  st.prune_retired();  // tables no queued decode reads any more give their pages' charges back
+  LayerTiers& lt = layer_tiers(st, layer_index, s.layout.n_layers);
+  lt.last_read.resize(layer.kv_pages.size(), 0);
+  std::vector<PagePlacement> placement(layer.kv_pages.size());
+  for (size_t i = 0; i < placement.size(); ++i) {
+    placement[i].tier = layer.kv_pages[i]->tier() == PageTier::kDevice ? PageTier::kDevice : PageTier::kHost;
+    placement[i].shared = !page_movable(layer.kv_pages[i]) || layer.kv_pages[i]->tier() == PageTier::kFile;
+    placement[i].last_read = lt.last_read[i];
+  }
+  const DeviceBudget& budget = pool.budget();
+  const uint64_t limit = budget.limit(DeviceBudget::kResident), used = budget.used(DeviceBudget::kResident);
+  const uint64_t room = used < limit ? (limit - used) / pool.page_bytes() : 0;
+  const RebalancePlan plan = plan_rebalance(placement, layer.n_tokens, s.layout.page_tokens, new_pages, room);
+  const size_t bytes = pool.page_bytes();
+  for (size_t i : plan.to_host) {
+    absl::StatusOr<PageRef> host = pool.host_page();
+    if (!host.ok()) break;  // no host memory: the page stays (the append may still fit)
+    SSA_CUDA_RETURN(cudaMemcpy((*host)->mutable_data(), layer.kv_pages[i]->data(), bytes, cudaMemcpyDefault),
+                    "page move to the host tier");
+    layer.kv_pages[i] = *std::move(host);
+  }
+  for (size_t i : plan.to_device) {
+    absl::StatusOr<PageRef> dev = pool.device_page(DeviceBudget::kResident);
+    if (!dev.ok() || *dev == nullptr) break;  // no room yet: a later append brings it back
+    SSA_CUDA_RETURN(cudaMemcpy((*dev)->mutable_data(), layer.kv_pages[i]->data(), bytes, cudaMemcpyDefault),
+                    "page move to the device");
+    layer.kv_pages[i] = *std::move(dev);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status tier_view(SessionState& st, uint32_t layer_index, const LayerStore& layer,
+                       std::vector<const uint8_t*>* addresses, std::vector<uint8_t>* tiers,
+                       std::vector<std::shared_ptr<void>>* memory) {
+  LayerTiers& lt = layer_tiers(st, layer_index, layer_index + 1);
+  const size_t n = layer.kv_pages.size();
+  lt.last_read.resize(n, 0);
+  SSA_RETURN_IF_ERROR(take_in_reads(st, lt, layer));
+  // Copies of pages the layer no longer holds (truncated, moved, rewritten).
+  for (auto it = lt.copies.begin(); it != lt.copies.end();) {
+    if (it->first >= n || layer.kv_pages[it->first]->data() != it->second.host) {
+      lt.policy.forget(it->first);
+      it = lt.copies.erase(it);
+      ++lt.version;
+    } else {
+      ++it;
+    }
+  }
+  addresses->resize(n);
+  tiers->resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    const Page& p = *layer.kv_pages[i];
+    auto c = lt.copies.find(i);
+    if (c != lt.copies.end()) {
+      (*addresses)[i] = c->second.copy->data();
+      (*tiers)[i] = kTierCached;
+      memory->push_back(c->second.copy->keeper());
+    } else {
+      (*addresses)[i] = p.data();
+      (*tiers)[i] = p.tier() == PageTier::kDevice ? kTierDevice : kTierHost;
+    }
+    memory->push_back(p.keeper());
+  }
+  return absl::OkStatus();
+}
+
+cudaError_t queue_tier_readback(const ssa_session& s, SessionState::LayerCache& tables, cudaStream_t stream) {
+  cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+  cudaError_t e = cudaStreamIsCapturing(stream, &cap);
+  if (e != cudaSuccess || cap != cudaStreamCaptureStatusNone) return e;
+  SessionState& st = state(s);
+  absl::MutexLock lock(&st.mu);
+  LayerTiers& lt = layer_tiers(st, tables.layer, s.layout.n_layers);
+  const size_t n = tables.kv.size(), bytes = n * sizeof(uint32_t);
+  if (lt.rows_host.bytes < bytes) {
+    if (lt.pending && (e = cudaEventSynchronize(lt.ready)) != cudaSuccess) return e;
+    lt.pending = false;
+    const size_t grown = std::max(bytes, 2 * lt.rows_host.bytes);
+    if (lt.rows_host.p != nullptr) cudaFreeHost(lt.rows_host.p);
+    lt.rows_host.p = nullptr;
+    lt.rows_host.bytes = 0;
+    if ((e = cudaMallocHost(&lt.rows_host.p, grown)) != cudaSuccess) return e;
+    lt.rows_host.bytes = grown;
+  }
+  if (lt.ready == nullptr && (e = cudaEventCreateWithFlags(&lt.ready, cudaEventDisableTiming)) != cudaSuccess) {
+    return e;
+  }
+  if ((e = cudaMemcpyAsync(lt.rows_host.p, tables.page_rows.p, bytes, cudaMemcpyDeviceToHost, stream)) !=
+          cudaSuccess ||
+      (e = cudaMemsetAsync(tables.page_rows.p, 0, bytes, stream)) != cudaSuccess ||
+      (e = cudaEventRecord(lt.ready, stream)) != cudaSuccess) {
+    return e;
+  }
+  lt.pending = true;
+  lt.rows_pages = n;
+  return cudaSuccess;
+}
+
+}  // namespace ssa::cuda

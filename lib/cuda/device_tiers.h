@@ -1,0 +1,87 @@
+// The tiers of a CUDA session with a device budget (docs/TIERED_MEMORY.md): the
+// placement of its K/V pages between device and pinned host memory
+// (lib/store/tier_policy.h), and the per-layer device cache of host pages that
+// decodes read recently (lib/store/page_cache_policy.h). Decodes read every
+// tier through the same page table: a host page's entry is its mapped host
+// address, or the address of its device copy when cached; the bytes are the
+// same, so a tiered decode equals the same decode of an untiered session.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "kernels/tier_accounting.h"
+#include "store/layer_store.h"
+#include "store/page_cache_policy.h"
+
+struct ssa_session;
+
+namespace ssa::cuda {
+
+struct SessionState;
+
+// Host memory the device writes into (cudaMallocHost), freed on scope exit.
+struct PinnedBuffer {
+  void* p = nullptr;
+  size_t bytes = 0;
+  PinnedBuffer() = default;
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  ~PinnedBuffer() {
+    if (p) cudaFreeHost(p);
+  }
+};
+
+// One layer's tier bookkeeping, guarded by SessionState::mu.
+struct LayerTiers {
+  explicit LayerTiers(size_t cache_pages) : policy(cache_pages) {}
+  ~LayerTiers() {
+    if (ready != nullptr) {
+      cudaEventSynchronize(ready);
+      cudaEventDestroy(ready);
+    }
+  }
+  PageCachePolicy policy;
+  struct Copy {
+    const uint8_t* host = nullptr;  // the host page it copies (stale once the layer's page differs)
+    PageRef copy;                   // device page charged to the cache account
+  };
+  std::map<uint64_t, Copy> copies;  // by page index
+  std::vector<uint64_t> last_read;  // per page: decode step that last read it (0 = never)
+  uint64_t step = 0;                // decodes of this layer so far
+  uint64_t version = 0;             // changes whenever `copies` does
+  // Rows per page of the newest decode that recorded them, copied back for the
+  // policies: valid once `ready` has passed.
+  PinnedBuffer rows_host;
+  size_t rows_pages = 0;
+  cudaEvent_t ready = nullptr;
+  bool pending = false;
+};
+
+// Pages of a layer a policy may move (held by this session alone).
+bool page_movable(const PageRef& p);
+
+// Before an append to `layer` that allocates `new_pages` pages: moves movable
+// device pages to the host and pinned host pages back to the device as the
+// policy says and the budget allows (content unchanged; the session is held
+// exclusively). A move that cannot be made (no room, no host memory) is left
+// for a later call; only device errors are returned.
+absl::Status rebalance_layer(ssa_session& s, uint32_t layer_index, LayerStore& layer, uint64_t new_pages);
+
+// The entry of each page in a decode's tables: its address (the device copy's
+// for a cached host page) and tier code, after taking in what the newest
+// finished decode of the layer read and updating the cache (copies made on the
+// session's stream, complete on return). Caller holds st.mu.
+absl::Status tier_view(SessionState& st, uint32_t layer_index, const LayerStore& layer,
+                       std::vector<const uint8_t*>* addresses, std::vector<uint8_t>* tiers,
+                       std::vector<std::shared_ptr<void>>* memory);
+
+// True when some page of the layer is not a device page (its decodes count tiers).
+bool layer_has_host_pages(const LayerStore& layer);
+
+}  // namespace ssa::cuda

@@ -1,0 +1,194 @@
+// The host-side policies of tiered CUDA sessions (docs/TIERED_MEMORY.md), with
+// no GPU: which pages stay on the device, which move first, which host pages
+// the device cache admits and evicts, and the budget's accounting under
+// concurrent charges. Each is checked against a reference written from the
+// documented rule on random cases.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <map>
+#include <random>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "store/device_budget.h"
+#include "store/page_cache_policy.h"
+#include "store/tier_policy.h"
+
+namespace ssa {
+namespace {
+
+// Pinned: some token of the page is among the first 128 or the newest 1024.
+bool pinned_reference(uint64_t page, uint64_t n, uint32_t P) {
+  for (uint64_t t = page * P; t < (page + 1) * P; ++t) {
+    if (t < kDeviceHeadTokens) return true;
+    if (t < n && t + kDeviceTailTokens >= n) return true;
+  }
+  return false;
+}
+
+TEST_CASE("tier policy: the sink and the newest tokens are pinned to the device") {
+  for (uint32_t P : {16u, 128u, 256u, 4096u}) {
+    for (uint64_t n : {1ull, 100ull, 128ull, 129ull, 1024ull, 1500ull, 5000ull, 100000ull}) {
+      const uint64_t pages = (n + P - 1) / P;
+      for (uint64_t i = 0; i < pages; ++i) {
+        INFO("P ", P, " n ", n, " page ", i);
+        CHECK(pinned_to_device(i, n, P) == pinned_reference(i, n, P));
+      }
+    }
+  }
+  // 256-token pages of a 1M-token layer: the first page and the last four.
+  const uint64_t n = 1 << 20;
+  CHECK(pinned_to_device(0, n, 256));
+  CHECK(!pinned_to_device(1, n, 256));
+  CHECK(!pinned_to_device(n / 256 - 5, n, 256));
+  CHECK(pinned_to_device(n / 256 - 4, n, 256));
+}
+
+TEST_CASE("tier policy: rebalancing brings pinned pages back and moves the least recently read out") {
+  std::mt19937_64 rng(5);
+  for (int trial = 0; trial < 400; ++trial) {
+    const uint32_t P = 16u << (rng() % 4);
+    const uint64_t n = 1 + rng() % 20000;
+    const size_t pages = (n + P - 1) / P;
+    std::vector<PagePlacement> pl(pages);
+    for (auto& p : pl) {
+      p.tier = rng() % 3 == 0 ? PageTier::kHost : PageTier::kDevice;
+      p.shared = rng() % 7 == 0;
+      p.last_read = rng() % 4 == 0 ? 0 : rng() % 50;
+    }
+    const uint64_t new_pages = rng() % 4, room = rng() % 12;
+    const RebalancePlan plan = plan_rebalance(pl, n, P, new_pages, room);
+    // Reference: every unshared pinned host page comes back, newest first.
+    std::vector<size_t> back;
+    for (size_t i = pages; i-- > 0;)
+      if (!pl[i].shared && pl[i].tier == PageTier::kHost && pinned_reference(i, n, P)) back.push_back(i);
+    CHECK(plan.to_device == back);
+    // Victims: what the pinned pages and new pages need beyond the room, picked
+    // one at a time as the least recently read (then lowest) movable device page.
+    const uint64_t wanted = back.size() + new_pages;
+    std::set<size_t> left;
+    for (size_t i = 0; i < pages; ++i)
+      if (!pl[i].shared && pl[i].tier == PageTier::kDevice && !pinned_reference(i, n, P)) left.insert(i);
+    std::vector<size_t> victims;
+    for (uint64_t v = 0; wanted > room && v < wanted - room && !left.empty(); ++v) {
+      size_t best = *left.begin();
+      for (size_t i : left)
+        if (pl[i].last_read < pl[best].last_read) best = i;
+      victims.push_back(best);
+      left.erase(best);
+    }
+    INFO("trial ", trial);
+    CHECK(plan.to_host == victims);
+  }
+}
+
+// The documented cache rule, written as a plain simulation.
+struct CacheReference {
+  size_t capacity;
+  std::map<uint64_t, uint64_t> last;  // cached page -> last read
+  PageCachePolicy::Update observe(const std::vector<PageCachePolicy::PageReads>& reads, uint64_t step,
+                                  size_t max_admit) {
+    PageCachePolicy::Update u;
+    std::vector<PageCachePolicy::PageReads> misses;
+    for (const auto& r : reads) {
+      if (last.count(r.page)) last[r.page] = step;
+      else if (r.rows > 0) misses.push_back(r);
+    }
+    std::stable_sort(misses.begin(), misses.end(),
+                     [](const auto& a, const auto& b) { return a.rows > b.rows || (a.rows == b.rows && a.page < b.page); });
+    for (const auto& m : misses) {
+      if (u.admit.size() >= max_admit || capacity == 0) break;
+      if (last.size() >= capacity) {
+        // Least recently read before this step, lowest page on ties.
+        bool found = false;
+        std::pair<uint64_t, uint64_t> best{};
+        for (const auto& [page, l] : last) {
+          if (l >= step) continue;
+          if (!found || l < best.first || (l == best.first && page < best.second)) best = {l, page};
+          found = true;
+        }
+        if (!found) break;
+        last.erase(best.second);
+        u.evict.push_back(best.second);
+      }
+      last[m.page] = step;
+      u.admit.push_back(m.page);
+    }
+    return u;
+  }
+};
+
+TEST_CASE("page cache policy: admits the most-read misses, evicts the least recently read") {
+  std::mt19937_64 rng(9);
+  for (int trial = 0; trial < 50; ++trial) {
+    const size_t cap = rng() % 12, max_admit = 1 + rng() % 5;
+    PageCachePolicy pol(cap);
+    CacheReference ref{cap, {}};
+    for (uint64_t step = 1; step <= 200; ++step) {
+      // A hot set that drifts, plus scattered single reads.
+      std::map<uint64_t, uint32_t> rows;
+      const uint64_t base = step / 10;
+      for (int i = 0; i < 6; ++i) rows[base + rng() % 8] += 1 + rng() % 5;
+      for (int i = 0; i < 4; ++i) rows[rng() % 300] += 1;
+      std::vector<PageCachePolicy::PageReads> reads;
+      for (const auto& [p, r] : rows) reads.push_back({p, r});
+      std::shuffle(reads.begin(), reads.end(), rng);
+      const auto got = pol.observe(reads, step, max_admit);
+      const auto want = ref.observe(reads, step, max_admit);
+      INFO("trial ", trial, " step ", step);
+      REQUIRE(got.admit == want.admit);
+      REQUIRE(got.evict == want.evict);
+      CHECK(pol.size() <= cap);
+      CHECK(pol.size() == ref.last.size());
+      // Forgetting (a failed copy, a page that changed) frees the slot.
+      if (!got.admit.empty() && rng() % 10 == 0) {
+        pol.forget(got.admit.back());
+        ref.last.erase(got.admit.back());
+        CHECK(!pol.cached(got.admit.back()));
+      }
+    }
+  }
+}
+
+TEST_CASE("device budget: concurrent charges never exceed either account") {
+  DeviceBudget b(1000, 200);
+  CHECK(b.limited());
+  CHECK(b.limit(DeviceBudget::kResident) == 800);
+  CHECK(b.limit(DeviceBudget::kCache) == 200);
+  CHECK(!b.try_charge(DeviceBudget::kCache, 201));
+  std::vector<std::thread> ts;
+  std::atomic<uint64_t> peak{0};
+  std::atomic<bool> cache_over{false};
+  for (int t = 0; t < 4; ++t) {
+    ts.emplace_back([&, t] {
+      std::mt19937 rng(t);
+      for (int i = 0; i < 20000; ++i) {
+        const uint64_t bytes = 1 + rng() % 100;
+        const auto acct = i % 3 == 0 ? DeviceBudget::kCache : DeviceBudget::kResident;
+        if (b.try_charge(acct, bytes)) {
+          const uint64_t u = b.used(DeviceBudget::kResident);
+          uint64_t p = peak.load();
+          while (u > p && !peak.compare_exchange_weak(p, u)) {
+          }
+          if (b.used(DeviceBudget::kCache) > 200) cache_over = true;
+          b.release(acct, bytes);
+        }
+      }
+    });
+  }
+  for (auto& t : ts) t.join();
+  CHECK(!cache_over.load());
+  CHECK(peak.load() <= 800);
+  CHECK(peak.load() > 0);
+  CHECK(b.used(DeviceBudget::kResident) == 0);
+  CHECK(b.used(DeviceBudget::kCache) == 0);
+  DeviceBudget none(0, 0);
+  CHECK(!none.limited());
+  CHECK(none.try_charge(DeviceBudget::kResident, uint64_t{1} << 50));
+}
+
+}  // namespace
+}  // namespace ssa
