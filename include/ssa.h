@@ -513,11 +513,14 @@ SSA_API ssa_status ssa_session_save(ssa_session *s, const char *path);
 SSA_API ssa_status ssa_session_checkpoint(ssa_session *s, const char *path);
 
 #define SSA_LOAD_VERIFY 1u /* verify every checksum up front (default: on read) */
-#define SSA_LOAD_MMAP 2u   /* map the file instead of reading it (CPU sessions) */
+#define SSA_LOAD_MMAP 2u   /* map the file's K/V instead of reading them (CPU runtimes,
+                              and CUDA runtimes whose device reads pageable host
+                              memory: docs/TIERED_MEMORY.md) */
 
 /* Restores a session saved by ssa_session_save/checkpoint onto rt's backend
    (either backend, whichever saved it; on a CUDA runtime the pages are read into
-   host memory, verified and uploaded to device memory; the session's flags,
+   host memory, verified and uploaded to device memory, or with a device budget
+   placed in its tiers; the session's flags,
    SSA_SESSION_HOST_POINTERS included, are those it was saved with).
    What is verified (docs/SNAPSHOT_FORMAT.md has the details): the superblocks,
    section table, config, layer and metadata sections always; every section that
@@ -534,8 +537,8 @@ SSA_API ssa_status ssa_session_checkpoint(ssa_session *s, const char *path);
    Thread-safe; several loads may run at once.
    Returns SSA_OK, SSA_ERR_INVALID_ARGUMENT, SSA_ERR_IO, SSA_ERR_CORRUPT,
    SSA_ERR_VERSION, SSA_ERR_MISMATCH, SSA_ERR_OUT_OF_MEMORY (host or device memory),
-   SSA_ERR_DEVICE, SSA_ERR_UNSUPPORTED (SSA_LOAD_MMAP on a CUDA runtime; a shape the
-   CUDA backend does not take). */
+   SSA_ERR_DEVICE, SSA_ERR_UNSUPPORTED (SSA_LOAD_MMAP on a CUDA runtime whose device
+   cannot read pageable host memory; a shape the CUDA backend does not take). */
 SSA_API ssa_status ssa_session_load(ssa_runtime *rt, const char *path, uint32_t flags,
                                     ssa_session **out);
 

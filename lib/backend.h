@@ -62,8 +62,9 @@ class Backend {
   // After a session on `device` was destroyed.
   virtual void session_destroyed(int device) const = 0;
 
-  // True when pages live in host memory (a snapshot file can then be mapped as pages).
-  virtual bool host_pages() const = 0;
+  // True when sessions on `device` can hold pages mapped from a snapshot file
+  // (SSA_LOAD_MMAP): host memory the backend's decodes read in place.
+  virtual bool maps_files(int device) const = 0;
 
   // ---- memory space of K, V, q and out
   // True when they are device memory unless the session takes host pointers

@@ -306,6 +306,10 @@ type DecodeStats struct {
 	// Query heads whose budget did not exceed sink + local on a longer context:
 	// they read only those tokens (no sparse selection). Nonzero: raise the budget.
 	WindowOnlyHeads uint32
+	// Tiered CUDA sessions (RuntimeOptions.DeviceKVBudget): rows read over the bus
+	// from host pages, and rows of host pages read from their device copy.
+	RowsFromHost  uint64
+	HostCacheHits uint64
 }
 
 func (s *Session) checkQ(nq, nout int) error {
@@ -365,7 +369,8 @@ func (s *Session) DecodePtr(layer int, q, out unsafe.Pointer, params *DecodePara
 	return DecodeStats{uint64(st.context_tokens), uint64(st.tokens_read), uint64(st.heavy_tokens),
 		uint64(st.draws), uint64(st.unique_samples), float64(st.residual_proxy_mass),
 		uint64(st.scored_tokens), uint64(st.target_budget), uint32(st.capped_heads),
-		float64(st.predicted_error), uint32(st.window_only_heads)}, nil
+		float64(st.predicted_error), uint32(st.window_only_heads), uint64(st.rows_from_host),
+		uint64(st.host_cache_hits)}, nil
 }
 
 // BatchItemF32 is one entry of Runtime.DecodeBatchF32.

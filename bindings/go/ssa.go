@@ -113,6 +113,12 @@ type RuntimeOptions struct {
 	Device  int     // CUDA device ordinal
 	Threads int     // CPU worker threads; 0 = hardware concurrency
 	Seed    uint64  // default sampling seed; 0 = the library's default
+	// Bytes of device memory the K/V pages of the runtime's CUDA sessions may use
+	// (0 = no limit); pages beyond it live in pinned host memory.
+	DeviceKVBudget uint64
+	// The part of the budget for device copies of host pages read recently
+	// (0 = an eighth of the budget).
+	HostCacheBytes uint64
 }
 
 // Runtime is a libssa runtime. It may be used from any number of goroutines.
@@ -136,6 +142,8 @@ func NewRuntime(opts *RuntimeOptions) (*Runtime, error) {
 		if opts.Seed != 0 {
 			o.seed = C.uint64_t(opts.Seed)
 		}
+		o.device_kv_budget = C.uint64_t(opts.DeviceKVBudget)
+		o.host_cache_bytes = C.uint64_t(opts.HostCacheBytes)
 		device = opts.Device
 	}
 	runtime.LockOSThread()

@@ -35,6 +35,15 @@ absl::Status CudaBackend::check_device(int device) const {
   return absl::OkStatus();
 }
 
+bool CudaBackend::maps_files(int device) const {
+  int pageable = 0;
+  if (cudaDeviceGetAttribute(&pageable, cudaDevAttrPageableMemoryAccess, device) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return pageable != 0;
+}
+
 absl::Status CudaBackend::check_buffer(const ssa_session& s, const void* p, const char* name) const {
   if (host_buffers(s) || is_device_pointer(p)) return absl::OkStatus();
   return invalid_argument(name, " is not a device pointer (a CUDA session takes device memory; "
@@ -77,8 +86,8 @@ absl::StatusOr<PageRef> CudaBackend::page_from_host(const ssa_session& s, bool k
 absl::StatusOr<const uint8_t*> CudaBackend::page_to_host(const ssa_session& s, const Page& page, size_t bytes,
                                                          absl::FunctionRef<uint8_t*()> staging) const {
   if (page.bytes() < bytes) return make_error(SSA_ERR_INTERNAL, "device page is shorter than its layout");
-  if (page.tier() == PageTier::kHost) {
-    // Host-tier pages are read in place, once the device's writes to them are done.
+  if (page.tier() != PageTier::kDevice) {
+    // Host and file pages are read in place, once the device's writes to them are done.
     SSA_CUDA_RETURN(cudaStreamSynchronize(nullptr), "page download");
     return page.data();
   }

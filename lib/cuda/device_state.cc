@@ -57,7 +57,8 @@ absl::StatusOr<std::shared_ptr<SessionState::LayerCache>> layer_tables(const ssa
       if (a[i] != b[i]->data()) return false;
     return true;
   };
-  const bool tiered = st.kv_pool->tiered();
+  // Tiered sessions, and sessions with pages mapped from a snapshot file.
+  const bool tiered = st.kv_pool->tiered() || layer_has_host_pages(layer);
   std::vector<const uint8_t*> entries;
   std::vector<uint8_t> tier_codes;
   std::vector<std::shared_ptr<void>> memory;

@@ -576,8 +576,9 @@ absl::StatusOr<std::unique_ptr<ssa_session>> load(ssa_runtime* rt, const char* p
   const bool mmap_kv = flags & SSA_LOAD_MMAP;
   const bool verify_all = flags & SSA_LOAD_VERIFY;
   const Backend* backend = backend_of(rt->backend);
-  if (mmap_kv && (backend == nullptr || !backend->host_pages())) {
-    return unsupported("SSA_LOAD_MMAP needs a CPU runtime");
+  if (mmap_kv && (backend == nullptr || !backend->maps_files(rt->device))) {
+    return unsupported("SSA_LOAD_MMAP needs a CPU runtime, or a CUDA device that reads pageable host memory "
+                       "(cudaDevAttrPageableMemoryAccess)");
   }
   const std::string path(path_c);
   const snap::FileIo& io = snap::file_io();

@@ -164,6 +164,18 @@ typedef struct ssa_runtime_options {
   uint64_t seed;       /* default seed for sampling when a decode passes seed 0;
                           default 0x5EED */
   /* ---- core: every field above ---- */
+  /* Tiered K/V for CUDA runtimes (docs/TIERED_MEMORY.md; CPU runtimes accept and
+     ignore both). device_kv_budget: the device memory, in bytes, that the K/V
+     pages of this runtime's sessions may use, resident pages and caches together;
+     0 (default) = no limit, every page on the device. Pages beyond it live in
+     pinned host memory (allocated in chunks as needed) and decodes read them over
+     the bus; the first 128 tokens and the newest 1024 tokens of each layer are kept
+     on the device while the budget allows, older pages move to the host first.
+     host_cache_bytes: the part of device_kv_budget kept for device copies of host
+     pages that decodes read recently (shared by the runtime's sessions); default
+     0 = an eighth of device_kv_budget; at most device_kv_budget. */
+  uint64_t device_kv_budget;
+  uint64_t host_cache_bytes;
 } ssa_runtime_options;
 
 /* Fills *opts with defaults and sets struct_size. opts must not be NULL. */
@@ -409,6 +421,13 @@ typedef struct ssa_decode_stats {
                               too small for sparse decode here: raise budget or
                               lower sparsity (ceil(N / sparsity) > n_sink +
                               n_local is needed)                                 */
+  uint64_t rows_from_host; /* rows of tokens_read that a CUDA decode read over the
+                              bus from pinned host pages (device_kv_budget), summed
+                              over query heads; 0 on the CPU backend             */
+  uint64_t host_cache_hits; /* rows of host pages that were read from their device
+                              copy in the session's cache instead, summed over
+                              query heads; rows_from_host + host_cache_hits = the
+                              rows of host-tier pages read                       */
 } ssa_decode_stats;
 
 /* Zeroes *st and sets struct_size. st must not be NULL. Sizes as in

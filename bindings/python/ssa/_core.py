@@ -187,12 +187,16 @@ class DecodeStats:
     # heads whose budget did not exceed sink + local on a longer context (they read
     # only those tokens, nothing sparse); nonzero means: raise the budget
     window_only_heads: int = 0
+    # tiered CUDA sessions (Runtime(device_kv_budget=...)): rows read over the bus
+    # from host pages, and rows of host pages read from their device copy
+    rows_from_host: int = 0
+    host_cache_hits: int = 0
 
     @classmethod
     def _from_c(cls, s) -> "DecodeStats":
         return cls(s.context_tokens, s.tokens_read, s.heavy_tokens, s.draws, s.unique_samples,
                    float(s.residual_proxy_mass), s.scored_tokens, s.target_budget, s.capped_heads,
-                   float(s.predicted_error), s.window_only_heads)
+                   float(s.predicted_error), s.window_only_heads, s.rows_from_host, s.host_cache_hits)
 
 
 def _stream_ptr(stream: Any):
@@ -273,6 +277,10 @@ class Runtime:
         threads: CPU worker threads; 0 means the hardware concurrency.
         seed: default seed for sampling decodes that pass no seed (None: library default).
         device: CUDA device ordinal.
+        device_kv_budget: bytes of device memory the K/V pages of this runtime's CUDA
+            sessions may use (0: no limit); pages beyond it live in pinned host memory.
+        host_cache_bytes: the part of the budget for device copies of host pages read
+            recently (0: an eighth of the budget).
 
     A runtime may be used from any number of threads. It is freed by close() (or by
     leaving a ``with`` block) once every session made from it is closed; sessions
@@ -280,7 +288,7 @@ class Runtime:
     """
 
     def __init__(self, backend: Union[str, Backend] = "auto", threads: int = 0, seed: Optional[int] = None,
-                 device: int = 0):
+                 device: int = 0, device_kv_budget: int = 0, host_cache_bytes: int = 0):
         opts = ffi.new("ssa_runtime_options *")
         lib.ssa_runtime_options_init(opts)
         opts.backend = _enum("backend", backend, Backend)
@@ -288,6 +296,8 @@ class Runtime:
         opts.device = _int("device", device, 0, (1 << 31) - 1)
         if seed is not None:
             opts.seed = _int("seed", seed, 0, _U64)
+        opts.device_kv_budget = _int("device_kv_budget", device_kv_budget, 0, _U64)
+        opts.host_cache_bytes = _int("host_cache_bytes", host_cache_bytes, 0, _U64)
         out = ffi.new("ssa_runtime **")
         self._lock = threading.Lock()
         self._sessions = 0

@@ -69,12 +69,14 @@ pub struct ssa_runtime_options {
     pub device: i32,
     pub num_threads: i32,
     pub seed: u64,
+    pub device_kv_budget: u64,
+    pub host_cache_bytes: u64,
 }
 #[test]
 fn bindgen_test_layout_ssa_runtime_options() {
     assert_eq!(
         ::std::mem::size_of::<ssa_runtime_options>(),
-        24usize,
+        40usize,
         concat!("Size of: ", stringify!(ssa_runtime_options))
     );
     assert_eq!(
@@ -167,6 +169,40 @@ fn bindgen_test_layout_ssa_runtime_options() {
         );
     }
     test_field_seed();
+    fn test_field_device_kv_budget() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<ssa_runtime_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).device_kv_budget) as usize - ptr as usize
+            },
+            24usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(ssa_runtime_options),
+                "::",
+                stringify!(device_kv_budget)
+            )
+        );
+    }
+    test_field_device_kv_budget();
+    fn test_field_host_cache_bytes() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<ssa_runtime_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).host_cache_bytes) as usize - ptr as usize
+            },
+            32usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(ssa_runtime_options),
+                "::",
+                stringify!(host_cache_bytes)
+            )
+        );
+    }
+    test_field_host_cache_bytes();
 }
 extern "C" {
     pub fn ssa_runtime_options_init(opts: *mut ssa_runtime_options);
@@ -833,12 +869,14 @@ pub struct ssa_decode_stats {
     pub capped_heads: u32,
     pub predicted_error: f64,
     pub window_only_heads: u32,
+    pub rows_from_host: u64,
+    pub host_cache_hits: u64,
 }
 #[test]
 fn bindgen_test_layout_ssa_decode_stats() {
     assert_eq!(
         ::std::mem::size_of::<ssa_decode_stats>(),
-        96usize,
+        112usize,
         concat!("Size of: ", stringify!(ssa_decode_stats))
     );
     assert_eq!(
@@ -1050,6 +1088,40 @@ fn bindgen_test_layout_ssa_decode_stats() {
         );
     }
     test_field_window_only_heads();
+    fn test_field_rows_from_host() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<ssa_decode_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).rows_from_host) as usize - ptr as usize
+            },
+            96usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(ssa_decode_stats),
+                "::",
+                stringify!(rows_from_host)
+            )
+        );
+    }
+    test_field_rows_from_host();
+    fn test_field_host_cache_hits() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<ssa_decode_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).host_cache_hits) as usize - ptr as usize
+            },
+            104usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(ssa_decode_stats),
+                "::",
+                stringify!(host_cache_hits)
+            )
+        );
+    }
+    test_field_host_cache_hits();
 }
 extern "C" {
     pub fn ssa_decode_stats_init(st: *mut ssa_decode_stats);

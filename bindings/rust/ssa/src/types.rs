@@ -138,11 +138,24 @@ pub struct RuntimeOptions {
     pub threads: i32,
     /// Default sampling seed for decodes that pass none; `None` = the library's default.
     pub seed: Option<u64>,
+    /// Bytes of device memory the K/V pages of the runtime's CUDA sessions may use
+    /// (0 = no limit); pages beyond it live in pinned host memory.
+    pub device_kv_budget: u64,
+    /// The part of the budget for device copies of host pages read recently
+    /// (0 = an eighth of the budget).
+    pub host_cache_bytes: u64,
 }
 
 impl Default for RuntimeOptions {
     fn default() -> Self {
-        RuntimeOptions { backend: Backend::Auto, device: 0, threads: 0, seed: None }
+        RuntimeOptions {
+            backend: Backend::Auto,
+            device: 0,
+            threads: 0,
+            seed: None,
+            device_kv_budget: 0,
+            host_cache_bytes: 0,
+        }
     }
 }
 
@@ -169,6 +182,8 @@ impl RuntimeOptions {
         if let Some(seed) = self.seed {
             o.seed = seed;
         }
+        o.device_kv_budget = self.device_kv_budget;
+        o.host_cache_bytes = self.host_cache_bytes;
         o
     }
 }
@@ -430,6 +445,10 @@ pub struct DecodeStats {
     /// Heads whose budget did not exceed sink + local on a longer context: they
     /// read only those tokens (no sparse selection). Nonzero: raise the budget.
     pub window_only_heads: u32,
+    /// Tiered CUDA sessions: rows read over the bus from host pages.
+    pub rows_from_host: u64,
+    /// Tiered CUDA sessions: rows of host pages read from their device copy.
+    pub host_cache_hits: u64,
 }
 
 impl DecodeStats {
@@ -446,6 +465,8 @@ impl DecodeStats {
             capped_heads: s.capped_heads,
             predicted_error: s.predicted_error,
             window_only_heads: s.window_only_heads,
+            rows_from_host: s.rows_from_host,
+            host_cache_hits: s.host_cache_hits,
         }
     }
 }
