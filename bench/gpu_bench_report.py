@@ -17,9 +17,11 @@ import math
 import sys
 
 LABEL = {"dense": "ours dense", "sdpa_flash": "SDPA flash", "sdpa_cudnn": "SDPA cuDNN",
-         "sdpa_efficient": "SDPA efficient", "flashinfer": "FlashInfer", "pq_topk": "PQ_TOPK", "ssa": "SSA"}
+         "sdpa_efficient": "SDPA efficient", "flashinfer": "FlashInfer", "pq_topk": "PQ_TOPK", "ssa": "SSA",
+         "pq_topk_gmean": "PQ_TOPK group mean-query", "ssa_gmean": "SSA group mean-query",
+         "ssa_gmix": "SSA group mixture"}
 ORDER = {"dense": 0, "sdpa_flash": 1, "sdpa_cudnn": 2, "sdpa_efficient": 3, "flashinfer": 4, "pq_topk": 10,
-         "ssa": 11}
+         "ssa": 11, "pq_topk_gmean": 12, "ssa_gmean": 13, "ssa_gmix": 14}
 DENSE = ("dense", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "flashinfer")
 CONFIG_ORDER = {"paper": 0, "llama8b": 1}
 K128, M1 = 131072, 1048576

@@ -89,7 +89,9 @@ uint32_t g_sparse_splits = 0;  // --sparse-splits: attention splits of sparse me
 uint32_t g_dense_splits = 0;   // --dense-splits: the same for our dense kernel
 bool g_overlap = true;         // --overlap-launches 0: stages launched plainly (stage_launch.cuh)
 uint32_t g_pq_m = 16;          // --pq-m: PQ subspaces (16, the library's default; 8 halves the lookups)
-// --methods: which of dense, pq_topk, ssa, flashinfer run (FlashInfer only when
+// --methods: which of dense, pq_topk, ssa, flashinfer run, and the group
+// selections pq_topk_gmean, ssa_gmean (mean query), ssa_gmix (mixture), at the
+// same budget per q head, only when asked (FlashInfer only when
 // asked: scripts/gpu.sh check runs it in a process of its own, so that a fault in
 // it cannot take the other results with it).
 std::vector<std::string> g_methods = {"dense", "pq_topk", "ssa"};
@@ -388,6 +390,7 @@ struct Method {
   Sampling sampling;
   float h;
   uint32_t sparsity;  // 0: dense
+  GroupProposal group = GroupProposal::kOff;  // group selection (docs/GROUP_SELECTION.md)
 };
 
 struct Case {
@@ -418,7 +421,11 @@ DecodeBatch make_batch(const Case& c, const std::vector<Session>& sess, const Me
   b.n_items = c.batch;
   b.proxy = m.proxy;
   b.sampling = m.sampling;
+  b.group = sparse ? m.group : GroupProposal::kOff;
   b.seed = 1;
+  // With group selection a KV head's selection takes its G heads' k' (same
+  // budget k per q head; the bench's budgets stay below the candidates).
+  const uint32_t share = b.grouped() ? b.shape.group() : 1;
   for (uint32_t i = 0; i < c.batch; ++i) {
     DecodeItem& it = b.items[i];
     it.kv_pages = sess[i].kv_table;
@@ -429,7 +436,7 @@ DecodeBatch make_batch(const Case& c, const std::vector<Session>& sess, const Me
     it.n_tokens = n;
     it.sink_end = sparse ? kSink : n;
     it.local_begin = sparse ? n - kLocal : n;
-    it.n_select = sparse ? k - kSink - kLocal : 0;
+    it.n_select = sparse ? std::min((k - kSink - kLocal) * share, n - kSink - kLocal - 1) : 0;
     it.n_heavy = sparse ? static_cast<uint32_t>(m.h * it.n_select + 0.5f) : 0;
   }
   b.n_splits = m.sparsity != 0 ? g_sparse_splits : g_dense_splits;
@@ -497,7 +504,9 @@ void run_method(const Case& c, const std::vector<Session>& sess, const Method& m
     b.step = step++;
     cudaError_t r = cudaEventRecord(ev[0]);
     if (r == cudaSuccess) r = launch_init_rows(b, plan, ws, nullptr);
-    if (r == cudaSuccess) r = launch_pq_scores(b, plan, ws, nullptr);
+    if (r == cudaSuccess)
+      r = b.group == GroupProposal::kMixture ? launch_group_mixture(b, plan, ws, nullptr)
+                                             : launch_pq_scores(b, plan, ws, nullptr);
     if (r == cudaSuccess) r = cudaEventRecord(ev[1]);
     if (r == cudaSuccess) r = launch_topk(b, plan, ws, nullptr);
     if (r == cudaSuccess) r = cudaEventRecord(ev[2]);
@@ -568,7 +577,12 @@ void run_method(const Case& c, const std::vector<Session>& sess, const Method& m
   const double elem = 2.0;
   const double bytes = c.batch * (sparse ? double(n) * s.nkv * g_pq_m + double(k) * s.nq * s.d * elem * 2
                                          : double(n) * s.nkv * s.d * elem * 2);
-  const double score_bytes = sparse ? c.batch * double(n) * s.nq * 4.0 * 2 : 0.0;
+  // Rows of scores: one per q head; per KV head with the mean query; the
+  // mixture's per-q-head scratch rows plus its KV-head rows.
+  const double score_rows = m.group == GroupProposal::kMeanQuery ? s.nkv
+                            : m.group == GroupProposal::kMixture ? s.nq + s.nkv
+                                                                 : s.nq;
+  const double score_bytes = sparse ? c.batch * double(n) * score_rows * 4.0 * 2 : 0.0;
   const double ms = median(total_seeds);
   Json j = c.base();
   j.str("rec", "result").str("method", m.name).integer("sparsity", m.sparsity).integer("k", k);
@@ -767,6 +781,9 @@ void run_case(const Case& c, const std::vector<uint32_t>& sparsities, int sms, i
   for (uint32_t sp : sparsities) {
     methods.push_back({"pq_topk", Proxy::kPq, Sampling::kNone, 1.f, sp});
     methods.push_back({"ssa", Proxy::kPq, Sampling::kProxy, kSsaH, sp});
+    methods.push_back({"pq_topk_gmean", Proxy::kPq, Sampling::kNone, 1.f, sp, GroupProposal::kMeanQuery});
+    methods.push_back({"ssa_gmean", Proxy::kPq, Sampling::kProxy, kSsaH, sp, GroupProposal::kMeanQuery});
+    methods.push_back({"ssa_gmix", Proxy::kPq, Sampling::kProxy, kSsaH, sp, GroupProposal::kMixture});
   }
   for (const Method& m : methods) {
     if (!method_on(m.name)) continue;
@@ -822,7 +839,7 @@ void usage() {
           "usage: gpu_decode_bench [--out FILE] [--configs paper,llama8b] [--contexts 128K,512K,1M]\n"
           "         [--batches 1,16] [--sparsity 10,20,50,100] [--seeds 3] [--time-budget-s 270]\n"
           "         [--sparse-splits N] [--dense-splits N] [--overlap-launches 0|1] [--pq-m 16|8]\n"
-          "         [--methods dense,pq_topk,ssa,flashinfer]\n");
+          "         [--methods dense,pq_topk,ssa,pq_topk_gmean,ssa_gmean,ssa_gmix,flashinfer]\n");
 }
 
 }  // namespace
@@ -859,7 +876,8 @@ int main(int argc, char** argv) {
     } else if (a == "--methods" && ok) {
       g_methods = split_names(v);
       for (const std::string& m : g_methods) {
-        ok = ok && (m == "dense" || m == "pq_topk" || m == "ssa" || m == "flashinfer");
+        ok = ok && (m == "dense" || m == "pq_topk" || m == "ssa" || m == "pq_topk_gmean" || m == "ssa_gmean" ||
+                    m == "ssa_gmix" || m == "flashinfer");
 #ifndef SSA_WITH_FLASHINFER
         if (m == "flashinfer") {
           fprintf(stderr, "flashinfer: built without -DSSA_FLASHINFER_DIR\n");

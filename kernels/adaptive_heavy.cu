@@ -16,9 +16,9 @@ namespace {
 __global__ void segments_kernel(DecodeBatch b, Workspace ws) {
   stage_begin();
   const uint32_t item = blockIdx.x, h = threadIdx.x;
-  if (h >= b.shape.n_q_heads) return;
+  if (h >= b.sel_heads()) return;
   const DecodeItem& it = b.items[item];
-  const uint32_t row = row_of(item, h, b.shape.n_q_heads);
+  const uint32_t row = row_of(item, h, b.sel_heads());
   const size_t base = it.select_base + size_t{h} * it.select_cap;
   const uint32_t n = ws.rows[row].topk_k;
   ws.seg_begin[row] = static_cast<int>(base);
@@ -49,10 +49,10 @@ __global__ void candidate_probs_kernel(DecodeBatch b, Workspace ws) {
 __global__ void water_fill_kernel(DecodeBatch b, Workspace ws) {
   stage_begin();
   const uint32_t item = blockIdx.x, h = threadIdx.x;
-  if (h >= b.shape.n_q_heads) return;
+  if (h >= b.sel_heads()) return;
   const DecodeItem& it = b.items[item];
   if (it.n_select == 0) return;
-  RowState& st = ws.rows[row_of(item, h, b.shape.n_q_heads)];
+  RowState& st = ws.rows[row_of(item, h, b.sel_heads())];
   const size_t base = it.select_base + size_t{h} * it.select_cap;
   const WaterFill wf = water_fill(ws.probs + base, st.topk_k, 1.0, static_cast<double>(it.n_select));
   st.n_heavy = static_cast<uint32_t>(wf.heavy);
@@ -86,8 +86,8 @@ cudaError_t launch_adaptive_heavy(const DecodeBatch& b, const WorkspacePlan& pla
                                   const Workspace& ws, cudaStream_t st) {
   cudaError_t e;
   if ((e = launch_hierarchy(b, plan, ws, 1, st)) != cudaSuccess) return e;
-  const dim3 grid((plan.select_cap_max + 255) / 256, b.shape.n_q_heads, b.n_items);
-  const uint32_t hb = (b.shape.n_q_heads + 31) / 32 * 32;
+  const dim3 grid((plan.select_cap_max + 255) / 256, b.sel_heads(), b.n_items);
+  const uint32_t hb = (b.sel_heads() + 31) / 32 * 32;
   if ((e = launch_stage(b, candidate_keys_kernel, grid, 256, 0, st, b, ws)) != cudaSuccess) return e;
   if ((e = launch_stage(b, segments_kernel, b.n_items, hb, 0, st, b, ws)) != cudaSuccess) return e;
   size_t bytes = ws.sort_temp_bytes;

@@ -41,7 +41,7 @@ __device__ Span span_here(const DecodeBatch& b, const Workspace& ws, uint32_t wo
   Span p;
   p.it = &b.items[blockIdx.z];
   p.h = blockIdx.y;
-  const uint32_t row = row_of(blockIdx.z, blockIdx.y, b.shape.n_q_heads);
+  const uint32_t row = row_of(blockIdx.z, blockIdx.y, b.sel_heads());
   p.st = &ws.rows[row];
   p.nc = p.it->local_begin - p.it->sink_end;
   const uint32_t words = (p.nc + 31) / 32;
@@ -172,7 +172,7 @@ uint32_t compact_words_per_block(uint32_t n_pad_max, uint32_t rows, int sm_count
 cudaError_t launch_compact(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
                            bool samples, uint32_t pass, cudaStream_t st) {
   if (pass >= plan.compact_passes) return cudaErrorInvalidValue;
-  const dim3 grid(plan.compact_blocks, b.shape.n_q_heads, b.n_items);
+  const dim3 grid(plan.compact_blocks, b.sel_heads(), b.n_items);
   return launch_stage(b, write_kernel, grid, kThreads, 0, st, b, ws, samples, plan.compact_words, pass);
 }
 

@@ -1,10 +1,13 @@
 // One decode launch set: workspace planning and the order of the stages.
 //   dense:   attention over every token (GQA group shares K/V reads) + split merge.
-//   sparse:  proxy scores (PQ or exact) with sink/local masked -> top-k heavy set
+//   sparse:  proxy scores (PQ or exact) with sink/local masked, per q head or,
+//            with group selection, per KV head (the mean query's scores, or the
+//            mixture of the group's proxy softmaxes) -> top-k heavy set
 //            as a bitmap (fixed |H|, or top-k' then lambda water-filling) ->
 //            residual sampling into a second bitmap (dedup for free) -> both
 //            bitmaps compacted into token-ordered lists -> attention over sink,
-//            local, H and the samples.
+//            local, H and the samples, per q head (with group selection over
+//            its KV head's lists and log pi).
 #include <algorithm>
 #include <map>
 #include <mutex>
@@ -58,8 +61,10 @@ cudaError_t plan_workspace(DecodeBatch* b, int sm_count, WorkspacePlan* plan) {
   if (b->n_items == 0 || b->n_items > kMaxBatchItems) return cudaErrorInvalidValue;
   WorkspacePlan p;
   const DecodeShape& s = b->shape;
-  const uint32_t nq = s.n_q_heads;
-  p.rows = b->n_items * nq;
+  const uint32_t nq = s.n_q_heads, ns = b->sel_heads();
+  p.rows = b->n_items * ns;
+  p.attn_rows = b->n_items * nq;
+  const bool mixture = b->group == GroupProposal::kMixture;
   const bool all_dense = b->proxy == Proxy::kNone;
   uint64_t score = 0, sel = 0;
   uint32_t max_tokens = 0, max_read = 0;
@@ -76,10 +81,10 @@ cudaError_t plan_workspace(DecodeBatch* b, int sm_count, WorkspacePlan* plan) {
                      : static_cast<uint32_t>((uint64_t{it.n_tokens} + kChunkTokens - 1) /
                                              kChunkTokens * kChunkTokens);
     it.score_base = score;
-    score += uint64_t{nq} * it.n_pad;
+    score += uint64_t{ns} * it.n_pad;
     it.select_cap = std::max(it.n_select, 1u);
     it.select_base = sel;
-    sel += uint64_t{nq} * it.select_cap;
+    sel += uint64_t{ns} * it.select_cap;
     p.n_pad_max = std::max(p.n_pad_max, it.n_pad);
     p.select_cap_max = std::max(p.select_cap_max, it.select_cap);
     // A row's draws: its selection less the fixed heavy count (the adaptive rule's
@@ -112,11 +117,11 @@ cudaError_t plan_workspace(DecodeBatch* b, int sm_count, WorkspacePlan* plan) {
   } else if (all_dense && dense_mma_supported(s)) {
     p.n_splits = dense_mma_splits(s, b->n_items, max_read, sm_count);
   } else if (!all_dense && sparse_gather_supported(s)) {
-    p.n_splits = sparse_gather_splits(s, p.rows, max_read, sm_count);
+    p.n_splits = sparse_gather_splits(s, p.attn_rows, max_read, sm_count);
   } else {
     const uint32_t base = all_dense ? s.n_kv_heads * (s.group() / dense_heads_per_block(s.group())) *
                                           b->n_items
-                                    : p.rows;
+                                    : p.attn_rows;
     uint32_t splits = (8u * static_cast<uint32_t>(std::max(sm_count, 1)) + base - 1) / base;
     splits = std::min(splits, (max_read + 63) / 64);
     p.n_splits = std::clamp<uint32_t>(splits, 1, kMaxSplits);
@@ -128,8 +133,11 @@ cudaError_t plan_workspace(DecodeBatch* b, int sm_count, WorkspacePlan* plan) {
     return o;
   };
   const size_t rows = p.rows;
-  p.off_lut = take(b->proxy == Proxy::kPq ? rows * s.pq_subspaces * s.pq_centroids * 4 : 0);
-  p.off_lut_range = take(b->proxy == Proxy::kPq ? rows * s.pq_subspaces * 2 * 4 : 0);
+  // Lookup tables: one per selection row, or per q head for the mixture (whose
+  // tables score every q head).
+  const size_t lut_rows = mixture ? p.attn_rows : rows;
+  p.off_lut = take(b->proxy == Proxy::kPq ? lut_rows * s.pq_subspaces * s.pq_centroids * 4 : 0);
+  p.off_lut_range = take(b->proxy == Proxy::kPq ? lut_rows * s.pq_subspaces * 2 * 4 : 0);
   p.off_scores = take(score * 4);
   // Boundary-bin lists: a 16th of the longest row (at least what refine stages in
   // shared memory). Bins are narrow, so lists are usually far shorter; a longer
@@ -159,7 +167,14 @@ cudaError_t plan_workspace(DecodeBatch* b, int sm_count, WorkspacePlan* plan) {
   p.off_seg_begin = take(rows * 4);
   p.off_seg_end = take(rows * 4);
   p.off_rows = take(rows * sizeof(RowState));
-  p.off_partial = take(rows * p.n_splits * (s.head_dim + 2) * 4);
+  p.off_partial = take(size_t{p.attn_rows} * p.n_splits * (s.head_dim + 2) * 4);
+  // The mixture's per-q-head scores: G times the selection rows' (every item's
+  // rows at score_base * G, group_mixture.cu).
+  const uint64_t head_floats = mixture && !all_dense ? score * s.group() : 0;
+  p.off_head_scores = take(head_floats * 4);
+  p.off_head_rows = take(mixture && !all_dense ? size_t{p.attn_rows} * sizeof(RowState) : 0);
+  p.off_head_hist = take(mixture && !all_dense ? size_t{p.attn_rows} * kScoreBins * 4 : 0);
+  p.off_head_csum = take(head_floats / kChunkTokens * 8);
   p.sort_temp_bytes = adaptive ? segmented_sort_temp_bytes(p.rows, std::max<uint64_t>(sel, 1)) : 0;
   p.off_sort_temp = take(p.sort_temp_bytes);
   p.total_bytes = off;
@@ -195,6 +210,10 @@ Workspace bind_workspace(void* base, const WorkspacePlan& p) {
   w.seg_end = reinterpret_cast<int*>(c + p.off_seg_end);
   w.rows = reinterpret_cast<RowState*>(c + p.off_rows);
   w.partial = reinterpret_cast<float*>(c + p.off_partial);
+  w.head_scores = reinterpret_cast<float*>(c + p.off_head_scores);
+  w.head_rows = reinterpret_cast<RowState*>(c + p.off_head_rows);
+  w.head_hist = reinterpret_cast<uint32_t*>(c + p.off_head_hist);
+  w.head_csum = reinterpret_cast<double*>(c + p.off_head_csum);
   w.sort_temp = c + p.off_sort_temp;
   w.sort_temp_bytes = p.sort_temp_bytes;
   return w;
@@ -206,8 +225,9 @@ cudaError_t run_decode(const DecodeBatch& b, const WorkspacePlan& plan, const Wo
   if (e != cudaSuccess) return e;
   const bool all_dense = b.proxy == Proxy::kNone;
   if (!all_dense) {
-    e = b.proxy == Proxy::kPq ? launch_pq_scores(b, plan, ws, st)
-                              : launch_exact_scores(b, plan, ws, st);
+    e = b.group == GroupProposal::kMixture ? launch_group_mixture(b, plan, ws, st)
+        : b.proxy == Proxy::kPq             ? launch_pq_scores(b, plan, ws, st)
+                                            : launch_exact_scores(b, plan, ws, st);
     if (e != cudaSuccess) return e;
     if ((e = launch_topk(b, plan, ws, st)) != cudaSuccess) return e;
     if (b.heavy == HeavyRule::kAdaptive) {

@@ -43,7 +43,8 @@ struct DecodeItem {
   uint32_t sink_end = 0, local_begin = 0;
   uint32_t n_select = 0;  // k' = |H| + m (0 for a dense item: sink_end == n_tokens)
   uint32_t n_heavy = 0;   // |H| for a fixed heavy fraction (adaptive: decided on device)
-  // Workspace placement of this item's rows (filled by plan_workspace).
+  // Workspace placement of this item's selection rows (filled by plan_workspace;
+  // h: the selection head, DecodeBatch::sel_heads()).
   uint32_t n_pad = 0;        // n_tokens rounded up to whole 1024-token chunks
   uint64_t score_base = 0;   // floats: row h at score_base + h * n_pad
   uint64_t select_base = 0;  // u32 entries: row h at select_base + h * select_cap
@@ -53,6 +54,13 @@ struct DecodeItem {
 enum class Proxy : uint32_t { kNone = 0, kPq = 1, kExact = 2 };
 enum class HeavyRule : uint32_t { kFixed = 0, kAdaptive = 1 };
 enum class Sampling : uint32_t { kNone = 0, kProxy = 1, kUniform = 2 };
+// Who a selection row serves (ssa_decode_params.group_selection,
+// docs/GROUP_SELECTION.md): off, one row per q head; otherwise one row per KV
+// head, whose selection and log pi every q head of the group attends with. The
+// mean query scores with the group's mean query; the mixture scores every q head
+// of the group into scratch rows first and selects from the mixture of their
+// proxy softmaxes (group_mixture.cu).
+enum class GroupProposal : uint32_t { kOff = 0, kMeanQuery = 1, kMixture = 2 };
 
 struct DecodeBatch {
   DecodeShape shape;
@@ -66,10 +74,25 @@ struct DecodeBatch {
   const uint64_t* step_dev = nullptr;  // when set, the step is read from here (graphs)
   uint32_t n_splits = 0;               // attention splits per row; 0 = automatic
   bool overlap_launches = true;        // programmatic dependent launch between stages (stage_launch.cuh)
+  GroupProposal group = GroupProposal::kOff;
   DecodeItem items[kMaxBatchItems];
+
+  // Selection rows (scores, top-k, sampling, compaction, RowState) per item: one
+  // per q head, or one per KV head with group selection. The attention and its
+  // split partials keep one row per q head.
+  SSA_HD bool grouped() const { return group != GroupProposal::kOff; }
+  SSA_HD uint32_t sel_heads() const { return grouped() ? shape.n_kv_heads : shape.n_q_heads; }
+  // Selection rows per KV head (the heads one PQ scoring pass serves together).
+  SSA_HD uint32_t sel_group() const { return grouped() ? 1u : shape.group(); }
+  // The selection row (within its item) that q head h attends with.
+  SSA_HD uint32_t sel_head_of(uint32_t h) const { return grouped() ? h / shape.group() : h; }
+  // The q head whose Philox stream selection row `sel_head` draws from: with
+  // group selection the group's first q head (the CPU's key), so a group of one
+  // draws what its head draws without group selection.
+  SSA_HD uint32_t rng_head(uint32_t sel_head) const { return grouped() ? sel_head * shape.group() : sel_head; }
 };
 
-// Per-row (item, q head) state kept in device memory during one decode.
+// Per-row (item, selection head) state kept in device memory during one decode.
 struct RowState {
   uint32_t max_key;    // order-preserving bits of the largest candidate proxy score
   uint32_t min_key;    // ... and of the smallest (the exact proxy's histogram range)
@@ -116,7 +139,15 @@ struct Workspace {
   int* seg_begin = nullptr;        // [rows] segment offsets for segmented sorts
   int* seg_end = nullptr;
   RowState* rows = nullptr;        // [rows]
-  float* partial = nullptr;        // [rows][n_splits][head_dim + 2] split results
+  float* partial = nullptr;        // [q rows][n_splits][head_dim + 2] split results
+  // Mixture proposal only: every q head's proxy scores (the per-head layout:
+  // item score_base * group, row h at + h * n_pad), their row states and
+  // top-k histograms (written by the scoring kernels, unused), each 1024-token
+  // chunk's sum of exp(s~ - max) and each q head's normaliser.
+  float* head_scores = nullptr;
+  RowState* head_rows = nullptr;
+  uint32_t* head_hist = nullptr;
+  double* head_csum = nullptr;
   void* sort_temp = nullptr;
   size_t sort_temp_bytes = 0;
 };
@@ -128,9 +159,12 @@ struct WorkspacePlan {
   size_t off_uniq_sorted = 0, off_log_pi = 0;
   size_t off_sort_keys = 0, off_sort_keys2 = 0, off_sort_vals2 = 0;
   size_t off_probs = 0, off_seg_begin = 0, off_seg_end = 0, off_rows = 0, off_partial = 0;
+  size_t off_head_scores = 0, off_head_rows = 0, off_head_hist = 0, off_head_csum = 0;
   size_t off_sort_temp = 0, sort_temp_bytes = 0;
   uint64_t score_floats = 0, select_entries = 0;
-  uint32_t rows = 0, n_splits = 0, n_pad_max = 0, select_cap_max = 0;
+  uint32_t rows = 0;       // selection rows: items x DecodeBatch::sel_heads()
+  uint32_t attn_rows = 0;  // attention rows: items x q heads
+  uint32_t n_splits = 0, n_pad_max = 0, select_cap_max = 0;
   uint32_t scan_blocks = 0;  // thread blocks per row of the full-row passes (exact proxy's histogram, filter)
   uint32_t filter_blocks = 0;  // thread blocks per row of the top-k filter
   uint32_t score_tile = 0;   // tokens per PQ scoring block

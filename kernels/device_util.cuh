@@ -135,18 +135,23 @@ struct ReadSet {
   }
 };
 
-__device__ __forceinline__ uint32_t row_of(uint32_t item, uint32_t head, uint32_t n_q) {
-  return item * n_q + head;
+// Row index of (item, head) among rows of n_heads heads per item (selection rows:
+// DecodeBatch::sel_heads(); attention rows: n_q_heads).
+__device__ __forceinline__ uint32_t row_of(uint32_t item, uint32_t head, uint32_t n_heads) {
+  return item * n_heads + head;
 }
 
-// Read set of q head h of an item (row: its RowState index). A dense item (also
-// inside a sparse batch) reads every token in order.
-__device__ __forceinline__ ReadSet row_read_set(const DecodeItem& it, const Workspace& ws, uint32_t row,
+// Read set of q head h of an item: the selection row it attends with (its own,
+// or its KV group's with group selection). A dense item (also inside a sparse
+// batch) reads every token in order.
+__device__ __forceinline__ ReadSet row_read_set(const DecodeBatch& b, const Workspace& ws, uint32_t item,
                                                 uint32_t h) {
+  const DecodeItem& it = b.items[item];
   ReadSet rs{it.n_tokens, it.n_tokens, 0, 0, 0, nullptr, nullptr, nullptr};
   if (it.sink_end < it.local_begin) {
-    const RowState& st = ws.rows[row];
-    const size_t sel = it.select_base + size_t{h} * it.select_cap;
+    const uint32_t sh = b.sel_head_of(h);
+    const RowState& st = ws.rows[row_of(item, sh, b.sel_heads())];
+    const size_t sel = it.select_base + size_t{sh} * it.select_cap;
     rs = ReadSet{it.sink_end, it.local_begin, it.n_tokens - it.local_begin, st.n_heavy,
                  st.n_unique, ws.heavy + sel, ws.uniq_sorted + sel, ws.log_pi + sel};
   }
@@ -169,8 +174,8 @@ __host__ __device__ __forceinline__ bool cand_scores_aligned(const DecodeItem& i
   return (it.sink_end & 3u) == 0;
 }
 
-// Offset of head h's row in the per-token arrays of the workspace (scores and the
-// top-k boundary list): rows of n_pad entries, one per q head, item after item.
+// Offset of selection head h's row in the per-token arrays of the workspace
+// (scores): rows of n_pad entries, one per selection head, item after item.
 __device__ __forceinline__ size_t row_token_base(const DecodeItem& it, uint32_t h) {
   return it.score_base + size_t{h} * it.n_pad;
 }

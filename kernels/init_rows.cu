@@ -9,27 +9,28 @@
 namespace ssa::cuda {
 namespace {
 
-// One block per item: the row states of its q heads, and its rows' top-k
+// One block per item: the row states of its selection heads, and its rows' top-k
 // histograms and compaction counts zeroed (saves memset launches per decode).
 // With the PQ proxy the lookup-table kernel does this instead (one launch fewer).
 __global__ void init_rows_kernel(DecodeBatch b, Workspace ws, bool sparse) {
   stage_begin();
   const uint32_t item = blockIdx.x;
   const uint32_t h = threadIdx.x;
-  const uint32_t nq = b.shape.n_q_heads;
+  const uint32_t ns = b.sel_heads();
   if (sparse)
-    for (uint32_t hh = 0; hh < nq; ++hh) clear_row_sums(ws, row_of(item, hh, nq), b.n_items * nq);
-  if (h >= nq) return;
-  ws.rows[row_of(item, h, nq)] = initial_row(b, b.items[item]);
+    for (uint32_t hh = 0; hh < ns; ++hh) clear_row_sums(ws, row_of(item, hh, ns), b.n_items * ns);
+  if (h >= ns) return;
+  ws.rows[row_of(item, h, ns)] = initial_row(b, b.items[item]);
 }
 
 }  // namespace
 
 cudaError_t launch_init_rows(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
                              cudaStream_t st) {
-  if (b.proxy == Proxy::kPq) return cudaSuccess;  // build_lut_kernel does it
+  // build_lut_kernel does it, unless its rows are the mixture's scratch rows.
+  if (b.proxy == Proxy::kPq && b.group != GroupProposal::kMixture) return cudaSuccess;
   const bool sparse = b.proxy != Proxy::kNone;
-  const uint32_t threads = std::max(256u, (b.shape.n_q_heads + 31) / 32 * 32);
+  const uint32_t threads = std::max(256u, (b.sel_heads() + 31) / 32 * 32);
   return launch_stage(b, init_rows_kernel, b.n_items, threads, 0, st, b, ws, sparse);
 }
 

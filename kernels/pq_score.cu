@@ -87,15 +87,15 @@ __global__ void build_lut_kernel(DecodeBatch b, Workspace ws) {
   constexpr int W = LutVec<GH>::W, P = LutVec<GH>::P;
   const uint32_t m = blockIdx.x, h0 = blockIdx.y * GH, item = blockIdx.z;
   const DecodeItem& it = b.items[item];
-  const uint32_t row0 = row_of(item, h0, b.shape.n_q_heads);
+  const uint32_t row0 = row_of(item, h0, b.sel_heads());
   if (m == 0) {  // the rows' initial states (init_rows_kernel's work)
-    for (int g = 0; g < GH; ++g) clear_row_sums(ws, row0 + g, b.n_items * b.shape.n_q_heads);
+    for (int g = 0; g < GH; ++g) clear_row_sums(ws, row0 + g, b.n_items * b.sel_heads());
     for (uint32_t g = threadIdx.x; g < GH; g += blockDim.x) ws.rows[row0 + g] = initial_row(b, it);
   }
   if (it.sink_end >= it.local_begin) return;  // dense item: no proxy
   const uint32_t M = b.shape.pq_subspaces, K = b.shape.pq_centroids;
   const uint32_t D = b.shape.head_dim, sub = D / M;
-  const uint32_t kvh = h0 / b.shape.group();
+  const uint32_t kvh = h0 / b.sel_group();
   extern __shared__ float qs[];  // [GH][sub]
   __shared__ uint32_t top_s[GH];  // order-preserving bits of each head's largest entry
   __shared__ float part_s[GH][256];  // each thread's sum of its entries, per head
@@ -117,10 +117,22 @@ __global__ void build_lut_kernel(DecodeBatch b, Workspace ws) {
       if (4 * i < sub) x[i] = cc[i];
   };
   if (vec && threadIdx.x < K) load_centroid(threadIdx.x);
-  const T* q = static_cast<const T*>(it.q) + size_t{h0} * D + m * sub;
-  for (uint32_t i = threadIdx.x; i < GH * sub; i += blockDim.x) {
-    const uint32_t g = i / sub, j = i % sub;
-    qs[i] = Elem<T>::load(q + size_t{g} * D + j) * scale;
+  if (b.grouped()) {
+    // The group's mean query (GH = 1: one selection head, the KV head), as the
+    // CPU's mean_query: the scaled queries summed in head order, then divided.
+    const uint32_t G = b.shape.group();
+    const T* q = static_cast<const T*>(it.q) + size_t{kvh} * G * D + m * sub;
+    for (uint32_t j = threadIdx.x; j < sub; j += blockDim.x) {
+      float s = 0.f;
+      for (uint32_t g = 0; g < G; ++g) s = __fadd_rn(s, __fmul_rn(Elem<T>::load(q + size_t{g} * D + j), scale));
+      qs[j] = __fdiv_rn(s, static_cast<float>(G));
+    }
+  } else {
+    const T* q = static_cast<const T*>(it.q) + size_t{h0} * D + m * sub;
+    for (uint32_t i = threadIdx.x; i < GH * sub; i += blockDim.x) {
+      const uint32_t g = i / sub, j = i % sub;
+      qs[i] = Elem<T>::load(q + size_t{g} * D + j) * scale;
+    }
   }
   __syncthreads();
   // The tables of the GH heads, in the layout the scoring kernel copies straight
@@ -277,11 +289,11 @@ __global__ void __launch_bounds__(kScoreThreads, GH >= 8 ? 1 : kScoreBlocksPerSm
   // rotated walk below indexes them by a lane-dependent m.
   uint32_t* codes_s = reinterpret_cast<uint32_t*>(lut_s + size_t{GH} * M * K) + threadIdx.x;  // [M][threads]
   uint32_t* hist_s = reinterpret_cast<uint32_t*>(lut_s + size_t{GH} * M * K) + M * kScoreThreads;  // [GH][bins]
-  const uint32_t G = b.shape.group();
+  const uint32_t G = b.sel_group();  // selection heads per KV head
   const uint32_t chunks = G / GH;
   const uint32_t kvh = blockIdx.y / chunks;
-  const uint32_t h0 = kvh * G + (blockIdx.y % chunks) * GH;
-  const uint32_t row0 = row_of(item, h0, b.shape.n_q_heads);
+  const uint32_t h0 = kvh * G + (blockIdx.y % chunks) * GH;  // first selection head
+  const uint32_t row0 = row_of(item, h0, b.sel_heads());
   const uint32_t m_first = (threadIdx.x & 31) % M;
   const uint32_t tile_end = min(it.n_tokens, tile0 + tile);
   // Each pass's code words, copied by each thread for itself and read only by
@@ -421,18 +433,29 @@ __global__ void __launch_bounds__(128) exact_score_kernel(DecodeBatch b, Workspa
   constexpr int kGroups = 128 / RS::kTpr;
   constexpr int kTile = 256;
   extern __shared__ float qs[];  // [G][D]
-  uint32_t* smax = reinterpret_cast<uint32_t*>(qs + b.shape.group() * D);
-  uint32_t* smin = smax + b.shape.group();
+  uint32_t* smax = reinterpret_cast<uint32_t*>(qs + b.sel_group() * D);
+  uint32_t* smin = smax + b.sel_group();
   const uint32_t item = blockIdx.z;
   const DecodeItem& it = b.items[item];
   const uint32_t tile0 = blockIdx.x * kTile;
   if (it.sink_end >= it.local_begin || tile0 >= it.n_tokens) return;
-  const uint32_t G = b.shape.group();
+  const uint32_t G = b.sel_group();  // selection heads per KV head
   const uint32_t kvh = blockIdx.y;
-  const uint32_t h0 = kvh * G;
-  const T* q = static_cast<const T*>(it.q) + size_t{h0} * D;
+  const uint32_t h0 = kvh * G;  // first selection head
   const float scale = 1.0f / sqrtf(static_cast<float>(D));
-  for (uint32_t i = threadIdx.x; i < G * D; i += blockDim.x) qs[i] = Elem<T>::load(q + i) * scale;
+  if (b.grouped()) {
+    // The group's mean query, as the CPU's mean_query (see build_lut_kernel).
+    const uint32_t GQ = b.shape.group();
+    const T* q = static_cast<const T*>(it.q) + size_t{kvh} * GQ * D;
+    for (uint32_t i = threadIdx.x; i < D; i += blockDim.x) {
+      float s = 0.f;
+      for (uint32_t g = 0; g < GQ; ++g) s = __fadd_rn(s, __fmul_rn(Elem<T>::load(q + size_t{g} * D + i), scale));
+      qs[i] = __fdiv_rn(s, static_cast<float>(GQ));
+    }
+  } else {
+    const T* q = static_cast<const T*>(it.q) + size_t{h0} * D;
+    for (uint32_t i = threadIdx.x; i < G * D; i += blockDim.x) qs[i] = Elem<T>::load(q + i) * scale;
+  }
   for (uint32_t i = threadIdx.x; i < G; i += blockDim.x) {
     smax[i] = 0u;
     smin[i] = 0xffffffffu;
@@ -476,15 +499,17 @@ __global__ void __launch_bounds__(128) exact_score_kernel(DecodeBatch b, Workspa
   __syncthreads();
   for (uint32_t g = threadIdx.x; g < G; g += blockDim.x) {
     if (smax[g] == 0u) continue;
-    RowState& st = ws.rows[row_of(item, h0 + g, b.shape.n_q_heads)];
+    RowState& st = ws.rows[row_of(item, h0 + g, b.sel_heads())];
     atomicMax(&st.max_key, smax[g]);
     atomicMin(&st.min_key, smin[g]);
   }
 }
 
-int heads_per_pass(const DecodeShape& s) {
+// Selection heads scored per pass: a divisor of the selection heads per KV head
+// (`group`: the GQA group per head, 1 with group selection).
+int heads_per_pass(const DecodeShape& s, uint32_t group) {
   for (int gh : {8, 4, 2, 1}) {
-    if (s.group() % gh == 0 && score_smem_bytes(gh, s) <= kScoreSmemLimit) return gh;
+    if (group % gh == 0 && score_smem_bytes(gh, s) <= kScoreSmemLimit) return gh;
   }
   return 0;
 }
@@ -496,7 +521,7 @@ cudaError_t launch_pq_score_kernel(const DecodeBatch& b, const WorkspacePlan& pl
   cudaError_t e = ensure_dynamic_smem(reinterpret_cast<const void*>(pq_score_kernel<GH, kM16>), smem);
   if (e != cudaSuccess) return e;
   const dim3 grid((plan.n_pad_max + plan.score_tile - 1) / plan.score_tile,
-                  b.shape.n_kv_heads * (b.shape.group() / GH), b.n_items);
+                  b.shape.n_kv_heads * (b.sel_group() / GH), b.n_items);
   return launch_stage(b, pq_score_kernel<GH, kM16>, grid, kScoreThreads, smem, st, b, ws, plan.score_tile);
 }
 
@@ -513,7 +538,7 @@ cudaError_t launch_pq_score_gh(const DecodeBatch& b, const WorkspacePlan& plan,
 }  // namespace
 
 const char* pq_shape_unsupported(const DecodeShape& s) {
-  if (heads_per_pass(s) == 0) return "the PQ lookup table of one head exceeds shared memory";
+  if (heads_per_pass(s, s.group()) == 0) return "the PQ lookup table of one head exceeds shared memory";
   if (s.page_tokens < 16) return "pages of fewer than 16 tokens";
   return nullptr;
 }
@@ -524,7 +549,7 @@ cudaError_t launch_pq_scores(const DecodeBatch& b, const WorkspacePlan& plan, co
   const uint32_t lut_threads = min(b.shape.pq_centroids, 256u);
   auto run = [&](auto gh) {
     constexpr int GH = decltype(gh)::value;
-    const dim3 lut_grid(b.shape.pq_subspaces, b.shape.n_q_heads / GH, b.n_items);
+    const dim3 lut_grid(b.shape.pq_subspaces, b.sel_heads() / GH, b.n_items);
     const size_t qsmem = size_t{GH} * (b.shape.head_dim / b.shape.pq_subspaces) * sizeof(float);
     dispatch_dtype(b.shape.dtype, [&](auto t) {
       using T = decltype(t);
@@ -532,7 +557,7 @@ cudaError_t launch_pq_scores(const DecodeBatch& b, const WorkspacePlan& plan, co
     });
     if (e == cudaSuccess) e = launch_pq_score_gh<GH>(b, plan, ws, st);
   };
-  switch (heads_per_pass(b.shape)) {
+  switch (heads_per_pass(b.shape, b.sel_group())) {
     case 8: run(std::integral_constant<int, 8>{}); break;
     case 4: run(std::integral_constant<int, 4>{}); break;
     case 2: run(std::integral_constant<int, 2>{}); break;
@@ -545,7 +570,7 @@ cudaError_t launch_pq_scores(const DecodeBatch& b, const WorkspacePlan& plan, co
 cudaError_t launch_exact_scores(const DecodeBatch& b, const WorkspacePlan& plan,
                                 const Workspace& ws, cudaStream_t st) {
   cudaError_t e = cudaErrorInvalidValue;
-  const size_t smem = size_t{b.shape.group()} * (b.shape.head_dim + 2) * sizeof(float);
+  const size_t smem = size_t{b.sel_group()} * (b.shape.head_dim + 2) * sizeof(float);
   dispatch_head_dim(b.shape.head_dim, [&](auto dc) {
     constexpr int D = decltype(dc)::value;
     dispatch_dtype(b.shape.dtype, [&](auto t) {

@@ -1,5 +1,6 @@
-// The (item, q head) row a block of a per-row grid (x: blocks of the row, y: q
-// head, z: item) works on, and that row's slices of the workspace.
+// The (item, selection head) row a block of a per-row grid (x: blocks of the
+// row, y: selection head, DecodeBatch::sel_heads(), z: item) works on, and that
+// row's slices of the workspace.
 #pragma once
 
 #include "device_util.cuh"
@@ -15,7 +16,7 @@ __device__ inline RowRef row_ref(const DecodeBatch& b) {
   RowRef r;
   r.it = &b.items[blockIdx.z];
   r.h = blockIdx.y;
-  r.row = row_of(blockIdx.z, blockIdx.y, b.shape.n_q_heads);
+  r.row = row_of(blockIdx.z, blockIdx.y, b.sel_heads());
   return r;
 }
 

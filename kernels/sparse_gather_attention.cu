@@ -69,9 +69,9 @@ __global__ void __launch_bounds__(kThreads) sparse_gather_kernel(DecodeBatch b, 
   const uint32_t item = blockIdx.z, h = blockIdx.y, split = blockIdx.x;
   const DecodeItem& it = b.items[item];
   const uint32_t kvh = h / b.shape.group();
-  const uint32_t row = row_of(item, h, b.shape.n_q_heads);
+  const uint32_t row = row_of(item, h, b.shape.n_q_heads);  // attention row (partials)
 
-  const ReadSet rs = row_read_set(it, ws, row, h);
+  const ReadSet rs = row_read_set(b, ws, item, h);
   uint32_t p0, p1;
   split_range(rs.size(), n_splits, split, &p0, &p1);
   const uint32_t n_tiles = (p1 - p0 + kTile - 1) / kTile;

@@ -14,6 +14,10 @@ cudaError_t launch_pq_scores(const DecodeBatch& b, const WorkspacePlan& plan, co
                              cudaStream_t st);
 cudaError_t launch_exact_scores(const DecodeBatch& b, const WorkspacePlan& plan,
                                 const Workspace& ws, cudaStream_t st);
+// The mixture proposal's selection-row scores (group_mixture.cu): every q head
+// scored into scratch rows, their normalisers, the mixture logits.
+cudaError_t launch_group_mixture(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
+                                 cudaStream_t st);
 cudaError_t launch_topk(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
                         cudaStream_t st);
 // Heavy bitmap (and, with samples, the sample bitmap) -> token-ordered lists,

@@ -4,7 +4,8 @@
 //     are summed per 32-token block and per 1024-token chunk: by the top-k filter
 //     (kernels/topk_select.cu) for the fixed heavy rule, by hierarchy_kernel
 //     below for the adaptive one. Chunk sums get a prefix scan.
-//  2. Draw j of a row is Philox draw j of the stream (seed, step, layer, q head):
+//  2. Draw j of a row is Philox draw j of the stream (seed, step, layer, q head;
+//     with group selection the group's first q head, DecodeBatch::rng_head):
 //     three uniforms that pick a chunk (one thread, binary search of the prefix),
 //     a block within it and a token within the block (a group of four lanes, each
 //     holding a quarter of the block sums, then of the scores), by the rules of
@@ -253,7 +254,7 @@ __global__ void __launch_bounds__(kSampleThreads, kSampleBlocksPerSm) sample_ker
   uint32_t my_chunk = 0, my_u1 = 0, my_u2 = 0;
   if (mine) {
     const uint64_t step = b.step_dev ? *b.step_dev : b.step;
-    const Philox4 v = rng_draw(make_rng_stream(b.seed, step, b.layer, r.h), j);
+    const Philox4 v = rng_draw(make_rng_stream(b.seed, step, b.layer, b.rng_head(r.h)), j);
     my_chunk = pick_from_prefix(prefix, n_chunks, target(v.v[0], w_total));
     my_u1 = v.v[1];
     my_u2 = v.v[2];
@@ -344,7 +345,7 @@ __global__ void __launch_bounds__(kSampleThreads, kSampleBlocksPerSm) sample_ker
 cudaError_t launch_hierarchy(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws, int mode,
                              cudaStream_t st) {
   const uint32_t chunks = plan.n_pad_max / kChunkTokens;
-  const dim3 grid((chunks + kChunksPerBlock - 1) / kChunksPerBlock, b.shape.n_q_heads, b.n_items);
+  const dim3 grid((chunks + kChunksPerBlock - 1) / kChunksPerBlock, b.sel_heads(), b.n_items);
   return launch_stage(b, hierarchy_kernel, grid, 32 * kChunksPerBlock, 0, st, b, ws, mode);
 }
 
@@ -355,11 +356,11 @@ cudaError_t launch_sampling(const DecodeBatch& b, const WorkspacePlan& plan, con
   // Otherwise the sums came from the top-k filter.
   if (!filter_sums_residual(b) && (e = launch_hierarchy(b, plan, ws, 0, st)) != cudaSuccess) return e;
   if (plan.n_pad_max / kChunkTokens > kPrefixSmem &&
-      (e = launch_stage(b, chunk_prefix_kernel, dim3(1, b.shape.n_q_heads, b.n_items), 1024, 0, st, b, ws)) !=
+      (e = launch_stage(b, chunk_prefix_kernel, dim3(1, b.sel_heads(), b.n_items), 1024, 0, st, b, ws)) !=
           cudaSuccess)
     return e;
   const uint32_t block_draws = sample_block_draws(plan.sample_group_draws);
-  const dim3 grid(std::max(1u, (plan.draws_max + block_draws - 1) / block_draws), b.shape.n_q_heads, b.n_items);
+  const dim3 grid(std::max(1u, (plan.draws_max + block_draws - 1) / block_draws), b.sel_heads(), b.n_items);
   const bool uniform = b.sampling == Sampling::kUniform;
   const auto kernel = plan.sample_group_draws == 2 ? (uniform ? sample_kernel<true, 2> : sample_kernel<false, 2>)
                                                    : (uniform ? sample_kernel<true, 4> : sample_kernel<false, 4>);

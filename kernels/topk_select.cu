@@ -54,7 +54,7 @@ __device__ Row row_here(const DecodeBatch& b, const Workspace& ws) {
   Row r;
   r.it = &b.items[blockIdx.z];
   r.h = blockIdx.y;
-  r.row = row_of(blockIdx.z, blockIdx.y, b.shape.n_q_heads);
+  r.row = row_of(blockIdx.z, blockIdx.y, b.sel_heads());
   r.nc = r.it->local_begin - r.it->sink_end;
   r.cand_scores = ws.scores + row_token_base(*r.it, r.h) + r.it->sink_end;
   return r;
@@ -422,16 +422,17 @@ uint32_t filter_blocks_per_row(uint32_t n_pad_max, uint32_t rows, uint32_t scan_
 
 cudaError_t launch_topk(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
                         cudaStream_t st) {
-  const dim3 scan_grid(plan.scan_blocks, b.shape.n_q_heads, b.n_items);
-  const dim3 row_grid(1, b.shape.n_q_heads, b.n_items);
+  const dim3 scan_grid(plan.scan_blocks, b.sel_heads(), b.n_items);
+  const dim3 row_grid(1, b.sel_heads(), b.n_items);
   // The PQ proxy's histograms are built by its scoring kernel; the exact proxy's
-  // were zeroed by init_rows_kernel.
+  // and the mixture's were zeroed by init_rows_kernel.
   cudaError_t e = cudaSuccess;
-  if (b.proxy != Proxy::kPq) e = launch_stage(b, hist_kernel, scan_grid, kThreads, 0, st, b, ws);
+  if (b.proxy != Proxy::kPq || b.group == GroupProposal::kMixture)
+    e = launch_stage(b, hist_kernel, scan_grid, kThreads, 0, st, b, ws);
   // Every warp stages its chunks in two tiles of its own (whole chunks of aligned
   // rows as copies, one chunk ahead; unaligned rows through load_chunk_tile).
   const size_t tiles = kFilterTiles * kFilterWarps * sizeof(ChunkTile);
-  const dim3 filter_grid(plan.filter_blocks, b.shape.n_q_heads, b.n_items);
+  const dim3 filter_grid(plan.filter_blocks, b.sel_heads(), b.n_items);
   const auto filter = !filter_sums_residual(b)              ? filter_kernel<false, false>
                       : b.sampling == Sampling::kUniform ? filter_kernel<true, true>
                                                          : filter_kernel<true, false>;

@@ -81,6 +81,34 @@ TEST_CASE("group selection: a budget >= N is bitwise DENSE") {
   }
 }
 
+TEST_CASE("group selection: a budget of the sink and local rows only scores nothing, even without an index") {
+  auto rt = make_runtime(2);
+  const uint32_t d = 64, nq = 8, nkv = 2;
+  const size_t n = 1500;  // shorter than index_min_tokens: no PQ index
+  auto s = make_session(rt.get(), make_config(1, nq, nkv, d, SSA_DTYPE_F32));
+  append_f32(s.get(), 0, random_vec(n * nkv * d, 21), random_vec(n * nkv * d, 22), n, SSA_DTYPE_F32);
+  const auto q = random_vec(nq * d, 23, 2.0f);
+  for (ssa_method m : kSelecting) {
+    auto off = params(m, 256);  // = n_sink + n_local (128 each)
+    ssa_decode_stats so;
+    ssa_decode_stats_init(&so);
+    const auto want = run_decode(s.get(), 0, q, SSA_DTYPE_F32, off, &so);
+    for (uint32_t mode : kGroupModes) {
+      CAPTURE(m);
+      CAPTURE(mode);
+      auto p = off;
+      p.group_selection = mode;
+      ssa_decode_stats st;
+      ssa_decode_stats_init(&st);
+      CHECK(run_decode(s.get(), 0, q, SSA_DTYPE_F32, p, &st) == want);
+      CHECK(st.tokens_read == uint64_t{256} * nq);
+      CHECK(st.scored_tokens == 0);
+      CHECK(st.window_only_heads == nq);
+      CHECK(st.scored_tokens == so.scored_tokens);
+    }
+  }
+}
+
 TEST_CASE("group selection: every head reads the group's rows and equals the float64 HT estimator") {
   auto rt = make_runtime(2);
   const uint32_t d = 128, nq = 8, nkv = 2, g = nq / nkv;

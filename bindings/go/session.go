@@ -246,7 +246,7 @@ type DecodeParams struct {
 	TargetError float32
 	TargetDelta float32
 	MaxBudget   uint32
-	// GroupSelection > GroupOff selects once per KV group (CPU sessions; see
+	// GroupSelection > GroupOff selects once per KV group (see
 	// docs/GROUP_SELECTION.md).
 	GroupSelection GroupSelection
 }

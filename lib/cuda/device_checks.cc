@@ -57,10 +57,6 @@ absl::Status CudaBackend::check_decode(const ssa_decode_params& p) const {
     return unsupported("target_error > 0 (error-targeted decode) is not supported by the CUDA backend; "
                        "use a CPU session or a fixed budget");
   }
-  if (p.group_selection != SSA_GROUP_OFF) {
-    return unsupported("group_selection is not supported by the CUDA backend yet; use a CPU session or "
-                       "SSA_GROUP_OFF");
-  }
   return absl::OkStatus();
 }
 

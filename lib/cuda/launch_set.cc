@@ -35,12 +35,17 @@ absl::Status run_launch_set(const std::vector<Job>& jobs, uint32_t layer_index, 
   DecodeBatch b{};
   b.shape = decode_shape(s0.layout);
   b.n_items = static_cast<uint32_t>(jobs.size());
+  const uint32_t g = s0.layout.group_size();
+  // Dense items: the planner's, and with group selection those whose group
+  // budget covers every candidate (read exactly, as on the CPU).
+  auto dense_job = [&](const Job& j) { return j.plan.dense || group_reads_all(j.plan, p, g); };
   bool all_dense = true;
-  for (const Job& j : jobs) all_dense = all_dense && j.plan.dense;
+  for (const Job& j : jobs) all_dense = all_dense && dense_job(j);
   set_method(all_dense ? SSA_METHOD_DENSE : p.method, &b);
+  if (!all_dense) set_group(p, g, &b);
   if (b.sampling != Sampling::kNone) {
     for (const Job& j : jobs) {
-      if (!j.plan.dense && j.plan.candidates() > kMaxSampledCandidates)
+      if (!dense_job(j) && j.plan.candidates() > kMaxSampledCandidates)
         return absl::UnimplementedError(
             "CUDA backend: sampling over 2^26 or more candidate tokens in one session");
     }
@@ -69,7 +74,7 @@ absl::Status run_launch_set(const std::vector<Job>& jobs, uint32_t layer_index, 
       it.q = j.q;
       it.out = j.out;
     }
-    plan_item(j.plan, p, &it);
+    plan_item(j.plan, p, g, &it);
   }
   int sms = 0;
   SSA_CUDA_RETURN(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, state(s0).device),
@@ -133,7 +138,11 @@ absl::Status run_launch_set(const std::vector<Job>& jobs, uint32_t layer_index, 
   }
   if (staged || stats != nullptr) SSA_CUDA_RETURN(cudaStreamSynchronize(stream), "decode");
   if (stats != nullptr) {
-    const uint32_t nq = s0.layout.n_q_heads;
+    // Counted as the CPU counts them (docs/GROUP_SELECTION.md): every q head
+    // uses all of its selection row's rows; the scores computed are counted
+    // once per selection row (G per candidate for the mixture).
+    const uint32_t nq = s0.layout.n_q_heads, ns = b.sel_heads();
+    const uint64_t scores_per_candidate = p.group_selection == SSA_GROUP_MIXTURE ? g : 1;
     for (size_t i = 0; i < jobs.size(); ++i) {
       const DecodePlan& pl = jobs[i].plan;
       stats->context_tokens += pl.n;
@@ -144,14 +153,18 @@ absl::Status run_launch_set(const std::vector<Job>& jobs, uint32_t layer_index, 
       if (pl.window_only()) stats->window_only_heads += nq;
       const uint64_t always = pl.dense ? pl.n : pl.sink_end + (pl.n - pl.local_begin);
       for (uint32_t h = 0; h < nq; ++h) {
-        if (pl.dense || b.proxy == Proxy::kNone) {
+        if (dense_job(jobs[i]) || b.proxy == Proxy::kNone) {
           stats->tokens_read += pl.n;
+          // A group budget over every candidate: all of them, as heavy rows.
+          if (!pl.dense) stats->heavy_tokens += pl.candidates();
           continue;
         }
-        const RowState& r = rows[i * nq + h];
+        const uint32_t sh = b.sel_head_of(h);
+        const RowState& r = rows[i * ns + sh];
         stats->tokens_read += always + r.n_heavy + r.n_unique;
         stats->heavy_tokens += r.n_heavy;
-        stats->scored_tokens += pl.kprime > 0 ? pl.candidates() : 0;
+        const bool counts_scores = !b.grouped() || h % g == 0;  // the group's first head
+        if (counts_scores && pl.kprime > 0) stats->scored_tokens += pl.candidates() * scores_per_candidate;
         if (b.sampling != Sampling::kNone) {
           stats->draws += r.n_draws;
           stats->unique_samples += r.n_unique;

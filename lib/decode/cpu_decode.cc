@@ -192,7 +192,10 @@ void select_group(const ssa_session& s, const LayerStore& layer, uint32_t layer_
     candidate_scores(layout, layer, kv_head, qh, plan, p.method, &lut, out);
   };
   const uint64_t kprime = plan.kprime * g;
-  if (kprime >= nc) {
+  if (!plan.selects()) {
+    // k' = 0: sink and local rows only; nothing is scored (a layer this short
+    // may have no index), as for per-head selection.
+  } else if (kprime >= nc) {
     // The group's budget covers every candidate: all of them, exactly.
     for (uint64_t t = plan.sink_end; t < plan.local_begin; ++t) {
       sel.tokens.push_back(static_cast<uint32_t>(t));

@@ -57,7 +57,7 @@ void setup_run(Run& r, const TestLayer& t, ssa_method method, uint32_t budget, f
   if (r.out.n < out_bytes) r.out = DevBuf<uint8_t>(out_bytes);
   CUDA_OK(cudaMemset(r.out.p, 0xff, out_bytes));  // poison: NaN in every dtype
   r.b.items[0] = item_of(t, r.out.p);
-  cuda::plan_item(r.plan, r.p, &r.b.items[0]);
+  cuda::plan_item(r.plan, r.p, t.L.group_size(), &r.b.items[0]);
 }
 
 std::vector<float> run_and_fetch(Run& r, const TestLayer& t) {
@@ -493,7 +493,7 @@ TEST_CASE("gpu sparse attention: a dense item inside a sparse batch of different
     r.b.n_splits = 250;
     for (int i = 0; i < 3; ++i) {
       r.b.items[i] = item_of(t[i], out.p + i * item_bytes);
-      cuda::plan_item(plan_decode(lens[i], r.p), r.p, &r.b.items[i]);
+      cuda::plan_item(plan_decode(lens[i], r.p), r.p, t[i].L.group_size(), &r.b.items[i]);
     }
     r.b.items[1].sink_end = r.b.items[1].local_begin = lens[1];
     r.b.items[1].n_select = r.b.items[1].n_heavy = 0;

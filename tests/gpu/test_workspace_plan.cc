@@ -2,7 +2,9 @@
 // run without a GPU. Every buffer of a decode is carved from one allocation, so a
 // buffer sized too small would silently overlap its neighbour on the device; here
 // each region's extent is checked against what the kernels index, for batches of
-// mixed lengths (dense items inside a sparse batch included) and several shapes.
+// mixed lengths (dense items inside a sparse batch included), several shapes and
+// every group selection (selection rows per KV head, the mixture's scratch rows
+// per q head).
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -46,8 +48,9 @@ struct Region {
   size_t off, bytes;
 };
 
-void check_plan(const Shape& sh, cuda::Proxy proxy, cuda::HeavyRule heavy, const std::vector<DecodeItem>& items,
-                int sm_count) {
+WorkspacePlan check_plan(const Shape& sh, cuda::Proxy proxy, cuda::HeavyRule heavy,
+                         const std::vector<DecodeItem>& items, int sm_count,
+                         cuda::GroupProposal group = cuda::GroupProposal::kOff) {
   DecodeBatch b;
   b.shape.n_q_heads = sh.nq;
   b.shape.n_kv_heads = sh.nkv;
@@ -60,12 +63,18 @@ void check_plan(const Shape& sh, cuda::Proxy proxy, cuda::HeavyRule heavy, const
   b.proxy = proxy;
   b.heavy = heavy;
   b.sampling = cuda::Sampling::kProxy;
+  b.group = group;
   b.n_items = static_cast<uint32_t>(items.size());
   for (size_t i = 0; i < items.size(); ++i) b.items[i] = items[i];
   WorkspacePlan p;
   REQUIRE(cuda::plan_workspace(&b, sm_count, &p) == cudaSuccess);
   const bool all_dense = proxy == cuda::Proxy::kNone;
-  INFO("nq ", sh.nq, " nkv ", sh.nkv, " d ", sh.d, " items ", items.size(), " dense ", all_dense);
+  const bool mixture = group == cuda::GroupProposal::kMixture;
+  // Selection rows per item: q heads, or KV heads with group selection.
+  const uint32_t ns = group == cuda::GroupProposal::kOff ? sh.nq : sh.nkv;
+  CHECK(b.sel_heads() == ns);
+  INFO("nq ", sh.nq, " nkv ", sh.nkv, " d ", sh.d, " items ", items.size(), " dense ", all_dense, " group ",
+       static_cast<int>(group));
 
   // Per item: rows placed one after another, whole chunks, room for the selection.
   uint64_t score = 0, sel = 0;
@@ -78,15 +87,16 @@ void check_plan(const Shape& sh, cuda::Proxy proxy, cuda::HeavyRule heavy, const
     CHECK(it.score_base == score);
     CHECK(it.select_base == sel);
     CHECK(it.select_cap >= std::max(it.n_select, 1u));
-    score += uint64_t{sh.nq} * it.n_pad;
-    sel += uint64_t{sh.nq} * it.select_cap;
+    score += uint64_t{ns} * it.n_pad;
+    sel += uint64_t{ns} * it.select_cap;
     n_pad_max = std::max(n_pad_max, it.n_pad);
   }
   CHECK(p.n_pad_max == n_pad_max);
-  CHECK(p.rows == b.n_items * sh.nq);
+  CHECK(p.rows == b.n_items * ns);
+  CHECK(p.attn_rows == b.n_items * sh.nq);
   CHECK(p.n_splits >= 1);
   CHECK(p.n_splits <= cuda::kMaxSplits);
-  if (all_dense) return;
+  if (all_dense) return p;
   CHECK(p.score_floats == score);
   CHECK(p.select_entries == sel);
   // Launch geometry the kernels rely on.
@@ -102,10 +112,15 @@ void check_plan(const Shape& sh, cuda::Proxy proxy, cuda::HeavyRule heavy, const
   CHECK(p.cut_capacity >= std::min(n_pad_max, cuda::kCutListMin));
   CHECK(p.cut_capacity <= n_pad_max);
 
-  const size_t rows = p.rows;
+  const size_t rows = p.rows, qrows = p.attn_rows;
   const bool adaptive = heavy == cuda::HeavyRule::kAdaptive;
+  // The mixture scores every q head with its own table, into scratch rows G times
+  // the selection rows (group_mixture.cu).
+  const size_t lut_rows = mixture ? qrows : rows;
+  const uint64_t head_floats = mixture ? score * (sh.nq / sh.nkv) : 0;
   std::vector<Region> r = {
-      {"lut", p.off_lut, proxy == cuda::Proxy::kPq ? rows * 16 * 256 * 4 : 0},
+      {"lut", p.off_lut, proxy == cuda::Proxy::kPq ? lut_rows * 16 * 256 * 4 : 0},
+      {"lut_range", p.off_lut_range, proxy == cuda::Proxy::kPq ? lut_rows * 16 * 2 * 4 : 0},
       {"scores", p.off_scores, score * 4},
       {"cut", p.off_cut, rows * p.cut_capacity * 4},
       {"bsum", p.off_bsum, score / kBlockTokens * 8},
@@ -125,7 +140,11 @@ void check_plan(const Shape& sh, cuda::Proxy proxy, cuda::HeavyRule heavy, const
       {"seg_begin", p.off_seg_begin, rows * 4},
       {"seg_end", p.off_seg_end, rows * 4},
       {"rows", p.off_rows, rows * sizeof(cuda::RowState)},
-      {"partial", p.off_partial, rows * p.n_splits * (sh.d + 2) * 4},
+      {"partial", p.off_partial, qrows * p.n_splits * (sh.d + 2) * 4},
+      {"head_scores", p.off_head_scores, head_floats * 4},
+      {"head_rows", p.off_head_rows, mixture ? qrows * sizeof(cuda::RowState) : 0},
+      {"head_hist", p.off_head_hist, mixture ? qrows * cuda::kScoreBins * 4 : 0},
+      {"head_csum", p.off_head_csum, head_floats / kChunkTokens * 8},
       {"sort_temp", p.off_sort_temp, p.sort_temp_bytes},
   };
   // Listed in allocation order.
@@ -135,6 +154,7 @@ void check_plan(const Shape& sh, cuda::Proxy proxy, cuda::HeavyRule heavy, const
     const size_t end = i + 1 < r.size() ? r[i + 1].off : p.total_bytes;
     CHECK(r[i].off + r[i].bytes <= end);
   }
+  return p;
 }
 
 TEST_CASE("CUDA workspace plan: every buffer fits, for mixed batches and shapes (host only)") {
@@ -152,6 +172,35 @@ TEST_CASE("CUDA workspace plan: every buffer fits, for mixed batches and shapes 
   }
   // More bitmap words than kMaxCompactBlocks blocks of 4 words a thread cover.
   check_plan({16, 4, 256, DType::kF16}, cuda::Proxy::kPq, cuda::HeavyRule::kFixed, {item(12u << 20, 100)}, 132);
+}
+
+TEST_CASE("CUDA workspace plan: group selection keeps one selection row per KV head (host only)") {
+  using cuda::GroupProposal;
+  const Shape shapes[] = {{16, 4, 256, DType::kF16}, {32, 8, 128, DType::kBF16}, {8, 8, 64, DType::kF32},
+                          {16, 1, 128, DType::kF16}};
+  for (const Shape& sh : shapes) {
+    for (GroupProposal g : {GroupProposal::kMeanQuery, GroupProposal::kMixture}) {
+      for (int sms : {1, 132}) {
+        check_plan(sh, cuda::Proxy::kPq, cuda::HeavyRule::kFixed, {item(1u << 20, 50)}, sms, g);
+        check_plan(sh, cuda::Proxy::kPq, cuda::HeavyRule::kAdaptive,
+                   {item(70001, 20), item(3000, 0), item(131072, 10), item(5000, 100)}, sms, g);
+        check_plan(sh, cuda::Proxy::kExact, cuda::HeavyRule::kFixed, {item(40000, 50), item(2049, 2)}, sms, g);
+      }
+    }
+    // The selection buffers shrink by the group size against per-head selection;
+    // the attention's partials do not.
+    const std::vector<DecodeItem> items = {item(70001, 20), item(131072, 10)};
+    const WorkspacePlan off = check_plan(sh, cuda::Proxy::kPq, cuda::HeavyRule::kFixed, items, 132);
+    const WorkspacePlan mean =
+        check_plan(sh, cuda::Proxy::kPq, cuda::HeavyRule::kFixed, items, 132, GroupProposal::kMeanQuery);
+    const uint32_t G = sh.nq / sh.nkv;
+    INFO("nq ", sh.nq, " nkv ", sh.nkv);
+    CHECK(off.rows == G * mean.rows);
+    CHECK(off.score_floats == G * mean.score_floats);
+    CHECK(off.attn_rows == mean.attn_rows);
+    if (G > 1) CHECK(mean.total_bytes < off.total_bytes);
+    if (G == 1) CHECK(mean.total_bytes == off.total_bytes);
+  }
 }
 
 }  // namespace

@@ -347,8 +347,8 @@ typedef struct ssa_decode_params {
                            and local); 0 (default) = max(ceil(N / 5), budget) */
   /* selection per KV group (docs/GROUP_SELECTION.md) */
   uint32_t group_selection; /* an ssa_group_selection (read as an integer);
-                               default SSA_GROUP_OFF. Not with target_error > 0,
-                               and CPU sessions only (SSA_ERR_UNSUPPORTED) */
+                               default SSA_GROUP_OFF. Not with target_error > 0
+                               (SSA_ERR_UNSUPPORTED) */
 } ssa_decode_params;
 
 /* Error-targeted decode (target_error > 0; methods SSA and SSA_ADAPTIVE only,

@@ -696,7 +696,7 @@ class Session:
                 least the floor); DecodeStats.capped_heads counts heads it stopped.
             group_selection: "off" (default), "mixture" or "mean_query" (or
                 ssa.GroupSelection): one selection per KV head shared by its query
-                heads (CPU sessions; docs/GROUP_SELECTION.md).
+                heads (docs/GROUP_SELECTION.md).
         Returns out, or (out, DecodeStats) when stats is true.
         """
         layer = self._check_layer(layer)

@@ -64,6 +64,12 @@ def test_sparse_generation_on_cuda_reads_fewer_rows():
                             observer=lambda layer, q, out, stats, c: seen.append(stats[0]))
     model.generate(ids, past_key_values=cache, max_new_tokens=4, do_sample=False, min_new_tokens=4)
     assert seen and all(0 < st.tokens_read <= 32 * ((4100 + 19) // 20) for st in seen)
-    with pytest.raises(ssa.Unsupported, match="group_selection"):
-        cache.set_params(group_selection="mixture")
-        model.generate(ids, past_key_values=cache, max_new_tokens=1, do_sample=False)
+    # Group selection on CUDA sessions: every head reads the sink and local rows
+    # and its group's shared rows, at most the group's G k' (G = 32 / 8 = 4).
+    kprime = (4100 + 19) // 20 - 32
+    for group in ("mixture", "mean_query"):
+        seen.clear()
+        cache = ssa.hf.SSACache(model, method="ssa", sparsity=20, n_sink=16, n_local=16, group_selection=group,
+                                observer=lambda layer, q, out, stats, c: seen.append(stats[0]))
+        model.generate(ids, past_key_values=cache, max_new_tokens=2, do_sample=False, min_new_tokens=2)
+        assert seen and all(0 < st.tokens_read <= 32 * (32 + 4 * kprime) for st in seen), group

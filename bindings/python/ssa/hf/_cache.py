@@ -197,8 +197,8 @@ class SSACache(Cache):
         progress_min_tokens: prefills of at least this many tokens show a progress
             bar over the layers (None: never).
         group_selection: "off" (each query head selects its own rows), "mixture" or
-            "mean_query" (one selection per KV head shared by its query heads; CPU
-            sessions only; docs/GROUP_SELECTION.md).
+            "mean_query" (one selection per KV head shared by its query heads;
+            docs/GROUP_SELECTION.md).
 
     Prefill (a multi-token chunk at the start of a sequence) attends densely with
     transformers' sdpa and appends the chunk's K/V; a later multi-token chunk (after a

@@ -323,7 +323,7 @@ pub struct DecodeParams {
     pub target_delta: f32,
     /// Cap on the budget a head may choose; `None` = the library's default.
     pub max_budget: Option<u32>,
-    /// One selection per KV group instead of per query head (CPU sessions).
+    /// One selection per KV group instead of per query head (docs/GROUP_SELECTION.md).
     pub group_selection: GroupSelection,
 }
 
