@@ -16,7 +16,7 @@ __global__ void __launch_bounds__(kThreads) tier_accounting_kernel(DecodeBatch b
   if (ti.page_tier == nullptr) return;
   const DecodeItem& it = b.items[item];
   const bool dense = it.sink_end >= it.local_begin;
-  const ReadSet rs = row_read_set(it, ws, row_of(item, h, b.shape.n_q_heads), h);
+  const ReadSet rs = row_read_set(b, ws, item, h);
   uint64_t host = 0, cached = 0;
   for (uint32_t p = blockIdx.x * kThreads + threadIdx.x; p < rs.size(); p += kBlocksPerRow * kThreads) {
     float unused;
