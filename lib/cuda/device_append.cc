@@ -110,7 +110,8 @@ absl::Status CudaBackend::gather_tail(ssa_session& s, LayerStore& layer, uint64_
   // (older pages make room), as far as the budget allows.
   const uint32_t layer_index = static_cast<uint32_t>(&layer - s.layers.data());
   const uint64_t have = layer.kv_pages.size(), need = s.layout.pages_for(new_n);
-  SSA_RETURN_IF_ERROR(rebalance_layer(s, layer_index, layer, need > have ? need - have : 0));
+  SSA_RETURN_IF_ERROR(
+      rebalance_layer(s, layer_index, layer, layer.n_tokens / s.layout.page_tokens, need > have ? need - have : 0));
   return ssa::gather_tail(layer, s.layout, new_n, *st.kv_pool, codes ? st.code_pool.get() : nullptr, tail);
 }
 

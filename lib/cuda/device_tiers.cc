@@ -56,7 +56,7 @@ absl::Status take_in_reads(SessionState& st, LayerTiers& lt, const LayerStore& l
     const Page& src = *layer.kv_pages[page];
     SSA_CUDA_RETURN(cudaMemcpyAsync((*dev)->mutable_data(), src.data(), page_bytes, cudaMemcpyDefault, st.stream),
                     "host page copy into the cache");
-    lt.copies[page] = LayerTiers::Copy{src.data(), *std::move(dev)};
+    lt.copies[page] = LayerTiers::Copy{src.data(), src.keeper(), *std::move(dev)};
     ++lt.version;
     copied = true;
   }
@@ -75,13 +75,20 @@ bool layer_has_host_pages(const LayerStore& layer) {
   return false;
 }
 
-absl::Status rebalance_layer(ssa_session& s, uint32_t layer_index, LayerStore& layer, uint64_t new_pages) {
+absl::Status rebalance_layer(ssa_session& s, uint32_t layer_index, LayerStore& layer, uint64_t first_written,
+                             uint64_t new_pages) {
   SessionState& st = state(s);
   TieredKvPool& pool = *st.kv_pool;
-  if (!pool.tiered()) return absl::OkStatus();
   absl::MutexLock lock(&st.mu);
-  st.prune_retired();  // tables no queued decode reads any more give their pages' charges back
   LayerTiers& lt = layer_tiers(st, layer_index, s.layout.n_layers);
+  // The append writes rows into these pages in place: their copies would miss them.
+  for (auto it = lt.copies.lower_bound(first_written); it != lt.copies.end();) {
+    lt.policy.forget(it->first);
+    it = lt.copies.erase(it);
+    ++lt.version;
+  }
+  if (!pool.tiered()) return absl::OkStatus();
+  st.prune_retired();  // tables no queued decode reads any more give their pages' charges back
   lt.last_read.resize(layer.kv_pages.size(), 0);
   std::vector<PagePlacement> placement(layer.kv_pages.size());
   for (size_t i = 0; i < placement.size(); ++i) {

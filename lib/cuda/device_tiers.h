@@ -49,6 +49,7 @@ struct LayerTiers {
   PageCachePolicy policy;
   struct Copy {
     const uint8_t* host = nullptr;  // the host page it copies (stale once the layer's page differs)
+    std::shared_ptr<void> host_memory;  // keeps that address from being reused for another page
     PageRef copy;                   // device page charged to the cache account
   };
   std::map<uint64_t, Copy> copies;  // by page index
@@ -66,12 +67,15 @@ struct LayerTiers {
 // Pages of a layer a policy may move (held by this session alone).
 bool page_movable(const PageRef& p);
 
-// Before an append to `layer` that allocates `new_pages` pages: moves movable
+// Before an append to `layer` that writes its pages from `first_written` on
+// and allocates `new_pages` pages: drops the cached copies of the pages it
+// writes (they would go stale), then moves movable
 // device pages to the host and pinned host pages back to the device as the
 // policy says and the budget allows (content unchanged; the session is held
 // exclusively). A move that cannot be made (no room, no host memory) is left
 // for a later call; only device errors are returned.
-absl::Status rebalance_layer(ssa_session& s, uint32_t layer_index, LayerStore& layer, uint64_t new_pages);
+absl::Status rebalance_layer(ssa_session& s, uint32_t layer_index, LayerStore& layer, uint64_t first_written,
+                             uint64_t new_pages);
 
 // The entry of each page in a decode's tables: its address (the device copy's
 // for a cached host page) and tier code, after taking in what the newest

@@ -155,8 +155,12 @@ TEST_CASE("gpu backend: group selection is dense at full budget, deterministic, 
   const Data d = make_data(9000, 21);
   ssa_session* sd = session(gpu, 0);  // device pointers
   fill(sd, d, true);
+  ssa_runtime* cpu = runtime(SSA_BACKEND_CPU);
+  ssa_session* sc = session(cpu, 0);
+  fill(sc, d, false);
   const uint32_t G = kNq / kNkv;
   const auto dense = decode(sd, d, params(SSA_METHOD_DENSE, 0), true);
+  const auto dense_cpu = decode(sc, d, params(SSA_METHOD_DENSE, 0), false);
   for (uint32_t group : {SSA_GROUP_MEAN_QUERY, SSA_GROUP_MIXTURE}) {
     for (ssa_method m : {SSA_METHOD_ORACLE_TOPK, SSA_METHOD_PQ_TOPK, SSA_METHOD_HYBRID_UNIFORM,
                          SSA_METHOD_SAMPLING, SSA_METHOD_SSA, SSA_METHOD_SSA_ADAPTIVE}) {
@@ -179,7 +183,16 @@ TEST_CASE("gpu backend: group selection is dense at full budget, deterministic, 
       const auto out = decode(sd, d, group_params(m, k, group, 3), true, &st);
       INFO(proposal(group), " method ", m, " rel err vs dense ", rel(out, dense), " read ", st.tokens_read,
            " heavy ", st.heavy_tokens, " draws ", st.draws, " unique ", st.unique_samples);
-      CHECK(rel(out, dense) < (m == SSA_METHOD_HYBRID_UNIFORM ? 0.45 : 0.35));
+      // Close to dense as the CPU backend's group selection is on the same data:
+      // mean error over 8 steps within 1.5x of the CPU's (the distributions are
+      // compared more finely in the test above).
+      double gpu_err = 0, cpu_err = 0;
+      for (uint64_t step = 10; step < 18; ++step) {
+        gpu_err += rel(decode(sd, d, group_params(m, k, group, step), true), dense) / 8;
+        cpu_err += rel(decode(sc, d, group_params(m, k, group, step), false), dense_cpu) / 8;
+      }
+      INFO("mean error over 8 steps: gpu ", gpu_err, " cpu ", cpu_err);
+      CHECK(gpu_err < 1.5 * cpu_err + 0.01);
       CHECK(st.context_tokens == d.n);
       CHECK(st.tokens_read <= (256 + kg) * kNq);
       CHECK(st.scored_tokens == uint64_t{d.n - 256} * (group == SSA_GROUP_MIXTURE ? kNq : kNkv));
@@ -196,6 +209,8 @@ TEST_CASE("gpu backend: group selection is dense at full budget, deterministic, 
       CHECK(decode(sd, d, params(m, k, 3), true) != out);
     }
   }
+  ssa_session_destroy(sc);
+  ssa_runtime_destroy(cpu);
   ssa_session_destroy(sd);
 
   // decode_batch over sessions of different lengths equals single decodes.

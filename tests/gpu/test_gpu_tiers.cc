@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <random>
 #include <string>
 #include <vector>
@@ -102,7 +103,7 @@ ssa_session* load(ssa_runtime* rt, const std::string& path) {
 
 // About a fifth of n tokens' K/V as the budget, 8 pages of it for the cache.
 uint64_t budget_for(const Bytes& b, uint32_t n) { return 2 * b.row() * n / 5; }
-uint64_t cache_for(const Bytes& b) { return 8 * 2 * b.row() * 128; }
+uint64_t cache_for(const Bytes& b, uint64_t budget) { return std::min<uint64_t>(8 * 2 * b.row() * 128, budget / 2); }
 
 TEST_CASE("gpu tiers: every method and dtype decodes bitwise equal to the untiered session") {
   SSA_GPU_TEST_OR_SKIP();
@@ -110,7 +111,7 @@ TEST_CASE("gpu tiers: every method and dtype decodes bitwise equal to the untier
     INFO("dtype ", t);
     const Bytes b = make_bytes(12000, 100 + t, t);
     ssa_runtime* flat = runtime(SSA_BACKEND_CUDA);
-    ssa_runtime* tiered = tiered_runtime(budget_for(b, b.n), cache_for(b));
+    ssa_runtime* tiered = tiered_runtime(budget_for(b, b.n), cache_for(b, budget_for(b, b.n)));
     ssa_session* u = session(flat, SSA_SESSION_HOST_POINTERS, t);
     ssa_session* s = session(tiered, SSA_SESSION_HOST_POINTERS, t);
     for (uint32_t a = 0; a < b.n; a += 3000) {  // each append moves pages between the tiers
@@ -159,7 +160,7 @@ TEST_CASE("gpu tiers: appends, forks and truncates move pages both ways and chan
   SSA_GPU_TEST_OR_SKIP();
   const Bytes b = make_bytes(16000, 7, SSA_DTYPE_F16);
   ssa_runtime* flat = runtime(SSA_BACKEND_CUDA);
-  ssa_runtime* tiered = tiered_runtime(budget_for(b, 8000), cache_for(b));
+  ssa_runtime* tiered = tiered_runtime(budget_for(b, 8000), cache_for(b, budget_for(b, 8000)));
   ssa_session* u = session(flat, SSA_SESSION_HOST_POINTERS);
   ssa_session* s = session(tiered, SSA_SESSION_HOST_POINTERS);
   append(u, b, 0, 7000);
@@ -193,11 +194,45 @@ TEST_CASE("gpu tiers: appends, forks and truncates move pages both ways and chan
   ssa_runtime_destroy(flat);
 }
 
+TEST_CASE("gpu tiers: appends into cached host pages leave no stale copy behind") {
+  SSA_GPU_TEST_OR_SKIP();
+  const Bytes b = make_bytes(9000, 23, SSA_DTYPE_F16);
+  const uint64_t page = 2 * b.row() * 128;
+  // One resident page: the window lives on the host, and decodes cache its pages.
+  ssa_runtime* flat = runtime(SSA_BACKEND_CUDA);
+  ssa_runtime* tiered = tiered_runtime(17 * page, 16 * page);
+  ssa_session* u = session(flat, SSA_SESSION_HOST_POINTERS);
+  ssa_session* s = session(tiered, SSA_SESSION_HOST_POINTERS);
+  append(u, b, 0, 6000);
+  append(s, b, 0, 6000);
+  uint32_t n = 6000;
+  uint64_t hits = 0;
+  for (int round = 0; round < 8; ++round) {
+    for (int i = 0; i < 3; ++i) {
+      ssa_decode_stats st;
+      ssa_decode_stats_init(&st);
+      const ssa_decode_params p = params(SSA_METHOD_SSA, 700, 20 + i);
+      CHECK(out(s, b, p, &st) == out(u, b, p));
+      hits += st.host_cache_hits;
+    }
+    append(u, b, n, n + 37);  // into the last page, which decodes have cached
+    append(s, b, n, n + 37);
+    n += 37;
+    INFO("round ", round);
+    CHECK(all_outputs(s, b) == all_outputs(u, b));
+  }
+  CHECK(hits > 0);
+  ssa_session_destroy(s);
+  ssa_session_destroy(u);
+  ssa_runtime_destroy(tiered);
+  ssa_runtime_destroy(flat);
+}
+
 TEST_CASE("gpu tiers: decode_batch over tiered sessions equals the untiered batch") {
   SSA_GPU_TEST_OR_SKIP();
   const Bytes b = make_bytes(9000, 3, SSA_DTYPE_BF16);
   ssa_runtime* flat = runtime(SSA_BACKEND_CUDA);
-  ssa_runtime* tiered = tiered_runtime(budget_for(b, 9000), cache_for(b));
+  ssa_runtime* tiered = tiered_runtime(budget_for(b, 9000), cache_for(b, budget_for(b, 9000)));
   std::vector<ssa_session*> us, ts;
   for (uint32_t i = 0; i < 3; ++i) {
     us.push_back(session(flat, SSA_SESSION_HOST_POINTERS, SSA_DTYPE_BF16));
@@ -230,7 +265,7 @@ TEST_CASE("gpu tiers: snapshots round-trip through the tiers") {
   SSA_GPU_TEST_OR_SKIP();
   const Bytes b = make_bytes(10000, 11, SSA_DTYPE_F16);
   ssa_runtime* flat = runtime(SSA_BACKEND_CUDA);
-  ssa_runtime* tiered = tiered_runtime(budget_for(b, b.n), cache_for(b));
+  ssa_runtime* tiered = tiered_runtime(budget_for(b, b.n), cache_for(b, budget_for(b, b.n)));
   // A budget of three pages: a snapshot far bigger than it loads into the host tier.
   ssa_runtime* tiny = tiered_runtime(3 * 2 * b.row() * 128, 2 * b.row() * 128);
   ssa_session* u = session(flat, SSA_SESSION_HOST_POINTERS);
@@ -273,7 +308,7 @@ TEST_CASE("gpu tiers: snapshots round-trip through the tiers") {
 TEST_CASE("gpu tiers: pinned host memory exhaustion at every point leaves the session unchanged") {
   SSA_GPU_TEST_OR_SKIP();
   const Bytes b = make_bytes(9000, 19, SSA_DTYPE_F16);
-  ssa_runtime* tiered = tiered_runtime(budget_for(b, 4000), cache_for(b));
+  ssa_runtime* tiered = tiered_runtime(budget_for(b, 4000), cache_for(b, budget_for(b, 4000)));
   ssa_session* s = session(tiered, SSA_SESSION_HOST_POINTERS);
   append(s, b, 0, 5000);
   const auto ref = all_outputs(s, b);
