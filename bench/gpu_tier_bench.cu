@@ -226,7 +226,7 @@ Timing run(const std::vector<ssa_session*>& sessions, const ModelShape& s, TierW
   t.rows_from_host /= steps;
   t.hits /= steps;
   t.hit_rate_last = last_hits + last_host ? double(last_hits) / double(last_hits + last_host) : 0.0;
-  t.floor_ms = (host_bytes / steps / (rates.zero_copy * 1e9) + dev_bytes / steps / (rates.device_copy / 2 * 1e9)) * 1e3;
+  t.floor_ms = (host_bytes / steps / (rates.zero_copy * 1e9) + dev_bytes / steps / (rates.device_copy * 1e9)) * 1e3;
   cudaFree(q);
   cudaFree(o);
   return t;

@@ -8,12 +8,17 @@ namespace ssa::cuda {
 namespace {
 
 // Keeps a device block and its budget charge; the charge goes back first.
+// Not copyable: each object gives its charge back exactly once.
 struct Charge {
+  Charge(std::shared_ptr<void> b, std::shared_ptr<DeviceBudget> d, DeviceBudget::Account a, uint64_t n)
+      : block(std::move(b)), budget(std::move(d)), account(a), bytes(n) {}
+  Charge(const Charge&) = delete;
+  Charge& operator=(const Charge&) = delete;
+  ~Charge() { budget->release(account, bytes); }
   std::shared_ptr<void> block;
   std::shared_ptr<DeviceBudget> budget;
   DeviceBudget::Account account;
   uint64_t bytes;
-  ~Charge() { budget->release(account, bytes); }
 };
 
 }  // namespace
@@ -26,7 +31,7 @@ absl::StatusOr<PageRef> TieredKvPool::device_page(DeviceBudget::Account account)
     budget_->release(account, page_bytes_);
     return inner.status();
   }
-  auto charge = std::make_shared<Charge>(Charge{(*inner)->keeper(), budget_, account, page_bytes_});
+  auto charge = std::make_shared<Charge>((*inner)->keeper(), budget_, account, page_bytes_);
   uint8_t* data = (*inner)->mutable_data();
   inner->reset();  // the Charge holds the block now
   return std::make_shared<Page>(data, page_bytes_, true, std::move(charge), PageTier::kDevice);

@@ -16,6 +16,7 @@
 
 #include "common/dtype.h"
 #include "cuda/pinned_pages.h"
+#include "runtime.h"
 #include "support/gpu_sessions.h"
 #include "ssa.h"
 
@@ -118,6 +119,12 @@ TEST_CASE("gpu tiers: every method and dtype decodes bitwise equal to the untier
       append(u, b, a, a + 3000);
       append(s, b, a, a + 3000);
     }
+    {
+      // The budget holds: the resident pages use part of it, never more.
+      const DeviceBudget& budget = *tiered->budget;
+      CHECK(budget.used(DeviceBudget::kResident) > 0);
+      CHECK(budget.used(DeviceBudget::kResident) <= budget.limit(DeviceBudget::kResident));
+    }
     for (uint64_t step = 1; step <= 4; ++step) {
       for (ssa_method m : kMethods) {
         INFO("method ", m, " step ", step);
@@ -149,7 +156,12 @@ TEST_CASE("gpu tiers: every method and dtype decodes bitwise equal to the untier
       hits = ss.host_cache_hits;
     }
     CHECK(hits > 0);
+    CHECK(tiered->budget->used(DeviceBudget::kCache) > 0);
+    CHECK(tiered->budget->used(DeviceBudget::kCache) <= tiered->budget->limit(DeviceBudget::kCache));
     ssa_session_destroy(s);
+    // Every charge is given back once the session's memory is freed.
+    CHECK(tiered->budget->used(DeviceBudget::kResident) == 0);
+    CHECK(tiered->budget->used(DeviceBudget::kCache) == 0);
     ssa_session_destroy(u);
     ssa_runtime_destroy(tiered);
     ssa_runtime_destroy(flat);
