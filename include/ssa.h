@@ -183,7 +183,30 @@ typedef struct ssa_runtime_options {
   int32_t num_threads; /* CPU worker threads; 0 (default) = hardware concurrency */
   uint64_t seed;       /* default seed for sampling when a decode passes seed 0;
                           default 0x5EED */
-  /* ---- core: every field above ---- */
+  /* ---- core: every field above; struct_size may end here or at a later field ---- */
+  /* Sharded sessions (docs/SHARDING.md): every session of the runtime holds each
+     layer's tokens in contiguous shards, one per device, in the order of
+     `devices`; appends go to the last shard in use, which grows to shard_tokens,
+     then the next shard starts (the last device's shard takes every token beyond
+     the others). A decode makes exactly the selection an unsharded session would
+     (the same estimator: global top-k threshold, global proposal normaliser,
+     draws split by residual mass with the same RNG, partial outputs merged by
+     log-sum-exp), bitwise the same output on the CPU backend. */
+  const int32_t *devices; /* n_devices device ordinals, borrowed for the call, no
+                             duplicates; NULL (default) = one device, `device`.
+                             CPU runtimes: the ordinals only name the in-process
+                             shards (any distinct values >= 0), n_devices of them.
+                             CUDA runtimes with n_devices > 1: SSA_ERR_UNSUPPORTED
+                             in this version */
+  uint32_t n_devices;     /* entries of devices; default 0 (no list); must be
+                             1..64 when devices is set, 0 when it is NULL */
+  uint64_t shard_tokens;  /* tokens per shard before the next shard starts; 0
+                             (default) = 1048576; else a multiple of 8192 (the
+                             decode's fixed split, see docs/SHARDING.md) */
+  void *communicator;     /* an ncclComm_t of the caller's (one process per GPU,
+                             or several hosts): the runtime is then one rank of
+                             it. Default NULL. Not implemented in this version:
+                             non-NULL gives SSA_ERR_UNSUPPORTED */
 } ssa_runtime_options;
 
 /* Fills *opts with defaults and sets struct_size. opts must not be NULL. */
@@ -193,8 +216,10 @@ SSA_API void ssa_runtime_options_init(ssa_runtime_options *opts);
    opts: borrowed; NULL means defaults. out: receives the runtime, owned by the
    caller, freed with ssa_runtime_destroy() after every session made from it.
    Returns SSA_OK, SSA_ERR_INVALID_ARGUMENT (out NULL, bad struct_size, unknown
-   backend, negative threads), SSA_ERR_UNSUPPORTED (CUDA asked for but not built),
-   SSA_ERR_DEVICE (CUDA asked for, no usable device), SSA_ERR_OUT_OF_MEMORY. */
+   backend, negative threads, a bad device list or shard_tokens),
+   SSA_ERR_UNSUPPORTED (CUDA asked for but not built; a communicator; several
+   CUDA devices), SSA_ERR_DEVICE (CUDA asked for, no usable device),
+   SSA_ERR_OUT_OF_MEMORY. */
 SSA_API ssa_status ssa_runtime_create(const ssa_runtime_options *opts, ssa_runtime **out);
 
 /* Frees a runtime. NULL is a no-op. Every session of it must be destroyed first. */
@@ -205,6 +230,10 @@ SSA_API ssa_backend ssa_runtime_backend(const ssa_runtime *rt);
 
 /* Number of CPU worker threads the runtime uses (>= 1); 0 if rt is NULL. */
 SSA_API int32_t ssa_runtime_num_threads(const ssa_runtime *rt);
+
+/* Number of shards (devices) the runtime's sessions are split over (>= 1);
+   0 if rt is NULL. */
+SSA_API uint32_t ssa_runtime_num_shards(const ssa_runtime *rt);
 
 /* --------------------------------------------------------------- sessions */
 

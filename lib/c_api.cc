@@ -5,6 +5,7 @@
 #include <new>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/string_view.h"
 #include "backend.h"
@@ -12,6 +13,7 @@
 #include "decode/decode_plan.h"
 #include "runtime.h"
 #include "session.h"
+#include "shard/shard_options.h"
 #include "snapshot/snapshot.h"
 #include "ssa.h"
 #include "status.h"
@@ -121,8 +123,16 @@ ssa_status ssa_runtime_create(const ssa_runtime_options* opts, ssa_runtime** out
     if (o.num_threads < 0 || o.num_threads > 4096) {
       return ssa::invalid_argument("num_threads ", o.num_threads, " must be in 0..4096");
     }
-    absl::StatusOr<ssa_backend> chosen = ssa::choose_backend(o.backend, o.device);
+    std::vector<int32_t> devices;
+    SSA_RETURN_IF_ERROR(ssa::read_shard_devices(o, &devices));
+    absl::StatusOr<uint64_t> shard_tokens = ssa::resolve_shard_tokens(o.shard_tokens);
+    if (!shard_tokens.ok()) return shard_tokens.status();
+    if (o.communicator != nullptr) return ssa::unsupported(ssa::kCommunicatorUnsupported);
+    absl::StatusOr<ssa_backend> chosen = ssa::choose_backend(o.backend, devices[0]);
     if (!chosen.ok()) return chosen.status();
+    if (*chosen == SSA_BACKEND_CUDA && devices.size() > 1) {
+      return ssa::unsupported(ssa::kMultiDeviceCudaUnsupported);
+    }
     int threads = o.num_threads;
     if (threads == 0) {
       threads = static_cast<int>(std::thread::hardware_concurrency());
@@ -130,7 +140,9 @@ ssa_status ssa_runtime_create(const ssa_runtime_options* opts, ssa_runtime** out
     }
     auto rt = std::make_unique<ssa_runtime>();
     rt->backend = *chosen;
-    rt->device = o.device;
+    rt->device = devices[0];
+    rt->devices = std::move(devices);
+    rt->shard_tokens = *shard_tokens;
     rt->seed = o.seed;
     rt->pool = std::make_unique<ssa::ThreadPool>(threads);
     *out = rt.release();
@@ -146,6 +158,10 @@ ssa_backend ssa_runtime_backend(const ssa_runtime* rt) {
 
 int32_t ssa_runtime_num_threads(const ssa_runtime* rt) {
   return rt == nullptr ? 0 : rt->pool->num_threads();
+}
+
+uint32_t ssa_runtime_num_shards(const ssa_runtime* rt) {
+  return rt == nullptr ? 0 : static_cast<uint32_t>(rt->devices.size());
 }
 
 /* ---- sessions ---- */

@@ -13,7 +13,9 @@ namespace {
 constexpr FieldSpan kRuntimeOptions[] = {
     SSA_FIELD(ssa_runtime_options, struct_size), SSA_FIELD(ssa_runtime_options, backend),
     SSA_FIELD(ssa_runtime_options, device),      SSA_FIELD(ssa_runtime_options, num_threads),
-    SSA_FIELD(ssa_runtime_options, seed),
+    SSA_FIELD(ssa_runtime_options, seed),        SSA_FIELD(ssa_runtime_options, devices),
+    SSA_FIELD(ssa_runtime_options, n_devices),   SSA_FIELD(ssa_runtime_options, shard_tokens),
+    SSA_FIELD(ssa_runtime_options, communicator),
 };
 
 constexpr FieldSpan kSessionConfig[] = {
