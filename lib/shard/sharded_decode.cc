@@ -353,7 +353,7 @@ void add_stats(const Shared& sh, ssa_decode_stats* stats) {
     stats->heavy_tokens += sh.heavy[u] * heads;
     stats->draws += sh.draws[u] * heads;
     stats->unique_samples += sh.unique[u] * heads;
-    stats->residual_proxy_mass += sh.residual[u] * heads;
+    for (uint32_t j = 0; j < heads; ++j) stats->residual_proxy_mass += sh.residual[u];  // per head, as unsharded
     stats->scored_tokens += scored;  // counted once per group, as unsharded
   }
 }
