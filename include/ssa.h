@@ -304,6 +304,8 @@ SSA_API ssa_status ssa_session_get_config(const ssa_session *s, ssa_session_conf
    All-or-nothing: on failure the layer is unchanged. n_tokens 0 is a no-op.
    Takes the session exclusively (waits for running decodes).
    A layer holds at most 2^32 - 1 tokens.
+   Sharded sessions (ssa_runtime_options.devices): the tokens go to the last
+   shard in use until it holds shard_tokens, then to the next shard.
    Returns SSA_OK, SSA_ERR_INVALID_ARGUMENT (NULL s/k/v, layer >= n_layers, size
    overflow, the layer limit exceeded, NaN or infinity in k/v),
    SSA_ERR_OUT_OF_MEMORY, SSA_ERR_DEVICE. */
@@ -346,7 +348,8 @@ SSA_API ssa_status ssa_session_update_index(ssa_session *s);
 
 /* Keeps the first n_tokens tokens of every layer (agent rollback). n_tokens may
    not exceed ssa_session_length (the shortest layer), so every layer ends up
-   exactly n_tokens long. Codebooks are kept.
+   exactly n_tokens long. Codebooks are kept. Sharded sessions: the shards past
+   n_tokens are emptied (whole shards drop), the next append refills them.
    Takes the session exclusively.
    Returns SSA_OK, SSA_ERR_INVALID_ARGUMENT (s NULL, n_tokens > ssa_session_length). */
 SSA_API ssa_status ssa_session_truncate(ssa_session *s, uint64_t n_tokens);
@@ -354,6 +357,7 @@ SSA_API ssa_status ssa_session_truncate(ssa_session *s, uint64_t n_tokens);
 /* Makes an independent copy of the session. Pages, codes and codebooks are shared
    copy-on-write, so forking costs O(pages), not O(bytes). out: receives the
    new session, owned by the caller. The source may be decoded meanwhile.
+   A fork of a sharded session is sharded the same way (the same runtime).
    Returns SSA_OK, SSA_ERR_INVALID_ARGUMENT, SSA_ERR_OUT_OF_MEMORY. */
 SSA_API ssa_status ssa_session_fork(ssa_session *s, ssa_session **out);
 
@@ -479,8 +483,10 @@ SSA_API void ssa_decode_stats_init(ssa_decode_stats *st);
    Decoding an empty layer gives SSA_ERR_INVALID_ARGUMENT, as does a NaN or
    infinity in a host q (see Conventions). Arguments are checked before anything
    is computed: a call they reject writes nothing to out.
+   A sharded session decodes with exactly the selection an unsharded one makes
+   (on the CPU backend, bitwise the same output and stats; docs/SHARDING.md).
    Returns SSA_OK, SSA_ERR_INVALID_ARGUMENT, SSA_ERR_OUT_OF_MEMORY, SSA_ERR_DEVICE,
-   SSA_ERR_UNSUPPORTED (target_error > 0 on a CUDA session). */
+   SSA_ERR_UNSUPPORTED (target_error > 0 on a CUDA session or a sharded session). */
 SSA_API ssa_status ssa_decode(ssa_session *s, uint32_t layer, const void *q, void *out,
                               const ssa_decode_params *p, ssa_decode_stats *stats);
 
@@ -508,6 +514,9 @@ SSA_API ssa_status ssa_decode_batch(const ssa_decode_item *items, size_t n_items
    saves of one session are serialised. A CUDA session's pages are copied to host
    memory one page at a time as they are written; the file is the same as the CPU
    backend's, so a snapshot saved on either backend loads on the other.
+   A sharded session saves to one snapshot of the same format, with the same
+   sections as an unsharded session of the same content: it loads on a runtime
+   of any shard count, one included.
    Returns SSA_OK, SSA_ERR_INVALID_ARGUMENT, SSA_ERR_IO, SSA_ERR_OUT_OF_MEMORY,
    SSA_ERR_DEVICE (a CUDA copy failed). */
 SSA_API ssa_status ssa_session_save(ssa_session *s, const char *path);
@@ -528,7 +537,9 @@ SSA_API ssa_status ssa_session_checkpoint(ssa_session *s, const char *path);
 /* Restores a session saved by ssa_session_save/checkpoint onto rt's backend
    (either backend, whichever saved it; on a CUDA runtime the pages are read into
    host memory, verified and uploaded to device memory; the session's flags,
-   SSA_SESSION_HOST_POINTERS included, are those it was saved with).
+   SSA_SESSION_HOST_POINTERS included, are those it was saved with). On a
+   sharded runtime the session is sharded by that runtime's devices and
+   shard_tokens, whatever runtime saved it.
    What is verified (docs/SNAPSHOT_FORMAT.md has the details): the superblocks,
    section table, config, layer and metadata sections always; every section that
    is read is checked against its XXH3-64 as it is read, so a plain load (flags 0)

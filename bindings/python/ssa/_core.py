@@ -273,6 +273,11 @@ class Runtime:
         threads: CPU worker threads; 0 means the hardware concurrency.
         seed: default seed for sampling decodes that pass no seed (None: library default).
         device: CUDA device ordinal.
+        devices: sharded sessions (docs/SHARDING.md): one shard per entry, in shard order
+            (distinct ordinals >= 0; on the CPU backend they only name in-process shards).
+            None: one device, ``device``.
+        shard_tokens: tokens a shard takes before the next one starts; 0 = the library's
+            default (1048576); else a multiple of 8192.
 
     A runtime may be used from any number of threads. It is freed by close() (or by
     leaving a ``with`` block) once every session made from it is closed; sessions
@@ -280,7 +285,7 @@ class Runtime:
     """
 
     def __init__(self, backend: Union[str, Backend] = "auto", threads: int = 0, seed: Optional[int] = None,
-                 device: int = 0):
+                 device: int = 0, devices: Optional[Sequence[int]] = None, shard_tokens: int = 0):
         opts = ffi.new("ssa_runtime_options *")
         lib.ssa_runtime_options_init(opts)
         opts.backend = _enum("backend", backend, Backend)
@@ -288,6 +293,15 @@ class Runtime:
         opts.device = _int("device", device, 0, (1 << 31) - 1)
         if seed is not None:
             opts.seed = _int("seed", seed, 0, _U64)
+        opts.shard_tokens = _int("shard_tokens", shard_tokens, 0, _U64)
+        device_list = None  # kept alive through the call
+        if devices is not None:
+            ordinals = [_int("devices[]", d, -(1 << 31), (1 << 31) - 1) for d in devices]
+            device_list = ffi.new("int32_t[]", max(1, len(ordinals)))
+            for i, d in enumerate(ordinals):
+                device_list[i] = d
+            opts.devices = device_list
+            opts.n_devices = len(ordinals)
         out = ffi.new("ssa_runtime **")
         self._lock = threading.Lock()
         self._sessions = 0
@@ -358,6 +372,11 @@ class Runtime:
     def threads(self) -> int:
         """Number of CPU worker threads (>= 1)."""
         return int(lib.ssa_runtime_num_threads(self._handle()))
+
+    @property
+    def shards(self) -> int:
+        """Number of shards (devices) every session of the runtime is split over (>= 1)."""
+        return int(lib.ssa_runtime_num_shards(self._handle()))
 
     @property
     def device(self) -> int:

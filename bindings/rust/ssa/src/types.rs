@@ -128,7 +128,7 @@ impl GroupSelection {
 }
 
 /// Options of [`crate::Runtime::new`]. `Default` gives the library's defaults.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RuntimeOptions {
     /// Backend; default `Auto`.
     pub backend: Backend,
@@ -138,11 +138,18 @@ pub struct RuntimeOptions {
     pub threads: i32,
     /// Default sampling seed for decodes that pass none; `None` = the library's default.
     pub seed: Option<u64>,
+    /// Sharded sessions (docs/SHARDING.md): one shard per entry, in shard order
+    /// (distinct ordinals; on the CPU backend they only name in-process shards).
+    /// Empty (default) = one device, `device`.
+    pub devices: Vec<i32>,
+    /// Tokens a shard takes before the next one starts; 0 = the library's
+    /// default (1048576); else a multiple of 8192.
+    pub shard_tokens: u64,
 }
 
 impl Default for RuntimeOptions {
     fn default() -> Self {
-        RuntimeOptions { backend: Backend::Auto, device: 0, threads: 0, seed: None }
+        RuntimeOptions { backend: Backend::Auto, device: 0, threads: 0, seed: None, devices: Vec::new(), shard_tokens: 0 }
     }
 }
 
@@ -156,6 +163,13 @@ impl RuntimeOptions {
         self.seed = Some(seed);
         self
     }
+    /// Shards every session over `devices` with `shard_tokens` per shard.
+    pub fn sharded(mut self, devices: &[i32], shard_tokens: u64) -> Self {
+        self.devices = devices.to_vec();
+        self.shard_tokens = shard_tokens;
+        self
+    }
+    /// The raw options; they point into `self.devices`, so `self` must outlive their use.
     pub(crate) fn to_raw(&self) -> sys::ssa_runtime_options {
         let mut o = std::mem::MaybeUninit::<sys::ssa_runtime_options>::uninit();
         // SAFETY: init writes every field.
@@ -169,6 +183,11 @@ impl RuntimeOptions {
         if let Some(seed) = self.seed {
             o.seed = seed;
         }
+        if !self.devices.is_empty() {
+            o.devices = self.devices.as_ptr();
+            o.n_devices = self.devices.len() as u32;
+        }
+        o.shard_tokens = self.shard_tokens;
         o
     }
 }
