@@ -487,3 +487,37 @@ TEST_CASE("sharding: bad options give clear errors and no runtime") {
   ssa_runtime_destroy(rt);
   CHECK(ssa_runtime_num_shards(nullptr) == 0);
 }
+
+TEST_CASE("sharding: small heads, small pages, groups of two") {
+  auto ref_rt = make_runtime(2);
+  auto sh_rt = sharded_runtime(2, kShard);
+  const StructuredContext ctx = make_structured_context(kShard + 900, 2, 4, 32);
+  ssa_session_config c = make_config(1, 4, 2, 32, SSA_DTYPE_F16);
+  c.page_tokens = 16;
+  c.pq_subspaces = 8;
+  c.pq_centroids = 16;
+  c.index_min_tokens = 64;
+  c.index_train_sample = 256;
+  c.index_iterations = 2;
+  auto ref = make_session(ref_rt.get(), c), sh = make_session(sh_rt.get(), c);
+  for (ssa_session* s : {ref.get(), sh.get()}) {
+    append_f32(s, 0, ctx.K, ctx.V, ctx.n, SSA_DTYPE_F16);
+    SSA_CHECK_OK(ssa_session_update_index(s));
+  }
+  const std::vector<uint8_t> q = encode(ctx.q, SSA_DTYPE_F16);
+  for (ssa_method m : kAllMethods) {
+    for (uint32_t mode : kGroupModes) {
+      for (float sparsity : {4.0f, 20.0f}) {
+        CAPTURE(m);
+        CAPTURE(mode);
+        CAPTURE(sparsity);
+        ssa_decode_params p = params(m, 0, sparsity);
+        p.group_selection = mode;
+        p.step = 5;
+        const Outcome a = decode_raw(ref.get(), 0, q, p), b = decode_raw(sh.get(), 0, q, p);
+        CHECK(a.out == b.out);
+        CHECK(same_stats(a.stats, b.stats));
+      }
+    }
+  }
+}

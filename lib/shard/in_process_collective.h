@@ -20,7 +20,8 @@ namespace ssa {
 
 class InProcessGroup {
  public:
-  explicit InProcessGroup(uint32_t n_ranks) : n_(n_ranks), published_(n_ranks, nullptr) {}
+  // Throws std::bad_alloc (as the vectors it makes) when memory is short.
+  explicit InProcessGroup(uint32_t n_ranks);
 
   // Runs body(comm) for every rank at once, rank 0 on the calling thread and the
   // others on threads of their own (a rank blocks in its collectives, so ranks
@@ -41,6 +42,9 @@ class InProcessGroup {
   uint64_t generation_ = 0;
   bool aborted_ = false;
   std::vector<const void*> published_;  // one buffer per rank, for the collective in progress
+  // Made up front: a rank that fails, or whose peer failed, reports them
+  // without allocating (memory may be what ran out).
+  const absl::Status aborted_status_, out_of_memory_;
 };
 
 }  // namespace ssa
