@@ -183,7 +183,7 @@ typedef struct ssa_runtime_options {
   int32_t num_threads; /* CPU worker threads; 0 (default) = hardware concurrency */
   uint64_t seed;       /* default seed for sampling when a decode passes seed 0;
                           default 0x5EED */
-  /* ---- core: every field above ---- */
+  /* ---- core: every field above; struct_size may end here or at a later field ---- */
   /* Tiered K/V for CUDA runtimes (docs/TIERED_MEMORY.md; CPU runtimes accept and
      ignore both). device_kv_budget: the device memory, in bytes, that the K/V
      pages of this runtime's sessions may use, resident pages and caches together;
@@ -196,6 +196,29 @@ typedef struct ssa_runtime_options {
      0 = an eighth of device_kv_budget; at most device_kv_budget. */
   uint64_t device_kv_budget;
   uint64_t host_cache_bytes;
+  /* Sharded sessions (docs/SHARDING.md): every session of the runtime holds each
+     layer's tokens in contiguous shards, one per device, in the order of
+     `devices`; appends go to the last shard in use, which grows to shard_tokens,
+     then the next shard starts (the last device's shard takes every token beyond
+     the others). A decode makes exactly the selection an unsharded session would
+     (the same estimator: global top-k threshold, global proposal normaliser,
+     draws split by residual mass with the same RNG, partial outputs merged by
+     log-sum-exp), bitwise the same output on the CPU backend. */
+  const int32_t *devices; /* n_devices device ordinals, borrowed for the call, no
+                             duplicates; NULL (default) = one device, `device`.
+                             CPU runtimes: the ordinals only name the in-process
+                             shards (any distinct values >= 0), n_devices of them.
+                             CUDA runtimes with n_devices > 1: SSA_ERR_UNSUPPORTED
+                             in this version */
+  uint32_t n_devices;     /* entries of devices; default 0 (no list); must be
+                             1..64 when devices is set, 0 when it is NULL */
+  uint64_t shard_tokens;  /* tokens per shard before the next shard starts; 0
+                             (default) = 1048576; else a multiple of 8192 (the
+                             decode's fixed split, see docs/SHARDING.md) */
+  void *communicator;     /* an ncclComm_t of the caller's (one process per GPU,
+                             or several hosts): the runtime is then one rank of
+                             it. Default NULL. Not implemented in this version:
+                             non-NULL gives SSA_ERR_UNSUPPORTED */
 } ssa_runtime_options;
 
 /* Fills *opts with defaults and sets struct_size. opts must not be NULL. */
@@ -205,8 +228,10 @@ SSA_API void ssa_runtime_options_init(ssa_runtime_options *opts);
    opts: borrowed; NULL means defaults. out: receives the runtime, owned by the
    caller, freed with ssa_runtime_destroy() after every session made from it.
    Returns SSA_OK, SSA_ERR_INVALID_ARGUMENT (out NULL, bad struct_size, unknown
-   backend, negative threads), SSA_ERR_UNSUPPORTED (CUDA asked for but not built),
-   SSA_ERR_DEVICE (CUDA asked for, no usable device), SSA_ERR_OUT_OF_MEMORY. */
+   backend, negative threads, a bad device list or shard_tokens),
+   SSA_ERR_UNSUPPORTED (CUDA asked for but not built; a communicator; several
+   CUDA devices), SSA_ERR_DEVICE (CUDA asked for, no usable device),
+   SSA_ERR_OUT_OF_MEMORY. */
 SSA_API ssa_status ssa_runtime_create(const ssa_runtime_options *opts, ssa_runtime **out);
 
 /* Frees a runtime. NULL is a no-op. Every session of it must be destroyed first. */
@@ -217,6 +242,10 @@ SSA_API ssa_backend ssa_runtime_backend(const ssa_runtime *rt);
 
 /* Number of CPU worker threads the runtime uses (>= 1); 0 if rt is NULL. */
 SSA_API int32_t ssa_runtime_num_threads(const ssa_runtime *rt);
+
+/* Number of shards (devices) the runtime's sessions are split over (>= 1);
+   0 if rt is NULL. */
+SSA_API uint32_t ssa_runtime_num_shards(const ssa_runtime *rt);
 
 /* --------------------------------------------------------------- sessions */
 
@@ -287,6 +316,8 @@ SSA_API ssa_status ssa_session_get_config(const ssa_session *s, ssa_session_conf
    All-or-nothing: on failure the layer is unchanged. n_tokens 0 is a no-op.
    Takes the session exclusively (waits for running decodes).
    A layer holds at most 2^32 - 1 tokens.
+   Sharded sessions (ssa_runtime_options.devices): the tokens go to the last
+   shard in use until it holds shard_tokens, then to the next shard.
    Returns SSA_OK, SSA_ERR_INVALID_ARGUMENT (NULL s/k/v, layer >= n_layers, size
    overflow, the layer limit exceeded, NaN or infinity in k/v),
    SSA_ERR_OUT_OF_MEMORY, SSA_ERR_DEVICE. */
@@ -329,7 +360,8 @@ SSA_API ssa_status ssa_session_update_index(ssa_session *s);
 
 /* Keeps the first n_tokens tokens of every layer (agent rollback). n_tokens may
    not exceed ssa_session_length (the shortest layer), so every layer ends up
-   exactly n_tokens long. Codebooks are kept.
+   exactly n_tokens long. Codebooks are kept. Sharded sessions: the shards past
+   n_tokens are emptied (whole shards drop), the next append refills them.
    Takes the session exclusively.
    Returns SSA_OK, SSA_ERR_INVALID_ARGUMENT (s NULL, n_tokens > ssa_session_length). */
 SSA_API ssa_status ssa_session_truncate(ssa_session *s, uint64_t n_tokens);
@@ -337,6 +369,7 @@ SSA_API ssa_status ssa_session_truncate(ssa_session *s, uint64_t n_tokens);
 /* Makes an independent copy of the session. Pages, codes and codebooks are shared
    copy-on-write, so forking costs O(pages), not O(bytes). out: receives the
    new session, owned by the caller. The source may be decoded meanwhile.
+   A fork of a sharded session is sharded the same way (the same runtime).
    Returns SSA_OK, SSA_ERR_INVALID_ARGUMENT, SSA_ERR_OUT_OF_MEMORY. */
 SSA_API ssa_status ssa_session_fork(ssa_session *s, ssa_session **out);
 
@@ -469,8 +502,10 @@ SSA_API void ssa_decode_stats_init(ssa_decode_stats *st);
    Decoding an empty layer gives SSA_ERR_INVALID_ARGUMENT, as does a NaN or
    infinity in a host q (see Conventions). Arguments are checked before anything
    is computed: a call they reject writes nothing to out.
+   A sharded session decodes with exactly the selection an unsharded one makes
+   (on the CPU backend, bitwise the same output and stats; docs/SHARDING.md).
    Returns SSA_OK, SSA_ERR_INVALID_ARGUMENT, SSA_ERR_OUT_OF_MEMORY, SSA_ERR_DEVICE,
-   SSA_ERR_UNSUPPORTED (target_error > 0 on a CUDA session). */
+   SSA_ERR_UNSUPPORTED (target_error > 0 on a CUDA session or a sharded session). */
 SSA_API ssa_status ssa_decode(ssa_session *s, uint32_t layer, const void *q, void *out,
                               const ssa_decode_params *p, ssa_decode_stats *stats);
 
@@ -498,6 +533,9 @@ SSA_API ssa_status ssa_decode_batch(const ssa_decode_item *items, size_t n_items
    saves of one session are serialised. A CUDA session's pages are copied to host
    memory one page at a time as they are written; the file is the same as the CPU
    backend's, so a snapshot saved on either backend loads on the other.
+   A sharded session saves to one snapshot of the same format, with the same
+   sections as an unsharded session of the same content: it loads on a runtime
+   of any shard count, one included.
    Returns SSA_OK, SSA_ERR_INVALID_ARGUMENT, SSA_ERR_IO, SSA_ERR_OUT_OF_MEMORY,
    SSA_ERR_DEVICE (a CUDA copy failed). */
 SSA_API ssa_status ssa_session_save(ssa_session *s, const char *path);
@@ -521,7 +559,9 @@ SSA_API ssa_status ssa_session_checkpoint(ssa_session *s, const char *path);
    (either backend, whichever saved it; on a CUDA runtime the pages are read into
    host memory, verified and uploaded to device memory, or with a device budget
    placed in its tiers; the session's flags,
-   SSA_SESSION_HOST_POINTERS included, are those it was saved with).
+   SSA_SESSION_HOST_POINTERS included, are those it was saved with). On a
+   sharded runtime the session is sharded by that runtime's devices and
+   shard_tokens, whatever runtime saved it.
    What is verified (docs/SNAPSHOT_FORMAT.md has the details): the superblocks,
    section table, config, layer and metadata sections always; every section that
    is read is checked against its XXH3-64 as it is read, so a plain load (flags 0)

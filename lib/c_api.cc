@@ -5,6 +5,7 @@
 #include <new>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/string_view.h"
 #include "backend.h"
@@ -12,6 +13,7 @@
 #include "decode/decode_plan.h"
 #include "runtime.h"
 #include "session.h"
+#include "shard/shard_options.h"
 #include "snapshot/snapshot.h"
 #include "ssa.h"
 #include "status.h"
@@ -125,8 +127,16 @@ ssa_status ssa_runtime_create(const ssa_runtime_options* opts, ssa_runtime** out
       return ssa::invalid_argument("host_cache_bytes ", o.host_cache_bytes, " exceeds device_kv_budget ",
                                    o.device_kv_budget, " (the cache is part of the budget; 0 = an eighth of it)");
     }
-    absl::StatusOr<ssa_backend> chosen = ssa::choose_backend(o.backend, o.device);
+    std::vector<int32_t> devices;
+    SSA_RETURN_IF_ERROR(ssa::read_shard_devices(o, &devices));
+    absl::StatusOr<uint64_t> shard_tokens = ssa::resolve_shard_tokens(o.shard_tokens);
+    if (!shard_tokens.ok()) return shard_tokens.status();
+    if (o.communicator != nullptr) return ssa::unsupported(ssa::kCommunicatorUnsupported);
+    absl::StatusOr<ssa_backend> chosen = ssa::choose_backend(o.backend, devices[0]);
     if (!chosen.ok()) return chosen.status();
+    if (*chosen == SSA_BACKEND_CUDA && devices.size() > 1) {
+      return ssa::unsupported(ssa::kMultiDeviceCudaUnsupported);
+    }
     int threads = o.num_threads;
     if (threads == 0) {
       threads = static_cast<int>(std::thread::hardware_concurrency());
@@ -134,7 +144,9 @@ ssa_status ssa_runtime_create(const ssa_runtime_options* opts, ssa_runtime** out
     }
     auto rt = std::make_unique<ssa_runtime>();
     rt->backend = *chosen;
-    rt->device = o.device;
+    rt->device = devices[0];
+    rt->devices = std::move(devices);
+    rt->shard_tokens = *shard_tokens;
     rt->seed = o.seed;
     rt->pool = std::make_unique<ssa::ThreadPool>(threads);
     const uint64_t cache = o.host_cache_bytes != 0 ? o.host_cache_bytes : o.device_kv_budget / 8;
@@ -152,6 +164,10 @@ ssa_backend ssa_runtime_backend(const ssa_runtime* rt) {
 
 int32_t ssa_runtime_num_threads(const ssa_runtime* rt) {
   return rt == nullptr ? 0 : rt->pool->num_threads();
+}
+
+uint32_t ssa_runtime_num_shards(const ssa_runtime* rt) {
+  return rt == nullptr ? 0 : static_cast<uint32_t>(rt->devices.size());
 }
 
 /* ---- sessions ---- */

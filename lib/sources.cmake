@@ -3,6 +3,8 @@
 # compiler was found, else lib/cuda/stub.cc in its place.
 file(GLOB_RECURSE SSA_SOURCES CONFIGURE_DEPENDS ${CMAKE_CURRENT_LIST_DIR}/*.cc)
 list(FILTER SSA_SOURCES EXCLUDE REGEX "/lib/cuda/[^/]*$")
+# The NCCL collectives are a library of their own (CMakeLists.txt: ssa_nccl_collective).
+list(FILTER SSA_SOURCES EXCLUDE REGEX "/lib/shard/nccl/")
 if(SSA_HAVE_CUDA)
   file(GLOB SSA_CUDA_SOURCES CONFIGURE_DEPENDS ${CMAKE_CURRENT_LIST_DIR}/cuda/*.cc
     ${CMAKE_CURRENT_LIST_DIR}/cuda/*.cu ${PROJECT_SOURCE_DIR}/kernels/*.cu)

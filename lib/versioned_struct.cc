@@ -14,7 +14,9 @@ constexpr FieldSpan kRuntimeOptions[] = {
     SSA_FIELD(ssa_runtime_options, struct_size), SSA_FIELD(ssa_runtime_options, backend),
     SSA_FIELD(ssa_runtime_options, device),      SSA_FIELD(ssa_runtime_options, num_threads),
     SSA_FIELD(ssa_runtime_options, seed),        SSA_FIELD(ssa_runtime_options, device_kv_budget),
-    SSA_FIELD(ssa_runtime_options, host_cache_bytes),
+    SSA_FIELD(ssa_runtime_options, host_cache_bytes), SSA_FIELD(ssa_runtime_options, devices),
+    SSA_FIELD(ssa_runtime_options, n_devices),   SSA_FIELD(ssa_runtime_options, shard_tokens),
+    SSA_FIELD(ssa_runtime_options, communicator),
 };
 
 constexpr FieldSpan kSessionConfig[] = {

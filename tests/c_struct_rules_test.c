@@ -66,7 +66,7 @@ static void test_runtime_options(void) {
   ssa_runtime_options_init(&o);
   o.backend = SSA_BACKEND_CPU;
   o.num_threads = 1;
-  /* The core ends at seed; the struct may end there or after any later field. */
+  /* The core ends at seed; below it, or inside a field, is refused. */
   o.struct_size = (uint32_t)offsetof(ssa_runtime_options, seed);
   EXPECT_STATUS(ssa_runtime_create(&o, &rt), SSA_ERR_INVALID_ARGUMENT);
   o.struct_size = (uint32_t)(offsetof(ssa_runtime_options, seed) + 4);
@@ -100,6 +100,27 @@ static void test_runtime_options(void) {
     rt = NULL;
     o.device_kv_budget = 0;
     o.host_cache_bytes = 0;
+  }
+  o.struct_size = (uint32_t)inside(offsetof(ssa_runtime_options, shard_tokens), END(ssa_runtime_options, shard_tokens));
+  EXPECT_STATUS(ssa_runtime_create(&o, &rt), SSA_ERR_INVALID_ARGUMENT);
+  EXPECT(rt == NULL);
+  /* Every size from the core on that ends on a field: the fields beyond it
+     hold values create would refuse, and are not read. */
+  {
+    const size_t ends[] = {END(ssa_runtime_options, seed), END(ssa_runtime_options, devices),
+                           END(ssa_runtime_options, n_devices), END(ssa_runtime_options, shard_tokens)};
+    size_t i;
+    for (i = 0; i < sizeof ends / sizeof ends[0]; ++i) {
+      ssa_runtime_options bad = o;
+      memset(b.bytes, 0xEE, sizeof b.bytes);
+      bad.struct_size = (uint32_t)ends[i];
+      memcpy(b.bytes, &bad, ends[i]);
+      rt = NULL;
+      EXPECT_STATUS(ssa_runtime_create((const ssa_runtime_options *)(void *)b.bytes, &rt), SSA_OK);
+      EXPECT(rt != NULL && ssa_runtime_num_shards(rt) == 1);
+      ssa_runtime_destroy(rt);
+    }
+    rt = NULL;
   }
   memset(&b, 0, sizeof b);
   o.struct_size = (uint32_t)(sizeof o + 16);

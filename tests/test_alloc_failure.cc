@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <functional>
 #include <string>
 #include <vector>
@@ -313,6 +314,45 @@ TEST_CASE("allocation failures in snapshot load return no session") {
 }
 
 // Last (doctest runs test cases in file order): the summary CI prints.
+TEST_CASE("allocation failures in a sharded decode write nothing, then it equals the unsharded decode") {
+  // Two shards of 8192 tokens: failures hit the shards' threads, their
+  // collectives and the pool workers they use.
+  const StructuredContext ctx = make_structured_context(8192 + 900, kNkv, kNq, kD);
+  ssa_runtime_options o = runtime_options(SSA_BACKEND_CPU, 2);
+  const int32_t devices[] = {0, 1};
+  o.devices = devices;
+  o.n_devices = 2;
+  o.shard_tokens = 8192;
+  ssa_runtime* r = nullptr;
+  SSA_CHECK_OK(ssa_runtime_create(&o, &r));
+  RuntimePtr sharded_rt(r), plain_rt = make_runtime(2);
+  SessionPtr sharded = make_session(sharded_rt.get(), config()), plain = make_session(plain_rt.get(), config());
+  for (ssa_session* s : {sharded.get(), plain.get()}) {
+    append_f32(s, 0, ctx.K, ctx.V, ctx.n, SSA_DTYPE_F16);
+    SSA_CHECK_OK(ssa_session_update_index(s));
+  }
+  const std::vector<uint8_t> q = encode(ctx.q, SSA_DTYPE_F16);
+  for (ssa_method m : {SSA_METHOD_DENSE, SSA_METHOD_SSA_ADAPTIVE}) {
+    ssa_decode_params p = params(m, 0, 20.0f);
+    p.group_selection = m == SSA_METHOD_DENSE ? SSA_GROUP_OFF : SSA_GROUP_MIXTURE;
+    p.seed = 7;  // the two runtimes' default seeds differ
+    p.step = 5;
+    std::vector<uint8_t> want(q.size()), out(q.size(), 0xC3);
+    SSA_CHECK_OK(ssa_decode(plain.get(), 0, q.data(), want.data(), &p, nullptr));
+    CAPTURE(m);
+    for (bool sticky : {false, true}) {
+      std::fill(out.begin(), out.end(), 0xC3);
+      fault_loop(std::string("sharded decode ") + std::to_string(m), sticky,
+                 [&] { return ssa_decode(sharded.get(), 0, q.data(), out.data(), &p, nullptr); },
+                 [&] {
+                   CHECK(std::all_of(out.begin(), out.end(), [](uint8_t b) { return b == 0xC3; }));
+                   CHECK(ssa_session_layer_length(sharded.get(), 0) == ctx.n);
+                 });
+      CHECK(out == want);
+    }
+  }
+}
+
 TEST_CASE("allocation fault points exercised") {
   std::string line;
   for (const auto& [what, points] : counts().by_call) line += " " + what + ": " + std::to_string(points) + ";";

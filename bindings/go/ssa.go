@@ -119,6 +119,13 @@ type RuntimeOptions struct {
 	// The part of the budget for device copies of host pages read recently
 	// (0 = an eighth of the budget).
 	HostCacheBytes uint64
+	// Sharded sessions (docs/SHARDING.md): one shard per entry, in shard order
+	// (distinct ordinals; on the CPU backend they only name in-process shards).
+	// Empty = one device, Device.
+	Devices []int
+	// Tokens a shard takes before the next one starts; 0 = the library's default
+	// (1048576); else a multiple of 8192.
+	ShardTokens uint64
 }
 
 // Runtime is a libssa runtime. It may be used from any number of goroutines.
@@ -144,6 +151,18 @@ func NewRuntime(opts *RuntimeOptions) (*Runtime, error) {
 		}
 		o.device_kv_budget = C.uint64_t(opts.DeviceKVBudget)
 		o.host_cache_bytes = C.uint64_t(opts.HostCacheBytes)
+		o.shard_tokens = C.uint64_t(opts.ShardTokens)
+		if len(opts.Devices) > 0 {
+			// C memory: the options struct may not hold a Go pointer.
+			list := (*C.int32_t)(C.malloc(C.size_t(len(opts.Devices)) * C.size_t(unsafe.Sizeof(C.int32_t(0)))))
+			defer C.free(unsafe.Pointer(list))
+			items := unsafe.Slice(list, len(opts.Devices))
+			for i, d := range opts.Devices {
+				items[i] = C.int32_t(d)
+			}
+			o.devices = list
+			o.n_devices = C.uint32_t(len(opts.Devices))
+		}
 		device = opts.Device
 	}
 	runtime.LockOSThread()
@@ -224,6 +243,16 @@ func (r *Runtime) Threads() int {
 		return 0
 	}
 	return int(C.ssa_runtime_num_threads(p))
+}
+
+// Shards returns the number of shards (devices) every session of the runtime is
+// split over (>= 1), or 0 once the runtime is closed.
+func (r *Runtime) Shards() int {
+	p, err := r.handle()
+	if err != nil {
+		return 0
+	}
+	return int(C.ssa_runtime_num_shards(p))
 }
 
 // SessionConfig describes a session. Start from NewSessionConfig, which fills the

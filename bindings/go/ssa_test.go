@@ -688,3 +688,43 @@ func TestGroupSelection(t *testing.T) {
 		t.Errorf("unknown group selection: %v", err)
 	}
 }
+
+func TestShardedRuntimeDecodesAsUnsharded(t *testing.T) {
+	one := cpuRuntime(t, 5)
+	three, err := NewRuntime(&RuntimeOptions{Backend: BackendCPU, Threads: 2, Seed: 5, Devices: []int{3, 0, 8}, ShardTokens: 8192})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer three.Close()
+	if one.Shards() != 1 || three.Shards() != 3 {
+		t.Fatalf("shards %d %d", one.Shards(), three.Shards())
+	}
+	r := rand.New(rand.NewSource(4))
+	const n = 20000
+	k, v, q := normals(r, n*row, 1), normals(r, n*row, 1), normals(r, qLen, 2)
+	var outs [2][][]float32
+	for i, rt := range []*Runtime{one, three} {
+		s := newSession(t, rt, 1, F32)
+		must(t, s.AppendF32(0, k[:9000*row], v[:9000*row]))
+		must(t, s.AppendF32(0, k[9000*row:], v[9000*row:]))
+		for _, m := range []Method{MethodDense, MethodPQTopK, MethodSSA, MethodSSAAdaptive} {
+			p := DefaultDecodeParams()
+			p.Method, p.Budget, p.Step = m, 600, 2
+			out := make([]float32, qLen)
+			if _, err := s.DecodeF32(0, q, out, &p); err != nil {
+				t.Fatal(err)
+			}
+			outs[i] = append(outs[i], out)
+		}
+	}
+	for j := range outs[0] {
+		for e := range outs[0][j] {
+			if math.Float32bits(outs[0][j][e]) != math.Float32bits(outs[1][j][e]) {
+				t.Fatalf("method %d element %d: %v vs %v", j, e, outs[0][j][e], outs[1][j][e])
+			}
+		}
+	}
+	if _, err := NewRuntime(&RuntimeOptions{Backend: BackendCPU, Devices: []int{2, 2}}); !errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("duplicate devices: %v", err)
+	}
+}

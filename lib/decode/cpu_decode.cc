@@ -9,17 +9,17 @@
 #include "common/philox.h"
 #include "cpu/attention.h"
 #include "cpu/simd.h"
+#include "candidate_scores.h"
 #include "decode_plan.h"
+#include "fixed_splits.h"
+#include "shard/sharded_decode.h"
+#include "split_attention.h"
 #include "select/error_target.h"
 #include "select/group_proposal.h"
 #include "select/selection.h"
 
 namespace ssa {
 namespace {
-
-// Tokens per dense split: fixed (not thread-dependent), so results are bitwise
-// reproducible whatever the thread count.
-constexpr uint64_t kDenseSplitTokens = 8192;
 
 struct HeadStats {
   uint64_t read = 0, heavy = 0, draws = 0, unique = 0, scored = 0;
@@ -69,52 +69,10 @@ double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-// Proxy scores of the candidate range with the PQ codes of `kv_head`.
-void pq_proxy_scores(const KvLayout& layout, const LayerStore& layer, uint32_t kv_head,
-                     const float* q, const DecodePlan& plan, std::vector<float>* lut,
-                     float* scores) {
-  const PqCodebooks& books = *layer.codebooks;
-  const uint32_t M = layout.pq_subspaces, K = layout.pq_centroids, dsub = layout.sub_dim();
-  lut->resize(size_t{M} * K);
-  for (uint32_t m = 0; m < M; ++m) {
-    const float* qm = q + m * dsub;
-    for (uint32_t c = 0; c < K; ++c) {
-      const float* cen = books.centroid(kv_head, m, c);
-      float s = 0.0f;
-      for (uint32_t j = 0; j < dsub; ++j) s += qm[j] * cen[j];
-      (*lut)[size_t{m} * K + c] = s;
-    }
-  }
-  const auto& kern = simd::kernels();
-  const uint32_t P = layout.page_tokens;
-  for (uint64_t t = plan.sink_end; t < plan.local_begin;) {
-    const uint64_t page = t / P;
-    const uint64_t end = std::min<uint64_t>(plan.local_begin, (page + 1) * P);
-    const uint8_t* codes = layer.code_pages[page]->data() + layout.code_offset(kv_head, 0) + t % P;
-    kern.pq_scores(lut->data(), K, M, codes, P, end - t, scores + (t - plan.sink_end));
-    t = end;
-  }
-}
-
-void exact_scores(const KvLayout& layout, const LayerStore& layer, uint32_t kv_head,
-                  const float* q, const DecodePlan& plan, float* scores) {
-  const auto& kern = simd::kernels();
-  const uint32_t P = layout.page_tokens;
-  for (uint64_t t = plan.sink_end; t < plan.local_begin; ++t) {
-    const uint8_t* row = layer.kv_pages[t / P]->data() +
-                         layout.k_offset(kv_head, static_cast<uint32_t>(t % P));
-    scores[t - plan.sink_end] = kern.dot(layout.dtype, row, q, layout.head_dim);
-  }
-}
-
 // Scores of the candidates for query q: exact for the oracle, else the PQ proxy.
 void candidate_scores(const KvLayout& layout, const LayerStore& layer, uint32_t kv_head, const float* q,
                       const DecodePlan& plan, ssa_method method, std::vector<float>* lut, float* scores) {
-  if (method == SSA_METHOD_ORACLE_TOPK) {
-    exact_scores(layout, layer, kv_head, q, plan, scores);
-  } else {
-    pq_proxy_scores(layout, layer, kv_head, q, plan, lut, scores);
-  }
+  score_tokens(layout, layer, kv_head, q, method, plan.sink_end, plan.local_begin, lut, scores);
 }
 
 void append_range(uint64_t t0, uint64_t t1, HeadTrace* trace) {
@@ -193,8 +151,7 @@ void select_group(const ssa_session& s, const LayerStore& layer, uint32_t layer_
   };
   const uint64_t kprime = plan.kprime * g;
   if (!plan.selects()) {
-    // k' = 0: sink and local rows only; nothing is scored (a layer this short
-    // may have no index), as for per-head selection.
+    // The budget covers only sink and local tokens: nothing is scored or chosen.
   } else if (kprime >= nc) {
     // The group's budget covers every candidate: all of them, exactly.
     for (uint64_t t = plan.sink_end; t < plan.local_begin; ++t) {
@@ -212,11 +169,15 @@ void select_group(const ssa_session& s, const LayerStore& layer, uint32_t layer_
     } else {
       scores.resize(nc * g);
       std::vector<const float*> rows(g);
+      std::vector<float> head_max(g);
+      std::vector<uint64_t> head_total(g);
       for (uint32_t j = 0; j < g; ++j) {
         score(qg + size_t{j} * d, scores.data() + j * nc);
         rows[j] = scores.data() + j * nc;
+        head_max[j] = simd::kernels().max_value(rows[j], nc);
+        head_total[j] = proposal_total(rows[j], nc, head_max[j]);
       }
-      mixture_logits(rows.data(), g, nc, logits.data());
+      mixture_logits(rows.data(), g, nc, head_max.data(), head_total.data(), logits.data());
       scored = nc * g;
     }
     st.time.scoring = seconds_since(t_score);
@@ -245,71 +206,14 @@ void select_group(const ssa_session& s, const LayerStore& layer, uint32_t layer_
   }
 }
 
-// Selected rows per attention task: fixed-size pieces of a group's sorted entries
-// (fixed, so the result does not depend on the thread count).
-constexpr size_t kEntriesPerTask = 8192;
-
-// Stage 4 for all heads: per KV group, sink and local rows once for the whole
-// group, then the union of the heads' selections in token order. A selection
-// shared by the whole group (group selection, g > 1) is read in blocks for all
-// g heads at once; a group of one keeps the per-entry path, so that it stays
-// bitwise equal to a per-head selection.
+// Stage 4 for all heads: partials over the fixed splits (lib/decode/split_attention.h)
+// of sink, local and selected rows, merged in split order.
 void attend_selected(const ssa_session& s, const LayerStore& layer, const float* q,
                      const DecodePlan& plan, const std::vector<Selection>& sels, bool shared,
                      std::vector<AttnPartial>* heads) {
-  const KvLayout& layout = s.layout;
-  const uint32_t d = layout.head_dim, g = layout.group_size(), nkv = layout.n_kv_heads;
-  shared = shared && g > 1;
-  std::vector<std::vector<GroupEntry>> entries(nkv);
-  std::vector<size_t> first_task(nkv + 1, 0);
-  for (uint32_t kv = 0; kv < nkv; ++kv) {
-    auto& e = entries[kv];
-    for (uint32_t j = 0; j < (shared ? 1 : g); ++j) {
-      const Selection& sel = sels[kv * g + j];
-      for (size_t r = 0; r < sel.tokens.size(); ++r) e.push_back({sel.tokens[r], j, sel.log_pi[r]});
-    }
-    std::sort(e.begin(), e.end(), [](const GroupEntry& a, const GroupEntry& b) {
-      return a.token != b.token ? a.token < b.token : a.head < b.head;
-    });
-    // Task 0 of a group: sink + local; then the entry pieces.
-    first_task[kv + 1] = first_task[kv] + 1 + (e.size() + kEntriesPerTask - 1) / kEntriesPerTask;
-  }
-  std::vector<AttnPartial> parts(first_task[nkv] * g);
-  s.rt->pool->parallel_for(first_task[nkv], [&](size_t task) {
-    const uint32_t kv = static_cast<uint32_t>(
-        std::upper_bound(first_task.begin(), first_task.end(), task) - first_task.begin() - 1);
-    const size_t piece = task - first_task[kv];
-    AttnPartial* mine = &parts[task * g];
-    for (uint32_t j = 0; j < g; ++j) mine[j].reset(d);
-    const float* qg = q + size_t{kv} * g * d;
-    if (piece == 0) {
-      attend_range(layout, layer, kv, qg, g, 0, plan.sink_end, mine);
-      attend_range(layout, layer, kv, qg, g, plan.local_begin, plan.n, mine);
-    } else {
-      const auto& e = entries[kv];
-      const size_t b = (piece - 1) * kEntriesPerTask, count = std::min(kEntriesPerTask, e.size() - b);
-      if (shared) {
-        thread_local std::vector<uint32_t> tokens;
-        thread_local std::vector<float> log_pi;
-        tokens.resize(count);
-        log_pi.resize(count);
-        for (size_t r = 0; r < count; ++r) {
-          tokens[r] = e[b + r].token;
-          log_pi[r] = e[b + r].log_pi;
-        }
-        attend_shared_rows(layout, layer, kv, qg, g, tokens.data(), log_pi.data(), count, mine);
-      } else {
-        attend_group_entries(layout, layer, kv, qg, e.data() + b, count, mine);
-      }
-    }
-  });
-  for (uint32_t h = 0; h < layout.n_q_heads; ++h) {
-    const uint32_t kv = h / g, j = h % g;
-    (*heads)[h].reset(d);
-    for (size_t task = first_task[kv]; task < first_task[kv + 1]; ++task) {
-      (*heads)[h].merge(parts[task * g + j]);
-    }
-  }
+  std::vector<AttnPartial> parts;
+  sparse_split_partials(s.layout, layer, 0, plan, q, sels, shared, *s.rt->pool, &parts);
+  merge_split_partials(s.layout, parts, splits_for(layer.n_tokens), heads);
 }
 
 void trace_selection(const DecodePlan& plan, const Selection& sel, HeadTrace* trace) {
@@ -327,6 +231,9 @@ absl::Status cpu_decode_layer(const ssa_session& s, const LayerStore& layer, uin
                               const void* q_in, void* out, const ssa_decode_params& p,
                               uint64_t seed, ssa_decode_stats* stats,
                               std::vector<HeadTrace>* traces, DecodeProfile* profile) {
+  if (runtime_sharded(*s.rt)) {
+    return sharded_decode_layer(s, layer, layer_index, q_in, out, p, seed, stats, traces);
+  }
   const KvLayout& layout = s.layout;
   const uint32_t d = layout.head_dim, nq = layout.n_q_heads, g = layout.group_size();
   ThreadPool& pool = *s.rt->pool;
@@ -344,20 +251,10 @@ absl::Status cpu_decode_layer(const ssa_session& s, const LayerStore& layer, uin
 
   const auto t_start = Clock::now();
   if (plan.dense) {
-    const uint64_t n_splits = (plan.n + kDenseSplitTokens - 1) / kDenseSplitTokens;
-    std::vector<AttnPartial> parts(layout.n_kv_heads * n_splits * g);
-    pool.parallel_for(layout.n_kv_heads * n_splits, [&](size_t task) {
-      const uint32_t kv = static_cast<uint32_t>(task / n_splits);
-      const uint64_t sp = task % n_splits;
-      AttnPartial* mine = &parts[task * g];
-      for (uint32_t h = 0; h < g; ++h) mine[h].reset(d);
-      attend_range(layout, layer, kv, q.data() + size_t{kv} * g * d, g, sp * kDenseSplitTokens,
-                   std::min(plan.n, (sp + 1) * kDenseSplitTokens), mine);
-    });
+    std::vector<AttnPartial> parts;
+    dense_split_partials(layout, layer, q.data(), pool, &parts);
+    merge_split_partials(layout, parts, splits_for(plan.n), &heads);
     for (uint32_t h = 0; h < nq; ++h) {
-      const uint32_t kv = h / g, j = h % g;
-      heads[h].reset(d);
-      for (uint64_t sp = 0; sp < n_splits; ++sp) heads[h].merge(parts[(kv * n_splits + sp) * g + j]);
       hstats[h].read = plan.n;
       if (plan.targeted) hstats[h].target.budget = plan.n;
       if (traces != nullptr) append_range(0, plan.n, &(*traces)[h]);

@@ -5,32 +5,36 @@
 #include <algorithm>
 #include <vector>
 
-#include "common/sampling_hierarchy.h"
-#include "cpu/simd.h"
+#include "fixed_point_sampler.h"
 
 namespace ssa {
 
-void mixture_logits(const float* const* scores, uint32_t g, size_t n, float* out) {
+uint64_t proposal_total(const float* s, size_t n, float mx) {
+  thread_local std::vector<float> e;
+  e.resize(n);
+  proposal_weights(s, n, mx, e.data());
+  return fixed_sum(e.data(), n);
+}
+
+void mixture_logits(const float* const* scores, uint32_t g, size_t n, const float* head_max,
+                    const uint64_t* head_total, float* out) {
   if (g == 1) {
     std::copy(scores[0], scores[0] + n, out);
     return;
   }
-  // softmax_j(t) = exp(s_j(t) - max_j) / Z_j: one exp per head and token, whose
-  // sum gives Z_j; the mixture's weight is the sum of those over j and its logit
-  // that sum's log. A token whose every term underflows keeps the largest log
-  // term (within log g of the exact value) instead of -inf.
-  const auto& kern = simd::kernels();
+  // softmax_j(t) = exp(s_j(t) - max_j) / Z_j: one exp per head and token; the
+  // mixture's weight is the sum of those over j and its logit that sum's log. A
+  // token whose every term underflows keeps the largest log term (within log g
+  // of the exact value) instead of -inf.
   thread_local std::vector<float> w, shift;
-  thread_local std::vector<double> block_sums;
   w.resize(size_t{g} * n);
   shift.resize(g);
-  block_sums.resize((n + kBlockTokens - 1) / kBlockTokens);
   std::vector<float> inv_z(g);
   for (uint32_t j = 0; j < g; ++j) {
-    const float mx = kern.max_value(scores[j], n);
-    const double z = kern.exp_shifted(scores[j], mx, w.data() + j * n, n, block_sums.data());
+    const double z = fixed_to_double(head_total[j]);
+    proposal_weights(scores[j], n, head_max[j], w.data() + j * n);
     inv_z[j] = static_cast<float>(1.0 / z);
-    shift[j] = mx + static_cast<float>(log(z));
+    shift[j] = head_max[j] + static_cast<float>(log(z));
   }
   for (size_t t = 0; t < n; ++t) {
     float sum = 0.0f;

@@ -5,11 +5,12 @@
 #include <algorithm>
 #include <chrono>
 
+#include "common/inclusion_probability.h"
 #include "common/sampling_hierarchy.h"
 #include "common/water_filling.h"
 #include "cpu/simd.h"
+#include "fixed_point_sampler.h"
 #include "radix_topk.h"
-#include "residual_sampler.h"
 
 namespace ssa {
 namespace {
@@ -30,11 +31,36 @@ void adaptive_heavy(const float* proxy, const float* weights, double total, size
   });
   std::vector<double> q(top.size());
   for (size_t i = 0; i < top.size(); ++i) q[i] = static_cast<double>(weights[top[i]]) / total;
-  const WaterFill wf = water_fill(q.data(), q.size(), 1.0, static_cast<double>(kprime));
-  heavy->assign(top.begin(), top.begin() + static_cast<ptrdiff_t>(wf.heavy));
+  heavy->assign(top.begin(), top.begin() + static_cast<ptrdiff_t>(adaptive_heavy_count(q.data(), q.size(), kprime)));
 }
 
 }  // namespace
+
+size_t adaptive_heavy_count(const double* q_sorted, size_t n, uint64_t kprime) {
+  return water_fill(q_sorted, n, 1.0, static_cast<double>(kprime)).heavy;
+}
+
+double residual_mass_of(uint64_t proposal_total, uint64_t heavy_total) {
+  return proposal_total > 0 ? static_cast<double>(proposal_total - heavy_total) / static_cast<double>(proposal_total)
+                            : 0.0;
+}
+
+void residual_weights(ssa_method method, float* w, size_t n) {
+  if (method == SSA_METHOD_HYBRID_UNIFORM) {
+    for (size_t i = 0; i < n; ++i) w[i] = 1.0f;
+  }
+}
+
+void add_samples(const std::vector<uint32_t>& drawn_sorted_unique, const float* w, uint64_t first,
+                 uint64_t grand_total, uint64_t m, float pi_min, uint32_t token_offset, Selection* out) {
+  const double md = static_cast<double>(m), total = static_cast<double>(grand_total);
+  for (uint32_t t : drawn_sorted_unique) {
+    const double p = static_cast<double>(fixed_weight(w[t - first])) / total;
+    out->tokens.push_back(t - token_offset);
+    out->log_pi.push_back(static_cast<float>(log(inclusion_probability(p, md, pi_min))));
+  }
+  out->unique += drawn_sorted_unique.size();
+}
 
 uint64_t fixed_heavy_count(ssa_method method, uint64_t kprime, float h) {
   switch (method) {
@@ -56,18 +82,18 @@ void select_tokens(const SelectParams& p, const float* proxy, size_t n, uint32_t
   auto& heavy = scratch.heavy;
   heavy.clear();
   auto& w = scratch.weights;
-  double total = 0.0;
+  uint64_t proposal_total = 0;
   if (samples_residual(p.method)) {
-    // Proposal weights exp(s~ - max): the unnormalised softmax of the proxy,
-    // with the sampler's 32-token block sums from the same pass.
-    const auto& kern = simd::kernels();
+    // Proposal weights exp(s~ - max): the unnormalised softmax of the proxy. Its
+    // normaliser is their fixed-point sum (exact: a sharded decode's shards
+    // sum theirs to the same value).
     w.resize(n);
-    scratch.block_sums.resize((n + kBlockTokens - 1) / kBlockTokens);
-    total = kern.exp_shifted(proxy, kern.max_value(proxy, n), w.data(), n, scratch.block_sums.data());
+    proposal_weights(proxy, n, simd::kernels().max_value(proxy, n), w.data());
+    proposal_total = fixed_sum(w.data(), n);
   }
 
   if (p.method == SSA_METHOD_SSA_ADAPTIVE) {
-    adaptive_heavy(proxy, w.data(), total, n, p.kprime, &heavy);
+    adaptive_heavy(proxy, w.data(), fixed_to_double(proposal_total), n, p.kprime, &heavy);
   } else {
     topk_indices(proxy, n, fixed_heavy_count(p.method, p.kprime, p.heavy_fraction), 0, &heavy);
   }
@@ -81,22 +107,19 @@ void select_tokens(const SelectParams& p, const float* proxy, size_t n, uint32_t
   if (!samples_residual(p.method)) return;
 
   const uint64_t m = p.kprime - heavy.size();
-  double heavy_mass = 0.0;
-  for (uint32_t j : heavy) {
-    heavy_mass += w[j];
-    w[j] = 0.0f;
-  }
-  out->residual_mass = total > 0.0 ? std::max(0.0, 1.0 - heavy_mass / total) : 0.0;
-  if (p.method == SSA_METHOD_HYBRID_UNIFORM) {
-    // Uniform over the residual: unit weight for every non-heavy candidate.
-    std::fill(w.begin(), w.end(), 1.0f);
-    for (uint32_t j : heavy) w[j] = 0.0f;
-    compute_block_sums(w.data(), n, scratch);
-  } else {
-    // Blocks that lost heavy tokens are summed again, exactly.
-    for (uint32_t j : heavy) resum_block(w.data(), n, j / kBlockTokens, scratch);
-  }
-  sample_residual(w.data(), n, base, m, p.pi_min, rng, scratch, out);
+  uint64_t heavy_total = 0;
+  for (uint32_t j : heavy) heavy_total += fixed_weight(w[j]);
+  out->residual_mass = residual_mass_of(proposal_total, heavy_total);
+  residual_weights(p.method, w.data(), n);
+  for (uint32_t j : heavy) w[j] = 0.0f;
+  scratch.hierarchy.build(w.data(), base, n);
+  out->draws = m;
+  auto& drawn = scratch.drawn;
+  drawn.clear();
+  draw_range(scratch.hierarchy, 0, scratch.hierarchy.total(), m, rng, &drawn);
+  std::sort(drawn.begin(), drawn.end());
+  drawn.erase(std::unique(drawn.begin(), drawn.end()), drawn.end());
+  add_samples(drawn, w.data(), base, scratch.hierarchy.total(), m, p.pi_min, 0, out);
   out->sampling_seconds = std::chrono::duration<double>(Clock::now() - t1).count();
 }
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/philox.h"
+#include "fixed_point_sampler.h"
 #include "ssa.h"
 
 namespace ssa {
@@ -45,6 +46,7 @@ struct SelectScratch {
   std::vector<double> block_sums, chunk_sums, chunk_prefix;
   std::vector<uint32_t> heavy, drawn;
   std::vector<uint8_t> is_heavy;
+  FixedHierarchy hierarchy;  // select_tokens' residual sampler
 };
 
 // proxy: scores (attention-logit units) of the candidates, candidate j being token
@@ -54,5 +56,21 @@ void select_tokens(const SelectParams& p, const float* proxy, size_t n, uint32_t
 
 // |H| for the fixed-fraction methods: round(h * k'), never above k'.
 uint64_t fixed_heavy_count(ssa_method method, uint64_t kprime, float h);
+
+// The steps of select_tokens that a sharded decode (lib/shard/sharded_decode.cc)
+// runs on its shards' parts, so that both make the same arithmetic:
+// |H| of SSA_ADAPTIVE from the top k' proposal probabilities, sorted descending;
+size_t adaptive_heavy_count(const double* q_sorted, size_t n, uint64_t kprime);
+// the residual's share of the proposal mass (fixed-point sums of all candidates
+// and of the heavy ones);
+double residual_mass_of(uint64_t proposal_total, uint64_t heavy_total);
+// proposal weights w[0..n) turned into the method's residual weights (uniform:
+// 1; heavy tokens are zeroed by the caller);
+void residual_weights(ssa_method method, float* w, size_t n);
+// the unique drawn tokens (absolute, sorted) of a range whose weights w start at
+// token `first`, appended to *out as token - token_offset with their log pi
+// (m draws over the whole residual of fixed-point total grand_total).
+void add_samples(const std::vector<uint32_t>& drawn_sorted_unique, const float* w, uint64_t first,
+                 uint64_t grand_total, uint64_t m, float pi_min, uint32_t token_offset, Selection* out);
 
 }  // namespace ssa

@@ -281,6 +281,11 @@ class Runtime:
             sessions may use (0: no limit); pages beyond it live in pinned host memory.
         host_cache_bytes: the part of the budget for device copies of host pages read
             recently (0: an eighth of the budget).
+        devices: sharded sessions (docs/SHARDING.md): one shard per entry, in shard order
+            (distinct ordinals >= 0; on the CPU backend they only name in-process shards).
+            None: one device, ``device``.
+        shard_tokens: tokens a shard takes before the next one starts; 0 = the library's
+            default (1048576); else a multiple of 8192.
 
     A runtime may be used from any number of threads. It is freed by close() (or by
     leaving a ``with`` block) once every session made from it is closed; sessions
@@ -288,7 +293,8 @@ class Runtime:
     """
 
     def __init__(self, backend: Union[str, Backend] = "auto", threads: int = 0, seed: Optional[int] = None,
-                 device: int = 0, device_kv_budget: int = 0, host_cache_bytes: int = 0):
+                 device: int = 0, device_kv_budget: int = 0, host_cache_bytes: int = 0,
+                 devices: Optional[Sequence[int]] = None, shard_tokens: int = 0):
         opts = ffi.new("ssa_runtime_options *")
         lib.ssa_runtime_options_init(opts)
         opts.backend = _enum("backend", backend, Backend)
@@ -298,6 +304,15 @@ class Runtime:
             opts.seed = _int("seed", seed, 0, _U64)
         opts.device_kv_budget = _int("device_kv_budget", device_kv_budget, 0, _U64)
         opts.host_cache_bytes = _int("host_cache_bytes", host_cache_bytes, 0, _U64)
+        opts.shard_tokens = _int("shard_tokens", shard_tokens, 0, _U64)
+        device_list = None  # kept alive through the call
+        if devices is not None:
+            ordinals = [_int("devices[]", d, -(1 << 31), (1 << 31) - 1) for d in devices]
+            device_list = ffi.new("int32_t[]", max(1, len(ordinals)))
+            for i, d in enumerate(ordinals):
+                device_list[i] = d
+            opts.devices = device_list
+            opts.n_devices = len(ordinals)
         out = ffi.new("ssa_runtime **")
         self._lock = threading.Lock()
         self._sessions = 0
@@ -368,6 +383,11 @@ class Runtime:
     def threads(self) -> int:
         """Number of CPU worker threads (>= 1)."""
         return int(lib.ssa_runtime_num_threads(self._handle()))
+
+    @property
+    def shards(self) -> int:
+        """Number of shards (devices) every session of the runtime is split over (>= 1)."""
+        return int(lib.ssa_runtime_num_shards(self._handle()))
 
     @property
     def device(self) -> int:

@@ -82,3 +82,33 @@ def test_dropping_runtime_reference_is_safe():
     out = s.decode(0, np.ones((4, 32), np.float32) * 0.1, method="dense")
     assert out.shape == (4, 32) and np.isfinite(out).all()
     s.close()
+
+
+def test_sharded_runtime_decodes_as_unsharded():
+    rng = np.random.default_rng(3)
+    n, nkv, nq, d = 20000, 2, 4, 64
+    k = rng.standard_normal((n, nkv, d)).astype(np.float32)
+    v = rng.standard_normal((n, nkv, d)).astype(np.float32)
+    q = rng.standard_normal((nq, d)).astype(np.float32)
+    with ssa.Runtime(backend="cpu", threads=2, seed=5) as one, \
+            ssa.Runtime(backend="cpu", threads=2, seed=5, devices=[4, 0, 9], shard_tokens=8192) as three:
+        assert one.shards == 1 and three.shards == 3
+        outs = []
+        for rt in (one, three):
+            with rt.create_session(n_layers=1, n_q_heads=nq, n_kv_heads=nkv, head_dim=d, dtype="float32",
+                                   pq_centroids=16) as s:
+                s.append(0, k[:9000], v[:9000])
+                s.append(0, k[9000:], v[9000:])
+                outs.append([s.decode(0, q, method=m, sparsity=20, step=2)
+                             for m in ("dense", "pq_topk", "ssa", "ssa_adaptive")])
+        for a, b in zip(*outs):
+            assert np.array_equal(a, b)
+
+
+def test_sharded_runtime_bad_options():
+    with pytest.raises(ssa.InvalidArgument, match="repeats"):
+        ssa.Runtime(backend="cpu", devices=[1, 1])
+    with pytest.raises(ssa.InvalidArgument, match="8192"):
+        ssa.Runtime(backend="cpu", devices=[0, 1], shard_tokens=1000)
+    with pytest.raises(ssa.InvalidArgument, match="n_devices"):
+        ssa.Runtime(backend="cpu", devices=[])

@@ -71,12 +71,16 @@ pub struct ssa_runtime_options {
     pub seed: u64,
     pub device_kv_budget: u64,
     pub host_cache_bytes: u64,
+    pub devices: *const i32,
+    pub n_devices: u32,
+    pub shard_tokens: u64,
+    pub communicator: *mut ::std::os::raw::c_void,
 }
 #[test]
 fn bindgen_test_layout_ssa_runtime_options() {
     assert_eq!(
         ::std::mem::size_of::<ssa_runtime_options>(),
-        40usize,
+        72usize,
         concat!("Size of: ", stringify!(ssa_runtime_options))
     );
     assert_eq!(
@@ -203,6 +207,74 @@ fn bindgen_test_layout_ssa_runtime_options() {
         );
     }
     test_field_host_cache_bytes();
+    fn test_field_devices() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<ssa_runtime_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).devices) as usize - ptr as usize
+            },
+            40usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(ssa_runtime_options),
+                "::",
+                stringify!(devices)
+            )
+        );
+    }
+    test_field_devices();
+    fn test_field_n_devices() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<ssa_runtime_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).n_devices) as usize - ptr as usize
+            },
+            48usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(ssa_runtime_options),
+                "::",
+                stringify!(n_devices)
+            )
+        );
+    }
+    test_field_n_devices();
+    fn test_field_shard_tokens() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<ssa_runtime_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).shard_tokens) as usize - ptr as usize
+            },
+            56usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(ssa_runtime_options),
+                "::",
+                stringify!(shard_tokens)
+            )
+        );
+    }
+    test_field_shard_tokens();
+    fn test_field_communicator() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<ssa_runtime_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).communicator) as usize - ptr as usize
+            },
+            64usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(ssa_runtime_options),
+                "::",
+                stringify!(communicator)
+            )
+        );
+    }
+    test_field_communicator();
 }
 extern "C" {
     pub fn ssa_runtime_options_init(opts: *mut ssa_runtime_options);
@@ -221,6 +293,9 @@ extern "C" {
 }
 extern "C" {
     pub fn ssa_runtime_num_threads(rt: *const ssa_runtime) -> i32;
+}
+extern "C" {
+    pub fn ssa_runtime_num_shards(rt: *const ssa_runtime) -> u32;
 }
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]

@@ -117,6 +117,12 @@ impl Runtime {
         unsafe { sys::ssa_runtime_num_threads(self.raw()) }
     }
 
+    /// Shards (devices) every session of the runtime is split over (>= 1).
+    pub fn num_shards(&self) -> u32 {
+        // SAFETY: valid handle.
+        unsafe { sys::ssa_runtime_num_shards(self.raw()) }
+    }
+
     /// Creates an empty session.
     pub fn create_session(&self, cfg: &SessionConfig) -> Result<Session> {
         let c = cfg.to_raw();

@@ -128,7 +128,7 @@ impl GroupSelection {
 }
 
 /// Options of [`crate::Runtime::new`]. `Default` gives the library's defaults.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RuntimeOptions {
     /// Backend; default `Auto`.
     pub backend: Backend,
@@ -144,6 +144,13 @@ pub struct RuntimeOptions {
     /// The part of the budget for device copies of host pages read recently
     /// (0 = an eighth of the budget).
     pub host_cache_bytes: u64,
+    /// Sharded sessions (docs/SHARDING.md): one shard per entry, in shard order
+    /// (distinct ordinals; on the CPU backend they only name in-process shards).
+    /// Empty (default) = one device, `device`.
+    pub devices: Vec<i32>,
+    /// Tokens a shard takes before the next one starts; 0 = the library's
+    /// default (1048576); else a multiple of 8192.
+    pub shard_tokens: u64,
 }
 
 impl Default for RuntimeOptions {
@@ -155,6 +162,8 @@ impl Default for RuntimeOptions {
             seed: None,
             device_kv_budget: 0,
             host_cache_bytes: 0,
+            devices: Vec::new(),
+            shard_tokens: 0,
         }
     }
 }
@@ -169,6 +178,13 @@ impl RuntimeOptions {
         self.seed = Some(seed);
         self
     }
+    /// Shards every session over `devices` with `shard_tokens` per shard.
+    pub fn sharded(mut self, devices: &[i32], shard_tokens: u64) -> Self {
+        self.devices = devices.to_vec();
+        self.shard_tokens = shard_tokens;
+        self
+    }
+    /// The raw options; they point into `self.devices`, so `self` must outlive their use.
     pub(crate) fn to_raw(&self) -> sys::ssa_runtime_options {
         let mut o = std::mem::MaybeUninit::<sys::ssa_runtime_options>::uninit();
         // SAFETY: init writes every field.
@@ -184,6 +200,11 @@ impl RuntimeOptions {
         }
         o.device_kv_budget = self.device_kv_budget;
         o.host_cache_bytes = self.host_cache_bytes;
+        if !self.devices.is_empty() {
+            o.devices = self.devices.as_ptr();
+            o.n_devices = self.devices.len() as u32;
+        }
+        o.shard_tokens = self.shard_tokens;
         o
     }
 }

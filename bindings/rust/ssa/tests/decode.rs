@@ -286,3 +286,28 @@ fn group_selection_shares_rows_across_a_group_and_is_dense_at_full_budget() {
     let mut out = vec![0f32; Q_LEN];
     assert_eq!(s.decode(0, &q, &mut out, &bad).unwrap_err().status(), Status::Unsupported);
 }
+
+#[test]
+fn sharded_runtime_decodes_bitwise_as_unsharded() {
+    let one = runtime();
+    let three = Runtime::new(&RuntimeOptions::cpu(2).seed(99).sharded(&[7, 2, 5], 8192)).expect("sharded");
+    assert_eq!((one.num_shards(), three.num_shards()), (1, 3));
+    let n = 20000usize;
+    let mut rng = Rng::new(8);
+    let (k, v) = (rng.normals(n * ROW, 1.0), rng.normals(n * ROW, 1.0));
+    let q = rng.normals(Q_LEN, 2.0);
+    let mut outs = Vec::new();
+    for rt in [&one, &three] {
+        let mut s = session(rt, 1, DType::F32);
+        s.append(0, &k[..9000 * ROW], &v[..9000 * ROW]).unwrap();
+        s.append(0, &k[9000 * ROW..], &v[9000 * ROW..]).unwrap();
+        let mut got = Vec::new();
+        for m in [Method::Dense, Method::PqTopK, Method::Ssa, Method::SsaAdaptive] {
+            got.push(s.decode_vec(0, &q, &DecodeParams::method(m).with_budget(600).with_seed(3, 1)).unwrap());
+        }
+        outs.push(got);
+    }
+    assert_eq!(outs[0], outs[1]);
+    let dup = Runtime::new(&RuntimeOptions::cpu(1).sharded(&[1, 1], 0)).unwrap_err();
+    assert_eq!(dup.status(), Status::InvalidArgument);
+}

@@ -1,0 +1,36 @@
+// The sharding options of ssa_runtime_options, checked and resolved at
+// ssa_runtime_create: the device list (one entry per shard, in shard order) and
+// the tokens a shard takes before the next one starts.
+#pragma once
+
+#include <stdint.h>
+
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "ssa.h"
+
+namespace ssa {
+
+// The most shards (devices) one runtime spans.
+inline constexpr uint32_t kMaxShards = 64;
+// shard_tokens 0 means this many.
+inline constexpr uint64_t kDefaultShardTokens = uint64_t{1} << 20;
+
+inline constexpr const char* kCommunicatorUnsupported =
+    "ssa_runtime_options.communicator: a caller's NCCL communicator (one process per GPU, or several "
+    "hosts) is not implemented in this version; pass NULL (sharded sessions within one process: a "
+    "devices list)";
+inline constexpr const char* kMultiDeviceCudaUnsupported =
+    "a CUDA runtime over several devices (n_devices > 1) is not implemented in this version; sharded "
+    "sessions run on the CPU backend (SSA_BACKEND_CPU), or use one CUDA device";
+
+// *out = the shards' devices: the list (n_devices 1..kMaxShards, no duplicates,
+// no negative ordinals), or {o.device} when there is none.
+absl::Status read_shard_devices(const ssa_runtime_options& o, std::vector<int32_t>* out);
+
+// 0 -> kDefaultShardTokens; else a positive multiple of kSplitTokens.
+absl::StatusOr<uint64_t> resolve_shard_tokens(uint64_t shard_tokens);
+
+}  // namespace ssa

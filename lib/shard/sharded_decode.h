@@ -1,0 +1,36 @@
+// The CPU decode of a sharded session (docs/SHARDING.md): one rank per shard,
+// each reading only its own tokens (lib/shard/shard_map.h), exchanging through
+// the collectives of lib/shard/collective.h what the selection needs globally:
+// the proposal's maximum and normaliser, the top-k threshold (all-reduced
+// radix histograms), the residual mass of every shard (the draws of the one
+// RNG stream are split by it), the adaptive rule's top k' candidates, and the
+// attention partials of every split, merged in split order. The result is
+// bitwise the unsharded decode's (lib/decode/cpu_decode.cc), for DENSE and every
+// method and group_selection mode; error-targeted decodes are not sharded.
+#pragma once
+
+#include <stdint.h>
+
+#include <vector>
+
+#include "absl/status/status.h"
+#include "decode/cpu_decode.h"
+#include "session.h"
+#include "ssa.h"
+
+namespace ssa {
+
+inline constexpr const char* kShardedTargetUnsupported =
+    "error-targeted decode (target_error > 0) of a sharded session is not implemented: its budget search "
+    "reads rows one at a time across the whole context; use a fixed budget, or an unsharded runtime";
+
+// Whether sessions of the runtime are sharded (more than one shard).
+inline bool runtime_sharded(const ssa_runtime& rt) { return rt.devices.size() > 1; }
+
+// As cpu_decode_layer, for a session of a sharded runtime. traces are not
+// recorded (must be null).
+absl::Status sharded_decode_layer(const ssa_session& s, const LayerStore& layer, uint32_t layer_index,
+                                  const void* q, void* out, const ssa_decode_params& p, uint64_t seed,
+                                  ssa_decode_stats* stats, std::vector<HeadTrace>* traces);
+
+}  // namespace ssa

@@ -1,0 +1,80 @@
+#include "sharded_topk.h"
+
+#include "select/radix_topk.h"
+#include "status.h"
+
+namespace ssa {
+
+absl::Status sharded_topk(Collective& comm, ThreadPool& pool, const std::vector<TopkUnit>& units,
+                          std::vector<std::vector<uint32_t>>* out) {
+  const size_t U = units.size();
+  out->assign(U, {});
+  // Units that need no threshold: none wanted, or all of them.
+  std::vector<uint8_t> active(U, 0);
+  for (size_t u = 0; u < U; ++u) {
+    if (units[u].k >= units[u].n_global) {
+      for (size_t i = 0; i < units[u].n; ++i) (*out)[u].push_back(static_cast<uint32_t>(i));
+    }
+    active[u] = units[u].k > 0 && units[u].k < units[u].n_global;
+  }
+  struct Level {
+    int shift, bits;
+  };
+  constexpr Level kLevels[] = {{20, 12}, {8, 12}, {0, 8}};
+  std::vector<uint32_t> prefix(U, 0);
+  std::vector<uint64_t> need(U);
+  for (size_t u = 0; u < U; ++u) need[u] = units[u].k;
+  std::vector<uint64_t> hist;
+  for (size_t level = 0; level < 3; ++level) {
+    const Level L = kLevels[level];
+    const size_t bins = size_t{1} << L.bits;
+    hist.assign(U * bins, 0);
+    pool.parallel_for(U, [&](size_t u) {
+      if (!active[u]) return;
+      uint64_t* h = hist.data() + u * bins;
+      const int above_shift = L.shift + L.bits;
+      for (size_t i = 0; i < units[u].n; ++i) {
+        const uint32_t key = float_order_key(units[u].x[i]);
+        if (level > 0 && (key >> above_shift) != prefix[u]) continue;
+        ++h[(key >> L.shift) & (bins - 1)];
+      }
+    });
+    SSA_RETURN_IF_ERROR(comm.all_reduce_sum(hist.data(), hist.size()));
+    for (size_t u = 0; u < U; ++u) {
+      if (!active[u]) continue;
+      const uint64_t* h = hist.data() + u * bins;
+      uint64_t above = 0;
+      size_t bin = bins - 1;
+      for (; bin > 0 && above + h[bin] < need[u]; --bin) above += h[bin];
+      need[u] -= above;
+      prefix[u] = (prefix[u] << L.bits) | static_cast<uint32_t>(bin);
+    }
+  }
+  // prefix[u] is the k-th largest key; need[u] of the keys equal to it are taken.
+  std::vector<uint64_t> ties(U, 0);
+  for (size_t u = 0; u < U; ++u) {
+    if (!active[u]) continue;
+    for (size_t i = 0; i < units[u].n; ++i) ties[u] += float_order_key(units[u].x[i]) == prefix[u];
+  }
+  std::vector<uint64_t> all_ties(size_t{comm.size()} * U);
+  SSA_RETURN_IF_ERROR(comm.all_gather(ties.data(), U * sizeof(uint64_t), all_ties.data()));
+  pool.parallel_for(U, [&](size_t u) {
+    if (!active[u]) return;
+    uint64_t before = 0;
+    for (uint32_t r = 0; r < comm.rank(); ++r) before += all_ties[r * U + u];
+    uint64_t take = need[u] > before ? need[u] - before : 0;
+    auto& o = (*out)[u];
+    for (size_t i = 0; i < units[u].n; ++i) {
+      const uint32_t key = float_order_key(units[u].x[i]);
+      if (key > prefix[u]) {
+        o.push_back(static_cast<uint32_t>(i));
+      } else if (key == prefix[u] && take > 0) {
+        o.push_back(static_cast<uint32_t>(i));
+        --take;
+      }
+    }
+  });
+  return absl::OkStatus();
+}
+
+}  // namespace ssa

@@ -1,0 +1,523 @@
+// Sharded sessions on the CPU backend (docs/SHARDING.md): a runtime over 2-4
+// in-process shards decodes every method, group_selection mode and dtype
+// bitwise as an unsharded runtime does, on structured random contexts whose
+// shards are uneven and whose boundaries fall inside appends, sink or local
+// windows; after forks, truncations (which drop whole shards), appends that
+// cross shard boundaries, and snapshots saved on one shard count and loaded on
+// another. The global top-k of the shards and the split residual sampler are
+// also checked directly against their unsharded counterparts, and bad sharding
+// options give clear errors.
+#include <doctest/doctest.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
+#include <iterator>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "decode/decode.h"
+#include "select/fixed_point_sampler.h"
+#include "select/radix_topk.h"
+#include "shard/in_process_collective.h"
+#include "shard/shard_map.h"
+#include "shard/sharded_topk.h"
+#include "status.h"
+#include "support/reference_attention.h"
+#include "support/session_helpers.h"
+#include "support/structured_context.h"
+
+using namespace ssa_test;
+
+namespace {
+
+constexpr uint64_t kShard = 8192;  // the smallest shard budget (one decode split)
+constexpr ssa_dtype kDtypes[] = {SSA_DTYPE_F32, SSA_DTYPE_F16, SSA_DTYPE_BF16};
+constexpr uint32_t kGroupModes[] = {SSA_GROUP_OFF, SSA_GROUP_MIXTURE, SSA_GROUP_MEAN_QUERY};
+
+RuntimePtr sharded_runtime(uint32_t n_shards, uint64_t shard_tokens, int threads = 2) {
+  ssa_runtime_options o = runtime_options(SSA_BACKEND_CPU, threads);
+  o.seed = 1234;
+  // Any distinct ordinals name the in-process shards; not in order on purpose.
+  std::vector<int32_t> devices;
+  for (uint32_t i = 0; i < n_shards; ++i) devices.push_back(static_cast<int32_t>((i * 5 + 3) % 11));
+  o.devices = devices.data();
+  o.n_devices = n_shards;
+  o.shard_tokens = shard_tokens;
+  ssa_runtime* rt = nullptr;
+  SSA_CHECK_OK(ssa_runtime_create(&o, &rt));
+  REQUIRE(ssa_runtime_num_shards(rt) == n_shards);
+  return RuntimePtr(rt);
+}
+
+ssa_session_config shard_config(ssa_dtype t) {
+  ssa_session_config c = make_config(2, 8, 2, 64, t);
+  c.pq_centroids = 16;
+  c.page_tokens = 64;
+  c.index_min_tokens = 4096;
+  c.index_train_sample = 2048;
+  c.index_iterations = 3;
+  return c;
+}
+
+// The same K/V fed to several sessions in the same chunks.
+struct Feed {
+  StructuredContext ctx;
+  ssa_dtype t;
+  std::vector<uint8_t> k, v;
+  Feed(size_t n, ssa_dtype dt, uint64_t seed) : t(dt) {
+    StructuredOptions o;
+    o.seed = seed;
+    ctx = make_structured_context(n, 2, 8, 64, o);
+    k = encode(ctx.K, t);
+    v = encode(ctx.V, t);
+  }
+  // Tokens [t0, t1) of the context into layer `layer` of each session.
+  void append(const std::vector<ssa_session*>& ss, uint32_t layer, size_t t0, size_t t1) const {
+    const size_t row = 2 * 64 * (t == SSA_DTYPE_F32 ? 4 : 2);
+    for (ssa_session* s : ss) {
+      SSA_CHECK_OK(ssa_session_append(s, layer, k.data() + t0 * row, v.data() + t0 * row, t1 - t0));
+    }
+  }
+};
+
+struct Outcome {
+  std::vector<uint8_t> out;
+  ssa_decode_stats stats;
+};
+
+Outcome decode_raw(ssa_session* s, uint32_t layer, const std::vector<uint8_t>& q, const ssa_decode_params& p) {
+  Outcome o;
+  o.out.assign(q.size(), 0xAB);
+  ssa_decode_stats_init(&o.stats);
+  SSA_CHECK_OK(ssa_decode(s, layer, q.data(), o.out.data(), &p, &o.stats));
+  return o;
+}
+
+bool same_stats(const ssa_decode_stats& a, const ssa_decode_stats& b) {
+  return a.context_tokens == b.context_tokens && a.tokens_read == b.tokens_read &&
+         a.heavy_tokens == b.heavy_tokens && a.draws == b.draws && a.unique_samples == b.unique_samples &&
+         memcmp(&a.residual_proxy_mass, &b.residual_proxy_mass, sizeof(double)) == 0 &&
+         a.scored_tokens == b.scored_tokens && a.window_only_heads == b.window_only_heads;
+}
+
+// Decode parameter sets that cover every method and group mode, sink and local
+// windows of several sizes (a local window of 700 crosses a shard boundary when
+// the last shard holds fewer tokens), budgets by sparsity and by count, a
+// window-only budget, and a budget >= N.
+std::vector<ssa_decode_params> param_grid() {
+  std::vector<ssa_decode_params> grid;
+  for (ssa_method m : kAllMethods) {
+    for (uint32_t mode : kGroupModes) {
+      if (m == SSA_METHOD_DENSE && mode != SSA_GROUP_OFF) continue;
+      ssa_decode_params p = params(m, 0, 20.0f);
+      p.group_selection = mode;
+      p.step = 11;
+      grid.push_back(p);
+      p.n_sink = 16;
+      p.n_local = 700;
+      p.sparsity = 40.0f;
+      p.heavy_fraction = 0.25f;
+      p.step = 12;
+      grid.push_back(p);
+    }
+  }
+  ssa_decode_params w = params(SSA_METHOD_SSA, 200);  // sink + local only
+  grid.push_back(w);
+  w.group_selection = SSA_GROUP_MIXTURE;
+  grid.push_back(w);
+  ssa_decode_params all = params(SSA_METHOD_SSA_ADAPTIVE, 4000000);  // >= N: dense
+  grid.push_back(all);
+  return grid;
+}
+
+// Every parameter set on every layer: bitwise the same output and statistics.
+void check_same_decodes(ssa_session* ref, ssa_session* sharded, const Feed& f, const char* what) {
+  CAPTURE(what);
+  const std::vector<uint8_t> q = encode(f.ctx.q, f.t);
+  size_t compared = 0;
+  for (uint32_t layer = 0; layer < 2; ++layer) {
+    REQUIRE(ssa_session_layer_length(ref, layer) == ssa_session_layer_length(sharded, layer));
+    if (ssa_session_layer_length(ref, layer) == 0) continue;
+    for (const ssa_decode_params& p : param_grid()) {
+      CAPTURE(layer);
+      CAPTURE(p.method);
+      CAPTURE(p.group_selection);
+      CAPTURE(p.n_local);
+      const Outcome a = decode_raw(ref, layer, q, p), b = decode_raw(sharded, layer, q, p);
+      CHECK(a.out == b.out);
+      CHECK(same_stats(a.stats, b.stats));
+      ++compared;
+    }
+  }
+  CHECK(compared > 0);
+}
+
+std::string temp_path(const char* name) {
+  return std::string("/tmp/ssa_sharding_") + std::to_string(getpid()) + "_" + name + ".ssa";
+}
+
+std::vector<char> file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::vector<char>(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+}  // namespace
+
+TEST_CASE("sharding: the shard map fills shards in order, the last takes the rest") {
+  auto r = ssa::shard_ranges(30000, 4, kShard);
+  REQUIRE(r.size() == 4);
+  CHECK(r[0].begin == 0);
+  CHECK(r[0].end == 8192);
+  CHECK(r[1].end == 16384);
+  CHECK(r[2].end == 24576);
+  CHECK(r[3].begin == 24576);
+  CHECK(r[3].end == 30000);
+  r = ssa::shard_ranges(10000, 4, kShard);
+  CHECK(r[1].size() == 10000 - 8192);
+  CHECK(r[2].size() == 0);
+  CHECK(r[3].size() == 0);
+  r = ssa::shard_ranges(100000, 2, kShard);
+  CHECK(r[1].size() == 100000 - 8192);  // no device left: the last shard grows
+}
+
+TEST_CASE("sharding: the shards' global top-k is topk_indices' set, ties and any split included") {
+  std::mt19937_64 rng(5);
+  for (int trial = 0; trial < 40; ++trial) {
+    const size_t n = 500 + rng() % 4000;
+    std::vector<float> x(n);
+    // Few distinct values in some trials (many ties), a continuum in others;
+    // both signs of zero.
+    const bool ties = trial % 2 == 0;
+    for (size_t i = 0; i < n; ++i) {
+      x[i] = ties ? static_cast<float>(static_cast<int>(rng() % 7) - 3) * 0.5f
+                  : std::normal_distribution<float>(0.0f, 2.0f)(rng);
+      if (i % 97 == 0) x[i] = (rng() & 1) ? 0.0f : -0.0f;
+    }
+    const uint64_t k = trial % 5 == 0 ? n : rng() % n;  // k = n, 0 included
+    std::vector<uint32_t> want;
+    ssa::topk_indices(x.data(), n, k, 0, &want);
+    std::sort(want.begin(), want.end());
+    const uint32_t ranks = 2 + static_cast<uint32_t>(trial % 3);
+    // Arbitrary cuts (empty shards too).
+    std::vector<size_t> cut = {0};
+    for (uint32_t r = 1; r < ranks; ++r) cut.push_back(rng() % (n + 1));
+    cut.push_back(n);
+    std::sort(cut.begin(), cut.end());
+    ssa::ThreadPool pool(2);
+    std::vector<std::vector<uint32_t>> got_by_rank(ranks);
+    ssa::InProcessGroup group(ranks);
+    const absl::Status st = group.run([&](ssa::Collective& comm) -> absl::Status {
+      const uint32_t r = comm.rank();
+      // Two units: the one under test and a second with another k, to check
+      // that the units of one call do not mix.
+      std::vector<ssa::TopkUnit> units = {{x.data() + cut[r], cut[r + 1] - cut[r], k, n},
+                                          {x.data() + cut[r], cut[r + 1] - cut[r], n / 3, n}};
+      std::vector<std::vector<uint32_t>> out;
+      SSA_RETURN_IF_ERROR(ssa::sharded_topk(comm, pool, units, &out));
+      for (uint32_t i : out[0]) got_by_rank[r].push_back(static_cast<uint32_t>(cut[r] + i));
+      return absl::OkStatus();
+    });
+    REQUIRE(st.ok());
+    std::vector<uint32_t> got;
+    for (auto& g : got_by_rank) got.insert(got.end(), g.begin(), g.end());
+    std::sort(got.begin(), got.end());
+    CAPTURE(trial);
+    CHECK(got == want);
+  }
+}
+
+TEST_CASE("sharding: residual draws split by mass over chunk-aligned ranges are the whole sample's") {
+  std::mt19937_64 rng(9);
+  const uint64_t first = 130, n = 3 * 8192 + 1500;  // candidates [130, 130 + n)
+  std::vector<float> w(n);
+  std::exponential_distribution<float> ex(1.0f);
+  for (float& x : w) x = std::min(1.0f, ex(rng) * 0.1f) * ((rng() % 9 == 0) ? 0.0f : 1.0f);
+  ssa::FixedHierarchy whole;
+  whole.build(w.data(), first, n);
+  const ssa::RngStream stream = ssa::make_rng_stream(77, 3, 1, 5);
+  const uint64_t m = 5000;
+  std::vector<uint32_t> want;
+  ssa::draw_range(whole, 0, whole.total(), m, stream, &want);
+  REQUIRE(want.size() == m);
+  // Ranges cut at shard boundaries (multiples of 8192 in absolute tokens).
+  const uint64_t cuts[] = {first, 8192, 16384, 24576, first + n};
+  std::vector<ssa::FixedHierarchy> parts(4);
+  uint64_t grand = 0;
+  for (int r = 0; r < 4; ++r) {
+    parts[r].build(w.data() + (cuts[r] - first), cuts[r], cuts[r + 1] - cuts[r]);
+    grand += parts[r].total();
+  }
+  CHECK(grand == whole.total());
+  std::vector<uint32_t> got;
+  uint64_t offset = 0;
+  for (int r = 0; r < 4; ++r) {
+    ssa::draw_range(parts[r], offset, grand, m, stream, &got);
+    offset += parts[r].total();
+  }
+  std::sort(want.begin(), want.end());
+  std::sort(got.begin(), got.end());
+  CHECK(got == want);
+  // And the draws follow the weights: a chi-square-free check that zero-weight
+  // tokens are never drawn and the heaviest region is drawn most.
+  for (uint32_t t : want) CHECK(w[t - first] > 0.0f);
+}
+
+TEST_CASE("sharding: every method, group mode and dtype decodes bitwise as unsharded on 2, 3 and 4 shards") {
+  auto ref_rt = make_runtime(2);
+  for (ssa_dtype t : kDtypes) {
+    CAPTURE(t);
+    const Feed f(3 * kShard + 2900, t, 100 + static_cast<uint64_t>(t));
+    auto ref = make_session(ref_rt.get(), shard_config(t));
+    std::vector<RuntimePtr> rts;
+    std::vector<SessionPtr> sh;
+    for (uint32_t n_shards : {2u, 3u, 4u}) {
+      rts.push_back(sharded_runtime(n_shards, kShard));
+      sh.push_back(make_session(rts.back().get(), shard_config(t)));
+    }
+    std::vector<ssa_session*> all = {ref.get()};
+    for (auto& s : sh) all.push_back(s.get());
+    // Appends whose ends fall inside shards and inside pages.
+    f.append(all, 0, 0, 5003);
+    f.append(all, 0, 5003, 12001);
+    f.append(all, 0, 12001, f.ctx.n);
+    f.append(all, 1, 0, 9100);  // layer 1 uses two shards
+    for (size_t i = 0; i < sh.size(); ++i) check_same_decodes(ref.get(), sh[i].get(), f, "fresh");
+  }
+}
+
+TEST_CASE("sharding: forks, truncations that drop shards and appends across boundaries") {
+  auto ref_rt = make_runtime(2);
+  auto sh_rt = sharded_runtime(4, kShard);
+  const ssa_dtype t = SSA_DTYPE_BF16;
+  const Feed f(4 * kShard + 3000, t, 41);
+  auto ref = make_session(ref_rt.get(), shard_config(t));
+  auto sh = make_session(sh_rt.get(), shard_config(t));
+  f.append({ref.get(), sh.get()}, 0, 0, 3 * kShard + 500);
+  f.append({ref.get(), sh.get()}, 1, 0, 3 * kShard + 500);
+  ssa_session *rf = nullptr, *sf = nullptr;
+  SSA_CHECK_OK(ssa_session_fork(ref.get(), &rf));
+  SSA_CHECK_OK(ssa_session_fork(sh.get(), &sf));
+  SessionPtr ref_fork(rf), sh_fork(sf);
+  // The fork drops its last two shards, then grows back over a boundary.
+  SSA_CHECK_OK(ssa_session_truncate(ref_fork.get(), 2 * kShard - 300));
+  SSA_CHECK_OK(ssa_session_truncate(sh_fork.get(), 2 * kShard - 300));
+  check_same_decodes(ref_fork.get(), sh_fork.get(), f, "truncated fork");
+  f.append({ref_fork.get(), sh_fork.get()}, 0, 2 * kShard - 300, 2 * kShard + 4000);
+  f.append({ref_fork.get(), sh_fork.get()}, 1, 2 * kShard - 300, 2 * kShard + 100);
+  check_same_decodes(ref_fork.get(), sh_fork.get(), f, "fork after append");
+  // The originals are untouched by their forks and keep growing into shard 4.
+  f.append({ref.get(), sh.get()}, 0, 3 * kShard + 500, f.ctx.n);
+  check_same_decodes(ref.get(), sh.get(), f, "original after append");
+  // Down to one shard, then to nothing, then a new start.
+  SSA_CHECK_OK(ssa_session_truncate(ref.get(), 5000));
+  SSA_CHECK_OK(ssa_session_truncate(sh.get(), 5000));
+  check_same_decodes(ref.get(), sh.get(), f, "one shard left");
+  SSA_CHECK_OK(ssa_session_truncate(ref.get(), 0));
+  SSA_CHECK_OK(ssa_session_truncate(sh.get(), 0));
+  f.append({ref.get(), sh.get()}, 0, 0, kShard + 77);
+  check_same_decodes(ref.get(), sh.get(), f, "regrown from empty");
+}
+
+TEST_CASE("sharding: one snapshot, the same file, loads on any shard count") {
+  auto ref_rt = make_runtime(2);
+  auto four = sharded_runtime(4, kShard);
+  const ssa_dtype t = SSA_DTYPE_F16;
+  const Feed f(3 * kShard + 1234, t, 77);
+  auto ref = make_session(ref_rt.get(), shard_config(t));
+  auto sh = make_session(four.get(), shard_config(t));
+  f.append({ref.get(), sh.get()}, 0, 0, f.ctx.n);
+  f.append({ref.get(), sh.get()}, 1, 0, 2 * kShard + 5);
+  const std::string p_ref = temp_path("ref"), p_sh = temp_path("sharded");
+  SSA_CHECK_OK(ssa_session_save(ref.get(), p_ref.c_str()));
+  SSA_CHECK_OK(ssa_session_save(sh.get(), p_sh.c_str()));
+  // A sharded session saves what an unsharded one does: the same format, the
+  // same sections of the same sizes (files differ only in their random file id).
+  ssa_snapshot_info a, b;
+  ssa_snapshot_info_init(&a);
+  ssa_snapshot_info_init(&b);
+  SSA_CHECK_OK(ssa_snapshot_inspect(p_ref.c_str(), &a));
+  SSA_CHECK_OK(ssa_snapshot_inspect(p_sh.c_str(), &b));
+  CHECK(a.format_version == b.format_version);
+  CHECK(a.n_sections == b.n_sections);
+  CHECK(a.file_bytes == b.file_bytes);
+  CHECK(a.live_bytes == b.live_bytes);
+  CHECK(a.length == b.length);
+  CHECK(a.max_layer_length == b.max_layer_length);
+  CHECK(file_bytes(p_ref).size() == file_bytes(p_sh).size());
+  // Loaded on one shard (unsharded), on 2 shards of another budget, on 3.
+  auto two = sharded_runtime(2, 2 * kShard), three = sharded_runtime(3, kShard);
+  for (ssa_runtime* rt : {ref_rt.get(), two.get(), three.get(), four.get()}) {
+    CAPTURE(ssa_runtime_num_shards(rt));
+    ssa_session* loaded = nullptr;
+    SSA_CHECK_OK(ssa_session_load(rt, p_sh.c_str(), 0, &loaded));
+    SessionPtr l(loaded);
+    check_same_decodes(ref.get(), l.get(), f, "loaded");
+  }
+  // An unsharded snapshot loaded on 4 shards, then grown there.
+  ssa_session* loaded = nullptr;
+  SSA_CHECK_OK(ssa_session_load(four.get(), p_ref.c_str(), SSA_LOAD_MMAP, &loaded));
+  SessionPtr l(loaded);
+  f.append({ref.get(), l.get()}, 1, 2 * kShard + 5, f.ctx.n);
+  check_same_decodes(ref.get(), l.get(), f, "mapped and grown");
+  remove(p_ref.c_str());
+  remove(p_sh.c_str());
+}
+
+TEST_CASE("sharding: batch decode of sharded sessions equals the unsharded batch") {
+  auto ref_rt = make_runtime(2);
+  auto sh_rt = sharded_runtime(3, kShard);
+  const ssa_dtype t = SSA_DTYPE_F16;
+  const Feed f(2 * kShard + 4000, t, 5);
+  auto r1 = make_session(ref_rt.get(), shard_config(t)), r2 = make_session(ref_rt.get(), shard_config(t));
+  auto s1 = make_session(sh_rt.get(), shard_config(t)), s2 = make_session(sh_rt.get(), shard_config(t));
+  f.append({r1.get(), s1.get()}, 0, 0, f.ctx.n);
+  f.append({r2.get(), s2.get()}, 0, 0, kShard + 10);
+  const std::vector<uint8_t> q = encode(f.ctx.q, t);
+  for (ssa_method m : kAllMethods) {
+    CAPTURE(m);
+    ssa_decode_params p = params(m, 0, 25.0f);
+    p.step = 4;
+    std::vector<std::vector<uint8_t>> outs(6, std::vector<uint8_t>(q.size(), 0));
+    ssa_decode_item ri[3] = {{r1.get(), q.data(), outs[0].data()}, {r2.get(), q.data(), outs[1].data()},
+                             {r1.get(), q.data(), outs[2].data()}};
+    ssa_decode_item si[3] = {{s1.get(), q.data(), outs[3].data()}, {s2.get(), q.data(), outs[4].data()},
+                             {s1.get(), q.data(), outs[5].data()}};
+    SSA_CHECK_OK(ssa_decode_batch(ri, 3, 0, &p));
+    SSA_CHECK_OK(ssa_decode_batch(si, 3, 0, &p));
+    CHECK(outs[0] == outs[3]);
+    CHECK(outs[1] == outs[4]);
+    CHECK(outs[2] == outs[5]);
+  }
+}
+
+TEST_CASE("sharding: a sharded decode is the estimator (dense against float64)") {
+  auto sh_rt = sharded_runtime(3, kShard);
+  const ssa_dtype t = SSA_DTYPE_F32;
+  const Feed f(2 * kShard + 999, t, 8);
+  auto s = make_session(sh_rt.get(), shard_config(t));
+  f.append({s.get()}, 0, 0, f.ctx.n);
+  const auto out = run_decode(s.get(), 0, f.ctx.q, t, params(SSA_METHOD_DENSE));
+  const size_t n = f.ctx.n, d = 64;
+  const std::vector<double> K = quantised(f.ctx.K, t), V = quantised(f.ctx.V, t);
+  for (uint32_t h = 0; h < 8; ++h) {
+    const uint32_t kv = h / 4;
+    const std::vector<double> kh = head_rows(K, n, 2, d, kv), vh = head_rows(V, n, 2, d, kv);
+    std::vector<double> qh(f.ctx.q.begin() + h * d, f.ctx.q.begin() + (h + 1) * d);
+    const auto ref = dense_attention_f64(qh.data(), kh.data(), vh.data(), n, d);
+    std::vector<double> got(out.begin() + h * d, out.begin() + (h + 1) * d);
+    CHECK(rel_l2(got.data(), ref.data(), d) < 1e-4);
+  }
+}
+
+TEST_CASE("sharding: error-targeted decode of a sharded session is UNSUPPORTED, out untouched") {
+  auto sh_rt = sharded_runtime(2, kShard);
+  const ssa_dtype t = SSA_DTYPE_F16;
+  const Feed f(kShard + 3000, t, 3);
+  auto s = make_session(sh_rt.get(), shard_config(t));
+  f.append({s.get()}, 0, 0, f.ctx.n);
+  ssa_decode_params p = params(SSA_METHOD_SSA);
+  p.target_error = 0.05f;
+  const std::vector<uint8_t> q = encode(f.ctx.q, t);
+  std::vector<uint8_t> out(q.size(), 0x5A);
+  CHECK(ssa_decode(s.get(), 0, q.data(), out.data(), &p, nullptr) == SSA_ERR_UNSUPPORTED);
+  CHECK(std::string(ssa_last_error_message()).find("sharded session") != std::string::npos);
+  CHECK(std::all_of(out.begin(), out.end(), [](uint8_t b) { return b == 0x5A; }));
+}
+
+TEST_CASE("sharding: bad options give clear errors and no runtime") {
+  ssa_runtime* rt = nullptr;
+  const int32_t devs[] = {0, 1, 2, 1};
+  auto base = [] {
+    ssa_runtime_options o = runtime_options(SSA_BACKEND_CPU, 1);
+    return o;
+  };
+  auto expect = [&](const ssa_runtime_options& o, ssa_status want, const char* words) {
+    rt = nullptr;
+    CHECK(ssa_runtime_create(&o, &rt) == want);
+    CHECK(rt == nullptr);
+    CAPTURE(ssa_last_error_message());
+    CHECK(std::string(ssa_last_error_message()).find(words) != std::string::npos);
+  };
+  ssa_runtime_options o = base();
+  o.devices = devs;
+  o.n_devices = 0;
+  expect(o, SSA_ERR_INVALID_ARGUMENT, "n_devices 0");
+  o.n_devices = 65;
+  expect(o, SSA_ERR_INVALID_ARGUMENT, "1..64");
+  o.n_devices = 4;
+  expect(o, SSA_ERR_INVALID_ARGUMENT, "repeats devices[1]");
+  const int32_t neg[] = {0, -2};
+  o.devices = neg;
+  o.n_devices = 2;
+  expect(o, SSA_ERR_INVALID_ARGUMENT, "negative");
+  o = base();
+  o.n_devices = 2;  // no list
+  expect(o, SSA_ERR_INVALID_ARGUMENT, "devices NULL");
+  o = base();
+  o.shard_tokens = 10000;
+  expect(o, SSA_ERR_INVALID_ARGUMENT, "multiple of 8192");
+  o = base();
+  int dummy = 0;
+  o.communicator = &dummy;
+  expect(o, SSA_ERR_UNSUPPORTED, "communicator");
+  o = base();
+  o.backend = SSA_BACKEND_CUDA;
+  o.devices = devs;
+  o.n_devices = 2;
+  rt = nullptr;
+  CHECK(ssa_runtime_create(&o, &rt) == SSA_ERR_UNSUPPORTED);  // CUDA not built, or several devices
+  CHECK(rt == nullptr);
+  // Good ones: a list of one is unsharded; the default budget.
+  o = base();
+  o.devices = devs + 2;
+  o.n_devices = 1;
+  SSA_CHECK_OK(ssa_runtime_create(&o, &rt));
+  CHECK(ssa_runtime_num_shards(rt) == 1);
+  ssa_runtime_destroy(rt);
+  o.devices = devs;
+  o.n_devices = 3;
+  SSA_CHECK_OK(ssa_runtime_create(&o, &rt));
+  CHECK(ssa_runtime_num_shards(rt) == 3);
+  ssa_runtime_destroy(rt);
+  CHECK(ssa_runtime_num_shards(nullptr) == 0);
+}
+
+TEST_CASE("sharding: small heads, small pages, groups of two") {
+  auto ref_rt = make_runtime(2);
+  auto sh_rt = sharded_runtime(2, kShard);
+  const StructuredContext ctx = make_structured_context(kShard + 900, 2, 4, 32);
+  ssa_session_config c = make_config(1, 4, 2, 32, SSA_DTYPE_F16);
+  c.page_tokens = 16;
+  c.pq_subspaces = 8;
+  c.pq_centroids = 16;
+  c.index_min_tokens = 64;
+  c.index_train_sample = 256;
+  c.index_iterations = 2;
+  auto ref = make_session(ref_rt.get(), c), sh = make_session(sh_rt.get(), c);
+  for (ssa_session* s : {ref.get(), sh.get()}) {
+    append_f32(s, 0, ctx.K, ctx.V, ctx.n, SSA_DTYPE_F16);
+    SSA_CHECK_OK(ssa_session_update_index(s));
+  }
+  const std::vector<uint8_t> q = encode(ctx.q, SSA_DTYPE_F16);
+  for (ssa_method m : kAllMethods) {
+    for (uint32_t mode : kGroupModes) {
+      for (float sparsity : {4.0f, 20.0f}) {
+        CAPTURE(m);
+        CAPTURE(mode);
+        CAPTURE(sparsity);
+        ssa_decode_params p = params(m, 0, sparsity);
+        p.group_selection = mode;
+        p.step = 5;
+        const Outcome a = decode_raw(ref.get(), 0, q, p), b = decode_raw(sh.get(), 0, q, p);
+        CHECK(a.out == b.out);
+        CHECK(same_stats(a.stats, b.stats));
+      }
+    }
+  }
+}
