@@ -132,6 +132,10 @@ ssa_status ssa_runtime_create(const ssa_runtime_options* opts, ssa_runtime** out
     absl::StatusOr<uint64_t> shard_tokens = ssa::resolve_shard_tokens(o.shard_tokens);
     if (!shard_tokens.ok()) return shard_tokens.status();
     if (o.communicator != nullptr) return ssa::unsupported(ssa::kCommunicatorUnsupported);
+    // Refused before any device is looked at: the answer does not depend on the machine.
+    if (o.backend == SSA_BACKEND_CUDA && devices.size() > 1) {
+      return ssa::unsupported(ssa::kMultiDeviceCudaUnsupported);
+    }
     absl::StatusOr<ssa_backend> chosen = ssa::choose_backend(o.backend, devices[0]);
     if (!chosen.ok()) return chosen.status();
     if (*chosen == SSA_BACKEND_CUDA && devices.size() > 1) {
