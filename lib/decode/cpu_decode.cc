@@ -296,7 +296,7 @@ void attend_selected(const ssa_session& s, const LayerStore& layer, const float*
         }
         attend_shared_rows(layout, layer, kv, qg, g, tokens.data(), log_pi.data(), count, mine);
       } else {
-        attend_group_entries(layout, layer, kv, qg, e.data() + b, count, mine);
+        attend_group_entries(layout, layer, kv, qg, g, e.data() + b, count, mine);
       }
     }
   });
