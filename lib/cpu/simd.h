@@ -1,6 +1,7 @@
 // Vectorised inner loops of the CPU backend. Each has a portable version and an
-// AVX2+FMA+F16C version; the best one the running CPU supports is chosen once at
-// start-up (no -march flags in the shipped build). Both give results within float
+// AVX2+FMA+F16C version (attend_rows also an AVX-512 one); the best one the
+// running CPU supports is chosen once at start-up (no -march flags in the
+// shipped build). Both give results within float
 // rounding of each other; the float64 reference in reference_attention.h is the
 // yardstick for both.
 #pragma once

@@ -323,7 +323,7 @@ SSA_AVX2 void tile_values(const void* const* v_rows, size_t n, uint32_t d, const
 template <DType T, int H>
 SSA_AVX2 void attend_tile(const void* const* k_rows, const void* const* v_rows, size_t n, uint32_t d,
                           const float* q, const float* offset, float* m, float* l, float* acc) {
-  alignas(32) float logits[H * kRowsMax], w[H * kRowsMax];
+  alignas(32) float logits[H * kRowsMax] = {}, w[H * kRowsMax];  // = {}: the compiler cannot see the padding loop
   tile_scores<T, H>(k_rows, n, d, q, logits);
   const size_t nv = (n + 7) / 8 * 8;  // whole vectors; the padding weighs exp(-inf) = 0
   #pragma GCC unroll 16

@@ -3,6 +3,10 @@
 // cycle, which is what bounds the dense decode on few cores). The other kernels
 // are the AVX2 ones. Compiled with target attributes like simd_avx2.cc.
 #if defined(__x86_64__) || defined(_M_X64)
+// GCC 12's AVX-512 intrinsics start from an undefined vector (_mm512_undefined_*)
+// and warn about it at every use; the values are never read.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 #include <math.h>
 
@@ -157,7 +161,7 @@ SSA_AVX512 void tile_values_fit(const void* const* v_rows, size_t n, uint32_t d,
 template <DType T, int H>
 SSA_AVX512 void attend_tile(const void* const* k_rows, const void* const* v_rows, size_t n, uint32_t d,
                             const float* q, const float* offset, float* m, float* l, float* acc) {
-  alignas(64) float logits[H * kRowsMax], w[H * kRowsMax];
+  alignas(64) float logits[H * kRowsMax] = {}, w[H * kRowsMax];  // = {}: the compiler cannot see the padding loop
   tile_scores<T, H>(k_rows, n, d, q, logits);
   const size_t nv = (n + 15) / 16 * 16;  // whole vectors; the padding weighs exp(-inf) = 0
   #pragma GCC unroll 16
