@@ -2,8 +2,9 @@
 // paper's head config (16 q, 4 KV, d 256, f16) and Llama-3.1-8B's (32 q, 8 KV,
 // d 128, bf16), batch 1, contexts growing 64K -> 256K -> 1M in one session per
 // config. Reports medians, ratios against our dense decode measured in the same
-// run, the stage split, the machine's memcpy and read bandwidth and the cost of a
-// fork. Group selection (docs/GROUP_SELECTION.md) runs for the methods that take it.
+// run, the CPU time of the same decodes (the work apart from waiting for a core on
+// a shared machine), the stage split, the machine's memcpy and read bandwidth and
+// the cost of a fork. Group selection (docs/GROUP_SELECTION.md) runs for the methods that take it.
 //
 //   cpu_decode_bench [--contexts 65536,262144,1048576] [--reps 5] [--configs paper,llama]
 //                    [--sparsities 10,20,50,100] [--methods ssa,pq_topk,...]
@@ -12,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <algorithm>
 #include <chrono>
@@ -28,6 +30,13 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 double now_s() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
+// CPU seconds of every thread of the process: on a machine shared with other
+// work, the work a decode did, apart from the time it waited for a core.
+double cpu_s() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
 
 using ssa_bench::median;
 
@@ -141,8 +150,8 @@ int main(int argc, char** argv) {
     std::vector<uint8_t> K, V;
     uint64_t have = 0;
     printf("## %s\n\n", c.name);
-    printf("| N | method | group | sparsity | median ms | vs dense | rows read/head | eff. GB/s | scoring | heavy | sampling | attention |\n");
-    printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    printf("| N | method | group | sparsity | median ms | vs dense | CPU ms | CPU vs dense | rows read/head | eff. GB/s | scoring | heavy | sampling | attention |\n");
+    printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (uint64_t N : contexts) {
       const double t_app = now_s();
       while (have < N) {
@@ -153,39 +162,43 @@ int main(int argc, char** argv) {
       }
       const double append_s = now_s() - t_app;
       const double kv_bytes = double(N) * c.nkv * c.d * 2 * 2;
+      // Median wall seconds; *cpu receives the median CPU seconds.
       auto run = [&](ssa_method m, uint32_t group, float sparsity, ssa::DecodeProfile* prof,
-                     ssa_decode_stats* st) {
+                     ssa_decode_stats* st, double* cpu) {
         ssa_decode_params p;
         ssa_decode_params_init(&p);
         p.method = m;
         p.group_selection = group;
         p.sparsity = sparsity;
-        std::vector<double> times;
+        std::vector<double> times, cpus;
         for (int r = 0; r < reps + 1; ++r) {
           p.step = r;
           ssa::DecodeProfile one;
           ssa_decode_stats_init(st);
-          const double t0 = now_s();
+          const double t0 = now_s(), c0 = cpu_s();
           absl::Status status = ssa::decode(*s, 0, qb.data(), out.data(), p, st, nullptr, &one);
-          const double t = now_s() - t0;
+          const double t = now_s() - t0, c = cpu_s() - c0;
           if (!status.ok()) {
             fprintf(stderr, "decode: %s\n", std::string(status.message()).c_str());
             exit(1);
           }
           if (r == 0) continue;  // warm-up
           times.push_back(t);
+          cpus.push_back(c);
           prof->scoring += one.scoring;
           prof->heavy += one.heavy;
           prof->sampling += one.sampling;
           prof->attention += one.attention;
         }
+        *cpu = median(cpus);
         return median(times);
       };
       ssa::DecodeProfile dprof;
       ssa_decode_stats st;
-      const double dense_s = run(SSA_METHOD_DENSE, SSA_GROUP_OFF, 1, &dprof, &st);
-      printf("| %llu | dense | | 1 | %.2f | 1.00 | %llu | %.1f | | | | |\n", (unsigned long long)N,
-             dense_s * 1e3, (unsigned long long)N, kv_bytes / dense_s / 1e9);
+      double dense_cpu = 0.0, cpu = 0.0;
+      const double dense_s = run(SSA_METHOD_DENSE, SSA_GROUP_OFF, 1, &dprof, &st, &dense_cpu);
+      printf("| %llu | dense | | 1 | %.2f | 1.00 | %.2f | 1.00 | %llu | %.1f | | | | |\n", (unsigned long long)N,
+             dense_s * 1e3, dense_cpu * 1e3, (unsigned long long)N, kv_bytes / dense_s / 1e9);
       for (float sp : sparsities) {
         for (ssa_method m : methods) {
           if (!listed(method_list, method_name(m))) continue;
@@ -194,12 +207,13 @@ int main(int argc, char** argv) {
             if (!listed(group_list, group_name(group))) continue;
             if (group != SSA_GROUP_OFF && (m == SSA_METHOD_ORACLE_TOPK || c.nq == c.nkv)) continue;
             ssa::DecodeProfile prof;
-            const double t = run(m, group, sp, &prof, &st);
+            const double t = run(m, group, sp, &prof, &st, &cpu);
             const double total = prof.scoring + prof.heavy + prof.sampling + prof.attention;
             const double rows = double(st.tokens_read) / c.nq;
             const double bytes = rows * c.nq / (c.nq / c.nkv) * c.d * 2 * 2 + double(N) * c.nkv * 16;
-            printf("| %llu | %s | %s | %.0f | %.2f | %.2fx | %.0f | %.1f | %.0f%% | %.0f%% | %.0f%% | %.0f%% |\n",
-                   (unsigned long long)N, method_name(m), group_name(group), sp, t * 1e3, dense_s / t, rows,
+            printf("| %llu | %s | %s | %.0f | %.2f | %.2fx | %.2f | %.2fx | %.0f | %.1f | %.0f%% | %.0f%% | %.0f%% | %.0f%% |\n",
+                   (unsigned long long)N, method_name(m), group_name(group), sp, t * 1e3, dense_s / t, cpu * 1e3,
+                   dense_cpu / cpu, rows,
                    bytes / t / 1e9, 100 * prof.scoring / total, 100 * prof.heavy / total,
                    100 * prof.sampling / total, 100 * prof.attention / total);
           }
