@@ -10,7 +10,7 @@
 namespace ssa {
 namespace {
 
-constexpr size_t kBlock = 16;  // tokens scored before one rescale of the accumulator
+constexpr size_t kBlock = 32;  // rows scored before one rescale of the accumulator (attend_rows' limit)
 
 }  // namespace
 
@@ -29,7 +29,7 @@ void AttnPartial::finish(float* out) const {
 
 namespace {
 
-// The g heads' online-softmax states gathered into flat arrays for attend_block
+// The g heads' online-softmax states gathered into flat arrays for attend_rows
 // (and written back by flush), so each block of rows is widened once for all g.
 struct GroupState {
   std::vector<float> m, l, acc;
@@ -51,14 +51,33 @@ struct GroupState {
 
 }  // namespace
 
+namespace {
+
+// Starts loading the K and V rows of `tokens` (the next block): the gathers of
+// selected rows are latency-bound without it.
+void prefetch_rows(const KvLayout& layout, const LayerStore& layer, uint32_t kv_head, const uint32_t* tokens,
+                   size_t n) {
+  const uint32_t P = layout.page_tokens;
+  for (size_t r = 0; r < n; ++r) {
+    const uint8_t* base = layer.kv_pages[tokens[r] / P]->data();
+    const uint8_t* kr = base + layout.k_offset(kv_head, tokens[r] % P);
+    const uint8_t* vr = base + layout.v_offset(kv_head, tokens[r] % P);
+    for (size_t off = 0; off < layout.row_bytes(); off += 64) {
+      __builtin_prefetch(kr + off);
+      __builtin_prefetch(vr + off);
+    }
+  }
+}
+
+}  // namespace
+
 void attend_range(const KvLayout& layout, const LayerStore& layer, uint32_t kv_head,
                   const float* q, uint32_t g, uint64_t t0, uint64_t t1, AttnPartial* parts) {
   if (t0 >= t1) return;
   const auto& k = simd::kernels();
   const uint32_t P = layout.page_tokens, d = layout.head_dim;
-  thread_local std::vector<float> kf, vf;
-  kf.resize(kBlock * d);
-  vf.resize(kBlock * d);
+  const void* k_rows[kBlock];
+  const void* v_rows[kBlock];
   GroupState st(parts, g, d);
   for (uint64_t t = t0; t < t1;) {
     // A block never crosses a page, so its rows are contiguous per head.
@@ -67,9 +86,11 @@ void attend_range(const KvLayout& layout, const LayerStore& layer, uint32_t kv_h
     const size_t n = static_cast<size_t>(end - t);
     const uint8_t* base = layer.kv_pages[page]->data();
     const uint32_t slot = static_cast<uint32_t>(t % P);
-    k.to_f32(layout.dtype, base + layout.k_offset(kv_head, slot), kf.data(), n * d);
-    k.to_f32(layout.dtype, base + layout.v_offset(kv_head, slot), vf.data(), n * d);
-    k.attend_block(kf.data(), vf.data(), n, d, q, g, nullptr, st.m.data(), st.l.data(), st.acc.data());
+    for (size_t r = 0; r < n; ++r) {
+      k_rows[r] = base + layout.k_offset(kv_head, slot + static_cast<uint32_t>(r));
+      v_rows[r] = base + layout.v_offset(kv_head, slot + static_cast<uint32_t>(r));
+    }
+    k.attend_rows(layout.dtype, k_rows, v_rows, n, d, q, g, nullptr, st.m.data(), st.l.data(), st.acc.data());
     t = end;
   }
   st.flush(parts, g, d);
@@ -81,48 +102,62 @@ void attend_shared_rows(const KvLayout& layout, const LayerStore& layer, uint32_
   if (n == 0) return;
   const auto& k = simd::kernels();
   const uint32_t P = layout.page_tokens, d = layout.head_dim;
-  thread_local std::vector<float> kf, vf;
-  kf.resize(kBlock * d);
-  vf.resize(kBlock * d);
+  const void* k_rows[kBlock];
+  const void* v_rows[kBlock];
   GroupState st(parts, g, d);
+  prefetch_rows(layout, layer, kv_head, tokens, std::min(kBlock, n));
   for (size_t i = 0; i < n; i += kBlock) {
     const size_t b = std::min(kBlock, n - i);
+    if (i + b < n) prefetch_rows(layout, layer, kv_head, tokens + i + b, std::min(kBlock, n - i - b));
     for (size_t r = 0; r < b; ++r) {
       const uint32_t t = tokens[i + r];
       const uint8_t* base = layer.kv_pages[t / P]->data();
-      k.to_f32(layout.dtype, base + layout.k_offset(kv_head, t % P), kf.data() + r * d, d);
-      k.to_f32(layout.dtype, base + layout.v_offset(kv_head, t % P), vf.data() + r * d, d);
+      k_rows[r] = base + layout.k_offset(kv_head, t % P);
+      v_rows[r] = base + layout.v_offset(kv_head, t % P);
     }
-    k.attend_block(kf.data(), vf.data(), b, d, q, g, log_pi + i, st.m.data(), st.l.data(), st.acc.data());
+    k.attend_rows(layout.dtype, k_rows, v_rows, b, d, q, g, log_pi + i, st.m.data(), st.l.data(),
+                  st.acc.data());
   }
   st.flush(parts, g, d);
 }
 
 void attend_group_entries(const KvLayout& layout, const LayerStore& layer, uint32_t kv_head,
-                          const float* q, const GroupEntry* entries, size_t n, AttnPartial* parts) {
+                          const float* q, uint32_t g, const GroupEntry* entries, size_t n,
+                          AttnPartial* parts) {
   const auto& k = simd::kernels();
   const uint32_t P = layout.page_tokens, d = layout.head_dim;
-  thread_local std::vector<float> kf, vf;
-  kf.resize(d);
-  vf.resize(d);
-  for (size_t i = 0; i < n;) {
-    const uint32_t t = entries[i].token;
-    if (i + 8 < n) {  // the gather is latency-bound: start the next rows early
-      const uint32_t nt = entries[i + 8].token;
-      const uint8_t* nb = layer.kv_pages[nt / P]->data();
-      for (size_t off = 0; off < layout.row_bytes(); off += 64) {
-        __builtin_prefetch(nb + layout.k_offset(kv_head, nt % P) + off);
-        __builtin_prefetch(nb + layout.v_offset(kv_head, nt % P) + off);
-      }
+  // Each head's rows are folded in blocks of its own; in token order, a row that
+  // several heads selected is still in cache when the later heads read it.
+  struct Pending {
+    const void* k_rows[kBlock];
+    const void* v_rows[kBlock];
+    float log_pi[kBlock];
+    size_t n = 0;
+  };
+  thread_local std::vector<Pending> pending;
+  pending.assign(g, Pending{});
+  auto flush = [&](uint32_t h) {
+    Pending& p = pending[h];
+    AttnPartial& part = parts[h];
+    k.attend_rows(layout.dtype, p.k_rows, p.v_rows, p.n, d, q + size_t{h} * d, 1, p.log_pi, &part.m, &part.l,
+                  part.acc.data());
+    p.n = 0;
+  };
+  constexpr size_t kAhead = 16;  // entries between a prefetch and the use of its row
+  for (size_t i = 0; i < n; ++i) {
+    if (i + kAhead < n && entries[i + kAhead].token != entries[i + kAhead - 1].token) {
+      prefetch_rows(layout, layer, kv_head, &entries[i + kAhead].token, 1);
     }
-    const uint8_t* base = layer.kv_pages[t / P]->data();
-    k.to_f32(layout.dtype, base + layout.k_offset(kv_head, t % P), kf.data(), d);
-    k.to_f32(layout.dtype, base + layout.v_offset(kv_head, t % P), vf.data(), d);
-    for (; i < n && entries[i].token == t; ++i) {
-      AttnPartial& part = parts[entries[i].head];
-      k.attend_block(kf.data(), vf.data(), 1, d, q + size_t{entries[i].head} * d, 1, &entries[i].log_pi,
-                     &part.m, &part.l, part.acc.data());
-    }
+    const GroupEntry& e = entries[i];
+    const uint8_t* base = layer.kv_pages[e.token / P]->data();
+    Pending& p = pending[e.head];
+    p.k_rows[p.n] = base + layout.k_offset(kv_head, e.token % P);
+    p.v_rows[p.n] = base + layout.v_offset(kv_head, e.token % P);
+    p.log_pi[p.n] = e.log_pi;
+    if (++p.n == kBlock) flush(e.head);
+  }
+  for (uint32_t h = 0; h < g; ++h) {
+    if (pending[h].n > 0) flush(h);
   }
 }
 

@@ -43,11 +43,13 @@ struct GroupEntry {
   float log_pi;
 };
 
-// Entries sorted by token (then head): each distinct row is read and widened once
-// and serves every head of the group that selected it; the sorted order also
-// turns random gathers into a forward sweep through the pages.
+// Entries sorted by token (then head) of the g query heads q[g][head_dim]: each
+// distinct row is fetched from memory once and serves every head of the group
+// that selected it; the sorted order also turns random gathers into a forward
+// sweep through the pages.
 void attend_group_entries(const KvLayout& layout, const LayerStore& layer, uint32_t kv_head,
-                          const float* q, const GroupEntry* entries, size_t n, AttnPartial* parts);
+                          const float* q, uint32_t g, const GroupEntry* entries, size_t n,
+                          AttnPartial* parts);
 
 // Rows read once for all g query heads of a group with one shared log inclusion
 // probability each (selection per KV group): tokens[n] in increasing order,

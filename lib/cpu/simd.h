@@ -1,6 +1,7 @@
 // Vectorised inner loops of the CPU backend. Each has a portable version and an
-// AVX2+FMA+F16C version; the best one the running CPU supports is chosen once at
-// start-up (no -march flags in the shipped build). Both give results within float
+// AVX2+FMA+F16C version (attend_rows also an AVX-512 one); the best one the
+// running CPU supports is chosen once at start-up (no -march flags in the
+// shipped build). Both give results within float
 // rounding of each other; the float64 reference in reference_attention.h is the
 // yardstick for both.
 #pragma once
@@ -37,6 +38,14 @@ struct Kernels {
   // offset[t] (offset may be null: 0). One rescale per head per block.
   void (*attend_block)(const float* kf, const float* vf, size_t n, uint32_t d, const float* q,
                        uint32_t g, const float* offset, float* m, float* l, float* acc);
+  // attend_block over rows still in the store's dtype: n <= 32 rows, row i at
+  // k_rows[i] / v_rows[i] (head_dim elements each). Each row is widened once, in
+  // registers, for all g heads; the result is attend_block's on the widened rows
+  // up to float rounding (the AVX2 version also takes exp from exp_shifted's
+  // polynomial).
+  void (*attend_rows)(DType t, const void* const* k_rows, const void* const* v_rows, size_t n,
+                      uint32_t d, const float* q, uint32_t g, const float* offset, float* m, float* l,
+                      float* acc);
   const char* name;
 };
 
@@ -44,14 +53,24 @@ void pq_scores_scalar(const float* lut, uint32_t K, uint32_t M, const uint8_t* c
                       size_t count, float* out);
 void generic_attend_block(const float* kf, const float* vf, size_t n, uint32_t d, const float* q,
                           uint32_t g, const float* offset, float* m, float* l, float* acc);
+// attend_rows by widening the rows into float buffers and calling `block`.
+void widen_and_attend(void (*to_f32)(DType, const void*, float*, size_t),
+                      void (*block)(const float*, const float*, size_t, uint32_t, const float*, uint32_t,
+                                    const float*, float*, float*, float*),
+                      DType t, const void* const* k_rows, const void* const* v_rows, size_t n, uint32_t d,
+                      const float* q, uint32_t g, const float* offset, float* m, float* l, float* acc);
 uint32_t generic_nearest_centroid(const float* x, const float* cent_t, const float* norms,
                                   uint32_t K, uint32_t dim);
 
-// The kernels for this CPU (AVX2 when available, unless SSA_SIMD=generic).
+// The kernels for this CPU: AVX-512 where available, else AVX2, else portable;
+// SSA_SIMD=generic or SSA_SIMD=avx2 caps the choice.
 const Kernels& kernels();
 // The portable kernels (for tests comparing both).
 const Kernels& generic_kernels();
 // The AVX2 kernels, or nullptr if the CPU lacks AVX2/FMA/F16C.
 const Kernels* avx2_kernels();
+// The AVX2 kernels with the AVX-512 attend_rows, or nullptr if the CPU lacks
+// AVX-512 F/BW (or AVX2).
+const Kernels* avx512_kernels();
 
 }  // namespace ssa::simd

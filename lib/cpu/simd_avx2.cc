@@ -25,6 +25,11 @@ SSA_AVX2 inline __m256 load8(DType t, const void* p, size_t i) {
   }
 }
 
+template <DType T>
+SSA_AVX2 inline __m256 load8_as(const void* p, size_t i) {
+  return load8(T, p, i);  // T is a constant here: the switch folds away
+}
+
 SSA_AVX2 inline float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -180,7 +185,7 @@ SSA_AVX2 void attend_block(const float* kf, const float* vf, size_t n, uint32_t 
   }
   alignas(32) float logits[32], w[32];
   for (uint32_t h = 0; h < g; ++h) {
-    const float* qh = q + size_t{h} * d;
+    const float* qh = q + static_cast<size_t>(h) * d;
     float bm = -INFINITY;
     for (size_t t = 0; t < n; ++t) {
       const float* kr = kf + t * d;
@@ -195,7 +200,7 @@ SSA_AVX2 void attend_block(const float* kf, const float* vf, size_t n, uint32_t 
                   (offset != nullptr ? offset[t] : 0.0f);
       bm = logits[t] > bm ? logits[t] : bm;
     }
-    float* a = acc + size_t{h} * d;
+    float* a = acc + static_cast<size_t>(h) * d;
     if (bm > m[h]) {
       const float scale = m[h] == -INFINITY ? 0.0f : expf(m[h] - bm);
       const __m256 sv = _mm256_set1_ps(scale);
@@ -222,13 +227,174 @@ SSA_AVX2 void attend_block(const float* kf, const float* vf, size_t n, uint32_t 
   }
 }
 
+// Lane i of the result = the sum of v[i]'s eight lanes.
+SSA_AVX2 inline __m256 hsum8(const __m256* v) {
+  const __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+  const __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
+  // a: sums of lanes 0-3 of v[0..3] | sums of lanes 4-7 of v[0..3]; b likewise for v[4..7].
+  return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+}
+
+SSA_AVX2 inline float hmax(__m256 v) {
+  __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+  x = _mm_max_ss(x, _mm_movehdup_ps(x));
+  return _mm_cvtss_f32(x);
+}
+
+constexpr size_t kRowsMax = 32;  // attend_rows' block limit (one logit vector set per head)
+
+// logits[h * 32 + r] = q_h . k_r for H <= 4 heads. R = 8 / H rows at a time give
+// eight independent FMA chains; each K vector is widened once for the H heads.
+template <DType T, int H>
+SSA_AVX2 void tile_scores(const void* const* k_rows, size_t n, uint32_t d, const float* q, float* logits) {
+  constexpr int R = 8 / H;
+  size_t r0 = 0;
+  for (; r0 + R <= n; r0 += R) {
+    __m256 a[8];
+    #pragma GCC unroll 16
+    for (int i = 0; i < 8; ++i) a[i] = _mm256_setzero_ps();
+    for (uint32_t j = 0; j < d; j += 8) {
+      __m256 kv[R];
+      #pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) kv[r] = load8_as<T>(k_rows[r0 + r], j);
+      #pragma GCC unroll 16
+      for (int h = 0; h < H; ++h) {
+        const __m256 qv = _mm256_loadu_ps(q + static_cast<size_t>(h) * d + j);
+        #pragma GCC unroll 16
+        for (int r = 0; r < R; ++r) a[r * H + h] = _mm256_fmadd_ps(qv, kv[r], a[r * H + h]);
+      }
+    }
+    alignas(32) float sums[8];
+    _mm256_store_ps(sums, hsum8(a));
+    #pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      #pragma GCC unroll 16
+      for (int h = 0; h < H; ++h) logits[h * kRowsMax + r0 + r] = sums[r * H + h];
+    }
+  }
+  for (; r0 < n; ++r0) {
+    __m256 a[H];
+    #pragma GCC unroll 16
+    for (int h = 0; h < H; ++h) a[h] = _mm256_setzero_ps();
+    for (uint32_t j = 0; j < d; j += 8) {
+      const __m256 kv = load8_as<T>(k_rows[r0], j);
+      #pragma GCC unroll 16
+      for (int h = 0; h < H; ++h) a[h] = _mm256_fmadd_ps(_mm256_loadu_ps(q + static_cast<size_t>(h) * d + j), kv, a[h]);
+    }
+    #pragma GCC unroll 16
+    for (int h = 0; h < H; ++h) logits[h * kRowsMax + r0] = hsum(a[h]);
+  }
+}
+
+// The V update acc_h += sum_r w[h][r] v_r with H x C accumulator vectors held in
+// registers across the rows (C vectors of 8 lanes of d per pass): each V vector
+// is widened once for the H heads.
+template <DType T, int H, int C>
+SSA_AVX2 void tile_values(const void* const* v_rows, size_t n, uint32_t d, const float* w, float* acc) {
+  for (uint32_t j = 0; j < d; j += 8 * C) {
+    __m256 a[H][C];
+    #pragma GCC unroll 16
+    for (int h = 0; h < H; ++h) {
+      #pragma GCC unroll 16
+      for (int c = 0; c < C; ++c) a[h][c] = _mm256_loadu_ps(acc + static_cast<size_t>(h) * d + j + 8 * c);
+    }
+    for (size_t r = 0; r < n; ++r) {
+      __m256 vv[C];
+      #pragma GCC unroll 16
+      for (int c = 0; c < C; ++c) vv[c] = load8_as<T>(v_rows[r], j + 8 * c);
+      #pragma GCC unroll 16
+      for (int h = 0; h < H; ++h) {
+        const __m256 wt = _mm256_broadcast_ss(w + h * kRowsMax + r);
+        #pragma GCC unroll 16
+        for (int c = 0; c < C; ++c) a[h][c] = _mm256_fmadd_ps(wt, vv[c], a[h][c]);
+      }
+    }
+    #pragma GCC unroll 16
+    for (int h = 0; h < H; ++h) {
+      #pragma GCC unroll 16
+      for (int c = 0; c < C; ++c) _mm256_storeu_ps(acc + static_cast<size_t>(h) * d + j + 8 * c, a[h][c]);
+    }
+  }
+}
+
+// One tile of H <= 4 heads: scores, the online-softmax step (one rescale per head
+// per block, weights by the vector exp), the V update.
+template <DType T, int H>
+SSA_AVX2 void attend_tile(const void* const* k_rows, const void* const* v_rows, size_t n, uint32_t d,
+                          const float* q, const float* offset, float* m, float* l, float* acc) {
+  alignas(32) float logits[H * kRowsMax] = {}, w[H * kRowsMax];  // = {}: the compiler cannot see the padding loop
+  tile_scores<T, H>(k_rows, n, d, q, logits);
+  const size_t nv = (n + 7) / 8 * 8;  // whole vectors; the padding weighs exp(-inf) = 0
+  #pragma GCC unroll 16
+  for (int h = 0; h < H; ++h) {
+    float* lg = logits + h * kRowsMax;
+    for (size_t r = 0; r < n; ++r) lg[r] -= offset != nullptr ? offset[r] : 0.0f;
+    for (size_t r = n; r < nv; ++r) lg[r] = -INFINITY;
+    __m256 mx = _mm256_load_ps(lg);
+    for (size_t b = 8; b < nv; b += 8) mx = _mm256_max_ps(mx, _mm256_load_ps(lg + b));
+    const float bm = hmax(mx);
+    float* a = acc + static_cast<size_t>(h) * d;
+    if (bm > m[h]) {
+      const float scale = m[h] == -INFINITY ? 0.0f : expf(m[h] - bm);
+      const __m256 sv = _mm256_set1_ps(scale);
+      for (uint32_t j = 0; j < d; j += 8) _mm256_storeu_ps(a + j, _mm256_mul_ps(sv, _mm256_loadu_ps(a + j)));
+      l[h] *= scale;
+      m[h] = bm;
+    }
+    const __m256 mv = _mm256_set1_ps(m[h]);
+    __m256 ls = _mm256_setzero_ps();
+    for (size_t b = 0; b < nv; b += 8) {
+      const __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_load_ps(lg + b), mv));
+      _mm256_store_ps(w + h * kRowsMax + b, e);
+      ls = _mm256_add_ps(ls, e);
+    }
+    l[h] += hsum(ls);
+  }
+  constexpr int C = H == 1 ? 8 : H == 2 ? 4 : 2;
+  if (d % (8 * C) == 0) {
+    tile_values<T, H, C>(v_rows, n, d, w, acc);
+  } else {
+    tile_values<T, H, 1>(v_rows, n, d, w, acc);
+  }
+}
+
+template <DType T>
+SSA_AVX2 void attend_rows_as(const void* const* k_rows, const void* const* v_rows, size_t n, uint32_t d,
+                             const float* q, uint32_t g, const float* offset, float* m, float* l, float* acc) {
+  for (uint32_t h0 = 0; h0 < g; h0 += 4) {
+    const float* qh = q + size_t{h0} * d;
+    float* ah = acc + size_t{h0} * d;
+    switch (g - h0 < 4 ? g - h0 : 4) {
+      case 1: attend_tile<T, 1>(k_rows, v_rows, n, d, qh, offset, m + h0, l + h0, ah); break;
+      case 2: attend_tile<T, 2>(k_rows, v_rows, n, d, qh, offset, m + h0, l + h0, ah); break;
+      case 3: attend_tile<T, 3>(k_rows, v_rows, n, d, qh, offset, m + h0, l + h0, ah); break;
+      default: attend_tile<T, 4>(k_rows, v_rows, n, d, qh, offset, m + h0, l + h0, ah); break;
+    }
+  }
+}
+
+SSA_AVX2 void attend_rows(DType t, const void* const* k_rows, const void* const* v_rows, size_t n,
+                          uint32_t d, const float* q, uint32_t g, const float* offset, float* m, float* l,
+                          float* acc) {
+  if (d % 8 != 0 || n > kRowsMax) {
+    widen_and_attend(to_f32, attend_block, t, k_rows, v_rows, n, d, q, g, offset, m, l, acc);
+    return;
+  }
+  switch (t) {
+    case DType::kF32: attend_rows_as<DType::kF32>(k_rows, v_rows, n, d, q, g, offset, m, l, acc); break;
+    case DType::kF16: attend_rows_as<DType::kF16>(k_rows, v_rows, n, d, q, g, offset, m, l, acc); break;
+    default: attend_rows_as<DType::kBF16>(k_rows, v_rows, n, d, q, g, offset, m, l, acc); break;
+  }
+}
+
 }  // namespace
 
 const Kernels* avx2_kernels() {
   static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
                          __builtin_cpu_supports("f16c");
   static const Kernels k{to_f32, dot, pq_scores_scalar, exp_shifted, max_value, nearest_centroid,
-                         attend_block, "avx2"};
+                         attend_block, attend_rows, "avx2"};
   return ok ? &k : nullptr;
 }
 

@@ -1,5 +1,7 @@
 #include <math.h>
 
+#include <vector>
+
 #include "simd.h"
 
 namespace ssa::simd {
@@ -36,7 +38,27 @@ float max_value(const float* x, size_t n) {
   return m;
 }
 
+void attend_rows(DType t, const void* const* k_rows, const void* const* v_rows, size_t n, uint32_t d,
+                 const float* q, uint32_t g, const float* offset, float* m, float* l, float* acc) {
+  widen_and_attend(to_f32, generic_attend_block, t, k_rows, v_rows, n, d, q, g, offset, m, l, acc);
+}
+
 }  // namespace
+
+void widen_and_attend(void (*to_f32)(DType, const void*, float*, size_t),
+                      void (*block)(const float*, const float*, size_t, uint32_t, const float*, uint32_t,
+                                    const float*, float*, float*, float*),
+                      DType t, const void* const* k_rows, const void* const* v_rows, size_t n, uint32_t d,
+                      const float* q, uint32_t g, const float* offset, float* m, float* l, float* acc) {
+  thread_local std::vector<float> kf, vf;
+  kf.resize(n * d);
+  vf.resize(n * d);
+  for (size_t r = 0; r < n; ++r) {
+    to_f32(t, k_rows[r], kf.data() + r * d, d);
+    to_f32(t, v_rows[r], vf.data() + r * d, d);
+  }
+  block(kf.data(), vf.data(), n, d, q, g, offset, m, l, acc);
+}
 
 // Four tokens at a time in scalar registers. Measured on the AMD EPYC build
 // machines: 4-way scalar lookups beat AVX2 gathers (~10 vs ~14 ns per token for
@@ -110,7 +132,7 @@ uint32_t generic_nearest_centroid(const float* x, const float* cent_t, const flo
 
 const Kernels& generic_kernels() {
   static const Kernels k{to_f32, dot, pq_scores_scalar, exp_shifted, max_value, generic_nearest_centroid,
-                         generic_attend_block, "generic"};
+                         generic_attend_block, attend_rows, "generic"};
   return k;
 }
 
