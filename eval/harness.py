@@ -90,7 +90,12 @@ class Recorder:
 
     def summary(self) -> Dict:
         layer_err = {l: sum(sum(d) / len(d) for d in v) / len(v) for l, v in self.err.items()}
-        return dict(layer_err={str(l): round(e, 6) for l, e in sorted(layer_err.items())},
+        # Each query head's mean error over the decodes, per layer (the worst heads
+        # show where a selection falls short, which layer means can hide).
+        head_err = {str(l): [round(sum(d[h] for d in v) / len(v), 6) for h in range(len(v[0]))]
+                    for l, v in sorted(self.err.items()) if v}
+        return dict(layer_err={str(l): round(e, 6) for l, e in sorted(layer_err.items())}, head_err=head_err,
+                    worst_head_err=max((max(v) for v in head_err.values()), default=0.0),
                     err_mean=round(sum(layer_err.values()) / len(layer_err), 6) if layer_err else 0.0,
                     read_fraction=self.read / max(self.context, 1), libssa_decodes=self.calls,
                     distinct_fraction=(self.distinct / self.distinct_context) if self.distinct_context else None,
