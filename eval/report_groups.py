@@ -66,6 +66,28 @@ def doc_tables(docs):
     return "\n".join(lines)
 
 
+def paired_ll_table(docs):
+    """Log-likelihood of each group selection minus per-head selection's, paired over
+    the same predicted tokens: mean +- standard error (nats per token)."""
+    lines = ["| model | document | method | selection | 10x | 20x | 50x |", "|---|---|---|---|---|---|---|"]
+    for d in sorted(docs, key=lambda d: (d["meta"]["model"] != "smollm2", d["length"], d["doc"])):
+        runs = {(r["method"], r["sparsity"], r.get("group_selection", "off")): r for r in d["runs"]}
+        for m in harness.METHODS:
+            for g in harness.GROUPS[1:]:
+                cells = []
+                for sp in harness.SPARSITIES:
+                    r, ph = runs.get((m, sp, g)), runs.get((m, sp, "off"))
+                    if r is None or ph is None:
+                        cells.append("-")
+                        continue
+                    dl = np.array(r["logps"]) - np.array(ph["logps"])
+                    cells.append("%+.3f +- %.3f" % (dl.mean(), dl.std(ddof=1) / np.sqrt(len(dl))))
+                if any(c != "-" for c in cells):
+                    lines.append("| %s | %s | %s | %s | %s |" % (MODEL_LABEL[d["meta"]["model"]], d["doc"], LABEL[m],
+                                                             SELECTION[g], " | ".join(cells)))
+    return "\n".join(lines) + "\n"
+
+
 def ruler_tables(rs):
     lines = []
     by = defaultdict(list)
@@ -101,8 +123,9 @@ def ruler_tables(rs):
 
 
 def main():
-    text = "<!-- documents -->\n%s\n\n<!-- ruler -->\n%s\n" % (doc_tables(load("group_doc")),
-                                                              ruler_tables(load("group_ruler")))
+    docs = load("group_doc")
+    text = "<!-- documents -->\n%s\n\n<!-- paired log-likelihood -->\n%s\n<!-- ruler -->\n%s\n" % (
+        doc_tables(docs), paired_ll_table(docs), ruler_tables(load("group_ruler")))
     with open(os.path.join(RESULTS, "group_tables.md"), "w") as f:
         f.write(text)
     return text

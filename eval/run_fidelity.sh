@@ -12,7 +12,8 @@
 #   sl-MODEL-DOC-LENGTH-N             the document at 50x with sink = local = N (ablation)
 #   gdoc-MODEL-DOC-LENGTH[-STEPS]     group selection (mixture, mean_query) against per-head
 #                                     selection at equal rows read (eval/equal_rows.py): the
-#                                     methods of GROUP_METHODS at 10/20/50x; *-groups.json
+#                                     methods of $GROUP_METHODS (default pq_topk ssa ssa_adaptive)
+#                                     at 10/20/50x; eval/results/*-groups.json
 #   gruler-MODEL-TASK-LENGTH-SEED[-Q] the same on a RULER context
 #   recorded                          every piece docs/FIDELITY.md reports
 #   group-recorded                    every group-selection piece docs/FIDELITY.md reports
@@ -32,10 +33,8 @@ RECORDED="doc-smollm2-pydoc_topics-8192-16 ruler-smollm2-niah_single-8192-0-1 ru
   doc-gemma3-pydoc_topics-16384 proxy-gemma3-pydoc_topics-16384
   ruler-gemma3-niah_single-16384-0-1 ruler-gemma3-niah_multikey-16384-0-1
   ruler-gemma3-variable_tracking-16384-0-1 ruler-gemma3-niah_multivalue-16384-0-1"
-GROUP_METHODS="pq_topk hybrid_uniform ssa ssa_adaptive"
-GROUP_RECORDED="gdoc-smollm2-pydoc_topics-8192-32 gdoc-gemma3-pydoc_topics-16384-32
-  gruler-smollm2-niah_single-4096-0-1 gruler-smollm2-niah_single-4096-1-1
-  gruler-smollm2-niah_multikey-4096-0-2 gruler-gemma3-niah_single-16384-0-1"
+GROUP_METHODS=${GROUP_METHODS:-"pq_topk ssa ssa_adaptive"}
+GROUP_RECORDED="gdoc-smollm2-pydoc_topics-8192-20 gdoc-gemma3-pydoc_topics-16384-16"
 TR=${SSA_EVAL_TRACES:+ --traces $SSA_EVAL_TRACES}
 G="--groups off mixture mean_query --methods dense $GROUP_METHODS"
 declare -A batch
