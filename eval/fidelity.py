@@ -15,6 +15,13 @@ and ssa.hf (SmolLM2-135M-Instruct and Gemma-3-270M, eval/models.py).
   python eval/fidelity.py proxy --model gemma3 --doc pydoc_topics --length 32768
       PQ proxy quality per layer: recall of the exact top-k by the PQ proxy's top-k,
       read from the session's own codebooks and codes (eval/pq_proxy.py).
+  python eval/fidelity.py doc --model smollm2 --doc pydoc_topics --length 8192 \
+          --groups off mixture mean_query --traces DIR
+      group selection against per-head selection at equal rows read
+      (eval/equal_rows.py): each method and sparsity per-head ("off") and with
+      each group proposal; results in eval/results/*-groups.json. --traces
+      writes every decode's selected rows to DIR (eval/trace_log.py) for
+      eval/trace_replay.py (also without --groups).
   python eval/fidelity.py report
       tables from eval/results/*.json into eval/results/tables.md.
 
@@ -67,6 +74,44 @@ def model_meta(m):
                 libssa_layers=[i for i, t in enumerate(types) if t == "full_attention"])
 
 
+def run_configs(args):
+    """(method, sparsity, group) of this piece; group "off" without --groups."""
+    if args.groups:
+        return harness.group_configs(args.methods, args.sparsities, args.groups)
+    return [(m, sp, "off") for m, sp in harness.configs(args.methods, args.sparsities)]
+
+
+def traced(args):
+    return bool(args.groups) or bool(args.traces)
+
+
+def start_trace(args, rec, m, name, meth, sp, group, ns):
+    """A TraceLog for this configuration when --traces is given."""
+    if not args.traces or meth == "dense":   # a dense decode reads every row: nothing to replay
+        rec.trace_log = None
+        return
+    import trace_log
+    c = m.config
+    rec.trace_log = trace_log.TraceLog(dict(model=args.model, piece=name, method=meth, sparsity=sp,
+                                            group_selection=group, n_q_heads=c.num_attention_heads,
+                                            n_kv_heads=c.num_key_value_heads, n_sink=ns, n_local=ns,
+                                            page_tokens=256, heavy_fraction=harness.HEAVY_FRACTION,
+                                            seed=harness.SEED))
+    rec.trace_log_path = os.path.join(args.traces, "%s-%s-%s-%g-%s.npz" % (args.model, name, meth, sp, group))
+
+
+def end_trace(rec):
+    if rec.trace_log is not None:
+        os.makedirs(os.path.dirname(rec.trace_log_path), exist_ok=True)
+        rec.trace_log.save(rec.trace_log_path)
+        print("  wrote %s (%d head traces)" % (rec.trace_log_path, len(rec.trace_log)), flush=True)
+        rec.trace_log = None
+
+
+def suffix(args):
+    return "-groups" if args.groups else ""
+
+
 # ------------------------------------------------------------------------ documents
 
 def cmd_doc(args, m=None):
@@ -77,26 +122,29 @@ def cmd_doc(args, m=None):
     ns = args.sink_local if args.sink_local is not None else harness.sink_local(N)
     rec = harness.Recorder()
     with harness.Timer() as t:
-        base = harness.make_base(m, stored, rec, ns)
+        base = harness.make_base(m, stored, rec, ns, traced=traced(args))
     print("%s %s: context %d, sink+local %d+%d, base cache %.1fs" % (args.model, args.doc, N, ns, ns, t.s),
           flush=True)
     feed = run.ids[N:N + args.steps + 1]
     rows = []
-    for meth, sp in harness.configs(args.methods, args.sparsities):
+    for meth, sp, group in run_configs(args):
         rec.reset()
         rec.active = meth != "dense"
-        c = harness.fork_for(base, rec, meth, sp)
+        start_trace(args, rec, m, "doc-%s-%d" % (args.doc, args.length), meth, sp, group, ns)
+        c = harness.fork_for(base, rec, meth, sp, group)
         with harness.Timer() as t:
             r = harness.teacher_forced(m, c, N, stored["logits"], feed)
-        r.update(method=meth, sparsity=sp, seconds=round(t.s, 1), **rec.summary())
+        end_trace(rec)
+        r.update(method=meth, sparsity=sp, group_selection=group, seconds=round(t.s, 1), **rec.summary())
         r["layer_head_err"] = {str(l): v for l, v in rec.err.items()} if args.head_errors else None
         rows.append(r)
-        print("  %-15s %4gx  err %.4f  ll %.3f  read %.4f  %.0fs" % (
-            meth, sp, r["err_mean"], sum(r["logps"]) / len(r["logps"]), r["read_fraction"], t.s), flush=True)
+        print("  %-15s %4gx %-10s err %.4f  ll %.3f  read %.4f  distinct/KV %s  %.0fs" % (
+            meth, sp, group, r["err_mean"], sum(r["logps"]) / len(r["logps"]), r["read_fraction"],
+            "%.4f" % r["distinct_fraction"] if r["distinct_fraction"] is not None else "-", t.s), flush=True)
         del c
     tag = "" if args.sink_local is None else "-sl%d" % ns
-    save("%s-doc-%s-%d%s.json" % (args.model, args.doc, args.length, tag),
-         dict(kind="doc", doc=args.doc, source=__import__("documents").describe(args.doc), length=args.length,
+    save("%s-doc-%s-%d%s%s.json" % (args.model, args.doc, args.length, tag, suffix(args)),
+         dict(kind="group_doc" if args.groups else "doc", doc=args.doc, source=__import__("documents").describe(args.doc), length=args.length,
               context=N, steps=len(feed) - 1, sink=ns, local=ns, heavy_fraction=harness.HEAVY_FRACTION,
               seed=harness.SEED, targets=list(map(int, feed[1:])), meta=model_meta(m), runs=rows))
 
@@ -111,17 +159,19 @@ def cmd_ruler(args, m=None):
     stored = stored_prefill(args, ids, m)
     ns = harness.sink_local(N)
     rec = harness.Recorder()
-    base = harness.make_base(m, stored, rec, ns)
+    base = harness.make_base(m, stored, rec, ns, traced=traced(args))
     print("%s %s L=%d seed %d: prefix %d tokens, %d questions, sink+local %d+%d" % (
         args.model, args.task, args.length, args.seed, N, len(ctx.questions), ns, ns), flush=True)
     questions = []
     for qi, q in enumerate(ctx.questions[: args.questions]):
         qids = m.encode(q.text, bos=False)
         runs = []
-        for meth, sp in harness.configs(args.methods, args.sparsities):
+        for meth, sp, group in run_configs(args):
             rec.reset()
             rec.active = meth != "dense"
-            c = harness.fork_for(base, rec, meth, sp)
+            start_trace(args, rec, m, "ruler-%s-%d-%d-q%d" % (args.task, args.length, args.seed, qi), meth, sp,
+                        group, ns)
+            c = harness.fork_for(base, rec, meth, sp, group)
 
             def done(gen, q=q):
                 return ruler.score(q, m.decode(gen))
@@ -132,17 +182,18 @@ def cmd_ruler(args, m=None):
                 return "\n" in text.rstrip("\n") or (text.endswith("\n") and text.strip() != "")
             with harness.Timer() as t:
                 r = harness.answer(m, c, N, qids, q.max_new, done, give_up)
+            end_trace(rec)
             text = m.decode(r["generated"])
-            r.update(method=meth, sparsity=sp, answer=text, correct=ruler.score(q, text), seconds=round(t.s, 1),
+            r.update(method=meth, sparsity=sp, group_selection=group, answer=text, correct=ruler.score(q, text), seconds=round(t.s, 1),
                      **rec.summary())
             runs.append(r)
-            print("  q%d %-15s %4gx  %-5s err %.4f read %.4f %.0fs  %r" % (
-                qi, meth, sp, "OK" if r["correct"] else "--", r["err_mean"], r["read_fraction"], t.s,
+            print("  q%d %-15s %4gx %-10s %-5s err %.4f read %.4f %.0fs  %r" % (
+                qi, meth, sp, group, "OK" if r["correct"] else "--", r["err_mean"], r["read_fraction"], t.s,
                 text[:60]), flush=True)
             del c
         questions.append(dict(text=q.text, answers=q.answers, question_tokens=len(qids), runs=runs))
-    save("%s-ruler-%s-%d-%d.json" % (args.model, args.task, args.length, args.seed),
-         dict(kind="ruler", task=args.task, length=args.length, seed=args.seed, context=N, needles=ctx.needles,
+    save("%s-ruler-%s-%d-%d%s.json" % (args.model, args.task, args.length, args.seed, suffix(args)),
+         dict(kind="group_ruler" if args.groups else "ruler", task=args.task, length=args.length, seed=args.seed, context=N, needles=ctx.needles,
               sink=ns, local=ns, heavy_fraction=harness.HEAVY_FRACTION, meta=model_meta(m), questions=questions))
 
 
@@ -184,6 +235,9 @@ def main():
     for x in (d, r):
         x.add_argument("--methods", nargs="+", default=harness.METHODS, choices=harness.METHODS)
         x.add_argument("--sparsities", nargs="+", type=float, default=harness.SPARSITIES)
+        x.add_argument("--groups", nargs="+", choices=harness.GROUPS, default=None,
+                       help="compare group selections at equal rows read (off = per-head)")
+        x.add_argument("--traces", default=None, help="write every decode's selected rows to this folder")
     sub.add_parser("report")
     b = sub.add_parser("batch", help="several pieces in one process (the model loaded once)")
     b.add_argument("--model", required=True, choices=sorted(models.GGUF))

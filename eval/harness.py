@@ -14,9 +14,11 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
+import equal_rows
 import prefill_store
 
 METHODS = ["dense", "oracle_topk", "pq_topk", "hybrid_uniform", "ssa", "ssa_adaptive"]
+GROUPS = ["off", "mixture", "mean_query"]
 SPARSITIES = [10.0, 20.0, 50.0]
 HEAVY_FRACTION = 0.4
 SEED = 1234
@@ -35,6 +37,13 @@ def configs(methods: Sequence[str], sparsities: Sequence[float]):
     return out
 
 
+def group_configs(methods: Sequence[str], sparsities: Sequence[float], groups: Sequence[str]):
+    """(method, sparsity, group_selection) triples: DENSE once, every other method
+    at every sparsity with each group selection (per-head "off" first)."""
+    return [(m, sp, "off" if m == "dense" else g) for m, sp in configs(methods, sparsities)
+            for g in (["off"] if m == "dense" else groups)]
+
+
 class Recorder:
     """The SSACache observer: after each libssa decode, the relative L2 error of
     the output against DENSE decode of the same session and query (per query
@@ -43,6 +52,7 @@ class Recorder:
 
     def __init__(self):
         self.active = True
+        self.trace_log = None   # a trace_log.TraceLog to record every decode's rows into
         self.reset()
 
     def reset(self):
@@ -50,6 +60,9 @@ class Recorder:
         self.read = 0
         self.context = 0
         self.calls = 0
+        self.distinct = 0       # distinct rows read per KV head, summed (from the traces)
+        self.distinct_context = 0
+        self.budgets: List[int] = []   # equal-rows group budgets chosen (EqualRowsCache)
 
     def __call__(self, layer_idx, query, output, stats, cache):
         st = stats[0] if isinstance(stats, (list, tuple)) else stats
@@ -57,6 +70,16 @@ class Recorder:
         self.read += int(st.tokens_read)
         self.context += int(st.context_tokens) * n_q
         self.calls += 1
+        traces = getattr(cache, "last_traces", {}).get(int(layer_idx))
+        if traces:
+            n_kv = cache.shape.n_kv_heads
+            self.distinct += sum(equal_rows.kv_unions(traces[0], n_kv))
+            self.distinct_context += n_kv * int(st.context_tokens)
+            if self.trace_log is not None:
+                self.trace_log.add(cache._step, layer_idx, traces[0], st.context_tokens)
+        b = getattr(cache, "last_equal_rows_budget", None)
+        if b is not None and getattr(cache, "equal_rows_group", "off") != "off":
+            self.budgets.append(int(b))
         if not self.active:
             return
         ref = cache.decode_reference(layer_idx, query, method="dense")
@@ -67,28 +90,49 @@ class Recorder:
 
     def summary(self) -> Dict:
         layer_err = {l: sum(sum(d) / len(d) for d in v) / len(v) for l, v in self.err.items()}
-        return dict(layer_err={str(l): round(e, 6) for l, e in sorted(layer_err.items())},
+        # Each query head's mean error over the decodes, per layer (the worst heads
+        # show where a selection falls short, which layer means can hide).
+        head_err = {str(l): [round(sum(d[h] for d in v) / len(v), 6) for h in range(len(v[0]))]
+                    for l, v in sorted(self.err.items()) if v}
+        return dict(layer_err={str(l): round(e, 6) for l, e in sorted(layer_err.items())}, head_err=head_err,
+                    worst_head_err=max((max(v) for v in head_err.values()), default=0.0),
                     err_mean=round(sum(layer_err.values()) / len(layer_err), 6) if layer_err else 0.0,
-                    read_fraction=self.read / max(self.context, 1), libssa_decodes=self.calls)
+                    read_fraction=self.read / max(self.context, 1), libssa_decodes=self.calls,
+                    distinct_fraction=(self.distinct / self.distinct_context) if self.distinct_context else None,
+                    equal_rows_budget_mean=(sum(self.budgets) / len(self.budgets)) if self.budgets else None)
 
 
-def make_base(loaded, stored: Dict, recorder: Recorder, n_sl: int):
+def make_base(loaded, stored: Dict, recorder: Recorder, n_sl: int, traced: bool = False):
+    """The cache holding the stored prefill. traced: an equal_rows.EqualRowsCache
+    recording every decode's rows (ssa_decode_traced), for group-selection runs,
+    distinct rows read and trace files."""
     import ssa.hf
     kw = dict(method="dense", sparsity=1.0, h=HEAVY_FRACTION, n_sink=n_sl, n_local=n_sl, seed=SEED,
               backend="cpu", observer=recorder)
-    try:
-        cache = ssa.hf.SSACache(loaded.model, threads=1, **kw)   # one libssa thread on the shared CPU
-    except TypeError:
-        cache = ssa.hf.SSACache(loaded.model, **kw)
+    if traced:
+        cache = equal_rows.make_cache_class()(loaded.model, threads=1, traces=True, **kw)
+    else:
+        try:
+            cache = ssa.hf.SSACache(loaded.model, threads=1, **kw)   # one libssa thread on the shared CPU
+        except TypeError:
+            cache = ssa.hf.SSACache(loaded.model, **kw)
     prefill_store.into_cache(stored, cache, loaded.model)
     return cache
 
 
-def fork_for(base, recorder: Recorder, method: str, sparsity: float):
+def fork_for(base, recorder: Recorder, method: str, sparsity: float, group: str = "off"):
+    """A fork of the base cache for one configuration. group != "off" (needs a
+    traced base): group selection at equal rows read (equal_rows.py)."""
     c = base.fork()
     if getattr(c, "observer", recorder) is not recorder:
         c.observer = recorder
-    c.set_params(method=method, sparsity=sparsity)
+    if group != "off":
+        if not hasattr(c, "equal_rows_group"):
+            raise ValueError("group selection at equal rows needs make_base(..., traced=True)")
+        c.set_params(method=method, sparsity=sparsity, group_selection=group)
+        c.equal_rows_group = group
+    else:
+        c.set_params(method=method, sparsity=sparsity)
     return c
 
 

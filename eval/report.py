@@ -191,3 +191,5 @@ def main():
         for k, v in out:
             f.write("<!-- %s -->\n%s\n\n" % (k, v))
     print(open(os.path.join(RESULTS, "tables.md")).read())
+    import report_groups
+    report_groups.main()

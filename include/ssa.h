@@ -509,6 +509,39 @@ SSA_API void ssa_decode_stats_init(ssa_decode_stats *st);
 SSA_API ssa_status ssa_decode(ssa_session *s, uint32_t layer, const void *q, void *out,
                               const ssa_decode_params *p, ssa_decode_stats *stats);
 
+/* ssa_decode that also reports which rows each query head read: a selection
+   trace, for studies of how the selected rows change from step to step or how a
+   cache of recently read rows would serve them.
+   Decodes as ssa_decode with the same arguments (bitwise the same out and stats)
+   and writes, for every query head h, the distinct token indices of the layer
+   that h's output used, in ascending order, to
+   tokens[head_offsets[h] .. head_offsets[h + 1]), with head_offsets[0] = 0.
+   Sink and local tokens are included; with group selection every query head of a
+   KV group lists the group's shared rows; a dense decode lists every token; the
+   number of rows of head h summed over heads is stats' tokens_read.
+   tokens: capacity entries. log_pi: NULL = not wanted, else capacity entries that
+   receive, at the same positions, the natural log of each row's inclusion
+   probability (0 for sink, local and heavy rows and in dense decodes).
+   head_offsets: n_q_heads + 1 entries. All three: host memory, caller-owned,
+   borrowed, overlapping neither each other nor q and out; tokens may be NULL
+   only with capacity 0.
+   A capacity of n_q_heads * ssa_session_layer_length(s, layer) always suffices;
+   a budgeted decode needs at most n_q_heads * budget, and with group selection
+   n_q_heads * (n_sink + n_local + G * (budget - n_sink - n_local)) for G query
+   heads per KV head. If this decode read more rows than capacity, nothing is
+   written to out, stats, tokens or log_pi; head_offsets receives the offsets the
+   trace would have had (head_offsets[n_q_heads] is the capacity needed: the same
+   call with that capacity, seed and step reads the same rows) and the call
+   returns SSA_ERR_INVALID_ARGUMENT naming both numbers.
+   CPU sessions only: CUDA sessions return SSA_ERR_UNSUPPORTED (their selection
+   stays on the device) and nothing is written.
+   Returns as ssa_decode, and SSA_ERR_INVALID_ARGUMENT for head_offsets NULL,
+   tokens NULL with capacity > 0, or a capacity too small. */
+SSA_API ssa_status ssa_decode_traced(ssa_session *s, uint32_t layer, const void *q, void *out,
+                                     const ssa_decode_params *p, ssa_decode_stats *stats,
+                                     uint32_t *tokens, float *log_pi, uint64_t capacity,
+                                     uint64_t *head_offsets);
+
 typedef struct ssa_decode_item {
   ssa_session *session; /* borrowed; all items must share one runtime */
   const void *q;        /* [n_q_heads][head_dim] of that session, borrowed */

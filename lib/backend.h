@@ -99,6 +99,9 @@ class Backend {
                                     const void* q, void* out, const ssa_decode_params& p, uint64_t seed,
                                     ssa_decode_stats* stats, std::vector<HeadTrace>* traces,
                                     DecodeProfile* profile) const = 0;
+  // True when decode_layer fills `traces` (the rows each query head read), which
+  // ssa_decode_traced needs.
+  virtual bool records_traces() const = 0;
   // Validated items of sessions of one runtime of this backend.
   virtual absl::Status decode_batch(const ssa_decode_item* items, size_t n_items, uint32_t layer,
                                     const ssa_decode_params& p) const = 0;

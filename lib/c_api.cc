@@ -11,6 +11,7 @@
 #include "backend.h"
 #include "decode/decode.h"
 #include "decode/decode_plan.h"
+#include "decode/decode_traced.h"
 #include "runtime.h"
 #include "session.h"
 #include "shard/shard_options.h"
@@ -304,6 +305,22 @@ ssa_status ssa_decode(ssa_session* s, uint32_t layer, const void* q, void* out,
     ssa_decode_params params;
     SSA_RETURN_IF_ERROR(ssa::read_decode_params(p, &params));
     return ssa::decode(*s, layer, q, out, params, stats);
+  });
+}
+
+ssa_status ssa_decode_traced(ssa_session* s, uint32_t layer, const void* q, void* out,
+                             const ssa_decode_params* p, ssa_decode_stats* stats, uint32_t* tokens,
+                             float* log_pi, uint64_t capacity, uint64_t* head_offsets) {
+  return guarded([&]() -> absl::Status {
+    if (s == nullptr) return ssa::invalid_argument("session is NULL");
+    ssa_decode_params params;
+    SSA_RETURN_IF_ERROR(ssa::read_decode_params(p, &params));
+    ssa::TraceBuffers buf;
+    buf.tokens = tokens;
+    buf.log_pi = log_pi;
+    buf.capacity = capacity;
+    buf.head_offsets = head_offsets;
+    return ssa::decode_traced(*s, layer, q, out, params, stats, buf);
   });
 }
 

@@ -282,6 +282,38 @@ int main(void) {
     EXPECT(untouched(out, 4 * 64));
     ssa_decode_params_init(&p);
   }
+  /* Selection traces from C: the same output as ssa_decode, rows in ascending
+     order, per-head counts summing to tokens_read; a capacity too small is
+     refused with out untouched and the capacity needed in the offsets. */
+  {
+    uint32_t *rows = (uint32_t *)malloc(sizeof(uint32_t) * 4 * n);
+    uint64_t offsets[5];
+    uint64_t h, r;
+    ssa_decode_params_init(&p);
+    p.sparsity = 10.0f;
+    p.n_sink = 16;
+    p.n_local = 16;
+    p.step = 2;
+    ssa_decode_stats_init(&st);
+    EXPECT_STATUS(ssa_decode(s, 0, q, out2, &p, NULL), SSA_OK);
+    EXPECT_STATUS(ssa_decode_traced(s, 0, q, out, &p, &st, rows, NULL, 4 * n, offsets), SSA_OK);
+    EXPECT(memcmp(out, out2, sizeof(out)) == 0);
+    EXPECT(offsets[0] == 0 && offsets[4] == st.tokens_read);
+    for (h = 0; h < 4; ++h) {
+      EXPECT(offsets[h + 1] - offsets[h] <= (n + 9) / 10);
+      EXPECT(rows[offsets[h]] == 0 && rows[offsets[h + 1] - 1] == n - 1);
+      for (r = offsets[h] + 1; r < offsets[h + 1]; ++r) EXPECT(rows[r - 1] < rows[r]);
+    }
+    fill_sentinel(out, 4 * 64);
+    EXPECT_STATUS(ssa_decode_traced(s, 0, q, out, &p, NULL, rows, NULL, offsets[4] - 1, offsets),
+                  SSA_ERR_INVALID_ARGUMENT);
+    EXPECT(strstr(ssa_last_error_message(), "too small") != NULL);
+    EXPECT(untouched(out, 4 * 64));
+    EXPECT(offsets[4] == st.tokens_read);
+    EXPECT_STATUS(ssa_decode_traced(s, 0, q, out, &p, NULL, rows, NULL, 4 * n, NULL), SSA_ERR_INVALID_ARGUMENT);
+    free(rows);
+    ssa_decode_params_init(&p);
+  }
   /* Budgets at or above N, and sink/local windows covering everything, are
      legal and mean dense attention, bitwise. */
   {

@@ -89,6 +89,7 @@ class CpuBackend final : public Backend {
                             std::vector<HeadTrace>* traces, DecodeProfile* profile) const override {
     return cpu_decode_layer(s, layer, layer_index, q, out, p, seed, stats, traces, profile);
   }
+  bool records_traces() const override { return true; }
 
   // Items in parallel on the runtime's threads, each as ssa_decode; the error of
   // the first failing item (by index) is reported.

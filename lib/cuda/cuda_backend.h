@@ -53,6 +53,8 @@ class CudaBackend final : public Backend {
   absl::Status decode_layer(const ssa_session& s, const LayerStore& layer, uint32_t layer_index, const void* q,
                             void* out, const ssa_decode_params& p, uint64_t seed, ssa_decode_stats* stats,
                             std::vector<HeadTrace>* traces, DecodeProfile* profile) const override;
+  // The selection stays on the device: ssa_decode_traced is not served.
+  bool records_traces() const override { return false; }
   absl::Status decode_batch(const ssa_decode_item* items, size_t n_items, uint32_t layer,
                             const ssa_decode_params& p) const override;
 

@@ -15,6 +15,7 @@ from ._core import (
     METHODS,
     Backend,
     DecodeStats,
+    DecodeTrace,
     DType,
     GroupSelection,
     Method,
@@ -42,7 +43,7 @@ from ._errors import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "Runtime", "Session", "SessionConfig", "DecodeStats", "Status", "Backend", "DType", "GroupSelection", "Method",
+    "Runtime", "Session", "SessionConfig", "DecodeStats", "DecodeTrace", "Status", "Backend", "DType", "GroupSelection", "Method",
     "METHODS", "version", "header_version",
     "Error", "InvalidArgument", "OutOfMemory", "IOError", "Corrupt", "Version", "Mismatch",
     "Unsupported", "Device", "Busy", "Internal",

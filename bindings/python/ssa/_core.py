@@ -199,6 +199,29 @@ class DecodeStats:
                    float(s.predicted_error), s.window_only_heads, s.rows_from_host, s.host_cache_hits)
 
 
+@dataclass(frozen=True)
+class DecodeTrace:
+    """The rows each query head read in one decode (ssa_decode_traced).
+
+    tokens: uint32, every head's distinct token indices in ascending order, heads
+    one after another; head h's are tokens[offsets[h]:offsets[h + 1]].
+    offsets: uint64 [n_q_heads + 1]. log_pi: float32 like tokens (log inclusion
+    probability; 0 for sink, local and heavy rows), or None when not asked for."""
+
+    tokens: Any
+    offsets: Any
+    log_pi: Any = None
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def head(self, h: int):
+        """Head h's rows (a view of tokens)."""
+        if not 0 <= h < len(self):
+            raise invalid("head %r is out of range [0, %d)" % (h, len(self)))
+        return self.tokens[int(self.offsets[h]):int(self.offsets[h + 1])]
+
+
 def _stream_ptr(stream: Any):
     if stream is None:
         return ffi.NULL
@@ -732,6 +755,40 @@ class Session:
         if stats:
             return outr.obj, DecodeStats._from_c(st)
         return outr.obj
+
+    def decode_traced(self, layer: int, q: Any, method: Any = "ssa", sparsity: float = 50.0,
+                      budget: Optional[int] = None, heavy_fraction: float = 0.4, n_sink: int = 128,
+                      n_local: int = 128, seed: Optional[int] = None, step: int = 0, out: Any = None,
+                      pi_min: Optional[float] = None, target_error: Optional[float] = None,
+                      target_delta: Optional[float] = None, max_budget: Optional[int] = None,
+                      group_selection: Any = "off", log_pi: bool = False):
+        """decode() that also returns the rows each query head read (CPU sessions).
+
+        Arguments as decode() (no stream: CUDA sessions raise ssa.Unsupported).
+        log_pi: also return each row's log inclusion probability.
+        The output and stats are bitwise those of decode() with the same arguments.
+        Returns (out, DecodeStats, DecodeTrace)."""
+        layer = self._check_layer(layer)
+        params = _decode_params(method, sparsity, budget, heavy_fraction, n_sink, n_local, seed, step,
+                                pi_min, None, target_error, target_delta, max_budget, group_selection)
+        qr, outr = self._decode_arrays("", q, out)
+        np = _arrays.np
+        # n_q_heads rows per token of the layer always suffice (ssa.h); the result is
+        # cut to what was read.
+        capacity = self._config.n_q_heads * self.layer_length(layer)
+        tokens = np.empty(capacity, dtype=np.uint32)
+        lp = np.empty(capacity, dtype=np.float32) if log_pi else None
+        offsets = np.zeros(self._config.n_q_heads + 1, dtype=np.uint64)
+        st = ffi.new("ssa_decode_stats *")
+        lib.ssa_decode_stats_init(st)
+        check(lib.ssa_decode_traced(self._handle(), layer, qr.ptr, outr.ptr, params, st,
+                                    ffi.cast("uint32_t *", tokens.ctypes.data),
+                                    ffi.cast("float *", lp.ctypes.data) if log_pi else ffi.NULL,
+                                    capacity, ffi.cast("uint64_t *", offsets.ctypes.data)),
+              "ssa_decode_traced")
+        n = int(offsets[-1])
+        trace = DecodeTrace(tokens[:n].copy(), offsets, lp[:n].copy() if log_pi else None)
+        return outr.obj, DecodeStats._from_c(st), trace
 
     # -- snapshots
     def save(self, path: PathLike) -> None:

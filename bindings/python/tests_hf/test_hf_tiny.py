@@ -140,6 +140,31 @@ def test_observer_and_decode_reference():
     assert cache.layer_of(1) == 1
 
 
+def test_traces_are_recorded_without_changing_the_decode():
+    model = _llama()
+    ids = _ids(400)
+    kw = dict(method="ssa", sparsity=8, n_sink=8, n_local=8, seed=5)
+    plain = ssa.hf.SSACache(model, **kw)
+    traced = ssa.hf.SSACache(model, traces=True, **kw)
+    seen = {}
+
+    def observer(layer_idx, q, out, stats, cache):
+        seen.setdefault(layer_idx, []).append((cache.last_traces[layer_idx][0], stats[0].tokens_read))
+
+    traced.observer = observer
+    assert _generate(model, plain, ids, 4).tolist() == _generate(model, traced, ids, 4).tolist()
+    assert sorted(seen) == [0, 1] and all(len(v) == 3 for v in seen.values())
+    for steps in seen.values():
+        for tr, read in steps:
+            assert len(tr) == 4 and int(tr.offsets[-1]) == read
+            for h in range(4):
+                rows = tr.head(h).tolist()
+                assert rows == sorted(set(rows)) and rows[:8] == list(range(8))
+        # step t attends over one more token than step t-1
+        assert steps[1][0].head(0)[-1] == steps[0][0].head(0)[-1] + 1
+    assert plain.last_traces == {}
+
+
 def _generate(model, cache, ids, n):
     with torch.no_grad():
         return model.generate(ids, past_key_values=cache, max_new_tokens=n, do_sample=False)

@@ -199,6 +199,10 @@ class SSACache(Cache):
         group_selection: "off" (each query head selects its own rows), "mixture" or
             "mean_query" (one selection per KV head shared by its query heads;
             docs/GROUP_SELECTION.md).
+        traces: record the rows every query head read at every libssa decode
+            (ssa_decode_traced; CPU sessions only): cache.last_traces[layer_idx] is
+            then a list of ssa.DecodeTrace per batch row, replaced at each decode of
+            that layer (an observer sees the current step's).
 
     Prefill (a multi-token chunk at the start of a sequence) attends densely with
     transformers' sdpa and appends the chunk's K/V; a later multi-token chunk (after a
@@ -209,7 +213,8 @@ class SSACache(Cache):
     def __init__(self, model, method: str = "ssa", sparsity: float = 20.0, budget: Optional[int] = None,
                  h: float = 0.4, n_sink: int = 128, n_local: int = 128, seed: int = 0, backend: str = "auto",
                  observer: Optional[Callable] = None, threads: int = 0,
-                 progress_min_tokens: Optional[int] = 8192, group_selection: str = "off"):
+                 progress_min_tokens: Optional[int] = 8192, group_selection: str = "off",
+                 traces: bool = False):
         self.shape = _model.shape_of(model)
         impl = getattr(_model.text_config(model), "_attn_implementation", None)
         if impl is not None and impl != "ssa":
@@ -240,6 +245,8 @@ class SSACache(Cache):
         self.dtype: Optional[str] = None
         self.device: Optional[torch.device] = None
         self.last_stats: Dict[int, list] = {}
+        self.traces = bool(traces)
+        self.last_traces: Dict[int, list] = {}
         self._padded = False
         self._bar = None
         self._step = 0  # RNG step of the last decode
@@ -384,8 +391,14 @@ class SSACache(Cache):
         # an observer (ssa_decode_batch returns none; on CUDA they cost a wait).
         want_stats = (observe and self.observer is not None) or (not cuda and len(self.sessions) == 1)
         stats: List[Any] = [None] * len(self.sessions)
+        traced = observe and self.traces
         try:
-            if len(self.sessions) > 1 and not want_stats:
+            if traced:
+                kw.pop("stream", None)
+                rows = [s.decode_traced(layer.slot, q[b], out=out[b], **kw) for b, s in enumerate(self.sessions)]
+                stats = [r[1] for r in rows]
+                self.last_traces[layer.layer_idx] = [r[2] for r in rows]
+            elif len(self.sessions) > 1 and not want_stats:
                 self.runtime.decode_batch([(s, q[b], out[b]) for b, s in enumerate(self.sessions)],
                                           layer.slot, **kw)
             else:
@@ -525,6 +538,7 @@ class SSACache(Cache):
         new.__dict__.update(self.__dict__)
         new.sessions = [s.fork() for s in self.sessions]
         new.last_stats = {}
+        new.last_traces = {}
         new._bar = None
         layers = []
         for layer in self.layers:

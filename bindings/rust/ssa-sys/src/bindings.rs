@@ -1211,6 +1211,20 @@ extern "C" {
         stats: *mut ssa_decode_stats,
     ) -> ssa_status;
 }
+extern "C" {
+    pub fn ssa_decode_traced(
+        s: *mut ssa_session,
+        layer: u32,
+        q: *const ::std::os::raw::c_void,
+        out: *mut ::std::os::raw::c_void,
+        p: *const ssa_decode_params,
+        stats: *mut ssa_decode_stats,
+        tokens: *mut u32,
+        log_pi: *mut f32,
+        capacity: u64,
+        head_offsets: *mut u64,
+    ) -> ssa_status;
+}
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct ssa_decode_item {
