@@ -367,8 +367,13 @@ TEST_CASE("gpu group selection: the mixture's logits are the CPU's mixture_logit
           CUDA_OK(cudaMemcpy(hs[g].data(), r.dec.ws.head_scores + base, nc * 4, cudaMemcpyDeviceToHost));
           rows[g] = hs[g].data();
         }
-        std::vector<float> want(nc);
-        mixture_logits(rows.data(), G, nc, want.data());
+        std::vector<float> want(nc), head_max(G);
+        std::vector<uint64_t> head_total(G);
+        for (uint32_t g = 0; g < G; ++g) {
+          head_max[g] = *std::max_element(hs[g].begin(), hs[g].end());
+          head_total[g] = proposal_total(hs[g].data(), nc, head_max[g]);
+        }
+        mixture_logits(rows.data(), G, nc, head_max.data(), head_total.data(), want.data());
         const SelRow v = fetch(r, kvh);
         uint32_t bad = 0;
         double worst = 0;
