@@ -584,9 +584,9 @@ SSA_API ssa_status ssa_session_save(ssa_session *s, const char *path);
 SSA_API ssa_status ssa_session_checkpoint(ssa_session *s, const char *path);
 
 #define SSA_LOAD_VERIFY 1u /* verify every checksum up front (default: on read) */
-#define SSA_LOAD_MMAP 2u   /* map the file's K/V instead of reading them (CPU runtimes,
-                              and CUDA runtimes whose device reads pageable host
-                              memory: docs/TIERED_MEMORY.md) */
+/* SSA_LOAD_MMAP: CPU runtimes, and CUDA runtimes whose device reads pageable host
+   memory (docs/TIERED_MEMORY.md). */
+#define SSA_LOAD_MMAP 2u   /* map the file's K/V pages instead of reading them */
 
 /* Restores a session saved by ssa_session_save/checkpoint onto rt's backend
    (either backend, whichever saved it; on a CUDA runtime the pages are read into

@@ -135,6 +135,7 @@ const (
 	VersionPatch        = 0
 	SessionHostPointers = 1
 	LoadVerify          = 1
+	LoadMmap            = 2
 )
 
 // cMacros pairs each Go constant above with the C macro it came from (for tests).
@@ -144,4 +145,5 @@ var cMacros = map[string]uint64{
 	"SSA_VERSION_PATCH":         0,
 	"SSA_SESSION_HOST_POINTERS": 1,
 	"SSA_LOAD_VERIFY":           1,
+	"SSA_LOAD_MMAP":             2,
 }

@@ -40,5 +40,6 @@ func cValues() map[string]uint64 {
 		"SSA_VERSION_PATCH":         uint64(C.SSA_VERSION_PATCH),
 		"SSA_SESSION_HOST_POINTERS": uint64(C.SSA_SESSION_HOST_POINTERS),
 		"SSA_LOAD_VERIFY":           uint64(C.SSA_LOAD_VERIFY),
+		"SSA_LOAD_MMAP":             uint64(C.SSA_LOAD_MMAP),
 	}
 }

@@ -564,8 +564,9 @@ ssa_status ssa_session_save(ssa_session *s, const char *path);
 ssa_status ssa_session_checkpoint(ssa_session *s, const char *path);
 
 #define SSA_LOAD_VERIFY ...
-                              and CUDA runtimes whose device reads pageable host
-                              memory: docs/TIERED_MEMORY.md) */
+/* SSA_LOAD_MMAP: CPU runtimes, and CUDA runtimes whose device reads pageable host
+   memory (docs/TIERED_MEMORY.md). */
+#define SSA_LOAD_MMAP ...
 
 /* Restores a session saved by ssa_session_save/checkpoint onto rt's backend
    (either backend, whichever saved it; on a CUDA runtime the pages are read into
