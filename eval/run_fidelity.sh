@@ -34,7 +34,10 @@ RECORDED="doc-smollm2-pydoc_topics-8192-16 ruler-smollm2-niah_single-8192-0-1 ru
   ruler-gemma3-niah_single-16384-0-1 ruler-gemma3-niah_multikey-16384-0-1
   ruler-gemma3-variable_tracking-16384-0-1 ruler-gemma3-niah_multivalue-16384-0-1"
 GROUP_METHODS=${GROUP_METHODS:-"pq_topk ssa ssa_adaptive"}
-GROUP_RECORDED="gdoc-smollm2-pydoc_topics-8192-20 gdoc-gemma3-pydoc_topics-16384-16"
+GROUP_RECORDED="gdoc-smollm2-pydoc_topics-8192-20 gruler-smollm2-niah_single-4096-0 gruler-smollm2-niah_single-4096-1
+  gruler-smollm2-niah_multikey-4096-0-1 gruler-smollm2-variable_tracking-4096-0-1
+  gdoc-gemma3-pydoc_topics-16384-16 gruler-gemma3-niah_single-16384-0 gruler-gemma3-niah_multikey-16384-0
+  gruler-gemma3-niah_multivalue-16384-0"
 TR=${SSA_EVAL_TRACES:+ --traces $SSA_EVAL_TRACES}
 G="--groups off mixture mean_query --methods dense $GROUP_METHODS"
 declare -A batch
