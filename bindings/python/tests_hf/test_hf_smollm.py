@@ -96,14 +96,28 @@ def test_every_method_at_full_budget_equals_sdpa(model, ids, sdpa_tokens, prefil
     assert st.tokens_read == st.context_tokens * model.config.num_attention_heads  # every row read
 
 
+def forced_agreement(model, ids, sdpa_tokens, cache):
+    """Teacher-forced next-token agreement: the cache holds the prompt but its last
+    token; each step feeds sdpa's previous token and compares the argmax with sdpa's
+    next one. Unlike a free-running greedy comparison, one near-tie flipped early
+    does not decide every later step."""
+    feed = [ids[0, -1].item()] + sdpa_tokens[:-1]
+    agree = 0
+    with torch.no_grad():
+        for i, tok in enumerate(feed):
+            logits = model(torch.tensor([[tok]]), past_key_values=cache, use_cache=True).logits
+            agree += int(logits[0, -1].argmax().item() == sdpa_tokens[i])
+    return agree / len(feed)
+
+
 def test_ssa_at_10x_agrees_with_sdpa(model, ids, sdpa_tokens, prefilled):
     cache = prefilled.fork()
     cache.set_params(method="ssa", sparsity=10, n_sink=16, n_local=16, seed=1)
-    got = generate(model, ids, 32, cache)[0, PROMPT_TOKENS:].tolist()
-    agree = sum(a == b for a, b in zip(got, sdpa_tokens)) / 32
+    agree = forced_agreement(model, ids, sdpa_tokens, cache)
     st = cache.last_stats[0][0]
-    print("SSA 10x on %d tokens: %.0f%% of 32 greedy tokens equal to sdpa's; rows read per head %.0f of %d"
-          % (PROMPT_TOKENS, 100 * agree, st.tokens_read / model.config.num_attention_heads, st.context_tokens))
+    print("SSA 10x on %d tokens: %.0f%% of 32 teacher-forced next tokens equal to sdpa's; rows read per head "
+          "%.0f of %d" % (PROMPT_TOKENS, 100 * agree, st.tokens_read / model.config.num_attention_heads,
+                          st.context_tokens))
     assert st.tokens_read <= st.context_tokens * model.config.num_attention_heads / 9
     assert agree >= 0.9
 
