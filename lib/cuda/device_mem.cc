@@ -21,11 +21,7 @@ absl::Status upload_table(const std::vector<PageRef>& pages, bool writable, cuda
     const PageRef& p = pages[first + i];
     ptrs[i] = writable ? p->mutable_data() : p->data();
   }
-  SSA_CUDA_RETURN(out->alloc(ptrs.size() * sizeof(void*), st), "cudaMallocAsync of a page table");
-  // From pageable memory: staged before the call returns, so ptrs may go.
-  SSA_CUDA_RETURN(cudaMemcpyAsync(out->p, ptrs.data(), ptrs.size() * sizeof(void*), cudaMemcpyHostToDevice, st),
-                  "page table upload");
-  return absl::OkStatus();
+  return upload_array(ptrs.data(), ptrs.size() * sizeof(void*), st, out);
 }
 
 }  // namespace ssa::cuda

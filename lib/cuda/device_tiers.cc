@@ -20,6 +20,14 @@ LayerTiers& layer_tiers(SessionState& st, uint32_t layer_index, uint32_t n_layer
   return *t;
 }
 
+// Drops the cached copy `it`: the next decode's table points at the host page again
+// (tables are rebuilt when an entry's address changes).
+std::map<uint64_t, LayerTiers::Copy>::iterator drop_copy(LayerTiers& lt,
+                                                         std::map<uint64_t, LayerTiers::Copy>::iterator it) {
+  lt.policy.forget(it->first);
+  return lt.copies.erase(it);
+}
+
 // Takes in the rows per page of the newest decode of the layer once it has run:
 // recency of use for the placement, reads of host pages for the cache.
 absl::Status take_in_reads(SessionState& st, LayerTiers& lt, const LayerStore& layer) {
@@ -41,8 +49,8 @@ absl::Status take_in_reads(SessionState& st, LayerTiers& lt, const LayerStore& l
   const PageCachePolicy::Update u =
       lt.policy.observe(reads, step, std::max<size_t>(1, kAdmitBytesPerDecode / page_bytes));
   for (uint64_t e : u.evict) {
-    lt.copies.erase(e);
-    ++lt.version;
+    auto it = lt.copies.find(e);
+    if (it != lt.copies.end()) drop_copy(lt, it);
   }
   bool copied = false;
   for (size_t a = 0; a < u.admit.size(); ++a) {
@@ -57,7 +65,6 @@ absl::Status take_in_reads(SessionState& st, LayerTiers& lt, const LayerStore& l
     SSA_CUDA_RETURN(cudaMemcpyAsync((*dev)->mutable_data(), src.data(), page_bytes, cudaMemcpyDefault, st.stream),
                     "host page copy into the cache");
     lt.copies[page] = LayerTiers::Copy{src.data(), src.keeper(), *std::move(dev)};
-    ++lt.version;
     copied = true;
   }
   // A copy is complete before any table points at it.
@@ -82,11 +89,7 @@ absl::Status rebalance_layer(ssa_session& s, uint32_t layer_index, LayerStore& l
   absl::MutexLock lock(&st.mu);
   LayerTiers& lt = layer_tiers(st, layer_index, s.layout.n_layers);
   // The append writes rows into these pages in place: their copies would miss them.
-  for (auto it = lt.copies.lower_bound(first_written); it != lt.copies.end();) {
-    lt.policy.forget(it->first);
-    it = lt.copies.erase(it);
-    ++lt.version;
-  }
+  for (auto it = lt.copies.lower_bound(first_written); it != lt.copies.end();) it = drop_copy(lt, it);
   if (!pool.tiered()) return absl::OkStatus();
   st.prune_retired();  // tables no queued decode reads any more give their pages' charges back
   lt.last_read.resize(layer.kv_pages.size(), 0);
@@ -128,9 +131,7 @@ absl::Status tier_view(SessionState& st, uint32_t layer_index, const LayerStore&
   // Copies of pages the layer no longer holds (truncated, moved, rewritten).
   for (auto it = lt.copies.begin(); it != lt.copies.end();) {
     if (it->first >= n || layer.kv_pages[it->first]->data() != it->second.host) {
-      lt.policy.forget(it->first);
-      it = lt.copies.erase(it);
-      ++lt.version;
+      it = drop_copy(lt, it);
     } else {
       ++it;
     }

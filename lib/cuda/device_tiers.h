@@ -55,7 +55,6 @@ struct LayerTiers {
   std::map<uint64_t, Copy> copies;  // by page index
   std::vector<uint64_t> last_read;  // per page: decode step that last read it (0 = never)
   uint64_t step = 0;                // decodes of this layer so far
-  uint64_t version = 0;             // changes whenever `copies` does
   // Rows per page of the newest decode that recorded them, copied back for the
   // policies: valid once `ready` has passed.
   PinnedBuffer rows_host;
