@@ -177,6 +177,60 @@ TEST_CASE("gpu backend: asynchronous appends equal plain ones, and decodes behin
   ssa_runtime_destroy(gpu);
 }
 
+// Tiered sessions (ssa_runtime_options.device_kv_budget): asynchronous appends
+// write into pages that appends move between the device and the host tier, on
+// the legacy default stream, behind the queued copies.
+TEST_CASE("gpu backend: asynchronous appends into a tiered session equal plain ones untiered") {
+  SSA_GPU_TEST_OR_SKIP();
+  const Data d = make_data(20000, 17);
+  const Feed f(d);
+  ssa_runtime* flat = runtime(SSA_BACKEND_CUDA);
+  ssa_runtime_options o = ssa_test::runtime_options(SSA_BACKEND_CUDA);
+  const uint64_t kv_bytes = uint64_t{d.n} * 2 * kRow * sizeof(uint16_t);
+  o.device_kv_budget = kv_bytes / 5;  // about 80% of the pages on the host
+  o.host_cache_bytes = o.device_kv_budget / 4;
+  ssa_runtime* tiered = nullptr;
+  REQUIRE(ssa_runtime_create(&o, &tiered) == SSA_OK);
+  cudaStream_t st;
+  REQUIRE(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) == cudaSuccess);
+  ssa_session* ref = reference(flat, d, f, d.n);
+  const auto want = decode_plain(ref, d);
+
+  ssa_session* s = fed_async(tiered, d, f, d.n, st);
+  CHECK(decode_on(s, d, st) == want);
+  CHECK(decode_plain(s, d) == want);
+  ssa_decode_stats stats;
+  ssa_decode_stats_init(&stats);
+  (void)decode(s, d, params(SSA_METHOD_DENSE, 900, 3), true, &stats);
+  CHECK(stats.rows_from_host > uint64_t{d.n} * kNq / 2);  // the tiers are in use
+  // Truncate below the queued rows and append them again: pages come back to the device.
+  const uint32_t part = d.n / 4;
+  hold_stream(st);
+  REQUIRE(ssa_session_append_async(s, 0, f.k.p, f.v.p, 1, st) == SSA_OK);
+  REQUIRE(ssa_session_truncate(s, part) == SSA_OK);
+  hold_stream(st);
+  REQUIRE(ssa_session_append_async(s, 0, f.k.p + part * kRow, f.v.p + part * kRow, d.n - part, st) == SSA_OK);
+  CHECK(decode_on(s, d, st) == want);
+  // A fork appends into the last page while the source's copy is queued.
+  const Data one = make_data(1, 18);
+  const Feed f1(one);
+  REQUIRE(ssa_session_append(ref, 0, f1.k.p, f1.v.p, 1) == SSA_OK);
+  const auto want_more = decode_plain(ref, d);
+  ssa_session* fork = nullptr;
+  REQUIRE(ssa_session_fork(s, &fork) == SSA_OK);
+  hold_stream(st);
+  REQUIRE(ssa_session_append_async(fork, 0, f1.k.p, f1.v.p, 1, st) == SSA_OK);
+  CHECK(decode_on(fork, d, st) == want_more);
+  CHECK(decode_plain(s, d) == want);
+  ssa_session_destroy(fork);
+  ssa_session_destroy(s);
+  REQUIRE(cudaStreamSynchronize(st) == cudaSuccess);
+  cudaStreamDestroy(st);
+  ssa_session_destroy(ref);
+  ssa_runtime_destroy(tiered);
+  ssa_runtime_destroy(flat);
+}
+
 TEST_CASE("gpu backend: asynchronous append refuses bad arguments and changes nothing") {
   SSA_GPU_TEST_OR_SKIP();
   ssa_runtime* gpu = runtime(SSA_BACKEND_CUDA);
