@@ -33,6 +33,13 @@ absl::StatusOr<PageRef> DevicePagePool::allocate() {
       return make_error(e == cudaErrorMemoryAllocation ? SSA_ERR_OUT_OF_MEMORY : SSA_ERR_DEVICE,
                         absl::StrCat("device allocation of a ", page_bytes_, "-byte page: ", cudaGetErrorString(e)));
     }
+    // Kernels read whole 4-token code words and page copies move whole pages,
+    // past the rows written so far: zeroed once, those unused bytes are defined.
+    if (cudaMemsetAsync(block, 0, page_bytes_, nullptr) != cudaSuccess) {
+      cudaGetLastError();
+      cudaFreeAsync(block, nullptr);
+      return make_error(SSA_ERR_DEVICE, absl::StrCat("zeroing a new ", page_bytes_, "-byte page"));
+    }
   }
   std::shared_ptr<DevicePagePool> self = shared_from_this();
   std::shared_ptr<void> keeper(block, [self](void* p) { self->release(p); });
