@@ -2,7 +2,13 @@
 // runs it. One run measures, in this order:
 //   rates     host-to-device: a pinned cudaMemcpy of 1 GiB; zero-copy kernel
 //             reads of random 1 KiB rows of mapped pinned memory; the device's
-//             own copy bandwidth (the device part of the byte floor).
+//             own copy bandwidth (the device part of the byte floor). And the
+//             two ways of gathering the same rows into device staging instead
+//             of reading them in place: one cudaMemcpyBatchAsync of all the
+//             rows (the copy engines), and host threads gathering them into a
+//             pinned staging buffer followed by one copy; plus the round trip
+//             a staged decode adds (the selection's row list to the host and
+//             back to a decode), a small read-back and a wait.
 //   per shape (paper 16q/4kv/d256/f16, llama8b 32q/8kv/d128/bf16), tokens N:
 //     sessions held wholly on the device, and tiered sessions whose runtime
 //     budget is (1 - host_fraction) of their K/V (the rest on the host); batch
@@ -29,6 +35,7 @@
 #include <algorithm>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "bench_util.h"
@@ -66,18 +73,26 @@ void emit(const char* fmt, ...) {
 
 struct Rates {
   double pinned_h2d, zero_copy, device_copy;  // GB/s
+  double dma_batch_rows, cpu_gather_rows, cpu_gather_only;  // GB/s, staged alternatives
+  double round_trip_us;  // a 64 KiB read-back of a row list and its wait
+  unsigned gather_threads;
 };
+
+// Row r's offset (in 1 KiB rows) in the source: the same hash as the kernel's.
+__host__ __device__ inline uint64_t random_row(uint64_t r, uint64_t seed, uint64_t n_rows) {
+  uint64_t h = (r + 1) * 0x9E3779B97F4A7C15ull ^ seed;
+  h ^= h >> 31;
+  h *= 0xBF58476D1CE4E5B9ull;
+  h ^= h >> 29;
+  return h % n_rows;
+}
 
 __global__ void gather_rows_kernel(const uint4* __restrict__ src, uint64_t n_rows, uint64_t seed, uint32_t rows,
                                    unsigned long long* sink) {
   // One warp per row of 1 KiB: 32 lanes x 2 x 16 bytes.
   const uint32_t warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
   if (warp >= rows) return;
-  uint64_t h = (warp + 1) * 0x9E3779B97F4A7C15ull ^ seed;
-  h ^= h >> 31;
-  h *= 0xBF58476D1CE4E5B9ull;
-  h ^= h >> 29;
-  const uint4* row = src + (h % n_rows) * 64;
+  const uint4* row = src + random_row(warp, seed, n_rows) * 64;
   const uint4 a = row[lane], b = row[lane + 32];
   const unsigned long long x = a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w;
   if (x == 0x12345678ull) atomicAdd(sink, 1ull);  // keeps the loads
@@ -115,6 +130,58 @@ Rates measure_rates() {
                                                                       seed++, rows, sink);
                 }) /
                 1e3;
+  // Staged: the same number of random rows copied into device staging (dev).
+  std::vector<void*> dsts(rows);
+  std::vector<const void*> srcs(rows);
+  std::vector<size_t> sizes(rows, 1024);
+  auto plan_rows = [&](uint64_t sd) {
+    for (uint32_t r = 0; r < rows; ++r) {
+      srcs[r] = static_cast<const uint8_t*>(host) + random_row(r, sd, bytes / 1024) * 1024;
+      dsts[r] = static_cast<uint8_t*>(dev) + size_t{r} * 1024;
+    }
+  };
+  cudaMemcpyAttributes attr{};
+  attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+  size_t attr_index = 0;
+  cudaStream_t st;
+  CUDA_OK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  plan_rows(seed);
+  r.dma_batch_rows = double(rows) * 1024 /
+                     best_of(5, [&] {
+                       constexpr uint32_t kPerCall = 1u << 16;
+                       for (uint32_t r0 = 0; r0 < rows; r0 += kPerCall)
+                         CUDA_OK(cudaMemcpyBatchAsync(const_cast<void* const*>(dsts.data() + r0), srcs.data() + r0,
+                                                      sizes.data() + r0, std::min(kPerCall, rows - r0), &attr,
+                                                      &attr_index, 1, st));
+                       CUDA_OK(cudaStreamSynchronize(st));
+                     }) /
+                     1e3;
+  void* staging = nullptr;
+  CUDA_OK(cudaHostAlloc(&staging, size_t{rows} * 1024, cudaHostAllocPortable));
+  memset(staging, 0, size_t{rows} * 1024);
+  r.gather_threads = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
+  auto gather = [&] {
+    std::vector<std::thread> pool;
+    for (unsigned t = 0; t < r.gather_threads; ++t)
+      pool.emplace_back([&, t] {
+        for (uint32_t i = t; i < rows; i += r.gather_threads)
+          memcpy(static_cast<uint8_t*>(staging) + size_t{i} * 1024, srcs[i], 1024);
+      });
+    for (std::thread& th : pool) th.join();
+  };
+  r.cpu_gather_only = double(rows) * 1024 / best_of(5, gather) / 1e3;
+  r.cpu_gather_rows = double(rows) * 1024 /
+                      best_of(5, [&] {
+                        gather();
+                        CUDA_OK(cudaMemcpy(dev, staging, size_t{rows} * 1024, cudaMemcpyHostToDevice));
+                      }) /
+                      1e3;
+  r.round_trip_us = best_of(20, [&] {
+    CUDA_OK(cudaMemcpyAsync(staging, dev2, 64 << 10, cudaMemcpyDeviceToHost, st));
+    CUDA_OK(cudaStreamSynchronize(st));
+  });
+  cudaFreeHost(staging);
+  cudaStreamDestroy(st);
   cudaFree(sink);
   cudaFree(dev2);
   cudaFree(dev);
@@ -255,6 +322,7 @@ int main(int argc, char** argv) {
   uint32_t batch = 16, steps = 12;
   double host_fraction = 0.9;
   uint64_t capacity_budget = uint64_t{16} << 30;
+  bool rates_only = false;
   for (int i = 1; i < argc; ++i) {
     auto next = [&]() -> const char* {
       if (i + 1 >= argc) {
@@ -270,10 +338,11 @@ int main(int argc, char** argv) {
     else if (!strcmp(argv[i], "--host-fraction")) host_fraction = atof(next());
     else if (!strcmp(argv[i], "--capacity-budget")) capacity_budget = strtoull(next(), nullptr, 10);
     else if (!strcmp(argv[i], "--out")) out = next();
+    else if (!strcmp(argv[i], "--rates-only")) rates_only = true;
     else {
       fprintf(stderr,
               "usage: gpu_tier_bench [--shapes paper,llama8b] [--tokens N] [--batch B] [--steps S]\n"
-              "                      [--host-fraction F] [--capacity-budget BYTES] [--out FILE]\n");
+              "                      [--host-fraction F] [--capacity-budget BYTES] [--out FILE] [--rates-only]\n");
       return 2;
     }
   }
@@ -284,8 +353,15 @@ int main(int argc, char** argv) {
   emit("{\"record\":\"meta\",\"device\":\"%s\",\"tokens\":%llu,\"batch\":%u,\"steps\":%u,\"host_fraction\":%.3f}",
        prop.name, (unsigned long long)n, batch, steps, host_fraction);
   const Rates rates = measure_rates();
-  emit("{\"record\":\"rates\",\"pinned_h2d_GBps\":%.2f,\"zero_copy_1KiB_rows_GBps\":%.2f,\"device_copy_GBps\":%.1f}",
-       rates.pinned_h2d, rates.zero_copy, rates.device_copy);
+  emit("{\"record\":\"rates\",\"pinned_h2d_GBps\":%.2f,\"zero_copy_1KiB_rows_GBps\":%.2f,\"device_copy_GBps\":%.1f,"
+       "\"dma_batch_1KiB_rows_GBps\":%.2f,\"cpu_gather_then_copy_1KiB_rows_GBps\":%.2f,"
+       "\"cpu_gather_only_GBps\":%.2f,\"gather_threads\":%u,\"row_list_round_trip_us\":%.1f}",
+       rates.pinned_h2d, rates.zero_copy, rates.device_copy, rates.dma_batch_rows, rates.cpu_gather_rows,
+       rates.cpu_gather_only, rates.gather_threads, rates.round_trip_us);
+  if (rates_only) {
+    if (g_out) fclose(g_out);
+    return 0;
+  }
 
   for (const ModelShape& s : kShapes) {
     if (shapes.find(s.name) == std::string::npos) continue;

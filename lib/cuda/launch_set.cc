@@ -84,7 +84,11 @@ absl::Status run_launch_set(const std::vector<Job>& jobs, uint32_t layer_index, 
   void* blob = nullptr;
   SSA_CUDA_RETURN(device_malloc_async(&blob, plan.total_bytes, stream), "cudaMallocAsync of the decode workspace");
   const Workspace ws = bind_workspace(blob, plan);
-  cudaError_t e = run_decode(b, plan, ws, stream);
+  // The stats read every row's state back whole; a method's kernels set only
+  // the fields it uses, so the others are zeroed to be defined.
+  cudaError_t e = stats != nullptr && !all_dense ? cudaMemsetAsync(ws.rows, 0, plan.rows * sizeof(RowState), stream)
+                                                 : cudaSuccess;
+  if (e == cudaSuccess) e = run_decode(b, plan, ws, stream);
   // Tiered sessions: what was read from which tier (stats, and the read-back
   // the placement and the cache of host pages learn from).
   bool any_tiered = false;
