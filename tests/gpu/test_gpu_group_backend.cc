@@ -17,6 +17,7 @@
 #include "support/gpu_layer.h"
 #include "support/gpu_sessions.h"
 #include "support/reference_attention.h"
+#include "support/sample_statistics.h"
 #include "support/session_helpers.h"
 #include "support/structured_context.h"
 #include "support/structured_reference.h"
@@ -33,32 +34,9 @@ ssa_decode_params group_params(ssa_method m, uint32_t budget, uint32_t group, ui
   return p;
 }
 
-double ks_statistic(std::vector<double> a, std::vector<double> b) {
-  std::sort(a.begin(), a.end());
-  std::sort(b.begin(), b.end());
-  size_t i = 0, j = 0;
-  double d = 0;
-  while (i < a.size() && j < b.size()) {
-    const double x = std::min(a[i], b[j]);
-    while (i < a.size() && a[i] <= x) ++i;
-    while (j < b.size() && b[j] <= x) ++j;
-    d = std::max(d, fabs(double(i) / a.size() - double(j) / b.size()));
-  }
-  return d;
-}
-
-double mean(const std::vector<double>& v) {
-  double s = 0;
-  for (double x : v) s += x;
-  return s / v.size();
-}
-
-double std_error(const std::vector<double>& v) {
-  const double m = mean(v);
-  double s = 0;
-  for (double x : v) s += (x - m) * (x - m);
-  return sqrt(s / (v.size() - 1) / v.size());
-}
+using ssa_test::ks_statistic;
+using ssa_test::mean;
+using ssa_test::std_error;
 
 TEST_CASE("gpu backend: group selection against the CPU backend (counts, error distribution)") {
   SSA_GPU_TEST_OR_SKIP();
