@@ -21,16 +21,23 @@
 //     floor: host bytes / zero-copy rate + device bytes / device bandwidth.
 //   capacity  a runtime with a --capacity-budget (16 GiB) budget, eight paper-
 //             shape sessions of N tokens (32 GiB of K/V at 1M) decoded as one batch.
+//   file      (--file-dir DIR) per shape, one session saved to DIR, dropped from
+//             the page cache (fsync, POSIX_FADV_DONTNEED), loaded with
+//             SSA_LOAD_MMAP: its K/V stay in the file. Timed: the first SSA 50x
+//             decode (its rows come from the disk), then SSA 50x and DENSE
+//             steps (from the page cache where read before).
 // The K/V are structured (bench/tier_workload.cuh): keys drawn around topic
 // directions in bursts of consecutive tokens, queries near a few topics,
 // drifting a little per step, so the heavy set clusters and moves slowly.
 //
 // Output: one JSON object per line on stdout (and --out FILE).
 #include <cuda_runtime.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <random>
@@ -323,6 +330,8 @@ int main(int argc, char** argv) {
   double host_fraction = 0.9;
   uint64_t capacity_budget = uint64_t{16} << 30;
   bool rates_only = false;
+  std::string file_dir;
+  bool skip_tiers = false;  // only the rates and the file tier
   for (int i = 1; i < argc; ++i) {
     auto next = [&]() -> const char* {
       if (i + 1 >= argc) {
@@ -339,10 +348,13 @@ int main(int argc, char** argv) {
     else if (!strcmp(argv[i], "--capacity-budget")) capacity_budget = strtoull(next(), nullptr, 10);
     else if (!strcmp(argv[i], "--out")) out = next();
     else if (!strcmp(argv[i], "--rates-only")) rates_only = true;
+    else if (!strcmp(argv[i], "--file-dir")) file_dir = next();
+    else if (!strcmp(argv[i], "--skip-tiers")) skip_tiers = true;
     else {
       fprintf(stderr,
               "usage: gpu_tier_bench [--shapes paper,llama8b] [--tokens N] [--batch B] [--steps S]\n"
-              "                      [--host-fraction F] [--capacity-budget BYTES] [--out FILE] [--rates-only]\n");
+              "                      [--host-fraction F] [--capacity-budget BYTES] [--out FILE] [--rates-only]\n"
+              "                      [--file-dir DIR] [--skip-tiers]\n");
       return 2;
     }
   }
@@ -364,7 +376,7 @@ int main(int argc, char** argv) {
   }
 
   for (const ModelShape& s : kShapes) {
-    if (shapes.find(s.name) == std::string::npos) continue;
+    if (skip_tiers || shapes.find(s.name) == std::string::npos) continue;
     TierWorkload w(s.nq, s.nkv, s.d, s.dtype == SSA_DTYPE_BF16, 1234);
     for (uint32_t B : {1u, batch}) {
       const uint64_t budget = static_cast<uint64_t>((1.0 - host_fraction) * double(kv_bytes(s, n) * B));
@@ -391,7 +403,7 @@ int main(int argc, char** argv) {
     }
   }
 
-  if (shapes.find("paper") != std::string::npos && capacity_budget > 0) {
+  if (!skip_tiers && shapes.find("paper") != std::string::npos && capacity_budget > 0) {
     const ModelShape& s = kShapes[0];
     TierWorkload w(s.nq, s.nkv, s.d, false, 99);
     ssa_runtime* rt = make_runtime(capacity_budget);
@@ -403,6 +415,45 @@ int main(int argc, char** argv) {
          t.ms, (unsigned long long)t.rows_from_host, (unsigned long long)t.hits, (unsigned long long)t.tokens_read);
     destroy(ss);
     ssa_runtime_destroy(rt);
+  }
+  if (!file_dir.empty()) {
+    for (const ModelShape& s : kShapes) {
+      if (shapes.find(s.name) == std::string::npos) continue;
+      TierWorkload w(s.nq, s.nkv, s.d, s.dtype == SSA_DTYPE_BF16, 4321);
+      ssa_runtime* rt = make_runtime(0);
+      const std::string path = file_dir + "/gpu_tier_bench_" + s.name + ".ssa";
+      {
+        std::vector<ssa_session*> made = make_sessions(rt, s, n, 1, w);
+        check(ssa_session_save(made[0], path.c_str()), "ssa_session_save");
+        destroy(made);
+      }
+      // Out of the page cache: the first decode reads its rows from the disk.
+      const int fd = open(path.c_str(), O_RDONLY);
+      if (fd < 0 || fsync(fd) != 0 || posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED) != 0) {
+        fprintf(stderr, "cannot drop %s from the page cache\n", path.c_str());
+        return 1;
+      }
+      close(fd);
+      int pageable = 0;
+      CUDA_OK(cudaDeviceGetAttribute(&pageable, cudaDevAttrPageableMemoryAccess, 0));
+      std::vector<ssa_session*> ms(1);
+      const double l0 = now_us();
+      check(ssa_session_load(rt, path.c_str(), SSA_LOAD_MMAP, &ms[0]), "ssa_session_load(SSA_LOAD_MMAP)");
+      const double load_ms = (now_us() - l0) / 1e3;
+      const Timing cold = run(ms, s, w, SSA_METHOD_SSA, 1, rates, 500);
+      const Timing warm = run(ms, s, w, SSA_METHOD_SSA, steps, rates, 501);
+      const Timing dense = run(ms, s, w, SSA_METHOD_DENSE, 3, rates, 600);
+      emit("{\"record\":\"file_tier\",\"shape\":\"%s\",\"tokens\":%llu,\"kv_GiB\":%.2f,"
+           "\"pageable_memory_access\":%d,\"load_ms\":%.2f,\"ssa_first_decode_ms\":%.3f,"
+           "\"ssa_median_ms\":%.3f,\"ssa_rows_from_file\":%llu,\"ssa_tokens_read\":%llu,"
+           "\"dense_median_ms\":%.3f,\"dense_rows_from_file\":%llu}",
+           s.name, (unsigned long long)n, kv_bytes(s, n) / double(1ull << 30), pageable, load_ms, cold.ms, warm.ms,
+           (unsigned long long)warm.rows_from_host, (unsigned long long)warm.tokens_read, dense.ms,
+           (unsigned long long)dense.rows_from_host);
+      destroy(ms);
+      unlink(path.c_str());
+      ssa_runtime_destroy(rt);
+    }
   }
   if (g_out) fclose(g_out);
   return 0;

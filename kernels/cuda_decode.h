@@ -25,4 +25,12 @@ Workspace bind_workspace(void* base, const WorkspacePlan& plan);
 cudaError_t run_decode(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
                        cudaStream_t stream);
 
+// run_decode in two parts: every stage up to the attention (the read sets are
+// then in the workspace), and the attention. A decode that must prepare the
+// rows its read sets take (kernels/file_rows.h) runs them with that between.
+cudaError_t run_selection(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
+                          cudaStream_t stream);
+cudaError_t run_attention_stage(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
+                                cudaStream_t stream);
+
 }  // namespace ssa::cuda

@@ -219,12 +219,11 @@ Workspace bind_workspace(void* base, const WorkspacePlan& p) {
   return w;
 }
 
-cudaError_t run_decode(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
-                       cudaStream_t st) {
+cudaError_t run_selection(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
+                          cudaStream_t st) {
   cudaError_t e = launch_init_rows(b, plan, ws, st);
   if (e != cudaSuccess) return e;
-  const bool all_dense = b.proxy == Proxy::kNone;
-  if (!all_dense) {
+  if (b.proxy != Proxy::kNone) {
     e = b.group == GroupProposal::kMixture ? launch_group_mixture(b, plan, ws, st)
         : b.proxy == Proxy::kPq             ? launch_pq_scores(b, plan, ws, st)
                                             : launch_exact_scores(b, plan, ws, st);
@@ -239,7 +238,18 @@ cudaError_t run_decode(const DecodeBatch& b, const WorkspacePlan& plan, const Wo
         cudaSuccess)
       return e;
   }
-  return launch_attention(b, plan, ws, all_dense, st);
+  return cudaSuccess;
+}
+
+cudaError_t run_attention_stage(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
+                                cudaStream_t st) {
+  return launch_attention(b, plan, ws, b.proxy == Proxy::kNone, st);
+}
+
+cudaError_t run_decode(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
+                       cudaStream_t st) {
+  const cudaError_t e = run_selection(b, plan, ws, st);
+  return e != cudaSuccess ? e : run_attention_stage(b, plan, ws, st);
 }
 
 }  // namespace ssa::cuda

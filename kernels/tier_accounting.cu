@@ -23,7 +23,7 @@ __global__ void __launch_bounds__(kThreads) tier_accounting_kernel(DecodeBatch b
     const uint32_t page = rs.token(p, &unused) >> b.shape.page_shift;
     if (!dense) atomicAdd(ti.page_rows + page, 1u);
     const uint8_t tier = ti.page_tier[page];
-    if (tier == kTierHost) ++host;
+    if (tier == kTierHost || tier == kTierFile) ++host;
     if (tier == kTierCached) ++cached;
   }
   __shared__ uint64_t sum[2][kThreads / 32];

@@ -13,12 +13,15 @@
 namespace ssa::cuda {
 
 // A page's entry in a decode's tier table.
-enum TierCode : uint8_t { kTierDevice = 0, kTierHost = 1, kTierCached = 2 };
+// kTierFile: a page mapped from a snapshot file; the kernels read it in place
+// where the device reads pageable host memory, else through a pinned copy of the
+// rows the decode reads (kernels/file_rows.h). Counted as host rows either way.
+enum TierCode : uint8_t { kTierDevice = 0, kTierHost = 1, kTierCached = 2, kTierFile = 3 };
 
 struct TierItem {
   const uint8_t* page_tier = nullptr;  // TierCode per KV page (device memory); null: nothing to count
   uint32_t* page_rows = nullptr;       // rows of sparse read sets per page (every tier), added to
-  unsigned long long* counts = nullptr;  // [0] rows from host pages, [1] rows from cached copies, added
+  unsigned long long* counts = nullptr;  // [0] rows from host (and file) pages, [1] rows from cached copies, added
                                          // to; null: not counted
 };
 

@@ -63,7 +63,8 @@ class Backend {
   virtual void session_destroyed(int device) const = 0;
 
   // True when sessions on `device` can hold pages mapped from a snapshot file
-  // (SSA_LOAD_MMAP): host memory the backend's decodes read in place.
+  // (SSA_LOAD_MMAP): host memory the backend's decodes read, in place or
+  // through copies of the rows they read.
   virtual bool maps_files(int device) const = 0;
 
   // ---- memory space of K, V, q and out

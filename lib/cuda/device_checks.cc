@@ -35,14 +35,9 @@ absl::Status CudaBackend::check_device(int device) const {
   return absl::OkStatus();
 }
 
-bool CudaBackend::maps_files(int device) const {
-  int pageable = 0;
-  if (cudaDeviceGetAttribute(&pageable, cudaDevAttrPageableMemoryAccess, device) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return pageable != 0;
-}
+// Every device: one that reads pageable host memory reads mapped pages in place,
+// any other through pinned copies of the rows each decode reads (file_staging.h).
+bool CudaBackend::maps_files(int) const { return true; }
 
 absl::Status CudaBackend::check_buffer(const ssa_session& s, const void* p, const char* name) const {
   if (host_buffers(s) || is_device_pointer(p)) return absl::OkStatus();

@@ -1,9 +1,12 @@
 #include "device_state.h"
 
+#include <algorithm>
+
 #include "cuda_backend.h"
 #include "device_alloc.h"
 #include "device_error.h"
 #include "kernels/cuda_decode.h"
+#include "kernels/tier_accounting.h"
 
 namespace ssa::cuda {
 
@@ -39,6 +42,10 @@ absl::StatusOr<std::shared_ptr<SessionState>> new_state(int device, std::shared_
   st->device = device;
   st->kv_pool = std::move(kv);
   st->code_pool = std::move(code);
+  int pageable = 0;
+  SSA_CUDA_RETURN(cudaDeviceGetAttribute(&pageable, cudaDevAttrPageableMemoryAccess, device),
+                  "cudaDeviceGetAttribute");
+  st->reads_pageable = pageable != 0;
   SSA_CUDA_RETURN(cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking), "cudaStreamCreate");
   return st;
 }
@@ -70,6 +77,7 @@ absl::StatusOr<std::shared_ptr<SessionState::LayerCache>> layer_tables(const ssa
     fresh->layer = layer_index;
     if (tiered) {
       fresh->tiered = true;
+      fresh->file_pages = std::find(tier_codes.begin(), tier_codes.end(), uint8_t{kTierFile}) != tier_codes.end();
       fresh->kv = std::move(entries);
       fresh->memory = std::move(memory);
       SSA_RETURN_IF_ERROR(upload_array(fresh->kv.data(), fresh->kv.size() * sizeof(void*), st.stream,

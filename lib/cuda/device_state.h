@@ -21,6 +21,7 @@
 #include "kernels/decode_types.h"
 #include "kernels/pq_index.h"
 #include "last_use.h"
+#include "pinned_pages.h"
 #include "session.h"
 #include "store/kv_layout.h"
 #include "store/layer_store.h"
@@ -40,6 +41,10 @@ struct SessionState final : BackendSession {
   std::shared_ptr<TieredKvPool> kv_pool;  // K/V pages: device, or host beyond the runtime's budget
   std::shared_ptr<DevicePagePool> code_pool;
   size_t cache_pages_per_layer = 0;  // capacity of each layer's cache of host pages
+  // Whether the device reads pageable host memory (file pages in place); if not,
+  // decodes copy the rows they read from file pages into pinned pages of this
+  // pool first (file_staging.h: file_stage_pool, made on first use).
+  bool reads_pageable = false;
   // Table and codebook uploads (and their frees): non-blocking, so they never
   // wait for work on other streams.
   cudaStream_t stream = nullptr;
@@ -51,6 +56,7 @@ struct SessionState final : BackendSession {
   // waits). Created on the first; appends take the session exclusively.
   cudaEvent_t append_order[2] = {nullptr, nullptr};
   absl::Mutex mu;
+  std::shared_ptr<PinnedPagePool> file_stage_pool ABSL_GUARDED_BY(mu);
   struct Books {
     CodebooksRef host;  // keeps the key alive
     DeviceMem dev;
@@ -65,6 +71,7 @@ struct SessionState final : BackendSession {
     // Tiered sessions: the TierCode of each page and the rows per page that
     // decodes through these tables read (kernels/tier_accounting.h).
     bool tiered = false;
+    bool file_pages = false;  // some entry reads a page mapped from a snapshot file
     DeviceMem tier_table, page_rows;
     LastUse last_use;
     uint64_t tokens_read = 0;  // the longest context any decode through it read

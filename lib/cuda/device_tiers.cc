@@ -147,7 +147,7 @@ absl::Status tier_view(SessionState& st, uint32_t layer_index, const LayerStore&
       memory->push_back(c->second.copy->keeper());
     } else {
       (*addresses)[i] = p.data();
-      (*tiers)[i] = p.tier() == PageTier::kDevice ? kTierDevice : kTierHost;
+      (*tiers)[i] = p.tier() == PageTier::kDevice ? kTierDevice : p.tier() == PageTier::kFile ? kTierFile : kTierHost;
     }
     memory->push_back(p.keeper());
   }

@@ -12,6 +12,7 @@
 #include "decode/decode_plan.h"
 #include "device_error.h"
 #include "device_state.h"
+#include "file_staging.h"
 #include "kernels/cuda_decode.h"
 #include "kernels/tier_accounting.h"
 #include "method_plan.h"
@@ -76,6 +77,22 @@ absl::Status run_launch_set(const std::vector<Job>& jobs, uint32_t layer_index, 
     }
     plan_item(j.plan, p, g, &it);
   }
+  // Pages mapped from a snapshot file that the device cannot read: the decode
+  // stops after the selection for the host to copy the rows it reads.
+  std::vector<FileStageItem> file_items;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    if (needs_file_stage(state(*jobs[i].s), *tables[i]))
+      file_items.push_back({static_cast<uint32_t>(i), jobs[i].s, jobs[i].layer, tables[i].get()});
+  }
+  if (!file_items.empty()) {
+    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    SSA_CUDA_RETURN(cudaStreamIsCapturing(stream, &cap), "cudaStreamIsCapturing");
+    if (cap != cudaStreamCaptureStatusNone) {
+      return invalid_argument("the stream is being captured into a CUDA graph, but the session's pages are mapped "
+                              "from a snapshot file this device cannot read: its decodes copy the rows they read "
+                              "on the host between the selection and the attention, which a graph cannot replay");
+    }
+  }
   int sms = 0;
   SSA_CUDA_RETURN(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, state(s0).device),
                   "cudaDeviceGetAttribute");
@@ -88,7 +105,25 @@ absl::Status run_launch_set(const std::vector<Job>& jobs, uint32_t layer_index, 
   // the fields it uses, so the others are zeroed to be defined.
   cudaError_t e = stats != nullptr && !all_dense ? cudaMemsetAsync(ws.rows, 0, plan.rows * sizeof(RowState), stream)
                                                  : cudaSuccess;
-  if (e == cudaSuccess) e = run_decode(b, plan, ws, stream);
+  FileStage file_stage;
+  absl::Status staging = absl::OkStatus();
+  if (file_items.empty()) {
+    if (e == cudaSuccess) e = run_decode(b, plan, ws, stream);
+  } else {
+    const bool whole_pages = b.proxy == Proxy::kExact;  // its scores read every key
+    if (e == cudaSuccess && whole_pages) staging = stage_file_rows(file_items, &b, nullptr, stream, &file_stage);
+    if (e == cudaSuccess && staging.ok()) e = run_selection(b, plan, ws, stream);
+    if (e == cudaSuccess && staging.ok() && !whole_pages) {
+      staging = stage_file_rows(file_items, &b, &ws, stream, &file_stage);
+    }
+    if (e == cudaSuccess && staging.ok()) e = run_attention_stage(b, plan, ws, stream);
+    if (!staging.ok()) {
+      // Queued selection kernels read the tables: done before they may go.
+      cudaStreamSynchronize(stream);
+      cudaFreeAsync(blob, stream);
+      return staging;
+    }
+  }
   // Tiered sessions: what was read from which tier (stats, and the read-back
   // the placement and the cache of host pages learn from).
   bool any_tiered = false;
@@ -140,7 +175,8 @@ absl::Status run_launch_set(const std::vector<Job>& jobs, uint32_t layer_index, 
       SSA_CUDA_RETURN(cudaStreamSynchronize(stream), "decode");
     }
   }
-  if (staged || stats != nullptr) SSA_CUDA_RETURN(cudaStreamSynchronize(stream), "decode");
+  // Staged file rows are pinned pages the attention reads: kept until it has run.
+  if (staged || stats != nullptr || !file_items.empty()) SSA_CUDA_RETURN(cudaStreamSynchronize(stream), "decode");
   if (stats != nullptr) {
     // Counted as the CPU counts them (docs/GROUP_SELECTION.md): every q head
     // uses all of its selection row's rows; the scores computed are counted

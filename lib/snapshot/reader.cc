@@ -577,8 +577,7 @@ absl::StatusOr<std::unique_ptr<ssa_session>> load(ssa_runtime* rt, const char* p
   const bool verify_all = flags & SSA_LOAD_VERIFY;
   const Backend* backend = backend_of(rt->backend);
   if (mmap_kv && (backend == nullptr || !backend->maps_files(rt->device))) {
-    return unsupported("SSA_LOAD_MMAP needs a CPU runtime, or a CUDA device that reads pageable host memory "
-                       "(cudaDevAttrPageableMemoryAccess)");
+    return unsupported("SSA_LOAD_MMAP: the runtime's backend cannot decode pages mapped from a file");
   }
   const std::string path(path_c);
   const snap::FileIo& io = snap::file_io();

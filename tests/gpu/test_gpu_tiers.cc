@@ -317,6 +317,83 @@ TEST_CASE("gpu tiers: snapshots round-trip through the tiers") {
   ssa_runtime_destroy(flat);
 }
 
+ssa_session* load_mapped(ssa_runtime* rt, const std::string& path) {
+  ssa_session* s = nullptr;
+  const ssa_status st = ssa_session_load(rt, path.c_str(), SSA_LOAD_MMAP, &s);
+  INFO(ssa_last_error_message());
+  REQUIRE(st == SSA_OK);
+  return s;
+}
+
+// The third tier: K/V pages left in the snapshot file (SSA_LOAD_MMAP). Where the
+// device cannot read pageable memory, every decode copies the rows its read sets
+// take from the file into pinned pages between the selection and the attention
+// (lib/cuda/file_staging.h); where it can, it reads them in place. Either way
+// the output is the loaded session's, bit for bit.
+TEST_CASE("gpu tiers: a snapshot mapped from its file decodes bitwise equal to the loaded session") {
+  SSA_GPU_TEST_OR_SKIP();
+  int pageable = 0;
+  REQUIRE(cudaDeviceGetAttribute(&pageable, cudaDevAttrPageableMemoryAccess, 0) == cudaSuccess);
+  MESSAGE("pageable memory access: ", pageable, pageable ? " (file pages read in place)" : " (rows staged)");
+  for (ssa_dtype t : {SSA_DTYPE_F16, SSA_DTYPE_BF16, SSA_DTYPE_F32}) {
+    INFO("dtype ", t);
+    const Bytes b = make_bytes(9000, 300 + t, t);  // 9000 % 128 != 0: the last page is partly filled
+    ssa_runtime* flat = runtime(SSA_BACKEND_CUDA);
+    ssa_runtime* tiered = tiered_runtime(budget_for(b, b.n), cache_for(b, budget_for(b, b.n)));
+    ssa_session* u = session(flat, SSA_SESSION_HOST_POINTERS, t);
+    append(u, b, 0, b.n);
+    const std::string path = temp_path("mapped.ssa");
+    REQUIRE(ssa_session_save(u, path.c_str()) == SSA_OK);
+    for (ssa_runtime* rt : {flat, tiered}) {
+      ssa_session* m = load_mapped(rt, path);
+      for (uint64_t step = 1; step <= 2; ++step) {
+        for (ssa_method method : kMethods) {
+          INFO("method ", method, " step ", step, rt == tiered ? " tiered" : " untiered");
+          ssa_decode_stats sm, su;
+          ssa_decode_stats_init(&sm);
+          ssa_decode_stats_init(&su);
+          const ssa_decode_params p = params(method, 700, step);
+          CHECK(out(m, b, p, &sm) == out(u, b, p, &su));
+          CHECK(sm.tokens_read == su.tokens_read);
+          CHECK(sm.rows_from_host > 0);  // the file's pages are read
+          CHECK(sm.rows_from_host + sm.host_cache_hits <= sm.tokens_read);
+        }
+      }
+      // A batch of mapped and device sessions in one launch set.
+      ssa_session* m2 = load_mapped(rt, path);
+      std::vector<std::vector<uint8_t>> om(2, std::vector<uint8_t>(b.q.size())), ou = om;
+      for (ssa_method method : {SSA_METHOD_DENSE, SSA_METHOD_SSA, SSA_METHOD_ORACLE_TOPK}) {
+        INFO("batch, method ", method);
+        ssa_decode_item im[2] = {{m, b.q.data(), om[0].data()}, {m2, b.q.data(), om[1].data()}};
+        ssa_decode_item iu[2] = {{u, b.q.data(), ou[0].data()}, {u, b.q.data(), ou[1].data()}};
+        const ssa_decode_params p = params(method, 600, 7);
+        REQUIRE(ssa_decode_batch(im, 2, 0, &p) == SSA_OK);
+        REQUIRE(ssa_decode_batch(iu, 2, 0, &p) == SSA_OK);
+        CHECK(om == ou);
+      }
+      ssa_session_destroy(m2);
+      // It grows (the mapped last page is copied before it is written), and a
+      // save copies the mapped pages into another file that loads as the source.
+      ssa_session* v = load(flat, path);
+      append(m, b, 0, 1000);
+      append(v, b, 0, 1000);
+      CHECK(all_outputs(m, b) == all_outputs(v, b));
+      const std::string copy = temp_path("mapped_copy.ssa");
+      REQUIRE(ssa_session_save(m, copy.c_str()) == SSA_OK);
+      ssa_session* c = load(flat, copy);
+      CHECK(all_outputs(c, b) == all_outputs(v, b));
+      ssa_session_destroy(c);
+      unlink(copy.c_str());
+      ssa_session_destroy(v);
+      ssa_session_destroy(m);
+    }
+    unlink(path.c_str());
+    ssa_session_destroy(u);
+    ssa_runtime_destroy(tiered);
+    ssa_runtime_destroy(flat);
+  }
+}
+
 TEST_CASE("gpu tiers: pinned host memory exhaustion at every point leaves the session unchanged") {
   SSA_GPU_TEST_OR_SKIP();
   const Bytes b = make_bytes(9000, 19, SSA_DTYPE_F16);

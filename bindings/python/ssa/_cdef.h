@@ -484,6 +484,9 @@ void ssa_decode_stats_init(ssa_decode_stats *st);
    is computed: a call they reject writes nothing to out.
    A sharded session decodes with exactly the selection an unsharded one makes
    (on the CPU backend, bitwise the same output and stats; docs/SHARDING.md).
+   A CUDA session loaded with SSA_LOAD_MMAP on a device that cannot read pageable
+   host memory waits mid-decode for its selection (the host copies the rows read
+   from the file), and gives SSA_ERR_INVALID_ARGUMENT on a stream being captured.
    Returns SSA_OK, SSA_ERR_INVALID_ARGUMENT, SSA_ERR_OUT_OF_MEMORY, SSA_ERR_DEVICE,
    SSA_ERR_UNSUPPORTED (target_error > 0 on a CUDA session or a sharded session). */
 ssa_status ssa_decode(ssa_session *s, uint32_t layer, const void *q, void *out,
@@ -564,8 +567,10 @@ ssa_status ssa_session_save(ssa_session *s, const char *path);
 ssa_status ssa_session_checkpoint(ssa_session *s, const char *path);
 
 #define SSA_LOAD_VERIFY ...
-/* SSA_LOAD_MMAP: CPU runtimes, and CUDA runtimes whose device reads pageable host
-   memory (docs/TIERED_MEMORY.md). */
+/* SSA_LOAD_MMAP on CUDA runtimes: the K/V pages stay in the file; a device that
+   cannot read pageable host memory decodes them through pinned copies of the rows
+   each decode reads, and such decodes cannot be captured into a CUDA graph
+   (docs/TIERED_MEMORY.md). */
 #define SSA_LOAD_MMAP ...
 
 /* Restores a session saved by ssa_session_save/checkpoint onto rt's backend
@@ -590,8 +595,7 @@ ssa_status ssa_session_checkpoint(ssa_session *s, const char *path);
    Thread-safe; several loads may run at once.
    Returns SSA_OK, SSA_ERR_INVALID_ARGUMENT, SSA_ERR_IO, SSA_ERR_CORRUPT,
    SSA_ERR_VERSION, SSA_ERR_MISMATCH, SSA_ERR_OUT_OF_MEMORY (host or device memory),
-   SSA_ERR_DEVICE, SSA_ERR_UNSUPPORTED (SSA_LOAD_MMAP on a CUDA runtime whose device
-   cannot read pageable host memory; a shape the CUDA backend does not take). */
+   SSA_ERR_DEVICE, SSA_ERR_UNSUPPORTED (a shape the CUDA backend does not take). */
 ssa_status ssa_session_load(ssa_runtime *rt, const char *path, uint32_t flags,
                                     ssa_session **out);
 
