@@ -6,8 +6,8 @@
 //            as a bitmap (fixed |H|, or top-k' then lambda water-filling) ->
 //            residual sampling into a second bitmap (dedup for free) -> both
 //            bitmaps compacted into token-ordered lists -> attention over sink,
-//            local, H and the samples, per q head (with group selection over
-//            its KV head's lists and log pi).
+//            local, H and the samples, per q head, or with group selection
+//            per KV head for all of its q heads over the group's lists and log pi.
 #include <algorithm>
 #include <map>
 #include <mutex>
@@ -116,6 +116,17 @@ cudaError_t plan_workspace(DecodeBatch* b, int sm_count, WorkspacePlan* plan) {
     p.n_splits = std::min(b->n_splits, kMaxSplits);
   } else if (all_dense && dense_mma_supported(s)) {
     p.n_splits = dense_mma_splits(s, b->n_items, max_read, sm_count);
+  } else if (!all_dense && group_attention(*b)) {
+    // One block per (KV head, item) and split, or per q-head chunk of a group on
+    // CUDA cores.
+    if (group_gather_supported(s)) {
+      p.n_splits = group_gather_splits(s, b->n_items * s.n_kv_heads, max_read, sm_count);
+    } else {
+      const uint32_t base = b->n_items * s.n_kv_heads * (s.group() / group_split_heads(s));
+      uint32_t splits = (8u * static_cast<uint32_t>(std::max(sm_count, 1)) + base - 1) / base;
+      splits = std::min(splits, (max_read + 63) / 64);
+      p.n_splits = std::clamp<uint32_t>(splits, 1, kMaxSplits);
+    }
   } else if (!all_dense && sparse_gather_supported(s)) {
     p.n_splits = sparse_gather_splits(s, p.attn_rows, max_read, sm_count);
   } else {

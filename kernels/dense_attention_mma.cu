@@ -30,11 +30,14 @@
 #include "cp_async.cuh"
 #include "device_util.cuh"
 #include "head_dim.cuh"
+#include "mma_fragments.cuh"
 #include "stage_launch.cuh"
 #include "stages.h"
 
 namespace ssa::cuda {
 namespace {
+
+using namespace mma;
 
 constexpr int kTokenGroups = 4;
 constexpr int kTile = 16 * kTokenGroups;  // tokens per pipeline stage
@@ -63,64 +66,9 @@ uint32_t blocks_per_sm() {
   return static_cast<uint32_t>((228 * 1024) / (MmaShape<D>::smem_bytes(1) + 1024));
 }
 
-// ---- PTX wrappers ---------------------------------------------------------------
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
-}
-__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
-  uint32_t y;
-  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
-  return y;
-}
-
-// c += a * b, m16n8k16, f32 accumulate.
-template <typename T>
-__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  if constexpr (std::is_same_v<T, __half>) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  } else {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-}
-
-// Two floats as one register of T (lo in the low half).
-template <typename T>
-__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-  if constexpr (std::is_same_v<T, __half>) {
-    const __half2 h = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&h);
-  } else {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&h);
-  }
-}
-
-__device__ __forceinline__ float exp2_approx(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
 // ---- the kernel -----------------------------------------------------------------
 
-// Fragment notation (PTX ISA, mma.m16n8k16 f16/bf16): lane = 4 * g + t4.
-//   A (16x16, row): reg0 (g, 2t4..+1), reg1 (g+8, 2t4..), reg2 (g, 2t4+8..), reg3 (g+8, 2t4+8..)
-//   B (16x8, col):  reg0 (k 2t4..+1, n g), reg1 (k 2t4+8..+1, n g)
-//   C (16x8, f32):  c0,c1 (g, 2t4 + {0,1}), c2,c3 (g+8, 2t4 + {0,1})
+// Fragment layouts: mma_fragments.cuh.
 template <int D, typename T, int kHeadTiles>
 __global__ void __launch_bounds__(kTokenGroups * kHeadTiles * 32)
     dense_mma_kernel(DecodeBatch b, Workspace ws, uint32_t n_splits) {

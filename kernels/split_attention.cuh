@@ -7,9 +7,12 @@
 // into the row's partial for its split (common/online_softmax.h semantics), and
 // attention_merge.cu merges the splits, so the result does not depend on how
 // the work was cut.
-//   sparse rows (GH = 1): read set = sink, local, heavy list, sorted unique samples;
+//   sparse rows: read set = sink, local, heavy list, sorted unique samples;
 //     a sampled token's logit has log(pi) subtracted (log pi computed per unique
-//     sample by the sampler, kernels/stratified_sample.cu).
+//     sample by the sampler, kernels/stratified_sample.cu). GH = 1: one q head
+//     per block over its own read set; GH > 1 (group selection only, where the
+//     q heads of a KV group share their group's read set): GH q heads of one
+//     group per block, each row read once for all of them.
 //   dense (GH q heads of one KV head per block): every token, each K/V row read
 //     once for all GH heads of the GQA group.
 #pragma once
@@ -36,7 +39,7 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(DecodeBatch b
   const DecodeItem& it = b.items[item];
   const uint32_t G = b.shape.group();
   uint32_t h0, kvh;
-  if constexpr (kSparse) {
+  if constexpr (kSparse && GH == 1) {
     h0 = blockIdx.y;
     kvh = h0 / G;
   } else {
@@ -181,7 +184,7 @@ cudaError_t launch_split(const DecodeBatch& b, const WorkspacePlan& plan, const 
   auto kernel = attention_split_kernel<D, T, GH, kSparse>;
   cudaError_t e = ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), smem);
   if (e != cudaSuccess) return e;
-  const uint32_t ys = kSparse ? b.shape.n_q_heads : b.shape.n_kv_heads * (b.shape.group() / GH);
+  const uint32_t ys = kSparse && GH == 1 ? b.shape.n_q_heads : b.shape.n_kv_heads * (b.shape.group() / GH);
   return launch_stage(b, kernel, dim3(plan.n_splits, ys, b.n_items), kThreads, smem, st, b, ws,
                       plan.n_splits);
 }

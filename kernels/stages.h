@@ -65,6 +65,23 @@ bool sparse_gather_supported(const DecodeShape& s);
 uint32_t sparse_gather_splits(const DecodeShape& s, uint32_t rows, uint32_t max_read, int sm_count);
 cudaError_t launch_sparse_gather(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
                                  cudaStream_t st);
+// Grouped sparse rows (group selection, G >= 2) on tensor cores
+// (group_attention.cu): f16/bf16, head dims 64, 128, 256, groups of 2 to 16;
+// one block per (split, KV head, item) reads each row of the group's read set
+// once for all G q heads.
+bool group_gather_supported(const DecodeShape& s);
+uint32_t group_gather_splits(const DecodeShape& s, uint32_t blocks, uint32_t max_read, int sm_count);
+cudaError_t launch_group_gather(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
+                                cudaStream_t st);
+// ... and on CUDA cores (sparse_attention.cu) for what that leaves: f32, head
+// dims 32 and 512, groups above 16; group_split_heads(shape) q heads per block.
+uint32_t group_split_heads(const DecodeShape& s);
+cudaError_t launch_group_split(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
+                               cudaStream_t st);
+// Whether a sparse launch set's attention runs per KV group (one of the two
+// kernels above): group selection with groups of two or more q heads. A group of
+// one head keeps the per-head kernels, so it decodes bitwise as per-head selection.
+inline bool group_attention(const DecodeBatch& b) { return b.grouped() && b.shape.group() > 1; }
 const char* pq_shape_unsupported(const DecodeShape& s);
 size_t segmented_sort_temp_bytes(uint32_t rows, uint64_t entries);
 uint32_t compact_words_per_block(uint32_t n_pad_max, uint32_t rows, int sm_count);
