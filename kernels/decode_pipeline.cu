@@ -186,6 +186,7 @@ cudaError_t plan_workspace(DecodeBatch* b, int sm_count, WorkspacePlan* plan) {
   p.off_head_rows = take(mixture && !all_dense ? size_t{p.attn_rows} * sizeof(RowState) : 0);
   p.off_head_hist = take(mixture && !all_dense ? size_t{p.attn_rows} * kScoreBins * 4 : 0);
   p.off_head_csum = take(head_floats / kChunkTokens * 8);
+  p.off_draw_tokens = take(b->record_draws && b->sampling != Sampling::kNone ? sel * 4 : 0);
   p.sort_temp_bytes = adaptive ? segmented_sort_temp_bytes(p.rows, std::max<uint64_t>(sel, 1)) : 0;
   p.off_sort_temp = take(p.sort_temp_bytes);
   p.total_bytes = off;
@@ -225,6 +226,7 @@ Workspace bind_workspace(void* base, const WorkspacePlan& p) {
   w.head_rows = reinterpret_cast<RowState*>(c + p.off_head_rows);
   w.head_hist = reinterpret_cast<uint32_t*>(c + p.off_head_hist);
   w.head_csum = reinterpret_cast<double*>(c + p.off_head_csum);
+  w.draw_tokens = reinterpret_cast<uint32_t*>(c + p.off_draw_tokens);
   w.sort_temp = c + p.off_sort_temp;
   w.sort_temp_bytes = p.sort_temp_bytes;
   return w;

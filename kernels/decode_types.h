@@ -75,6 +75,10 @@ struct DecodeBatch {
   uint32_t n_splits = 0;               // attention splits per row; 0 = automatic
   bool overlap_launches = true;        // programmatic dependent launch between stages (stage_launch.cuh)
   GroupProposal group = GroupProposal::kOff;
+  // Error-targeted decode (lib/cuda/targeted_decode.cc): the sampler also lists
+  // every draw's token in draw order (Workspace::draw_tokens), which the error
+  // estimate (kernels/error_estimate.cu) reads with its multiplicity.
+  bool record_draws = false;
   DecodeItem items[kMaxBatchItems];
 
   // Selection rows (scores, top-k, sampling, compaction, RowState) per item: one
@@ -148,6 +152,9 @@ struct Workspace {
   RowState* head_rows = nullptr;
   uint32_t* head_hist = nullptr;
   double* head_csum = nullptr;
+  // record_draws only: draw j's token of each row (select_base layout, n_draws
+  // entries; unset when the row's residual weight is 0 and nothing is drawn).
+  uint32_t* draw_tokens = nullptr;
   void* sort_temp = nullptr;
   size_t sort_temp_bytes = 0;
 };
@@ -159,7 +166,7 @@ struct WorkspacePlan {
   size_t off_uniq_sorted = 0, off_log_pi = 0;
   size_t off_sort_keys = 0, off_sort_keys2 = 0, off_sort_vals2 = 0;
   size_t off_probs = 0, off_seg_begin = 0, off_seg_end = 0, off_rows = 0, off_partial = 0;
-  size_t off_head_scores = 0, off_head_rows = 0, off_head_hist = 0, off_head_csum = 0;
+  size_t off_head_scores = 0, off_head_rows = 0, off_head_hist = 0, off_head_csum = 0, off_draw_tokens = 0;
   size_t off_sort_temp = 0, sort_temp_bytes = 0;
   uint64_t score_floats = 0, select_entries = 0;
   uint32_t rows = 0;       // selection rows: items x DecodeBatch::sel_heads()

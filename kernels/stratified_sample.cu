@@ -11,6 +11,8 @@
 //     holding a quarter of the block sums, then of the scores), by the rules of
 //     common/sampling_hierarchy.h over the same integers. The step can be read
 //     from device memory so that a captured graph replays with a new step.
+//     An error-targeted decode also lists each draw's token in draw order
+//     (record_draws): its error estimate needs the draws with multiplicity.
 //  3. A draw sets its token's bit in the sample bitmap: repeated draws of a token
 //     leave one bit, and kernels/bitmap_compact.cu lists the unique samples in
 //     token order with their log pi, so nothing depends on thread timing.
@@ -335,7 +337,13 @@ __global__ void __launch_bounds__(kSampleThreads, kSampleBlocksPerSm) sample_ker
       }
       const uint64_t in_block = target(u2[d], block_w[d]);
       const GroupPick pk = group_pick(w, sub, group0, [&](uint64_t) { return in_block; });
-      if (ok[d] && sub == 0) atomicOr(&ws.sample_bits[bbase + blk[d]], 1u << pk.index);
+      if (ok[d] && sub == 0) {
+        atomicOr(&ws.sample_bits[bbase + blk[d]], 1u << pk.index);
+        if (b.record_draws) {
+          const uint32_t jd = warp_draw0 + g + 8 * (kDrawsPerPass * pass + d);
+          ws.draw_tokens[row_select(r) + jd] = it.sink_end + blk[d] * kBlockTokens + pk.index;
+        }
+      }
     }
   }
 }

@@ -45,12 +45,16 @@ absl::Status CudaBackend::check_buffer(const ssa_session& s, const void* p, cons
                           "create it with SSA_SESSION_HOST_POINTERS to pass host memory)");
 }
 
-// Error-targeted decode chooses budgets per head from rows it reads while
-// selecting; the launch-set kernels take one budget for all heads.
+// Error-targeted decode (targeted_decode.cc) waits on the host between its
+// rounds: a stream being captured into a graph could not replay that.
 absl::Status CudaBackend::check_decode(const ssa_decode_params& p) const {
   if (p.target_error > 0.0f) {
-    return unsupported("target_error > 0 (error-targeted decode) is not supported by the CUDA backend; "
-                       "use a CPU session or a fixed budget");
+    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    SSA_CUDA_RETURN(cudaStreamIsCapturing(static_cast<cudaStream_t>(p.stream), &cap), "cudaStreamIsCapturing");
+    if (cap != cudaStreamCaptureStatusNone) {
+      return invalid_argument("target_error > 0 on a stream being captured into a CUDA graph: the "
+                              "error-targeted decode reads its per-head estimates back between rounds");
+    }
   }
   return absl::OkStatus();
 }

@@ -15,22 +15,16 @@
 #include "file_staging.h"
 #include "kernels/cuda_decode.h"
 #include "kernels/tier_accounting.h"
+#include "launch_set.h"
 #include "method_plan.h"
 
 namespace ssa::cuda {
-namespace {
 
-struct Job {
-  const ssa_session* s;
-  const LayerStore* layer;
-  const void* q;
-  void* out;
-  DecodePlan plan;
-};
+using Job = LaunchJob;
 
 // One launch set over jobs of one shape; stats (optional) summed over the jobs.
 absl::Status run_launch_set(const std::vector<Job>& jobs, uint32_t layer_index, const ssa_decode_params& p,
-                            uint64_t seed, ssa_decode_stats* stats) {
+                            uint64_t seed, ssa_decode_stats* stats, LaunchHook* hook) {
   const ssa_session& s0 = *jobs[0].s;
   cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
   DecodeBatch b{};
@@ -55,6 +49,7 @@ absl::Status run_launch_set(const std::vector<Job>& jobs, uint32_t layer_index, 
   b.layer = layer_index;
   b.seed = seed;
   b.step = p.step;
+  b.record_draws = hook != nullptr && hook->record_draws();
   const size_t qbytes = size_t{s0.layout.n_q_heads} * s0.layout.row_bytes();
   const bool staged = host_buffers(s0);
   DeviceMem stage;
@@ -101,10 +96,11 @@ absl::Status run_launch_set(const std::vector<Job>& jobs, uint32_t layer_index, 
   void* blob = nullptr;
   SSA_CUDA_RETURN(device_malloc_async(&blob, plan.total_bytes, stream), "cudaMallocAsync of the decode workspace");
   const Workspace ws = bind_workspace(blob, plan);
-  // The stats read every row's state back whole; a method's kernels set only
-  // the fields it uses, so the others are zeroed to be defined.
-  cudaError_t e = stats != nullptr && !all_dense ? cudaMemsetAsync(ws.rows, 0, plan.rows * sizeof(RowState), stream)
-                                                 : cudaSuccess;
+  // The stats (and a hook's estimate) read every row's state back whole; a
+  // method's kernels set only the fields it uses, so the others are zeroed to be
+  // defined.
+  const bool read_rows = (stats != nullptr || hook != nullptr) && !all_dense;
+  cudaError_t e = read_rows ? cudaMemsetAsync(ws.rows, 0, plan.rows * sizeof(RowState), stream) : cudaSuccess;
   FileStage file_stage;
   absl::Status staging = absl::OkStatus();
   if (file_items.empty()) {
@@ -124,6 +120,7 @@ absl::Status run_launch_set(const std::vector<Job>& jobs, uint32_t layer_index, 
       return staging;
     }
   }
+  if (e == cudaSuccess && hook != nullptr) e = hook->after_decode(b, plan, ws, stream);
   // Tiered sessions: what was read from which tier (stats, and the read-back
   // the placement and the cache of host pages learn from).
   bool any_tiered = false;
@@ -176,7 +173,8 @@ absl::Status run_launch_set(const std::vector<Job>& jobs, uint32_t layer_index, 
     }
   }
   // Staged file rows are pinned pages the attention reads: kept until it has run.
-  if (staged || stats != nullptr || !file_items.empty()) SSA_CUDA_RETURN(cudaStreamSynchronize(stream), "decode");
+  if (staged || stats != nullptr || hook != nullptr || !file_items.empty())
+    SSA_CUDA_RETURN(cudaStreamSynchronize(stream), "decode");
   if (stats != nullptr) {
     // Counted as the CPU counts them (docs/GROUP_SELECTION.md): every q head
     // uses all of its selection row's rows; the scores computed are counted
@@ -217,18 +215,18 @@ absl::Status run_launch_set(const std::vector<Job>& jobs, uint32_t layer_index, 
   return absl::OkStatus();
 }
 
-}  // namespace
-
 absl::Status CudaBackend::decode_layer(const ssa_session& s, const LayerStore& layer, uint32_t layer_index,
                                        const void* q, void* out, const ssa_decode_params& p, uint64_t seed,
                                        ssa_decode_stats* stats, std::vector<HeadTrace>*, DecodeProfile*) const {
   SSA_CUDA_RETURN(cudaSetDevice(state(s).device), "cudaSetDevice");
-  std::vector<Job> jobs{Job{&s, &layer, q, out, plan_decode(layer.n_tokens, p)}};
-  return run_launch_set(jobs, layer_index, p, seed, stats);
+  const Job job{&s, &layer, q, out, plan_decode(layer.n_tokens, p)};
+  if (job.plan.targeted) return targeted_decode(job, layer_index, p, seed, stats);
+  return run_launch_set({job}, layer_index, p, seed, stats);
 }
 
 absl::Status CudaBackend::decode_batch(const ssa_decode_item* items, size_t n_items, uint32_t layer,
                                        const ssa_decode_params& p) const {
+  if (p.target_error > 0.0f) return unsupported(kBatchNoErrorTarget);
   // Proxy methods need an index on every layer decoded (trained on demand).
   std::vector<ssa_session*> sessions;
   for (size_t i = 0; i < n_items; ++i) sessions.push_back(items[i].session);

@@ -1,0 +1,48 @@
+// One launch set of the CUDA decode (launch_set.cc): jobs of one shape run as one
+// pass of the kernel pipeline, with their stats. The error-targeted decode
+// (targeted_decode.cc) runs its rounds through it.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <vector>
+
+#include "absl/status/status.h"
+#include "decode/decode_plan.h"
+#include "kernels/decode_types.h"
+#include "ssa.h"
+
+namespace ssa::cuda {
+
+struct LaunchJob {
+  const ssa_session* s;
+  const LayerStore* layer;
+  const void* q;
+  void* out;
+  DecodePlan plan;
+};
+
+// Work queued right after the pipeline, on its stream, while its workspace is
+// alive (the error estimate of a round); record_draws asks the sampler for the
+// draw lists it reads.
+struct LaunchHook {
+  virtual ~LaunchHook() = default;
+  virtual bool record_draws() const { return false; }
+  virtual cudaError_t after_decode(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
+                                   cudaStream_t stream) = 0;
+};
+
+// stats (optional) summed over the jobs. Returns once the work is queued; with
+// stats, staged (host) buffers or a hook, once it is done.
+absl::Status run_launch_set(const std::vector<LaunchJob>& jobs, uint32_t layer_index, const ssa_decode_params& p,
+                            uint64_t seed, ssa_decode_stats* stats, LaunchHook* hook = nullptr);
+
+constexpr const char* kBatchNoErrorTarget =
+    "ssa_decode_batch with target_error > 0 is not implemented by the CUDA backend (its rounds choose "
+    "budgets per item); use ssa_decode per item or a fixed budget";
+
+// Error-targeted decode of one (session, layer, query) (targeted_decode.cc).
+absl::Status targeted_decode(const LaunchJob& job, uint32_t layer_index, const ssa_decode_params& p,
+                             uint64_t seed, ssa_decode_stats* stats);
+
+}  // namespace ssa::cuda
