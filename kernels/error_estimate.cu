@@ -27,7 +27,7 @@ namespace {
 
 // A partial: [m_E, z_E, M_D, s0, q0, q2, -, -] then y_E[D], s1[D], q1[D].
 constexpr uint32_t kHeader = 8;
-constexpr uint32_t kMaxSplits = 256;
+constexpr uint32_t kMaxEstimateSplits = 256;
 constexpr uint32_t kPositionsPerSplit = 64;
 constexpr int kFinishThreads = 256;
 
@@ -270,7 +270,7 @@ uint32_t estimate_splits(const DecodeBatch& b, const WorkspacePlan& plan) {
   }
   const uint64_t positions = uint64_t{fixed} + plan.select_cap_max;
   return static_cast<uint32_t>(
-      std::clamp<uint64_t>((positions + kPositionsPerSplit - 1) / kPositionsPerSplit, 1, kMaxSplits));
+      std::clamp<uint64_t>((positions + kPositionsPerSplit - 1) / kPositionsPerSplit, 1, kMaxEstimateSplits));
 }
 
 }  // namespace

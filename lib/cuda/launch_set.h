@@ -10,6 +10,7 @@
 #include "absl/status/status.h"
 #include "decode/decode_plan.h"
 #include "kernels/decode_types.h"
+#include "targeted_rounds.h"
 #include "ssa.h"
 
 namespace ssa::cuda {

@@ -50,6 +50,8 @@ constexpr double kMinGrowth = 1.5;
 // budget predicts the next one's, at least this.
 constexpr double kMinDrawShare = 1.0 / 16;
 
+thread_local uint32_t t_last_rounds = 0;
+
 // Reads back, after a round, every row's state and V.
 class EstimateHook final : public LaunchHook {
  public:
@@ -97,11 +99,14 @@ uint64_t budget_for_draws(const ssa_decode_params& p, uint64_t draws, uint64_t f
 
 }  // namespace
 
+uint32_t last_targeted_rounds() { return t_last_rounds; }
+
 absl::Status targeted_decode(const LaunchJob& job, uint32_t layer_index, const ssa_decode_params& p,
                              uint64_t seed, ssa_decode_stats* stats) {
   const DecodePlan& plan = job.plan;
   const ssa_session& s = *job.s;
   const uint32_t nq = s.layout.n_q_heads;
+  t_last_rounds = 1;
   if (plan.dense || !plan.selects()) {
     // Everything exact (the floor covers the candidates), or the cap leaves only
     // sink and local tokens: their share of the output is lost and no draw can
@@ -166,6 +171,7 @@ absl::Status targeted_decode(const LaunchJob& job, uint32_t layer_index, const s
     EstimateHook hook;
     ssa_decode_stats rs{};
     rs.struct_size = sizeof(rs);
+    t_last_rounds = static_cast<uint32_t>(round + 1);
     SSA_RETURN_IF_ERROR(run_launch_set({j}, layer_index, p, seed, stats != nullptr ? &rs : nullptr, &hook));
     rows_from_host += rs.rows_from_host;
     host_cache_hits += rs.host_cache_hits;

@@ -8,18 +8,61 @@
 
 #include <cmath>
 
+#include <random>
 #include <string>
 #include <vector>
 
 #include "support/gpu_sessions.h"
 #include "support/gpu_layer.h"
 #include "support/reference_attention.h"
+#include "support/structured_context.h"
 #include "ssa.h"
 
 namespace ssa::gputest {
 namespace {
 
 constexpr uint32_t kSink = 16, kLocal = 64;
+
+// Gaussian keys and values with needles: queries of norm ~2.5 sqrt(d) give
+// attention that is neither flat nor a few spikes (as the CPU backend's tests
+// use), and one token in 64 carries a needle towards the first q head of each
+// KV group (about 10 logits above its background), which the heavy set must
+// find. make_data's queries of norm sqrt(d) give nearly flat attention whose
+// output is so small that every relative target needs the whole context.
+Data needle_data(uint32_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  Data d;
+  d.n = n;
+  d.q.resize(kNq * kD);
+  for (auto& x : d.q) x = f32_to_f16(2.5f * nd(rng));
+  d.k.resize(size_t{n} * kNkv * kD);
+  d.v.resize(d.k.size());
+  for (uint32_t i = 0; i < n; ++i) {
+    const bool needle = (rng() % 64) == 0;
+    for (uint32_t h = 0; h < kNkv; ++h)
+      for (uint32_t j = 0; j < kD; ++j) {
+        float x = nd(rng);
+        if (needle) x += 0.15f * f16_to_f32(d.q[h * (kNq / kNkv) * kD + j]);
+        d.k[(size_t{i} * kNkv + h) * kD + j] = f32_to_f16(x);
+        d.v[(size_t{i} * kNkv + h) * kD + j] = f32_to_f16(nd(rng));
+      }
+  }
+  return d;
+}
+
+// The structured context of the CPU tests (topics, bursts, sink, recency), in f16.
+Data structured_data(uint32_t n, uint64_t seed) {
+  ssa_test::StructuredOptions o;
+  o.seed = seed;
+  const auto c = ssa_test::make_structured_context(n, kNkv, kNq, kD, o);
+  Data d;
+  d.n = n;
+  for (float x : c.K) d.k.push_back(f32_to_f16(x));
+  for (float x : c.V) d.v.push_back(f32_to_f16(x));
+  for (float x : c.q) d.q.push_back(f32_to_f16(x));
+  return d;
+}
 
 // The float64 dense output of every q head (the f16 values exactly as stored).
 std::vector<std::vector<double>> dense_refs(const Data& d) {
@@ -113,9 +156,9 @@ struct Fixture {
   std::vector<Workload> w;
   explicit Fixture(uint32_t flags, ssa_backend backend = SSA_BACKEND_CUDA, uint32_t n = 16384) {
     rt = runtime(backend);
-    for (uint64_t seed : {11u, 12u}) {
+    for (int kind = 0; kind < 2; ++kind) {
       Workload x;
-      x.data = make_data(n, seed);
+      x.data = kind == 0 ? needle_data(n, 11) : structured_data(n, 12);
       x.refs = dense_refs(x.data);
       x.s = session(rt, flags);
       fill(x.s, x.data, (flags & SSA_SESSION_HOST_POINTERS) == 0 && backend == SSA_BACKEND_CUDA);
@@ -203,7 +246,9 @@ TEST_CASE("gpu error target: a tiny max_budget caps the heads and reports their 
     CHECK(a.capped <= a.trials);
     // Capped heads predict more than epsilon, and that prediction is a bound on
     // the achieved error, not a guess below it.
-    CHECK(std::isfinite(a.predicted_sum));
+    // (SSA always has draws at this cap; the adaptive split may leave too few
+    // to estimate, which reports an infinite prediction.)
+    if (m == SSA_METHOD_SSA) CHECK(std::isfinite(a.predicted_sum));
     CHECK(a.predicted_sum > 0.01 * static_cast<double>(a.capped));
     CHECK(a.err_sum <= a.predicted_sum);
     CHECK(a.budget_sum / a.decodes <= p.max_budget);
