@@ -239,7 +239,7 @@ type DecodeParams struct {
 	Seed          uint64  // 0 = the runtime's seed
 	Step          uint64  // RNG counter
 	Stream        uintptr // cudaStream_t for CUDA sessions; 0 = default stream
-	// Error-targeted decode (SSA and SSA_ADAPTIVE, CPU sessions; see ssa.h):
+	// Error-targeted decode (SSA and SSA_ADAPTIVE; not batched on CUDA sessions; see ssa.h):
 	// TargetError > 0 asks each head for relative error <= TargetError with
 	// probability >= 1 - TargetDelta, choosing its own budget up to MaxBudget
 	// (0 = the library's default cap); Budget is then a floor.

@@ -1,6 +1,6 @@
 // Error-targeted decode on the GPU (ssa.h "Error-targeted decode"; the design is
-// docs/ERROR_TARGET.md). The kernel pipeline takes one budget per launch set, so
-// the budgets grow in rounds driven by the host:
+// docs/ALGORITHM.md, "On CUDA sessions"). The kernel pipeline takes one budget
+// per launch set, so the budgets grow in rounds driven by the host:
 //   round 0 decodes at the floor budget, at least large enough for a pilot of
 //     64 draws (the method's own split of k' into heavy rows and draws);
 //   after each round, kernels/error_estimate.cu computes every q head's V (the

@@ -384,8 +384,8 @@ typedef struct ssa_decode_params {
                                (SSA_ERR_UNSUPPORTED) */
 } ssa_decode_params;
 
-/* Error-targeted decode (target_error > 0; methods SSA and SSA_ADAPTIVE only,
-   CPU sessions only). Instead of a fixed budget, each query head chooses its
+/* Error-targeted decode (target_error > 0; methods SSA and SSA_ADAPTIVE only;
+   CPU and CUDA sessions, not sharded ones). Instead of a fixed budget, each query head chooses its
    own budget k so that its output o_hat meets
        ||o_hat - o||_2 <= target_error * ||o||_2   with probability >= 1 - target_delta
    by the library's prediction, where o is exact dense attention. Per head:
@@ -417,9 +417,23 @@ typedef struct ssa_decode_params {
    conservative stand-in for the deduplicated estimator's); tests check the
    achieved coverage statistically, and it is typically well above 1 - delta.
    Deterministic like every sampling decode: a function of (seed, step, layer,
-   head, inputs), independent of the thread count. The CUDA backend returns
-   SSA_ERR_UNSUPPORTED; other methods give SSA_ERR_INVALID_ARGUMENT, and so does
-   SSA with heavy_fraction 1 (no draws to measure the error with). */
+   head, inputs), independent of the thread count. Other methods give
+   SSA_ERR_INVALID_ARGUMENT, and so does SSA with heavy_fraction 1 (no draws to
+   measure the error with).
+   CUDA sessions give the same guarantee with budgets grown in rounds, as the
+   kernels take one budget per decode (docs/ALGORITHM.md, "On CUDA sessions"):
+   round 0 decodes every head at the floor (at least a pilot of 64 draws; the
+   method's split into heavy rows and draws), V of every head is estimated on
+   the device from the rows that round read (the formula of step 2, every draw
+   with its multiplicity), and a head whose c * V / target_error^2 draws are no
+   more than the round drew keeps that round's output. The other heads decode
+   again, all at the largest budget any of them needs (with a margin); the
+   fourth round, or one at the cap, is the last, and heads still short keep its
+   output and count in capped_heads. So each head's prediction comes from the
+   draws of the output returned for it. The stats describe the round each head
+   kept (rows_from_host and host_cache_hits: all rounds); the call waits for
+   its rounds on the host (a stream being captured into a CUDA graph gives
+   SSA_ERR_INVALID_ARGUMENT), and ssa_decode_batch gives SSA_ERR_UNSUPPORTED. */
 
 /* Fills *p with defaults and sets struct_size. p must not be NULL. */
 void ssa_decode_params_init(ssa_decode_params *p);
@@ -488,7 +502,7 @@ void ssa_decode_stats_init(ssa_decode_stats *st);
    host memory waits mid-decode for its selection (the host copies the rows read
    from the file), and gives SSA_ERR_INVALID_ARGUMENT on a stream being captured.
    Returns SSA_OK, SSA_ERR_INVALID_ARGUMENT, SSA_ERR_OUT_OF_MEMORY, SSA_ERR_DEVICE,
-   SSA_ERR_UNSUPPORTED (target_error > 0 on a CUDA session or a sharded session). */
+   SSA_ERR_UNSUPPORTED (target_error > 0 on a sharded session). */
 ssa_status ssa_decode(ssa_session *s, uint32_t layer, const void *q, void *out,
                               const ssa_decode_params *p, ssa_decode_stats *stats);
 
@@ -535,7 +549,8 @@ typedef struct ssa_decode_item {
    Items: borrowed array of n_items. A session may appear in several items.
    Validates every item before computing any; on failure no out is written
    by a failing validation, and the message names the first bad item.
-   Returns as ssa_decode. */
+   Returns as ssa_decode, and SSA_ERR_UNSUPPORTED for target_error > 0 on CUDA
+   sessions (decode them one at a time with ssa_decode). */
 ssa_status ssa_decode_batch(const ssa_decode_item *items, size_t n_items,
                                     uint32_t layer, const ssa_decode_params *p);
 

@@ -729,7 +729,7 @@ class Session:
             stats: also return an ssa.DecodeStats.
             pi_min: lower clamp of inclusion probabilities (None: library default).
             stream: CUDA stream (int handle or torch.cuda.Stream) for CUDA sessions.
-            target_error: error-targeted decode ("ssa" and "ssa_adaptive", CPU sessions):
+            target_error: error-targeted decode ("ssa" and "ssa_adaptive"; decode_batch of CUDA sessions refuses it):
                 instead of a fixed budget each head reads as many rows as it predicts it
                 needs for ||out - exact|| <= target_error * ||exact|| with probability
                 >= 1 - target_delta (see ssa.h). None or 0: off. `budget` is then the

@@ -336,7 +336,7 @@ pub struct DecodeParams {
     pub step: u64,
     /// `cudaStream_t` (as an address) for CUDA sessions; 0 = default stream.
     pub stream: usize,
-    /// Error-targeted decode (`Ssa` and `SsaAdaptive` on CPU sessions; see ssa.h):
+    /// Error-targeted decode (`Ssa` and `SsaAdaptive`; not batched on CUDA sessions; see ssa.h):
     /// wanted relative error of each head's output; 0 (default) = off. With a
     /// target, each head chooses its own budget and `budget` is a floor.
     pub target_error: f32,
