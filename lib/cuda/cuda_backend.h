@@ -12,7 +12,9 @@
 //   device_state.{h,cc}  the session's device state, its table and codebook cache
 //   device_append.cc     append: rows copied, scanned and encoded on the device
 //   device_index.cc      the PQ index trained and encoded on the device
-//   launch_set.cc        decode: launch sets of items, and their stats
+//   launch_set.{h,cc}    decode: launch sets of items, and their stats
+//   targeted_decode.cc   error-targeted decode: rounds of launch sets, per-head
+//                        error estimates (kernels/error_estimate.cu)
 //   device_checks.cc     devices, memory spaces, decode requests, snapshot staging
 // and the pieces they share: device_alloc (the memory pool), device_pages (device
 // page pools), device_mem (scoped device memory, page tables), device_error
