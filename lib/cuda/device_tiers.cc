@@ -82,6 +82,12 @@ bool layer_has_host_pages(const LayerStore& layer) {
   return false;
 }
 
+bool layer_has_file_pages(const LayerStore& layer) {
+  for (const PageRef& p : layer.kv_pages)
+    if (p->tier() == PageTier::kFile) return true;
+  return false;
+}
+
 absl::Status rebalance_layer(ssa_session& s, uint32_t layer_index, LayerStore& layer, uint64_t first_written,
                              uint64_t new_pages) {
   SessionState& st = state(s);

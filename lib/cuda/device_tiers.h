@@ -86,5 +86,7 @@ absl::Status tier_view(SessionState& st, uint32_t layer_index, const LayerStore&
 
 // True when some page of the layer is not a device page (its decodes count tiers).
 bool layer_has_host_pages(const LayerStore& layer);
+// Whether any page of the layer is mapped from a snapshot file.
+bool layer_has_file_pages(const LayerStore& layer);
 
 }  // namespace ssa::cuda

@@ -54,6 +54,19 @@ absl::Status run_launch_set(const std::vector<Job>& jobs, uint32_t layer_index, 
   const bool staged = host_buffers(s0);
   DeviceMem stage;
   if (staged) SSA_CUDA_RETURN(stage.alloc(2 * qbytes * jobs.size(), stream), "cudaMallocAsync of q/out staging");
+  // Pages mapped from a snapshot file that the device cannot read: the decode
+  // stops after the selection for the host to copy the rows it reads, which a
+  // graph cannot replay (checked before anything is queued).
+  for (const Job& j : jobs) {
+    if (state(*j.s).reads_pageable || !layer_has_file_pages(*j.layer)) continue;
+    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    SSA_CUDA_RETURN(cudaStreamIsCapturing(stream, &cap), "cudaStreamIsCapturing");
+    if (cap != cudaStreamCaptureStatusNone) {
+      return invalid_argument("the stream is being captured into a CUDA graph, but the session's pages are mapped "
+                              "from a snapshot file this device cannot read: its decodes copy the rows they read "
+                              "on the host between the selection and the attention, which a graph cannot replay");
+    }
+  }
   std::vector<std::shared_ptr<SessionState::LayerCache>> tables(jobs.size());
   for (size_t i = 0; i < jobs.size(); ++i) {
     const Job& j = jobs[i];
@@ -72,21 +85,10 @@ absl::Status run_launch_set(const std::vector<Job>& jobs, uint32_t layer_index, 
     }
     plan_item(j.plan, p, g, &it);
   }
-  // Pages mapped from a snapshot file that the device cannot read: the decode
-  // stops after the selection for the host to copy the rows it reads.
   std::vector<FileStageItem> file_items;
   for (size_t i = 0; i < jobs.size(); ++i) {
     if (needs_file_stage(state(*jobs[i].s), *tables[i]))
       file_items.push_back({static_cast<uint32_t>(i), jobs[i].s, jobs[i].layer, tables[i].get()});
-  }
-  if (!file_items.empty()) {
-    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
-    SSA_CUDA_RETURN(cudaStreamIsCapturing(stream, &cap), "cudaStreamIsCapturing");
-    if (cap != cudaStreamCaptureStatusNone) {
-      return invalid_argument("the stream is being captured into a CUDA graph, but the session's pages are mapped "
-                              "from a snapshot file this device cannot read: its decodes copy the rows they read "
-                              "on the host between the selection and the attention, which a graph cannot replay");
-    }
   }
   int sms = 0;
   SSA_CUDA_RETURN(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, state(s0).device),

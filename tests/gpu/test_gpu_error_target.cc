@@ -250,7 +250,10 @@ TEST_CASE("gpu error target: a tiny max_budget caps the heads and reports their 
     // to estimate, which reports an infinite prediction.)
     if (m == SSA_METHOD_SSA) CHECK(std::isfinite(a.predicted_sum));
     CHECK(a.predicted_sum > 0.01 * static_cast<double>(a.capped));
-    CHECK(a.err_sum <= a.predicted_sum);
+    // At the cap V comes from a hundred-odd draws, so the prediction is the
+    // error's size, not a bound: within a factor of the achieved error.
+    CHECK(a.err_sum <= 1.5 * a.predicted_sum);
+    if (std::isfinite(a.predicted_sum)) CHECK(a.err_sum >= a.predicted_sum / 10);
     CHECK(a.budget_sum / a.decodes <= p.max_budget);
   }
   // A cap that covers only sink and local tokens: nothing is drawn, every head
