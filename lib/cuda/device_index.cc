@@ -8,6 +8,7 @@
 #include "cuda_backend.h"
 #include "device_error.h"
 #include "device_state.h"
+#include "file_staging.h"
 #include "index/pq_index.h"
 
 namespace ssa::cuda {
@@ -41,7 +42,10 @@ absl::Status CudaBackend::train_index(ssa_session& s, LayerStore& layer) const {
   books->sub_dim = L.sub_dim();
   books->data.resize(size_t{L.n_kv_heads} * L.pq_subspaces * L.pq_centroids * L.sub_dim());
   DeviceMem kt, work, bd;
-  SSA_RETURN_IF_ERROR(upload_table(layer.kv_pages, false, nullptr, &kt));
+  // Pages mapped from a file this device cannot read are read from pinned copies.
+  absl::StatusOr<std::vector<PageRef>> kv = readable_pages(s, layer);
+  if (!kv.ok()) return kv.status();
+  SSA_RETURN_IF_ERROR(upload_table(*kv, false, nullptr, &kt));
   SSA_CUDA_RETURN(work.alloc(kmeans_workspace_bytes(shape, n), nullptr), "cudaMallocAsync of k-means workspace");
   SSA_CUDA_RETURN(bd.alloc(books->data.size() * sizeof(float), nullptr), "cudaMallocAsync of codebooks");
   // Sample on the device, k-means++ seeds on the host (as the CPU backend seeds),
@@ -66,8 +70,8 @@ absl::Status CudaBackend::train_index(ssa_session& s, LayerStore& layer) const {
     if (!page.ok()) return page.status();
     codes.push_back(*std::move(page));
   }
-  SSA_RETURN_IF_ERROR(encode_range(s, static_cast<const float*>(bd.p), layer.kv_pages, codes, 0, layer.n_tokens));
-  SSA_CUDA_RETURN(cudaStreamSynchronize(nullptr), "PQ encode");
+  SSA_RETURN_IF_ERROR(encode_range(s, static_cast<const float*>(bd.p), *kv, codes, 0, layer.n_tokens));
+  SSA_CUDA_RETURN(cudaStreamSynchronize(nullptr), "PQ encode");  // the copies in *kv may go after this
   {
     // The session's device copy of these codebooks is the one just trained: the
     // next append or decode need not upload them again.

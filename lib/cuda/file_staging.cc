@@ -147,4 +147,31 @@ absl::Status stage_file_rows(const std::vector<FileStageItem>& items, DecodeBatc
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::vector<PageRef>> readable_pages(const ssa_session& s, const LayerStore& layer) {
+  std::vector<PageRef> pages = layer.kv_pages;
+  if (state(s).reads_pageable) return pages;
+  std::vector<size_t> staged;
+  for (size_t j = 0; j < pages.size(); ++j)
+    if (pages[j]->tier() == PageTier::kFile) staged.push_back(j);
+  if (staged.empty()) return pages;
+  absl::StatusOr<std::shared_ptr<PinnedPagePool>> pool = stage_pool(s);
+  if (!pool.ok()) return pool.status();
+  std::vector<PageRef> copies;
+  for (size_t k = 0; k < staged.size(); ++k) {
+    absl::StatusOr<PageRef> page = (*pool)->allocate();
+    if (!page.ok()) return page.status();
+    copies.push_back(*std::move(page));
+  }
+  const size_t bytes = s.layout.kv_page_bytes();
+  auto run = [&](size_t k) { memcpy(copies[k]->mutable_data(), pages[staged[k]]->data(), bytes); };
+  ThreadPool* threads = s.rt->pool.get();
+  if (threads != nullptr) {
+    threads->parallel_for(staged.size(), run);
+  } else {
+    for (size_t k = 0; k < staged.size(); ++k) run(k);
+  }
+  for (size_t k = 0; k < staged.size(); ++k) pages[staged[k]] = std::move(copies[k]);
+  return pages;
+}
+
 }  // namespace ssa::cuda

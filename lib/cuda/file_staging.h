@@ -48,4 +48,9 @@ bool needs_file_stage(const SessionState& st, const SessionState::LayerCache& ta
 absl::Status stage_file_rows(const std::vector<FileStageItem>& items, DecodeBatch* b, const Workspace* ws,
                              cudaStream_t stream, FileStage* out);
 
+// The layer's pages with every file page the device cannot read replaced by a
+// pinned copy of it (index training reads every key): the layer's own pages
+// where there is none. The copies live as long as the returned references.
+absl::StatusOr<std::vector<PageRef>> readable_pages(const ssa_session& s, const LayerStore& layer);
+
 }  // namespace ssa::cuda
