@@ -30,27 +30,7 @@ constexpr uint32_t kSink = 16, kLocal = 64;
 // KV group (about 10 logits above its background), which the heavy set must
 // find. make_data's queries of norm sqrt(d) give nearly flat attention whose
 // output is so small that every relative target needs the whole context.
-Data needle_data(uint32_t n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> nd(0.f, 1.f);
-  Data d;
-  d.n = n;
-  d.q.resize(kNq * kD);
-  for (auto& x : d.q) x = f32_to_f16(2.5f * nd(rng));
-  d.k.resize(size_t{n} * kNkv * kD);
-  d.v.resize(d.k.size());
-  for (uint32_t i = 0; i < n; ++i) {
-    const bool needle = (rng() % 64) == 0;
-    for (uint32_t h = 0; h < kNkv; ++h)
-      for (uint32_t j = 0; j < kD; ++j) {
-        float x = nd(rng);
-        if (needle) x += 0.15f * f16_to_f32(d.q[h * (kNq / kNkv) * kD + j]);
-        d.k[(size_t{i} * kNkv + h) * kD + j] = f32_to_f16(x);
-        d.v[(size_t{i} * kNkv + h) * kD + j] = f32_to_f16(nd(rng));
-      }
-  }
-  return d;
-}
+Data needle_data(uint32_t n, uint64_t seed) { return make_data(n, seed, 2.5f, 0.15f); }
 
 // The structured context of the CPU tests (topics, bursts, sink, recency), in f16.
 Data structured_data(uint32_t n, uint64_t seed) {

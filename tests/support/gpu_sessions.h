@@ -24,13 +24,15 @@ struct Data {
   std::vector<uint16_t> k, v, q;  // f16 bits
 };
 
-inline Data make_data(uint32_t n, uint64_t seed) {
+// Gaussian K/V; one token in 64 a needle towards the first q head of each KV
+// group (k += needle_gain * q). q_scale: the queries' scale (1: norm ~sqrt(d)).
+inline Data make_data(uint32_t n, uint64_t seed, float q_scale = 1.0f, float needle_gain = 2.0f) {
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> nd(0.f, 1.f);
   Data d;
   d.n = n;
   d.q.resize(kNq * kD);
-  for (auto& x : d.q) x = f32_to_f16(nd(rng));
+  for (auto& x : d.q) x = f32_to_f16(q_scale * nd(rng));
   d.k.resize(size_t{n} * kNkv * kD);
   d.v.resize(d.k.size());
   for (uint32_t i = 0; i < n; ++i) {
@@ -38,7 +40,7 @@ inline Data make_data(uint32_t n, uint64_t seed) {
     for (uint32_t h = 0; h < kNkv; ++h)
       for (uint32_t j = 0; j < kD; ++j) {
         float x = nd(rng);
-        if (needle) x += 2.0f * f16_to_f32(d.q[h * (kNq / kNkv) * kD + j]);
+        if (needle) x += needle_gain * f16_to_f32(d.q[h * (kNq / kNkv) * kD + j]);
         d.k[(size_t{i} * kNkv + h) * kD + j] = f32_to_f16(x);
         d.v[(size_t{i} * kNkv + h) * kD + j] = f32_to_f16(nd(rng));
       }
