@@ -1,12 +1,9 @@
 #include "device_state.h"
 
-#include <algorithm>
-
 #include "cuda_backend.h"
 #include "device_alloc.h"
 #include "device_error.h"
 #include "kernels/cuda_decode.h"
-#include "kernels/tier_accounting.h"
 
 namespace ssa::cuda {
 
@@ -77,7 +74,6 @@ absl::StatusOr<std::shared_ptr<SessionState::LayerCache>> layer_tables(const ssa
     fresh->layer = layer_index;
     if (tiered) {
       fresh->tiered = true;
-      fresh->file_pages = std::find(tier_codes.begin(), tier_codes.end(), uint8_t{kTierFile}) != tier_codes.end();
       fresh->kv = std::move(entries);
       fresh->memory = std::move(memory);
       SSA_RETURN_IF_ERROR(upload_array(fresh->kv.data(), fresh->kv.size() * sizeof(void*), st.stream,

@@ -71,7 +71,6 @@ struct SessionState final : BackendSession {
     // Tiered sessions: the TierCode of each page and the rows per page that
     // decodes through these tables read (kernels/tier_accounting.h).
     bool tiered = false;
-    bool file_pages = false;  // some entry reads a page mapped from a snapshot file
     DeviceMem tier_table, page_rows;
     LastUse last_use;
     uint64_t tokens_read = 0;  // the longest context any decode through it read

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "device_error.h"
+#include "device_tiers.h"
 #include "kernels/file_rows.h"
 #include "kernels/tier_accounting.h"
 #include "pinned_pages.h"
@@ -22,6 +23,17 @@ bool staged_page(const FileStageItem& it, size_t j) {
 
 bool marked(const std::vector<uint32_t>& bits, size_t base, uint64_t bit) {
   return (bits[base + bit / 32] >> (bit % 32)) & 1u;
+}
+
+// Whether any of bits [lo, hi) is set, a word at a time.
+bool any_marked(const std::vector<uint32_t>& bits, size_t base, uint64_t lo, uint64_t hi) {
+  while (lo < hi && lo % 32 != 0)
+    if (marked(bits, base, lo++)) return true;
+  for (; lo + 32 <= hi; lo += 32)
+    if (bits[base + lo / 32] != 0) return true;
+  for (; lo < hi; ++lo)
+    if (marked(bits, base, lo)) return true;
+  return false;
 }
 
 // The rows of file page j that are marked (all with `whole`), copied into dst at
@@ -64,8 +76,8 @@ absl::StatusOr<std::shared_ptr<PinnedPagePool>> stage_pool(const ssa_session& s)
 
 }  // namespace
 
-bool needs_file_stage(const SessionState& st, const SessionState::LayerCache& tables) {
-  return tables.file_pages && !st.reads_pageable;
+bool stages_file_rows(const ssa_session& s, const LayerStore& layer) {
+  return !state(s).reads_pageable && layer_has_file_pages(layer);
 }
 
 absl::Status stage_file_rows(const std::vector<FileStageItem>& items, DecodeBatch* b, const Workspace* ws,
@@ -110,10 +122,9 @@ absl::Status stage_file_rows(const std::vector<FileStageItem>& items, DecodeBatc
     const uint64_t n = it.layer->n_tokens;
     for (size_t j = 0; j < entries[i].size(); ++j) {
       if (!staged_page(it, j)) continue;
-      bool any = whole;
       const uint64_t t0 = uint64_t{j} * L.page_tokens, t1 = std::min<uint64_t>(n, t0 + L.page_tokens);
-      for (uint64_t bit = t0 * L.n_kv_heads; !any && bit < t1 * L.n_kv_heads; ++bit) any = marked(bits, base[i], bit);
-      if (!any) continue;  // no read set takes a row of it: the attention does not read it
+      // No read set takes a row of it: the attention does not read it.
+      if (!whole && !any_marked(bits, base[i], t0 * L.n_kv_heads, t1 * L.n_kv_heads)) continue;
       absl::StatusOr<PageRef> page = (*pool)->allocate();
       if (!page.ok()) return page.status();
       copies.push_back({i, j, (*page)->mutable_data()});
@@ -128,12 +139,7 @@ absl::Status stage_file_rows(const std::vector<FileStageItem>& items, DecodeBatc
     rows[c] = copy_rows(L, it.layer->kv_pages[k.page]->data(), k.dst, k.page, it.layer->n_tokens, bits,
                         base[k.item], whole);
   };
-  ThreadPool* threads = items[0].s->rt->pool.get();
-  if (threads != nullptr) {
-    threads->parallel_for(copies.size(), run);
-  } else {
-    for (size_t c = 0; c < copies.size(); ++c) run(c);
-  }
+  items[0].s->rt->pool->parallel_for(copies.size(), run);
   for (uint64_t r : rows) out->rows_copied += r;
   std::vector<DeviceMem*> made;
   for (size_t i = 0; i < items.size(); ++i) {
@@ -164,12 +170,7 @@ absl::StatusOr<std::vector<PageRef>> readable_pages(const ssa_session& s, const 
   }
   const size_t bytes = s.layout.kv_page_bytes();
   auto run = [&](size_t k) { memcpy(copies[k]->mutable_data(), pages[staged[k]]->data(), bytes); };
-  ThreadPool* threads = s.rt->pool.get();
-  if (threads != nullptr) {
-    threads->parallel_for(staged.size(), run);
-  } else {
-    for (size_t k = 0; k < staged.size(); ++k) run(k);
-  }
+  s.rt->pool->parallel_for(staged.size(), run);
   for (size_t k = 0; k < staged.size(); ++k) pages[staged[k]] = std::move(copies[k]);
   return pages;
 }

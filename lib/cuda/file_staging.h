@@ -37,8 +37,9 @@ struct FileStage {
   uint64_t rows_copied = 0;  // (token, KV head) rows copied, K and V
 };
 
-// Whether decodes through `tables` must stage their file pages.
-bool needs_file_stage(const SessionState& st, const SessionState::LayerCache& tables);
+// Whether decodes of the session's layer must stage the rows they read from file
+// pages (the layer has some, and the device cannot read them in place).
+bool stages_file_rows(const ssa_session& s, const LayerStore& layer);
 
 // Copies what the items read from their file pages into pinned pages and points
 // each item's kv_pages at a table that reads them. ws null: whole pages, before

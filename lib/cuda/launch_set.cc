@@ -58,7 +58,7 @@ absl::Status run_launch_set(const std::vector<Job>& jobs, uint32_t layer_index, 
   // stops after the selection for the host to copy the rows it reads, which a
   // graph cannot replay (checked before anything is queued).
   for (const Job& j : jobs) {
-    if (state(*j.s).reads_pageable || !layer_has_file_pages(*j.layer)) continue;
+    if (!stages_file_rows(*j.s, *j.layer)) continue;
     cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
     SSA_CUDA_RETURN(cudaStreamIsCapturing(stream, &cap), "cudaStreamIsCapturing");
     if (cap != cudaStreamCaptureStatusNone) {
@@ -87,7 +87,7 @@ absl::Status run_launch_set(const std::vector<Job>& jobs, uint32_t layer_index, 
   }
   std::vector<FileStageItem> file_items;
   for (size_t i = 0; i < jobs.size(); ++i) {
-    if (needs_file_stage(state(*jobs[i].s), *tables[i]))
+    if (stages_file_rows(*jobs[i].s, *jobs[i].layer))
       file_items.push_back({static_cast<uint32_t>(i), jobs[i].s, jobs[i].layer, tables[i].get()});
   }
   int sms = 0;

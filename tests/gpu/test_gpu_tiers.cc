@@ -398,6 +398,43 @@ TEST_CASE("gpu tiers: a snapshot mapped from its file decodes bitwise equal to t
   }
 }
 
+// A staged decode of a mapped session takes pinned pages for the rows it copies:
+// when none can be had it fails with SSA_ERR_OUT_OF_MEMORY, writes nothing to
+// out, and the next decode is the loaded session's again.
+TEST_CASE("gpu tiers: a staged decode of a mapped session without pinned memory fails and changes nothing") {
+  SSA_GPU_TEST_OR_SKIP();
+  int pageable = 0;
+  REQUIRE(cudaDeviceGetAttribute(&pageable, cudaDevAttrPageableMemoryAccess, 0) == cudaSuccess);
+  if (pageable) {
+    MESSAGE("the device reads the mapping in place: nothing is staged");
+    return;
+  }
+  const Bytes b = make_bytes(6000, 41, SSA_DTYPE_F16);
+  ssa_runtime* flat = runtime(SSA_BACKEND_CUDA);
+  ssa_session* u = session(flat, SSA_SESSION_HOST_POINTERS);
+  append(u, b, 0, b.n);
+  const std::string path = temp_path("staged_oom.ssa");
+  REQUIRE(ssa_session_save(u, path.c_str()) == SSA_OK);
+  ssa_session* m = load_mapped(flat, path);
+  for (ssa_method method : {SSA_METHOD_SSA, SSA_METHOD_DENSE, SSA_METHOD_ORACLE_TOPK}) {
+    INFO("method ", method);
+    const ssa_decode_params p = params(method, 700, 3);
+    cuda::set_pinned_alloc_failure_countdown(1, true);
+    std::vector<uint8_t> o(b.q.size(), 0xAB);
+    const ssa_status st = ssa_decode(m, 0, b.q.data(), o.data(), &p, nullptr);
+    cuda::set_pinned_alloc_failure_countdown(0, false);
+    CHECK(st == SSA_ERR_OUT_OF_MEMORY);
+    CHECK(std::string(ssa_last_error_message()).find("pinned") != std::string::npos);
+    CHECK(std::all_of(o.begin(), o.end(), [](uint8_t x) { return x == 0xAB; }));
+    CHECK(ssa_session_length(m) == b.n);
+    CHECK(out(m, b, p) == out(u, b, p));
+  }
+  ssa_session_destroy(m);
+  unlink(path.c_str());
+  ssa_session_destroy(u);
+  ssa_runtime_destroy(flat);
+}
+
 TEST_CASE("gpu tiers: pinned host memory exhaustion at every point leaves the session unchanged") {
   SSA_GPU_TEST_OR_SKIP();
   const Bytes b = make_bytes(9000, 19, SSA_DTYPE_F16);
