@@ -62,11 +62,6 @@ class Backend {
   // After a session on `device` was destroyed.
   virtual void session_destroyed(int device) const = 0;
 
-  // True when sessions on `device` can hold pages mapped from a snapshot file
-  // (SSA_LOAD_MMAP): host memory the backend's decodes read, in place or
-  // through copies of the rows they read.
-  virtual bool maps_files(int device) const = 0;
-
   // ---- memory space of K, V, q and out
   // True when they are device memory unless the session takes host pointers
   // (SSA_SESSION_HOST_POINTERS); the rule itself is host_buffers() below.

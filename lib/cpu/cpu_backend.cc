@@ -26,7 +26,6 @@ class CpuBackend final : public Backend {
   absl::Status init_fork(const ssa_session&, ssa_session&) const override { return absl::OkStatus(); }
   void session_destroyed(int) const override {}
 
-  bool maps_files(int) const override { return true; }
   bool device_buffers() const override { return false; }
   absl::Status check_buffer(const ssa_session&, const void*, const char*) const override {
     return absl::OkStatus();

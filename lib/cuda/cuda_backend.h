@@ -38,8 +38,6 @@ class CudaBackend final : public Backend {
   absl::Status init_fork(const ssa_session& from, ssa_session& fork) const override;
   void session_destroyed(int device) const override;
 
-  // When the device reads pageable host memory (heterogeneous memory management).
-  bool maps_files(int device) const override;
   bool device_buffers() const override { return true; }
   absl::Status check_buffer(const ssa_session& s, const void* p, const char* name) const override;
 

@@ -35,10 +35,6 @@ absl::Status CudaBackend::check_device(int device) const {
   return absl::OkStatus();
 }
 
-// Every device: one that reads pageable host memory reads mapped pages in place,
-// any other through pinned copies of the rows each decode reads (file_staging.h).
-bool CudaBackend::maps_files(int) const { return true; }
-
 absl::Status CudaBackend::check_buffer(const ssa_session& s, const void* p, const char* name) const {
   if (host_buffers(s) || is_device_pointer(p)) return absl::OkStatus();
   return invalid_argument(name, " is not a device pointer (a CUDA session takes device memory; "

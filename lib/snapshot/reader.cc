@@ -575,10 +575,6 @@ absl::StatusOr<std::unique_ptr<ssa_session>> load(ssa_runtime* rt, const char* p
   }
   const bool mmap_kv = flags & SSA_LOAD_MMAP;
   const bool verify_all = flags & SSA_LOAD_VERIFY;
-  const Backend* backend = backend_of(rt->backend);
-  if (mmap_kv && (backend == nullptr || !backend->maps_files(rt->device))) {
-    return unsupported("SSA_LOAD_MMAP: the runtime's backend cannot decode pages mapped from a file");
-  }
   const std::string path(path_c);
   const snap::FileIo& io = snap::file_io();
   absl::StatusOr<int> fd = open_snapshot(path);
