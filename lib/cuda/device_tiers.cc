@@ -52,23 +52,34 @@ absl::Status take_in_reads(SessionState& st, LayerTiers& lt, const LayerStore& l
     auto it = lt.copies.find(e);
     if (it != lt.copies.end()) drop_copy(lt, it);
   }
-  bool copied = false;
+  // The copies' pages first: they are allocated and zeroed on the legacy default
+  // stream (device_pages.cc), and the copies run on the session's stream.
+  std::vector<std::pair<uint64_t, PageRef>> fresh;
   for (size_t a = 0; a < u.admit.size(); ++a) {
-    const uint64_t page = u.admit[a];
     absl::StatusOr<PageRef> dev = st.kv_pool->device_page(DeviceBudget::kCache);
     if (!dev.ok() || *dev == nullptr) {
       // No room in the cache account (or no device memory): not cached.
       for (size_t b = a; b < u.admit.size(); ++b) lt.policy.forget(u.admit[b]);
       break;
     }
+    fresh.emplace_back(u.admit[a], *std::move(dev));
+  }
+  if (fresh.empty()) return absl::OkStatus();
+  // So the session's stream waits for the legacy stream's work on those pages.
+  cudaEvent_t allocated = nullptr;
+  SSA_CUDA_RETURN(cudaEventCreateWithFlags(&allocated, cudaEventDisableTiming), "cudaEventCreate");
+  cudaError_t e = cudaEventRecord(allocated, nullptr);
+  if (e == cudaSuccess) e = cudaStreamWaitEvent(st.stream, allocated, 0);
+  cudaEventDestroy(allocated);
+  SSA_CUDA_RETURN(e, "cache page ordering");
+  for (auto& [page, dev] : fresh) {
     const Page& src = *layer.kv_pages[page];
-    SSA_CUDA_RETURN(cudaMemcpyAsync((*dev)->mutable_data(), src.data(), page_bytes, cudaMemcpyDefault, st.stream),
+    SSA_CUDA_RETURN(cudaMemcpyAsync(dev->mutable_data(), src.data(), page_bytes, cudaMemcpyDefault, st.stream),
                     "host page copy into the cache");
-    lt.copies[page] = LayerTiers::Copy{src.data(), src.keeper(), *std::move(dev)};
-    copied = true;
+    lt.copies[page] = LayerTiers::Copy{src.data(), src.keeper(), std::move(dev)};
   }
   // A copy is complete before any table points at it.
-  if (copied) SSA_CUDA_RETURN(cudaStreamSynchronize(st.stream), "host page copy into the cache");
+  SSA_CUDA_RETURN(cudaStreamSynchronize(st.stream), "host page copy into the cache");
   return absl::OkStatus();
 }
 

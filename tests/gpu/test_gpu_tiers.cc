@@ -240,6 +240,43 @@ TEST_CASE("gpu tiers: appends into cached host pages leave no stale copy behind"
   ssa_runtime_destroy(flat);
 }
 
+// The library allocates (and zeroes) device pages on the legacy default stream;
+// the cache's copies into them run on the session's stream. With the legacy
+// stream held up by a host function, a copy that did not wait for it would be
+// zeroed after it was made, and later decodes would read the zeros.
+void CUDART_CB hold_up(void*) { usleep(200 * 1000); }
+
+TEST_CASE("gpu tiers: cache copies wait for their pages' allocation on the legacy default stream") {
+  SSA_GPU_TEST_OR_SKIP();
+  const Bytes b = make_bytes(6000, 29, SSA_DTYPE_F16);
+  const uint64_t page = 2 * b.row() * 128;
+  ssa_runtime* flat = runtime(SSA_BACKEND_CUDA);
+  ssa_runtime* tiered = tiered_runtime(17 * page, 16 * page);
+  ssa_session* u = session(flat, SSA_SESSION_HOST_POINTERS);
+  ssa_session* s = session(tiered, SSA_SESSION_HOST_POINTERS);
+  append(u, b, 0, b.n);
+  append(s, b, 0, b.n);
+  uint64_t hits = 0;
+  for (int i = 0; i < 6; ++i) {
+    INFO("decode ", i);
+    ssa_decode_stats st;
+    ssa_decode_stats_init(&st);
+    const ssa_decode_params p = params(SSA_METHOD_SSA, 700, 40 + i % 2);
+    const std::vector<uint8_t> ref = out(u, b, p);
+    // Each decode admits the pages the one before read into the cache.
+    REQUIRE(cudaLaunchHostFunc(nullptr, hold_up, nullptr) == cudaSuccess);
+    CHECK(out(s, b, p, &st) == ref);
+    hits += st.host_cache_hits;
+  }
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  CHECK(hits > 0);  // the decodes read the copies
+  for (int i = 0; i < 2; ++i) CHECK(all_outputs(s, b) == all_outputs(u, b));
+  ssa_session_destroy(s);
+  ssa_session_destroy(u);
+  ssa_runtime_destroy(tiered);
+  ssa_runtime_destroy(flat);
+}
+
 TEST_CASE("gpu tiers: decode_batch over tiered sessions equals the untiered batch") {
   SSA_GPU_TEST_OR_SKIP();
   const Bytes b = make_bytes(9000, 3, SSA_DTYPE_BF16);
@@ -334,7 +371,8 @@ TEST_CASE("gpu tiers: a snapshot mapped from its file decodes bitwise equal to t
   SSA_GPU_TEST_OR_SKIP();
   int pageable = 0;
   REQUIRE(cudaDeviceGetAttribute(&pageable, cudaDevAttrPageableMemoryAccess, 0) == cudaSuccess);
-  MESSAGE("pageable memory access: ", pageable, pageable ? " (file pages read in place)" : " (rows staged)");
+  MESSAGE(std::string(pageable ? "the device reads pageable memory: file pages are read in place"
+                                : "the device cannot read pageable memory: file rows are staged"));
   for (ssa_dtype t : {SSA_DTYPE_F16, SSA_DTYPE_BF16, SSA_DTYPE_F32}) {
     INFO("dtype ", t);
     const Bytes b = make_bytes(9000, 300 + t, t);  // 9000 % 128 != 0: the last page is partly filled
