@@ -30,6 +30,7 @@
 #include "cp_async.cuh"
 #include "device_util.cuh"
 #include "head_dim.cuh"
+#include "mma_attention.cuh"
 #include "mma_fragments.cuh"
 #include "stage_launch.cuh"
 #include "stages.h"
@@ -91,18 +92,9 @@ __global__ void __launch_bounds__(kTokenGroups * kHeadTiles * 32)
   const int ht = warp % kHeadTiles, tg = warp / kHeadTiles;
   const int g = lane >> 2, t4 = lane & 3;
 
-  // q^T as B fragments: head ht * 8 + g, dims kk * 16 + 2 t4 + {0, 1, 8, 9}. q is
-  // used unscaled (exact in T); the scale is applied to S in f32.
+  // q^T as B fragments (unscaled: the scale is applied to S in f32).
   uint32_t qf[D / 16][2];
-  {
-    const uint32_t head = ht * 8 + g;
-    const T* q = static_cast<const T*>(it.q) + (size_t{kvh} * G + head) * D + 2 * t4;
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      qf[kk][0] = head < G ? *reinterpret_cast<const uint32_t*>(q + kk * 16) : 0u;
-      qf[kk][1] = head < G ? *reinterpret_cast<const uint32_t*>(q + kk * 16 + 8) : 0u;
-    }
-  }
+  load_q_fragments<D>(static_cast<const T*>(it.q) + size_t{kvh} * G * D, G, ht, g, t4, qf);
   const float scale_log2 = 1.4426950408889634f / sqrtf(static_cast<float>(D));
 
   // This thread's two heads (2 t4, 2 t4 + 1 of the head tile): running max (base 2)
@@ -157,130 +149,25 @@ __global__ void __launch_bounds__(kTokenGroups * kHeadTiles * 32)
     const T* ks = ring + (i % S::kStages) * S::kStageElems + tg * 16 * kP;
     const T* vs = ks + kTile * kP;
 
-    // S^T (16 tokens x 8 heads) = K Q^T; two accumulators halve the dependent chain.
-    float sa[4] = {0.f, 0.f, 0.f, 0.f}, sb[4] = {0.f, 0.f, 0.f, 0.f};
-    {
-      // ldmatrix x4 lane address: matrix lane / 8 = (rows +8 if odd, cols +8 if >= 2).
-      const T* kr = ks + (lane % 16) * kP + (lane / 16) * 8;
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        uint32_t a[4];
-        ldmatrix_x4(a, kr + kk * 16);
-        mma16816<T>((kk & 1) ? sb : sa, a, qf[kk][0], qf[kk][1]);
-      }
-    }
+    // S^T (16 tokens x 8 heads) = K Q^T.
+    float raw[4];
+    tile_logits<D, kP>(ks, lane, qf, raw);
     // Tokens g and g + 8 of this warp's 16; past the split end: -inf.
     const uint32_t tok = p0 + i * kTile + tg * 16 + g;
     float s[4];
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const bool valid = tok + (j >= 2 ? 8 : 0) < p1;
-      s[j] = valid ? (sa[j] + sb[j]) * scale_log2 : -INFINITY;
+      s[j] = valid ? raw[j] * scale_log2 : -INFINITY;
     }
 
-    // Online softmax per head (column): max over the 16 tokens = over g (lane bits 2-4).
-    float corr[2], p[4];
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      float mx = fmaxf(s[j], s[j + 2]);
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
-      const float m_new = fmaxf(m[j], mx);
-      // Nothing finite seen yet: subtract 0, so exp2(-inf) = 0 and never inf - inf.
-      const float m_use = m_new == -INFINITY ? 0.f : m_new;
-      corr[j] = exp2_approx(m[j] - m_use);
-      p[j] = exp2_approx(s[j] - m_use);
-      p[j + 2] = exp2_approx(s[j + 2] - m_use);
-      l[j] = l[j] * corr[j] + p[j] + p[j + 2];
-      m[j] = m_new;
-    }
-#pragma unroll
-    for (int mt = 0; mt < D / 16; ++mt) {
-      o[mt][0] *= corr[0];
-      o[mt][1] *= corr[1];
-      o[mt][2] *= corr[0];
-      o[mt][3] *= corr[1];
-    }
-
-    // P^T: (tokens g, g + 8) x (heads 2 t4, 2 t4 + 1) is the 8x8 fragment layout of
-    // [token][head]; transposed it is (head g) x (tokens 2 t4, 2 t4 + 1) = B operand.
-    const uint32_t pb0 = movmatrix_trans(pack2<T>(p[0], p[1]));
-    const uint32_t pb1 = movmatrix_trans(pack2<T>(p[2], p[3]));
-
-    // O^T (D x 8 heads) += V^T P^T; V^T tiles by ldmatrix.trans of the [token][dim]
-    // rows: matrix lane / 8 = (dims +8 if odd, tokens +8 if >= 2).
-    const T* vr = vs + ((lane % 8) + (lane / 16) * 8) * kP + ((lane / 8) & 1) * 8;
-#pragma unroll
-    for (int mt = 0; mt < D / 16; ++mt) {
-      uint32_t a[4];
-      ldmatrix_x4_trans(a, vr + mt * 16);
-      mma16816<T>(o[mt], a, pb0, pb1);
-    }
+    float p[4];
+    online_softmax_tile<D>(s, m, l, o, p);
+    accumulate_pv<D, kP>(vs, lane, p, o);
   }
 
-  // Sum of this warp's weights per head: the 8 lanes of each t4.
-#pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    l[j] += __shfl_xor_sync(0xffffffffu, l[j], 4);
-    l[j] += __shfl_xor_sync(0xffffffffu, l[j], 8);
-    l[j] += __shfl_xor_sync(0xffffffffu, l[j], 16);
-  }
-
-  // Merge the token groups of each head tile through shared memory (the ring is
-  // free once every copy has landed and every warp is past its last tile).
-  cp_async_wait<0>();
-  __syncthreads();
-  constexpr int kOP = S::kOutPitch;
-  float* obuf = reinterpret_cast<float*>(smem_raw);  // [warp][8 heads][kOP]
-  float* mlbuf = obuf + kWarps * 8 * kOP;            // [warp][8 heads][m, l]
-  {
-    float* ow = obuf + warp * 8 * kOP;
-#pragma unroll
-    for (int mt = 0; mt < D / 16; ++mt) {
-      const int d = mt * 16 + g;
-      ow[(2 * t4) * kOP + d] = o[mt][0];
-      ow[(2 * t4 + 1) * kOP + d] = o[mt][1];
-      ow[(2 * t4) * kOP + d + 8] = o[mt][2];
-      ow[(2 * t4 + 1) * kOP + d + 8] = o[mt][3];
-    }
-    if (g == 0) {
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        mlbuf[(warp * 8 + 2 * t4 + j) * 2] = m[j];
-        mlbuf[(warp * 8 + 2 * t4 + j) * 2 + 1] = l[j];
-      }
-    }
-  }
-  __syncthreads();
-  constexpr float kLn2 = 0.6931471805599453f;
-  for (uint32_t i = threadIdx.x; i < G * D; i += kThreads) {
-    const uint32_t h = i / D, d = i % D;
-    const int h_tile = h / 8, hh = h % 8;
-    float M = -INFINITY;
-#pragma unroll
-    for (int j = 0; j < kTokenGroups; ++j)
-      M = fmaxf(M, mlbuf[((j * kHeadTiles + h_tile) * 8 + hh) * 2]);
-    float L = 0.f, A = 0.f;
-    if (M != -INFINITY) {
-#pragma unroll
-      for (int j = 0; j < kTokenGroups; ++j) {
-        const int w = j * kHeadTiles + h_tile;
-        const float mw = mlbuf[(w * 8 + hh) * 2];
-        if (mw == -INFINITY) continue;
-        const float f = exp2_approx(mw - M);
-        L += mlbuf[(w * 8 + hh) * 2 + 1] * f;
-        A += obuf[(w * 8 + hh) * kOP + d] * f;
-      }
-    }
-    const uint32_t row = row_of(item, kvh * G + h, b.shape.n_q_heads);
-    float* out = ws.partial + (size_t{row} * n_splits + split) * (D + 2);
-    if (d == 0) {
-      out[0] = M * kLn2;  // -inf stays -inf
-      out[1] = L;
-    }
-    out[2 + d] = A;
-  }
+  write_group_partials<D, kTokenGroups, kHeadTiles, S::kOutPitch>(smem_raw, warp, g, t4, m, l, o, G, item, kvh,
+                                                             b.shape.n_q_heads, n_splits, split, ws.partial);
 }
 
 template <int D, typename T, int kHeadTiles>
