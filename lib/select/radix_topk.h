@@ -10,12 +10,19 @@
 
 #include <vector>
 
+#include "common/host_device.h"
+
 namespace ssa {
 
-// Order-preserving map of a float's bits to an unsigned key (larger float, larger key).
-inline uint32_t float_order_key(float f) {
+// Order-preserving map of a float's bits to an unsigned key (larger float, larger
+// key); also the key of the CUDA sharded top-k (kernels/sharded_topk.cu).
+SSA_HD uint32_t float_order_key(float f) {
+#if defined(__CUDA_ARCH__)
+  uint32_t u = __float_as_uint(f);
+#else
   uint32_t u;
   __builtin_memcpy(&u, &f, 4);
+#endif
   if (u == 0x80000000u) u = 0;  // -0.0 == +0.0: one key, so ties break by index
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }

@@ -21,6 +21,9 @@ class Collective {
   virtual ~Collective() = default;
   virtual uint32_t rank() const = 0;
   virtual uint32_t size() const = 0;
+  // Whether the buffers may be in device memory of the rank's device (NCCL);
+  // if not, only host memory (the in-process collectives).
+  virtual bool takes_device_buffers() const { return false; }
   // data[0..n) = the element-wise sum over the ranks (integers: exact).
   virtual absl::Status all_reduce_sum(uint64_t* data, size_t n) = 0;
   // data[0..n) = the element-wise maximum over the ranks (no NaN).

@@ -36,6 +36,7 @@ class NcclCollective final : public Collective {
 
   uint32_t rank() const override { return rank_; }
   uint32_t size() const override { return size_; }
+  bool takes_device_buffers() const override { return true; }
   absl::Status all_reduce_sum(uint64_t* data, size_t n) override;
   absl::Status all_reduce_max(float* data, size_t n) override;
   absl::Status all_gather(const void* send, size_t bytes, void* recv) override;

@@ -2,7 +2,8 @@
 // one rank per GPU on a thread of its own, against the in-process collectives
 // the CPU backend's shards use: the same program of all-reduces, all-gathers
 // and the shards' global top-k gives bitwise the same results, with host and
-// with device buffers. With one GPU the communicator has one rank (every result
+// with device buffers; the CUDA sharded top-k over the communicator picks the
+// same members. With one GPU the communicator has one rank (every result
 // is then the rank's own); the multi-rank cases need 2+ GPUs. NVLink multicast
 // stays off (NCCL_NVLS_ENABLE=0, set before any communicator is made).
 #define DOCTEST_CONFIG_IMPLEMENT
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "cpu/thread_pool.h"
+#include "cuda/device_sharded_topk.h"
 #include "select/radix_topk.h"
 #include "shard/in_process_collective.h"
 #include "shard/nccl/nccl_collective.h"
@@ -35,6 +37,7 @@ struct Results {
   std::vector<float> maxima;
   std::vector<uint8_t> gathered;
   std::vector<uint32_t> topk;  // global indices of this rank's members
+  std::vector<uint32_t> device_topk;  // the same by the CUDA sharded top-k (device buffers only)
 };
 
 // Rank r's inputs and the same operations, through `comm`; device: the buffers
@@ -84,6 +87,25 @@ absl::Status program(ssa::Collective& comm, bool device, const std::vector<float
   std::vector<std::vector<uint32_t>> top;
   SSA_RETURN_IF_ERROR(ssa::sharded_topk(comm, pool, units, &top));
   for (uint32_t i : top[0]) out->topk.push_back(static_cast<uint32_t>(cut[r] + i));
+  if (device) {
+    // The CUDA sharded top-k: the scores stay in this rank's device memory.
+    const uint32_t m = static_cast<uint32_t>(cut[r + 1] - cut[r]), words = (m + 31) / 32;
+    float* dx = nullptr;
+    uint32_t* dbits = nullptr;
+    if (cudaMalloc(&dx, std::max<size_t>(m, 1) * 4) != cudaSuccess ||
+        cudaMalloc(&dbits, std::max<size_t>(words, 1) * 4) != cudaSuccess) {
+      return ssa::make_error(SSA_ERR_DEVICE, "cudaMalloc");
+    }
+    cudaMemcpy(dx, scores.data() + cut[r], size_t{m} * 4, cudaMemcpyHostToDevice);
+    SSA_RETURN_IF_ERROR(ssa::cuda::device_sharded_topk(comm, ssa::cuda::ShardTopkRows{dx, 1, m, m}, {n / 7}, n,
+                                                       nullptr, dbits));
+    std::vector<uint32_t> bits(words);
+    cudaMemcpy(bits.data(), dbits, size_t{words} * 4, cudaMemcpyDeviceToHost);
+    for (uint32_t i = 0; i < m; ++i)
+      if (bits[i / 32] >> (i % 32) & 1u) out->device_topk.push_back(static_cast<uint32_t>(cut[r] + i));
+    cudaFree(dx);
+    cudaFree(dbits);
+  }
   out->sums = std::move(sums);
   out->maxima = std::move(maxima);
   out->gathered = std::move(gathered);
@@ -147,6 +169,7 @@ TEST_CASE("nccl collectives: bitwise the in-process results, host and device buf
       CHECK(memcmp(got[r].maxima.data(), ref[r].maxima.data(), ref[r].maxima.size() * 4) == 0);
       CHECK(got[r].gathered == ref[r].gathered);
       CHECK(got[r].topk == ref[r].topk);
+      if (device) CHECK(got[r].device_topk == ref[r].topk);
       topk.insert(topk.end(), got[r].topk.begin(), got[r].topk.end());
     }
     std::sort(topk.begin(), topk.end());
