@@ -242,150 +242,42 @@ SSA_AVX2 inline float hmax(__m256 v) {
   return _mm_cvtss_f32(x);
 }
 
-constexpr size_t kRowsMax = 32;  // attend_rows' block limit (one logit vector set per head)
+// The 8-lane ISA of the attend_rows tiles (attend_rows_tiles.inc).
+struct Isa {
+  using V = __m256;
+  static constexpr int kLanes = 8;
+  static constexpr int kChains = 8;  // independent FMA chains per loop
+  template <DType T>
+  SSA_AVX2 static V load(const void* p, size_t i) { return load8_as<T>(p, i); }
+  SSA_AVX2 static V zero() { return _mm256_setzero_ps(); }
+  SSA_AVX2 static V set1(float x) { return _mm256_set1_ps(x); }
+  SSA_AVX2 static V loadu(const float* p) { return _mm256_loadu_ps(p); }
+  SSA_AVX2 static void storeu(float* p, V v) { _mm256_storeu_ps(p, v); }
+  SSA_AVX2 static V load(const float* p) { return _mm256_load_ps(p); }
+  SSA_AVX2 static void store(float* p, V v) { _mm256_store_ps(p, v); }
+  SSA_AVX2 static V fmadd(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  SSA_AVX2 static V add(V a, V b) { return _mm256_add_ps(a, b); }
+  SSA_AVX2 static V sub(V a, V b) { return _mm256_sub_ps(a, b); }
+  SSA_AVX2 static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
+  SSA_AVX2 static V max(V a, V b) { return _mm256_max_ps(a, b); }
+  SSA_AVX2 static float hsum(V v) { return simd::hsum(v); }
+  SSA_AVX2 static float hmax(V v) { return simd::hmax(v); }
+  SSA_AVX2 static V exp_nonpositive(V x) { return simd::exp_nonpositive(x); }
+  SSA_AVX2 static void chain_sums(const V* a, float* out) { _mm256_store_ps(out, hsum8(a)); }
+};
 
-// logits[h * 32 + r] = q_h . k_r for H <= 4 heads. R = 8 / H rows at a time give
-// eight independent FMA chains; each K vector is widened once for the H heads.
-template <DType T, int H>
-SSA_AVX2 void tile_scores(const void* const* k_rows, size_t n, uint32_t d, const float* q, float* logits) {
-  constexpr int R = 8 / H;
-  size_t r0 = 0;
-  for (; r0 + R <= n; r0 += R) {
-    __m256 a[8];
-    #pragma GCC unroll 16
-    for (int i = 0; i < 8; ++i) a[i] = _mm256_setzero_ps();
-    for (uint32_t j = 0; j < d; j += 8) {
-      __m256 kv[R];
-      #pragma GCC unroll 16
-      for (int r = 0; r < R; ++r) kv[r] = load8_as<T>(k_rows[r0 + r], j);
-      #pragma GCC unroll 16
-      for (int h = 0; h < H; ++h) {
-        const __m256 qv = _mm256_loadu_ps(q + static_cast<size_t>(h) * d + j);
-        #pragma GCC unroll 16
-        for (int r = 0; r < R; ++r) a[r * H + h] = _mm256_fmadd_ps(qv, kv[r], a[r * H + h]);
-      }
-    }
-    alignas(32) float sums[8];
-    _mm256_store_ps(sums, hsum8(a));
-    #pragma GCC unroll 16
-    for (int r = 0; r < R; ++r) {
-      #pragma GCC unroll 16
-      for (int h = 0; h < H; ++h) logits[h * kRowsMax + r0 + r] = sums[r * H + h];
-    }
-  }
-  for (; r0 < n; ++r0) {
-    __m256 a[H];
-    #pragma GCC unroll 16
-    for (int h = 0; h < H; ++h) a[h] = _mm256_setzero_ps();
-    for (uint32_t j = 0; j < d; j += 8) {
-      const __m256 kv = load8_as<T>(k_rows[r0], j);
-      #pragma GCC unroll 16
-      for (int h = 0; h < H; ++h) a[h] = _mm256_fmadd_ps(_mm256_loadu_ps(q + static_cast<size_t>(h) * d + j), kv, a[h]);
-    }
-    #pragma GCC unroll 16
-    for (int h = 0; h < H; ++h) logits[h * kRowsMax + r0] = hsum(a[h]);
-  }
-}
-
-// The V update acc_h += sum_r w[h][r] v_r with H x C accumulator vectors held in
-// registers across the rows (C vectors of 8 lanes of d per pass): each V vector
-// is widened once for the H heads.
-template <DType T, int H, int C>
-SSA_AVX2 void tile_values(const void* const* v_rows, size_t n, uint32_t d, const float* w, float* acc) {
-  for (uint32_t j = 0; j < d; j += 8 * C) {
-    __m256 a[H][C];
-    #pragma GCC unroll 16
-    for (int h = 0; h < H; ++h) {
-      #pragma GCC unroll 16
-      for (int c = 0; c < C; ++c) a[h][c] = _mm256_loadu_ps(acc + static_cast<size_t>(h) * d + j + 8 * c);
-    }
-    for (size_t r = 0; r < n; ++r) {
-      __m256 vv[C];
-      #pragma GCC unroll 16
-      for (int c = 0; c < C; ++c) vv[c] = load8_as<T>(v_rows[r], j + 8 * c);
-      #pragma GCC unroll 16
-      for (int h = 0; h < H; ++h) {
-        const __m256 wt = _mm256_broadcast_ss(w + h * kRowsMax + r);
-        #pragma GCC unroll 16
-        for (int c = 0; c < C; ++c) a[h][c] = _mm256_fmadd_ps(wt, vv[c], a[h][c]);
-      }
-    }
-    #pragma GCC unroll 16
-    for (int h = 0; h < H; ++h) {
-      #pragma GCC unroll 16
-      for (int c = 0; c < C; ++c) _mm256_storeu_ps(acc + static_cast<size_t>(h) * d + j + 8 * c, a[h][c]);
-    }
-  }
-}
-
-// One tile of H <= 4 heads: scores, the online-softmax step (one rescale per head
-// per block, weights by the vector exp), the V update.
-template <DType T, int H>
-SSA_AVX2 void attend_tile(const void* const* k_rows, const void* const* v_rows, size_t n, uint32_t d,
-                          const float* q, const float* offset, float* m, float* l, float* acc) {
-  alignas(32) float logits[H * kRowsMax] = {}, w[H * kRowsMax];  // = {}: the compiler cannot see the padding loop
-  tile_scores<T, H>(k_rows, n, d, q, logits);
-  const size_t nv = (n + 7) / 8 * 8;  // whole vectors; the padding weighs exp(-inf) = 0
-  #pragma GCC unroll 16
-  for (int h = 0; h < H; ++h) {
-    float* lg = logits + h * kRowsMax;
-    for (size_t r = 0; r < n; ++r) lg[r] -= offset != nullptr ? offset[r] : 0.0f;
-    for (size_t r = n; r < nv; ++r) lg[r] = -INFINITY;
-    __m256 mx = _mm256_load_ps(lg);
-    for (size_t b = 8; b < nv; b += 8) mx = _mm256_max_ps(mx, _mm256_load_ps(lg + b));
-    const float bm = hmax(mx);
-    float* a = acc + static_cast<size_t>(h) * d;
-    if (bm > m[h]) {
-      const float scale = m[h] == -INFINITY ? 0.0f : expf(m[h] - bm);
-      const __m256 sv = _mm256_set1_ps(scale);
-      for (uint32_t j = 0; j < d; j += 8) _mm256_storeu_ps(a + j, _mm256_mul_ps(sv, _mm256_loadu_ps(a + j)));
-      l[h] *= scale;
-      m[h] = bm;
-    }
-    const __m256 mv = _mm256_set1_ps(m[h]);
-    __m256 ls = _mm256_setzero_ps();
-    for (size_t b = 0; b < nv; b += 8) {
-      const __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_load_ps(lg + b), mv));
-      _mm256_store_ps(w + h * kRowsMax + b, e);
-      ls = _mm256_add_ps(ls, e);
-    }
-    l[h] += hsum(ls);
-  }
-  constexpr int C = H == 1 ? 8 : H == 2 ? 4 : 2;
-  if (d % (8 * C) == 0) {
-    tile_values<T, H, C>(v_rows, n, d, w, acc);
-  } else {
-    tile_values<T, H, 1>(v_rows, n, d, w, acc);
-  }
-}
-
-template <DType T>
-SSA_AVX2 void attend_rows_as(const void* const* k_rows, const void* const* v_rows, size_t n, uint32_t d,
-                             const float* q, uint32_t g, const float* offset, float* m, float* l, float* acc) {
-  for (uint32_t h0 = 0; h0 < g; h0 += 4) {
-    const float* qh = q + size_t{h0} * d;
-    float* ah = acc + size_t{h0} * d;
-    switch (g - h0 < 4 ? g - h0 : 4) {
-      case 1: attend_tile<T, 1>(k_rows, v_rows, n, d, qh, offset, m + h0, l + h0, ah); break;
-      case 2: attend_tile<T, 2>(k_rows, v_rows, n, d, qh, offset, m + h0, l + h0, ah); break;
-      case 3: attend_tile<T, 3>(k_rows, v_rows, n, d, qh, offset, m + h0, l + h0, ah); break;
-      default: attend_tile<T, 4>(k_rows, v_rows, n, d, qh, offset, m + h0, l + h0, ah); break;
-    }
-  }
-}
+#define SSA_TILE_TARGET SSA_AVX2
+#include "attend_rows_tiles.inc"
+#undef SSA_TILE_TARGET
 
 SSA_AVX2 void attend_rows(DType t, const void* const* k_rows, const void* const* v_rows, size_t n,
                           uint32_t d, const float* q, uint32_t g, const float* offset, float* m, float* l,
                           float* acc) {
-  if (d % 8 != 0 || n > kRowsMax) {
+  if (d % Isa::kLanes != 0 || n > kRowsMax) {
     widen_and_attend(to_f32, attend_block, t, k_rows, v_rows, n, d, q, g, offset, m, l, acc);
     return;
   }
-  switch (t) {
-    case DType::kF32: attend_rows_as<DType::kF32>(k_rows, v_rows, n, d, q, g, offset, m, l, acc); break;
-    case DType::kF16: attend_rows_as<DType::kF16>(k_rows, v_rows, n, d, q, g, offset, m, l, acc); break;
-    default: attend_rows_as<DType::kBF16>(k_rows, v_rows, n, d, q, g, offset, m, l, acc); break;
-  }
+  attend_rows_tiles(t, k_rows, v_rows, n, d, q, g, offset, m, l, acc);
 }
 
 }  // namespace
