@@ -10,10 +10,21 @@ void topk_indices(const float* x, size_t n, size_t k, uint32_t base, std::vector
     for (size_t i = 0; i < n; ++i) out->push_back(base + static_cast<uint32_t>(i));
     return;
   }
-  // Pass 1: histogram of the top 12 key bits.
+  // Pass 1: histogram of the top 12 key bits, counted into four copies in turn:
+  // scores crowd into few bins, and consecutive increments of one counter would
+  // wait on each other's stores.
   constexpr int kBits = 12, kShift = 32 - kBits;
-  std::vector<uint32_t> hist(size_t{1} << kBits, 0);
-  for (size_t i = 0; i < n; ++i) ++hist[float_order_key(x[i]) >> kShift];
+  constexpr size_t kBins = size_t{1} << kBits;
+  std::vector<uint32_t> hist(4 * kBins, 0);
+  size_t i0 = 0;
+  for (; i0 + 4 <= n; i0 += 4) {
+    ++hist[float_order_key(x[i0]) >> kShift];
+    ++hist[kBins + (float_order_key(x[i0 + 1]) >> kShift)];
+    ++hist[2 * kBins + (float_order_key(x[i0 + 2]) >> kShift)];
+    ++hist[3 * kBins + (float_order_key(x[i0 + 3]) >> kShift)];
+  }
+  for (; i0 < n; ++i0) ++hist[float_order_key(x[i0]) >> kShift];
+  for (size_t b = 0; b < kBins; ++b) hist[b] += hist[kBins + b] + hist[2 * kBins + b] + hist[3 * kBins + b];
   // Find the threshold bin from the top.
   size_t above = 0;
   uint32_t bin = (1u << kBits) - 1;

@@ -23,8 +23,12 @@ SSA_HD uint32_t float_order_key(float f) {
   uint32_t u;
   __builtin_memcpy(&u, &f, 4);
 #endif
-  if (u == 0x80000000u) u = 0;  // -0.0 == +0.0: one key, so ties break by index
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+  // Negative: all bits flipped; positive: the sign bit set. Without branches (the
+  // sign of a score is a coin flip, and a branch on it costs a misprediction per
+  // element of the top-k passes).
+  const uint32_t mask = static_cast<uint32_t>(static_cast<int32_t>(u) >> 31);
+  const uint32_t key = u ^ (mask | 0x80000000u);
+  return u == 0x80000000u ? 0x80000000u : key;  // -0.0 == +0.0: one key, so ties break by index
 }
 
 // Appends to *out the indices (offset by `base`) of the k largest of x[0..n).
