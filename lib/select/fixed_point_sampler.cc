@@ -43,10 +43,14 @@ void FixedHierarchy::build(const float* w, uint64_t first, size_t n) {
   blocks_.assign(b1 - b0, 0);
   chunks_.assign(c1 - c0, 0);
   prefix_.resize(c1 - c0);
-  for (size_t i = 0; i < n; ++i) {
-    const uint64_t t = first + i, f = fixed_weight(w[i]);
-    blocks_[t / kBlockTokens - b0] += f;
-    chunks_[t / kChunkTokens - c0] += f;
+  // A block at a time (the sums are integers: the grouping changes nothing).
+  for (size_t i = 0; i < n;) {
+    const uint64_t block = (first + i) / kBlockTokens;
+    const size_t end = static_cast<size_t>(std::min<uint64_t>(n, (block + 1) * kBlockTokens - first));
+    uint64_t sum = 0;
+    for (; i < end; ++i) sum += fixed_weight(w[i]);
+    blocks_[block - b0] = sum;
+    chunks_[block / kBlocksPerChunk - c0] += sum;
   }
   for (size_t c = 0; c < chunks_.size(); ++c) {
     total_ += chunks_[c];
