@@ -75,6 +75,10 @@ PC="$(find "$PREFIX" -name ssa.pc | head -n1)"
 # ssa.pc's Libs carry the rpath: nothing else tells the programs where libssa.so is.
 export PKG_CONFIG_PATH="$(dirname "$PC")${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
 export GOPROXY=off GOFLAGS=-mod=mod
+# Go's build cache does not key a cgo package on the flags pkg-config gave it:
+# a second run would link against the previous run's (deleted) prefix. Its
+# library folder in CGO_LDFLAGS (part of the key) makes each prefix a new build.
+export CGO_LDFLAGS="-L$(dirname "$(dirname "$PC")")${CGO_LDFLAGS:+ $CGO_LDFLAGS}"
 (cd "$ROOT/bindings/go" && go vet ./... && env -u LD_LIBRARY_PATH go test -count=1 ./...)
 (cd "$ROOT/examples/go" && go vet . && env -u LD_LIBRARY_PATH go run .)
 
