@@ -4,7 +4,6 @@
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
-#include "select/radix_topk.h"
 #include "sharded_topk.h"
 
 namespace ssa::cuda {
@@ -12,9 +11,6 @@ namespace {
 
 constexpr int kThreads = kShardTopkChunk / 32;  // 256
 static_assert(kThreads == 256, "one word per thread");
-
-constexpr int round_shift(int round) { return round == 0 ? 20 : round == 1 ? 8 : 0; }
-constexpr int round_bits(int round) { return round < 2 ? 12 : 8; }
 
 __global__ void __launch_bounds__(kThreads)
     histogram_kernel(ShardTopkRows r, const ShardTopkState* st, int round, unsigned long long* hist) {
@@ -25,7 +21,7 @@ __global__ void __launch_bounds__(kThreads)
   const uint32_t bins = shard_topk_bins(round);
   for (uint32_t i = threadIdx.x; i < bins; i += kThreads) h[i] = 0;
   __syncthreads();
-  const int shift = round_shift(round), above = shift + round_bits(round);
+  const int shift = sharded_topk_shift(round), above = shift + sharded_topk_bits(round);
   const float* x = r.x + size_t{row} * r.stride;
   const uint32_t begin = blockIdx.x * kShardTopkChunk, end = min(r.n, begin + kShardTopkChunk);
   // Consecutive threads on consecutive elements here (only counts are kept).
@@ -76,7 +72,7 @@ __global__ void __launch_bounds__(kThreads)
   const uint32_t bin = found_bin == bins ? 0u : found_bin;
   const unsigned long long above = found_bin == bins ? above_bin0 : found_above;
   s.need -= above;
-  s.prefix = (s.prefix << round_bits(round)) | bin;
+  s.prefix = (s.prefix << sharded_topk_bits(round)) | bin;
   st[row] = s;
 }
 

@@ -12,6 +12,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "select/radix_topk.h"
+
 namespace ssa::cuda {
 
 // This shard's scores: rows x n floats, row r at x + r * stride.
@@ -29,9 +31,8 @@ struct ShardTopkState {
   unsigned long long need;  // of the keys matching prefix, how many the set still takes
 };
 
-inline constexpr int kShardTopkRounds = 3;
-// Histogram bins of round r (12, 12, 8 bits).
-inline constexpr uint32_t shard_topk_bins(int round) { return round < 2 ? 4096u : 256u; }
+// Histogram bins of round r (kShardedTopkRounds rounds, radix_topk.h: 12, 12, 8 bits).
+inline constexpr uint32_t shard_topk_bins(int round) { return 1u << sharded_topk_bits(round); }
 // Elements per chunk of the tie counts (one block each; 32 per thread).
 inline constexpr uint32_t kShardTopkChunk = 8192;
 inline uint32_t shard_topk_chunks(uint32_t n) { return (n + kShardTopkChunk - 1) / kShardTopkChunk; }

@@ -47,24 +47,24 @@ absl::Status device_sharded_topk(Collective& comm, const ShardTopkRows& rows_in,
   SSA_CUDA_RETURN(cudaMemcpyAsync(state.p, st.data(), U * sizeof(ShardTopkState), cudaMemcpyHostToDevice, stream),
                   "top-k state upload");
   auto* dst = static_cast<ShardTopkState*>(state.p);
+  // Zeroed whether or not a row needs the rounds: the marking pass reads them for every row.
+  SSA_CUDA_RETURN(ties.alloc(U * sizeof(unsigned long long), stream), "cudaMallocAsync of the top-k ties");
+  SSA_CUDA_RETURN(chunk_ties.alloc(size_t{U} * chunks * sizeof(uint32_t), stream),
+                  "cudaMallocAsync of the top-k ties");
+  SSA_CUDA_RETURN(cudaMemsetAsync(ties.p, 0, U * sizeof(unsigned long long), stream), "top-k ties");
+  SSA_CUDA_RETURN(cudaMemsetAsync(chunk_ties.p, 0, size_t{U} * chunks * sizeof(uint32_t), stream), "top-k ties");
   std::vector<unsigned long long> take_host(U, 0);
   if (any_active) {  // the same on every rank: the same k and n_global
     SSA_CUDA_RETURN(hist.alloc(size_t{U} * shard_topk_bins(0) * sizeof(unsigned long long), stream),
                     "cudaMallocAsync of the top-k histograms");
     auto* h = static_cast<unsigned long long*>(hist.p);
-    for (int round = 0; round < kShardTopkRounds; ++round) {
+    for (int round = 0; round < kShardedTopkRounds; ++round) {
       const size_t n = size_t{U} * shard_topk_bins(round);
       SSA_CUDA_RETURN(cudaMemsetAsync(h, 0, n * sizeof(unsigned long long), stream), "top-k histogram");
       SSA_CUDA_RETURN(shard_topk_histogram(r, dst, round, h, stream), "top-k histogram kernel");
       SSA_RETURN_IF_ERROR(all_reduce_device(comm, h, n, stream));
       SSA_CUDA_RETURN(shard_topk_pick(U, round, h, dst, stream), "top-k bin kernel");
     }
-    SSA_CUDA_RETURN(ties.alloc(U * sizeof(unsigned long long), stream), "cudaMallocAsync of the top-k ties");
-    SSA_CUDA_RETURN(chunk_ties.alloc(size_t{U} * chunks * sizeof(uint32_t), stream),
-                    "cudaMallocAsync of the top-k ties");
-    SSA_CUDA_RETURN(cudaMemsetAsync(ties.p, 0, U * sizeof(unsigned long long), stream), "top-k ties");
-    SSA_CUDA_RETURN(cudaMemsetAsync(chunk_ties.p, 0, size_t{U} * chunks * sizeof(uint32_t), stream),
-                    "top-k ties");
     SSA_CUDA_RETURN(shard_topk_ties(r, dst, static_cast<unsigned long long*>(ties.p),
                                     static_cast<uint32_t*>(chunk_ties.p), stream),
                     "top-k tie kernel");
@@ -84,9 +84,6 @@ absl::Status device_sharded_topk(Collective& comm, const ShardTopkRows& rows_in,
       for (uint32_t q = 0; q < comm.rank(); ++q) before += all[size_t{q} * U + u];
       take_host[u] = st[u].need > before ? st[u].need - before : 0;
     }
-  } else {
-    SSA_CUDA_RETURN(chunk_ties.alloc(size_t{U} * chunks * sizeof(uint32_t), stream),
-                    "cudaMallocAsync of the top-k ties");
   }
   SSA_CUDA_RETURN(take.alloc(U * sizeof(unsigned long long), stream), "cudaMallocAsync of the top-k takes");
   SSA_CUDA_RETURN(cudaMemcpyAsync(take.p, take_host.data(), U * sizeof(unsigned long long), cudaMemcpyHostToDevice,

@@ -31,6 +31,13 @@ SSA_HD uint32_t float_order_key(float f) {
   return u == 0x80000000u ? 0x80000000u : key;  // -0.0 == +0.0: one key, so ties break by index
 }
 
+// The rounds of the sharded top-k (lib/shard/sharded_topk.cc on the CPU,
+// kernels/sharded_topk.cu on the GPU): round r counts key bits
+// [shift, shift + bits) of the keys whose higher bits match the rounds before.
+inline constexpr int kShardedTopkRounds = 3;
+SSA_HD constexpr int sharded_topk_shift(int round) { return round == 0 ? 20 : round == 1 ? 8 : 0; }
+SSA_HD constexpr int sharded_topk_bits(int round) { return round < 2 ? 12 : 8; }
+
 // Appends to *out the indices (offset by `base`) of the k largest of x[0..n).
 // k >= n appends all.
 void topk_indices(const float* x, size_t n, size_t k, uint32_t base, std::vector<uint32_t>* out);

@@ -17,26 +17,22 @@ absl::Status sharded_topk(Collective& comm, ThreadPool& pool, const std::vector<
     }
     active[u] = units[u].k > 0 && units[u].k < units[u].n_global;
   }
-  struct Level {
-    int shift, bits;
-  };
-  constexpr Level kLevels[] = {{20, 12}, {8, 12}, {0, 8}};
   std::vector<uint32_t> prefix(U, 0);
   std::vector<uint64_t> need(U);
   for (size_t u = 0; u < U; ++u) need[u] = units[u].k;
   std::vector<uint64_t> hist;
-  for (size_t level = 0; level < 3; ++level) {
-    const Level L = kLevels[level];
-    const size_t bins = size_t{1} << L.bits;
+  for (int level = 0; level < kShardedTopkRounds; ++level) {
+    const int shift = sharded_topk_shift(level), bits = sharded_topk_bits(level);
+    const size_t bins = size_t{1} << bits;
     hist.assign(U * bins, 0);
     pool.parallel_for(U, [&](size_t u) {
       if (!active[u]) return;
       uint64_t* h = hist.data() + u * bins;
-      const int above_shift = L.shift + L.bits;
+      const int above_shift = shift + bits;
       for (size_t i = 0; i < units[u].n; ++i) {
         const uint32_t key = float_order_key(units[u].x[i]);
         if (level > 0 && (key >> above_shift) != prefix[u]) continue;
-        ++h[(key >> L.shift) & (bins - 1)];
+        ++h[(key >> shift) & (bins - 1)];
       }
     });
     SSA_RETURN_IF_ERROR(comm.all_reduce_sum(hist.data(), hist.size()));
@@ -47,7 +43,7 @@ absl::Status sharded_topk(Collective& comm, ThreadPool& pool, const std::vector<
       size_t bin = bins - 1;
       for (; bin > 0 && above + h[bin] < need[u]; --bin) above += h[bin];
       need[u] -= above;
-      prefix[u] = (prefix[u] << L.bits) | static_cast<uint32_t>(bin);
+      prefix[u] = (prefix[u] << bits) | static_cast<uint32_t>(bin);
     }
   }
   // prefix[u] is the k-th largest key; need[u] of the keys equal to it are taken.

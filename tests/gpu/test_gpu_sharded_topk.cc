@@ -147,10 +147,18 @@ TEST_CASE("gpu sharded top-k: wrong arguments are refused before any work") {
   InProcessGroup group(1);
   DevBuf<float> x(64);
   DevBuf<uint32_t> bits(2);
-  const absl::Status st = group.run([&](Collective& c) {
+  // One k for two rows.
+  absl::Status st = group.run([&](Collective& c) {
     return cuda::device_sharded_topk(c, cuda::ShardTopkRows{x.p, 2, 32, 32}, {1}, 32, nullptr, bits.p);
   });
   CHECK(status_code(st) == SSA_ERR_INVALID_ARGUMENT);
+  CHECK(!st.message().empty());
+  // Rows that overlap: a stride below the row length.
+  st = group.run([&](Collective& c) {
+    return cuda::device_sharded_topk(c, cuda::ShardTopkRows{x.p, 2, 32, 16}, {1, 1}, 32, nullptr, bits.p);
+  });
+  CHECK(status_code(st) == SSA_ERR_INVALID_ARGUMENT);
+  CHECK(!st.message().empty());
 }
 
 }  // namespace
