@@ -33,4 +33,20 @@ cudaError_t run_selection(const DecodeBatch& b, const WorkspacePlan& plan, const
 cudaError_t run_attention_stage(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
                                 cudaStream_t stream);
 
+// The stages of one shard's part of a sharded decode (lib/cuda/sharded_decode.cc),
+// between which the shards exchange what the selection needs globally:
+// the rows' initial states and proxy scores (PQ or exact; the mean query with
+// group selection); the heavy bitmap, once the global top-k has written it,
+// compacted into the read sets; the attention's split partials, left in
+// ws.partial unmerged; and the merge of partials laid out as ws.partial is,
+// plan.n_splits per row (every shard's, gathered in split order).
+cudaError_t run_shard_scores(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
+                             cudaStream_t stream);
+cudaError_t run_shard_read_sets(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
+                                cudaStream_t stream);
+cudaError_t run_split_partials(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
+                               cudaStream_t stream);
+cudaError_t run_merge_partials(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
+                               cudaStream_t stream);
+
 }  // namespace ssa::cuda

@@ -254,6 +254,30 @@ cudaError_t run_selection(const DecodeBatch& b, const WorkspacePlan& plan, const
   return cudaSuccess;
 }
 
+cudaError_t run_shard_scores(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
+                             cudaStream_t st) {
+  const cudaError_t e = launch_init_rows(b, plan, ws, st);
+  if (e != cudaSuccess || b.proxy == Proxy::kNone) return e;
+  if (b.group == GroupProposal::kMixture) return cudaErrorInvalidValue;  // its normalisers are global
+  return b.proxy == Proxy::kPq ? launch_pq_scores(b, plan, ws, st) : launch_exact_scores(b, plan, ws, st);
+}
+
+cudaError_t run_shard_read_sets(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
+                                cudaStream_t st) {
+  if (b.sampling != Sampling::kNone || b.heavy != HeavyRule::kFixed) return cudaErrorInvalidValue;
+  return launch_compact(b, plan, ws, false, 0, st);
+}
+
+cudaError_t run_split_partials(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
+                               cudaStream_t st) {
+  return launch_split_attention(b, plan, ws, b.proxy == Proxy::kNone, st);
+}
+
+cudaError_t run_merge_partials(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
+                               cudaStream_t st) {
+  return launch_merge_splits(b, plan, ws, st);
+}
+
 cudaError_t run_attention_stage(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
                                 cudaStream_t st) {
   return launch_attention(b, plan, ws, b.proxy == Proxy::kNone, st);

@@ -55,6 +55,9 @@ class Backend {
   // ---- runtime and session lifetime
   // OK when `device` can serve sessions of this backend.
   virtual absl::Status check_device(int device) const = 0;
+  // OK when a runtime may shard its sessions over `devices` (two or more, in
+  // shard order), after anything the backend sets up for that (peer access).
+  virtual absl::Status prepare_shard_devices(const std::vector<int32_t>& devices) const = 0;
   // Sets up the backend state of a new or loaded session (s.layout is set).
   virtual absl::Status init_session(ssa_session& s) const = 0;
   // The backend state of a fork of `from` (shares pools, caches nothing).
@@ -103,9 +106,11 @@ class Backend {
                                     const ssa_decode_params& p) const = 0;
 
   // ---- snapshot staging (lib/snapshot): files hold the same bytes for every backend
-  // A new KV (kv) or code page of `bytes` bytes, written by `fill` through host
-  // memory: the page itself, or host staging (from `staging`) then uploaded.
-  virtual absl::StatusOr<PageRef> page_from_host(const ssa_session& s, bool kv, size_t bytes,
+  // A new KV (kv) or code page of `bytes` bytes, page `page_index` of its layer
+  // (a sharded session places it on its shard's device), written by `fill`
+  // through host memory: the page itself, or host staging (from `staging`) then
+  // uploaded.
+  virtual absl::StatusOr<PageRef> page_from_host(const ssa_session& s, bool kv, uint64_t page_index, size_t bytes,
                                                  absl::FunctionRef<uint8_t*()> staging,
                                                  absl::FunctionRef<absl::Status(uint8_t*)> fill) const = 0;
   // The first `bytes` bytes of `page` in host memory: the page itself, or a copy

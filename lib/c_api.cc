@@ -134,13 +134,14 @@ ssa_status ssa_runtime_create(const ssa_runtime_options* opts, ssa_runtime** out
     if (!shard_tokens.ok()) return shard_tokens.status();
     if (o.communicator != nullptr) return ssa::unsupported(ssa::kCommunicatorUnsupported);
     // Refused before any device is looked at: the answer does not depend on the machine.
-    if (o.backend == SSA_BACKEND_CUDA && devices.size() > 1) {
-      return ssa::unsupported(ssa::kMultiDeviceCudaUnsupported);
+    if (o.backend == SSA_BACKEND_CUDA && devices.size() > 1 && o.device_kv_budget != 0) {
+      return ssa::unsupported(ssa::kShardedBudgetUnsupported);
     }
     absl::StatusOr<ssa_backend> chosen = ssa::choose_backend(o.backend, devices[0]);
     if (!chosen.ok()) return chosen.status();
     if (*chosen == SSA_BACKEND_CUDA && devices.size() > 1) {
-      return ssa::unsupported(ssa::kMultiDeviceCudaUnsupported);
+      if (o.device_kv_budget != 0) return ssa::unsupported(ssa::kShardedBudgetUnsupported);
+      SSA_RETURN_IF_ERROR(ssa::backend_of(SSA_BACKEND_CUDA)->prepare_shard_devices(devices));
     }
     int threads = o.num_threads;
     if (threads == 0) {

@@ -108,9 +108,10 @@ uint64_t session_length_locked(const ssa_session& s) {
 void session_destroy(ssa_session* s) {
   if (s == nullptr) return;
   const Backend* backend = s->backend;
-  const int device = s->rt->device;
+  const std::vector<int32_t> devices = s->rt->devices;  // a sharded session's every device
   delete s;
-  if (backend != nullptr) backend->session_destroyed(device);
+  if (backend != nullptr)
+    for (const int32_t device : devices) backend->session_destroyed(device);
 }
 
 namespace {

@@ -22,6 +22,8 @@ namespace {
 class CpuBackend final : public Backend {
  public:
   absl::Status check_device(int) const override { return absl::OkStatus(); }
+  // In-process shards: the ordinals only name them.
+  absl::Status prepare_shard_devices(const std::vector<int32_t>&) const override { return absl::OkStatus(); }
   absl::Status init_session(ssa_session&) const override { return absl::OkStatus(); }
   absl::Status init_fork(const ssa_session&, ssa_session&) const override { return absl::OkStatus(); }
   void session_destroyed(int) const override {}
@@ -117,7 +119,7 @@ class CpuBackend final : public Backend {
     return first;
   }
 
-  absl::StatusOr<PageRef> page_from_host(const ssa_session& s, bool kv, size_t bytes,
+  absl::StatusOr<PageRef> page_from_host(const ssa_session& s, bool kv, uint64_t, size_t bytes,
                                          absl::FunctionRef<uint8_t*()>,
                                          absl::FunctionRef<absl::Status(uint8_t*)> fill) const override {
     absl::StatusOr<PageRef> page = (kv ? s.kv_pool : s.code_pool)->allocate();

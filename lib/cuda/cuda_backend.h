@@ -34,6 +34,7 @@ namespace ssa::cuda {
 class CudaBackend final : public Backend {
  public:
   absl::Status check_device(int device) const override;
+  absl::Status prepare_shard_devices(const std::vector<int32_t>& devices) const override;
   absl::Status init_session(ssa_session& s) const override;
   absl::Status init_fork(const ssa_session& from, ssa_session& fork) const override;
   void session_destroyed(int device) const override;
@@ -58,7 +59,7 @@ class CudaBackend final : public Backend {
   absl::Status decode_batch(const ssa_decode_item* items, size_t n_items, uint32_t layer,
                             const ssa_decode_params& p) const override;
 
-  absl::StatusOr<PageRef> page_from_host(const ssa_session& s, bool kv, size_t bytes,
+  absl::StatusOr<PageRef> page_from_host(const ssa_session& s, bool kv, uint64_t page_index, size_t bytes,
                                          absl::FunctionRef<uint8_t*()> staging,
                                          absl::FunctionRef<absl::Status(uint8_t*)> fill) const override;
   absl::StatusOr<const uint8_t*> page_to_host(const ssa_session& s, const Page& page, size_t bytes,

@@ -80,6 +80,32 @@ absl::Status queue_device_rows(const ssa_session& s, const LayerTail& tail, cons
   return absl::OkStatus();
 }
 
+// The page pools of a sharded session's shards as the one pool gather_tail
+// takes: page j of the layer comes from the pool of the shard holding its tokens
+// (shard boundaries are whole pages). gather_tail allocates pages in index
+// order from the first new one, and copies at most the partly filled last page.
+template <bool kKv>
+class ShardPagePools {
+ public:
+  ShardPagePools(const ssa_session& s, uint64_t old_n)
+      : s_(s), last_(old_n / s.layout.page_tokens), next_(s.layout.pages_for(old_n)) {}
+  absl::StatusOr<PageRef> allocate() { return pool(next_++).allocate(); }
+  absl::StatusOr<PageRef> copy_of(const Page& src) { return pool(last_).copy_of(src); }
+
+ private:
+  auto& pool(uint64_t page) {
+    SessionState& st = shard_state(s_, shard_of_page(s_, page));
+    if constexpr (kKv) {
+      return *st.kv_pool;
+    } else {
+      return *st.code_pool;
+    }
+  }
+  const ssa_session& s_;
+  const uint64_t last_;
+  uint64_t next_;
+};
+
 }  // namespace
 
 absl::Status CudaBackend::prepare_append(const ssa_session& s, bool async, void* stream) const {
@@ -112,6 +138,11 @@ absl::Status CudaBackend::gather_tail(ssa_session& s, LayerStore& layer, uint64_
   const uint64_t have = layer.kv_pages.size(), need = s.layout.pages_for(new_n);
   SSA_RETURN_IF_ERROR(
       rebalance_layer(s, layer_index, layer, layer.n_tokens / s.layout.page_tokens, need > have ? need - have : 0));
+  if (shard_count(s) > 1) {
+    ShardPagePools<true> kv(s, layer.n_tokens);
+    ShardPagePools<false> code(s, layer.n_tokens);
+    return ssa::gather_tail(layer, s.layout, new_n, kv, codes ? &code : nullptr, tail);
+  }
   return ssa::gather_tail(layer, s.layout, new_n, *st.kv_pool, codes ? st.code_pool.get() : nullptr, tail);
 }
 

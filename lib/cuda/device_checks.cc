@@ -4,6 +4,7 @@
 
 #include "cuda_backend.h"
 #include "device_error.h"
+#include "device_guard.h"
 #include "device_state.h"
 
 namespace ssa::cuda {
@@ -35,6 +36,34 @@ absl::Status CudaBackend::check_device(int device) const {
   return absl::OkStatus();
 }
 
+// Every shard's device must read every other's memory: appends and index
+// training run on the first device and write the pages of every shard, and the
+// shards' partial outputs are copied to the first device. Peer access is
+// enabled once per pair of distinct devices, for the life of the process.
+absl::Status CudaBackend::prepare_shard_devices(const std::vector<int32_t>& devices) const {
+  for (const int32_t d : devices) SSA_RETURN_IF_ERROR(check_device(d));
+  for (const int32_t a : devices) {
+    for (const int32_t b : devices) {
+      if (a == b) continue;
+      int can = 0;
+      SSA_CUDA_RETURN(cudaDeviceCanAccessPeer(&can, a, b), "cudaDeviceCanAccessPeer");
+      if (can == 0) {
+        return unsupported("CUDA devices ", a, " and ", b, " cannot access each other's memory (peer access), "
+                           "which a runtime sharding sessions over both needs");
+      }
+      const DeviceGuard on(a);
+      SSA_CUDA_RETURN(on.error(), "cudaSetDevice");
+      const cudaError_t e = cudaDeviceEnablePeerAccess(b, 0);
+      if (e == cudaErrorPeerAccessAlreadyEnabled) {
+        cudaGetLastError();
+      } else {
+        SSA_CUDA_RETURN(e, "cudaDeviceEnablePeerAccess");
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CudaBackend::check_buffer(const ssa_session& s, const void* p, const char* name) const {
   if (host_buffers(s) || is_device_pointer(p)) return absl::OkStatus();
   return invalid_argument(name, " is not a device pointer (a CUDA session takes device memory; "
@@ -55,11 +84,12 @@ absl::Status CudaBackend::check_decode(const ssa_decode_params& p) const {
   return absl::OkStatus();
 }
 
-absl::StatusOr<PageRef> CudaBackend::page_from_host(const ssa_session& s, bool kv, size_t bytes,
-                                                    absl::FunctionRef<uint8_t*()> staging,
+absl::StatusOr<PageRef> CudaBackend::page_from_host(const ssa_session& s, bool kv, uint64_t page_index,
+                                                    size_t bytes, absl::FunctionRef<uint8_t*()> staging,
                                                     absl::FunctionRef<absl::Status(uint8_t*)> fill) const {
-  SessionState& st = state(s);
-  SSA_CUDA_RETURN(cudaSetDevice(st.device), "cudaSetDevice");
+  SessionState& st = shard_state(s, shard_of_page(s, page_index));
+  const DeviceGuard on(st.device);
+  SSA_CUDA_RETURN(on.error(), "cudaSetDevice");
   absl::StatusOr<PageRef> page = kv ? st.kv_pool->allocate() : st.code_pool->allocate();
   if (!page.ok()) return page.status();
   if ((*page)->bytes() < bytes) return make_error(SSA_ERR_INTERNAL, "page is shorter than its layout");
@@ -83,8 +113,8 @@ absl::StatusOr<const uint8_t*> CudaBackend::page_to_host(const ssa_session& s, c
     return page.data();
   }
   uint8_t* host = staging();
-  SSA_CUDA_RETURN(cudaSetDevice(state(s).device), "cudaSetDevice");
-  SSA_CUDA_RETURN(cudaMemcpy(host, page.data(), bytes, cudaMemcpyDeviceToHost), "page download");
+  // cudaMemcpyDefault: a sharded session's pages are on its shards' devices.
+  SSA_CUDA_RETURN(cudaMemcpy(host, page.data(), bytes, cudaMemcpyDefault), "page download");
   return host;
 }
 

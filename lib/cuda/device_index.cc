@@ -66,7 +66,7 @@ absl::Status CudaBackend::train_index(ssa_session& s, LayerStore& layer) const {
   std::vector<PageRef> codes;
   const uint64_t pages = L.pages_for(layer.n_tokens);
   for (uint64_t i = 0; i < pages; ++i) {
-    absl::StatusOr<PageRef> page = state(s).code_pool->allocate();
+    absl::StatusOr<PageRef> page = shard_state(s, shard_of_page(s, i)).code_pool->allocate();
     if (!page.ok()) return page.status();
     codes.push_back(*std::move(page));
   }

@@ -3,15 +3,17 @@
 #include <cuda_runtime.h>
 
 #include "device_alloc.h"
+#include "device_guard.h"
 #include "status.h"
 
 namespace ssa::cuda {
 
-std::shared_ptr<DevicePagePool> DevicePagePool::create(size_t page_bytes, size_t max_free_pages) {
-  return std::shared_ptr<DevicePagePool>(new DevicePagePool(page_bytes, max_free_pages));
+std::shared_ptr<DevicePagePool> DevicePagePool::create(size_t page_bytes, size_t max_free_pages, int device) {
+  return std::shared_ptr<DevicePagePool>(new DevicePagePool(page_bytes, max_free_pages, device));
 }
 
 DevicePagePool::~DevicePagePool() {
+  const DeviceGuard on(device_);
   for (void* p : free_) cudaFreeAsync(p, nullptr);
 }
 
@@ -25,6 +27,13 @@ absl::StatusOr<PageRef> DevicePagePool::allocate() {
     }
   }
   if (block == nullptr) {
+    int caller = -1;
+    if (cudaGetDevice(&caller) != cudaSuccess) cudaGetLastError();
+    const DeviceGuard on(device_);
+    if (on.error() != cudaSuccess) {
+      cudaGetLastError();
+      return make_error(SSA_ERR_DEVICE, absl::StrCat("cudaSetDevice(", device_, ") for a page"));
+    }
     // Stream-ordered on the legacy default stream, where appends write pages;
     // complete for other streams once an append has synchronised it.
     const cudaError_t e = device_malloc_async(&block, page_bytes_, nullptr);
@@ -40,6 +49,13 @@ absl::StatusOr<PageRef> DevicePagePool::allocate() {
       cudaFreeAsync(block, nullptr);
       return make_error(SSA_ERR_DEVICE, absl::StrCat("zeroing a new ", page_bytes_, "-byte page"));
     }
+    // A page of another device than the caller's (a sharded session's shard) is
+    // written next by work on the caller's device, which this device's legacy
+    // stream does not order: the zeroing is waited for.
+    if (device_ >= 0 && caller != device_ && cudaStreamSynchronize(nullptr) != cudaSuccess) {
+      cudaGetLastError();
+      return make_error(SSA_ERR_DEVICE, absl::StrCat("zeroing a new ", page_bytes_, "-byte page"));
+    }
   }
   std::shared_ptr<DevicePagePool> self = shared_from_this();
   std::shared_ptr<void> keeper(block, [self](void* p) { self->release(p); });
@@ -50,6 +66,7 @@ absl::StatusOr<PageRef> DevicePagePool::allocate() {
 absl::StatusOr<PageRef> DevicePagePool::copy_of(const Page& src) {
   absl::StatusOr<PageRef> page = allocate();
   if (!page.ok()) return page.status();
+  const DeviceGuard on(device_);
   const cudaError_t e = cudaMemcpy((*page)->mutable_data(), src.data(),
                                    src.bytes() < page_bytes_ ? src.bytes() : page_bytes_,
                                    cudaMemcpyDefault);
@@ -63,6 +80,7 @@ void DevicePagePool::release(void* block) {
     free_.push_back(block);
     return;
   }
+  const DeviceGuard on(device_);
   cudaFreeAsync(block, nullptr);  // cudaFree would wait for the whole device
 }
 

@@ -19,7 +19,8 @@ namespace ssa::cuda {
 
 class DevicePagePool : public std::enable_shared_from_this<DevicePagePool> {
  public:
-  static std::shared_ptr<DevicePagePool> create(size_t page_bytes, size_t max_free_pages = 64);
+  // device: where its pages live (< 0: the current device of each allocation).
+  static std::shared_ptr<DevicePagePool> create(size_t page_bytes, size_t max_free_pages = 64, int device = -1);
   ~DevicePagePool();
 
   // A writable device page; SSA_ERR_OUT_OF_MEMORY when the allocation fails.
@@ -28,11 +29,13 @@ class DevicePagePool : public std::enable_shared_from_this<DevicePagePool> {
   absl::StatusOr<PageRef> copy_of(const Page& src);
 
  private:
-  DevicePagePool(size_t page_bytes, size_t max_free) : page_bytes_(page_bytes), max_free_(max_free) {}
+  DevicePagePool(size_t page_bytes, size_t max_free, int device)
+      : page_bytes_(page_bytes), max_free_(max_free), device_(device) {}
   void release(void* block);
 
   const size_t page_bytes_;
   const size_t max_free_;
+  const int device_;
   absl::Mutex mu_;
   std::vector<void*> free_ ABSL_GUARDED_BY(mu_);
 };

@@ -3,6 +3,7 @@
 #include "cuda_backend.h"
 #include "device_alloc.h"
 #include "device_error.h"
+#include "device_guard.h"
 #include "kernels/cuda_decode.h"
 
 namespace ssa::cuda {
@@ -51,7 +52,12 @@ absl::StatusOr<std::shared_ptr<SessionState::LayerCache>> layer_tables(const ssa
                                                                       uint32_t layer_index,
                                                                       const LayerStore& layer,
                                                                       DecodeItem* item) {
-  SessionState& st = state(s);
+  return layer_tables(s, state(s), layer_index, layer, item);
+}
+
+absl::StatusOr<std::shared_ptr<SessionState::LayerCache>> layer_tables(const ssa_session& s, SessionState& st,
+                                                                      uint32_t layer_index, const LayerStore& layer,
+                                                                      DecodeItem* item) {
   absl::MutexLock lock(&st.mu);
   if (st.layers.size() < s.layout.n_layers) st.layers.resize(s.layout.n_layers);
   std::shared_ptr<SessionState::LayerCache>& c = st.layers[layer_index];
@@ -115,8 +121,19 @@ absl::StatusOr<std::shared_ptr<SessionState::LayerCache>> layer_tables(const ssa
 
 // Waits for the session's queued decodes that read more than n_tokens tokens
 // (rows an append may rewrite next), and for no other work.
+static void truncate_wait(SessionState& st, uint64_t n_tokens);
+
 absl::Status CudaBackend::before_truncate(ssa_session& s, uint64_t n_tokens) const {
-  SessionState& st = state(s);
+  // A shard's decodes read its view, whose tokens count from the shard's first
+  // (shard i starts at i * shard_tokens, lib/shard/shard_map.h).
+  for (uint32_t i = 0; i < shard_count(s); ++i) {
+    const uint64_t begin = uint64_t{i} * s.rt->shard_tokens;
+    truncate_wait(shard_state(s, i), n_tokens > begin ? n_tokens - begin : 0);
+  }
+  return absl::OkStatus();
+}
+
+static void truncate_wait(SessionState& st, uint64_t n_tokens) {
   absl::MutexLock lock(&st.mu);
   st.prune_retired();
   auto wait = [&](SessionState::LayerCache& c) {
@@ -127,7 +144,6 @@ absl::Status CudaBackend::before_truncate(ssa_session& s, uint64_t n_tokens) con
   for (const auto& c : st.layers)
     if (c != nullptr) wait(*c);
   for (const auto& c : st.retired) wait(*c);
-  return absl::OkStatus();
 }
 
 PqIndexShape index_shape(const KvLayout& L) {
@@ -162,29 +178,44 @@ absl::Status CudaBackend::init_session(ssa_session& s) const {
   if (s.layout.head_dim / s.layout.pq_subspaces > 64) {
     return unsupported("CUDA sessions: PQ sub-vectors of more than 64 elements");
   }
-  SSA_CUDA_RETURN(cudaSetDevice(s.rt->device), "cudaSetDevice");
   const size_t kv_bytes = s.layout.kv_page_bytes();
   const std::shared_ptr<DeviceBudget>& budget = s.rt->budget;
-  auto kv = std::make_shared<TieredKvPool>(DevicePagePool::create(kv_bytes),
-                                           budget->limited() ? PinnedPagePool::create(kv_bytes) : nullptr,
-                                           budget, kv_bytes);
-  absl::StatusOr<std::shared_ptr<SessionState>> st =
-      new_state(s.rt->device, std::move(kv), DevicePagePool::create(s.layout.code_page_bytes()));
-  if (!st.ok()) return st.status();
-  if (budget->limited()) {
-    (*st)->cache_pages_per_layer = budget->limit(DeviceBudget::kCache) / kv_bytes / s.layout.n_layers;
+  // One state per shard, each with its device's pools (a runtime of one device: one).
+  std::vector<std::shared_ptr<SessionState>> shards;
+  for (const int32_t device : s.rt->devices) {
+    const DeviceGuard on(device);
+    SSA_CUDA_RETURN(on.error(), "cudaSetDevice");
+    auto kv = std::make_shared<TieredKvPool>(DevicePagePool::create(kv_bytes, 64, device),
+                                             budget->limited() ? PinnedPagePool::create(kv_bytes) : nullptr,
+                                             budget, kv_bytes);
+    absl::StatusOr<std::shared_ptr<SessionState>> st =
+        new_state(device, std::move(kv), DevicePagePool::create(s.layout.code_page_bytes(), 64, device));
+    if (!st.ok()) return st.status();
+    if (budget->limited()) {
+      (*st)->cache_pages_per_layer = budget->limit(DeviceBudget::kCache) / kv_bytes / s.layout.n_layers;
+    }
+    shards.push_back(*std::move(st));
   }
-  s.backend_state = *std::move(st);
+  shards[0]->other_shards.assign(shards.begin() + 1, shards.end());
+  SSA_CUDA_RETURN(cudaSetDevice(s.rt->device), "cudaSetDevice");
+  s.backend_state = std::move(shards[0]);
   return absl::OkStatus();
 }
 
 absl::Status CudaBackend::init_fork(const ssa_session& from, ssa_session& fork) const {
-  const SessionState& st = state(from);
-  SSA_CUDA_RETURN(cudaSetDevice(st.device), "cudaSetDevice");
-  absl::StatusOr<std::shared_ptr<SessionState>> f = new_state(st.device, st.kv_pool, st.code_pool);
-  if (!f.ok()) return f.status();
-  (*f)->cache_pages_per_layer = st.cache_pages_per_layer;
-  fork.backend_state = *std::move(f);
+  std::vector<std::shared_ptr<SessionState>> shards;
+  for (uint32_t i = 0; i < shard_count(from); ++i) {
+    const SessionState& st = shard_state(from, i);
+    const DeviceGuard on(st.device);
+    SSA_CUDA_RETURN(on.error(), "cudaSetDevice");
+    absl::StatusOr<std::shared_ptr<SessionState>> f = new_state(st.device, st.kv_pool, st.code_pool);
+    if (!f.ok()) return f.status();
+    (*f)->cache_pages_per_layer = st.cache_pages_per_layer;
+    shards.push_back(*std::move(f));
+  }
+  shards[0]->other_shards.assign(shards.begin() + 1, shards.end());
+  SSA_CUDA_RETURN(cudaSetDevice(state(from).device), "cudaSetDevice");
+  fork.backend_state = std::move(shards[0]);
   return absl::OkStatus();
 }
 

@@ -22,6 +22,7 @@
 #include "kernels/pq_index.h"
 #include "last_use.h"
 #include "pinned_pages.h"
+#include "runtime.h"
 #include "session.h"
 #include "store/kv_layout.h"
 #include "store/layer_store.h"
@@ -79,6 +80,10 @@ struct SessionState final : BackendSession {
   std::vector<std::shared_ptr<LayerCache>> retired ABSL_GUARDED_BY(mu);
   std::map<const PqCodebooks*, std::shared_ptr<Books>> books ABSL_GUARDED_BY(mu);
   std::vector<std::unique_ptr<LayerTiers>> tiers ABSL_GUARDED_BY(mu);  // tiered sessions, per layer
+  // A sharded session (a runtime over several devices, docs/SHARDING.md): this
+  // state is shard 0's, and these are shards 1..S-1's, each on its own device
+  // with its own pools, stream and table cache. Empty when unsharded.
+  std::vector<std::shared_ptr<SessionState>> other_shards;
 
   SessionState() = default;
   SessionState(const SessionState&) = delete;
@@ -128,8 +133,22 @@ struct SessionState final : BackendSession {
   }
 };
 
-// The state of a session of the CUDA backend.
+// The state of a session of the CUDA backend (of shard 0, when sharded).
 inline SessionState& state(const ssa_session& s) { return static_cast<SessionState&>(*s.backend_state); }
+
+// Shard `shard`'s state (0 = state(s)); shard < the runtime's shard count.
+inline SessionState& shard_state(const ssa_session& s, uint32_t shard) {
+  return shard == 0 ? state(s) : *state(s).other_shards[shard - 1];
+}
+inline uint32_t shard_count(const ssa_session& s) {
+  return 1 + static_cast<uint32_t>(state(s).other_shards.size());
+}
+// The shard whose device holds page `page` of a layer (shard boundaries are
+// whole pages; the last shard takes every page beyond the others).
+inline uint32_t shard_of_page(const ssa_session& s, uint64_t page) {
+  const uint64_t shard = page * s.layout.page_tokens / s.rt->shard_tokens;
+  return static_cast<uint32_t>(std::min<uint64_t>(shard, shard_count(s) - 1));
+}
 
 // A new state on `device` with these page pools (a fork shares its source's).
 absl::StatusOr<std::shared_ptr<SessionState>> new_state(int device, std::shared_ptr<TieredKvPool> kv,
@@ -143,6 +162,11 @@ absl::StatusOr<const float*> device_books(SessionState& st, const CodebooksRef& 
 // not freed: decodes queued earlier may still read them.
 absl::StatusOr<std::shared_ptr<SessionState::LayerCache>> layer_tables(const ssa_session& s, uint32_t layer_index,
                                                                       const LayerStore& layer, DecodeItem* item);
+// The same for one shard of a sharded session: `layer` is the shard's view
+// (shard_view), its tables cached in the shard's state, on its device.
+absl::StatusOr<std::shared_ptr<SessionState::LayerCache>> layer_tables(const ssa_session& s, SessionState& st,
+                                                                      uint32_t layer_index, const LayerStore& layer,
+                                                                      DecodeItem* item);
 
 // After a decode through `tables` queued on `stream` (and its tier accounting):
 // queues the copy of the rows it read per page back to the host, for the tier

@@ -1,11 +1,17 @@
 #include "shard_options.h"
 
 #include <algorithm>
+#include <atomic>
 
 #include "decode/fixed_splits.h"
 #include "status.h"
 
 namespace ssa {
+namespace {
+std::atomic<bool> repeats_allowed{false};
+}  // namespace
+
+void allow_repeated_shard_devices(bool allow) { repeats_allowed.store(allow); }
 
 absl::Status read_shard_devices(const ssa_runtime_options& o, std::vector<int32_t>* out) {
   if (o.devices == nullptr) {
@@ -22,7 +28,7 @@ absl::Status read_shard_devices(const ssa_runtime_options& o, std::vector<int32_
   for (uint32_t i = 0; i < o.n_devices; ++i) {
     if (list[i] < 0) return invalid_argument("devices[", i, "] = ", list[i], " is negative");
     for (uint32_t j = 0; j < i; ++j) {
-      if (list[j] == list[i]) {
+      if (list[j] == list[i] && !repeats_allowed.load()) {
         return invalid_argument("devices[", i, "] = ", list[i], " repeats devices[", j,
                                 "] (one shard per device)");
       }

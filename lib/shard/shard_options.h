@@ -22,13 +22,18 @@ inline constexpr const char* kCommunicatorUnsupported =
     "ssa_runtime_options.communicator: a caller's NCCL communicator (one process per GPU, or several "
     "hosts) is not implemented in this version; pass NULL (sharded sessions within one process: a "
     "devices list)";
-inline constexpr const char* kMultiDeviceCudaUnsupported =
-    "a CUDA runtime over several devices (n_devices > 1) is not implemented in this version; sharded "
-    "sessions run on the CPU backend (SSA_BACKEND_CPU), or use one CUDA device";
+inline constexpr const char* kShardedBudgetUnsupported =
+    "device_kv_budget with a CUDA runtime over several devices (n_devices > 1): tiered sharded sessions "
+    "are not implemented in this version; shard over more devices instead, or use one device with a budget";
 
 // *out = the shards' devices: the list (n_devices 1..kMaxShards, no duplicates,
 // no negative ordinals), or {o.device} when there is none.
 absl::Status read_shard_devices(const ssa_runtime_options& o, std::vector<int32_t>* out);
+
+// Test seam: lets a device list repeat an ordinal (several shards on one
+// device), so that the sharded CUDA path runs on a machine with one GPU. The
+// library never sets it; a user's repeated ordinal is an error.
+void allow_repeated_shard_devices(bool allow);
 
 // 0 -> kDefaultShardTokens; else a positive multiple of kSplitTokens.
 absl::StatusOr<uint64_t> resolve_shard_tokens(uint64_t shard_tokens);

@@ -551,7 +551,7 @@ absl::Status read_page_run(const Parsed& p, size_t idx, size_t page_bytes, const
       return check_page(p, e.layer, j, kv, target);
     };
     if (j < src.size() && src[j] == idx) {
-      absl::StatusOr<PageRef> page = s.backend->page_from_host(s, kv, page_bytes, staging, read_checked);
+      absl::StatusOr<PageRef> page = s.backend->page_from_host(s, kv, j, page_bytes, staging, read_checked);
       if (!page.ok()) return page.status();
       dst[j] = *std::move(page);
     } else {

@@ -1,0 +1,197 @@
+// Sharded CUDA sessions (docs/SHARDING.md) through the public C API: one shard
+// per GPU of the machine, and several shards on one GPU where it has fewer
+// (allow_repeated_shard_devices), against an unsharded CUDA session holding the
+// same rows. DENSE and the top-k methods (ORACLE_TOPK, PQ_TOPK; per head and
+// with mean-query groups) read exactly the unsharded tokens (the same stats,
+// whose heavy counts come from the shards' own read sets) and give its output up
+// to the rounding of the attention's split boundaries, far closer than a read
+// set differing by a few tokens would. Appends from device and host memory cross
+// the shard boundaries; truncate, fork, decode_batch, save and load (on a
+// runtime of another shard count, and unsharded) keep the decode; the methods
+// not sharded on the GPU refuse with SSA_ERR_UNSUPPORTED and change nothing.
+#include <cuda_runtime.h>
+#include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+#include "shard/shard_options.h"
+#include "ssa.h"
+#include "support/gpu_sessions.h"
+#include "support/snapshot_helpers.h"
+
+namespace ssa::gputest {
+namespace {
+
+constexpr uint64_t kShardTokens = 8192;
+
+// A CUDA runtime with `shards` shards over the machine's GPUs, round robin.
+ssa_runtime* sharded_runtime(uint32_t shards) {
+  int gpus = 0;
+  REQUIRE(cudaGetDeviceCount(&gpus) == cudaSuccess);
+  std::vector<int32_t> devices(shards);
+  for (uint32_t i = 0; i < shards; ++i) devices[i] = static_cast<int32_t>(i % static_cast<uint32_t>(gpus));
+  ssa::allow_repeated_shard_devices(static_cast<uint32_t>(gpus) < shards);
+  ssa_runtime_options o = ssa_test::runtime_options(SSA_BACKEND_CUDA);
+  o.devices = devices.data();
+  o.n_devices = shards;
+  o.shard_tokens = kShardTokens;
+  ssa_runtime* rt = nullptr;
+  const ssa_status st = ssa_runtime_create(&o, &rt);
+  ssa::allow_repeated_shard_devices(false);
+  INFO(ssa_last_error_message());
+  REQUIRE(st == SSA_OK);
+  REQUIRE(ssa_runtime_num_shards(rt) == shards);
+  return rt;
+}
+
+void check_same_reads(const ssa_decode_stats& a, const ssa_decode_stats& b) {
+  CHECK(a.context_tokens == b.context_tokens);
+  CHECK(a.tokens_read == b.tokens_read);
+  CHECK(a.heavy_tokens == b.heavy_tokens);
+  CHECK(a.scored_tokens == b.scored_tokens);
+}
+
+struct Case {
+  ssa_method method;
+  uint32_t budget;
+  ssa_group_selection group;
+};
+
+const Case kCases[] = {
+    {SSA_METHOD_DENSE, 0, SSA_GROUP_OFF},          {SSA_METHOD_ORACLE_TOPK, 1800, SSA_GROUP_OFF},
+    {SSA_METHOD_PQ_TOPK, 1800, SSA_GROUP_OFF},     {SSA_METHOD_PQ_TOPK, 700, SSA_GROUP_MEAN_QUERY},
+    {SSA_METHOD_ORACLE_TOPK, 900, SSA_GROUP_MEAN_QUERY},
+    {SSA_METHOD_PQ_TOPK, 256, SSA_GROUP_OFF},  // sink and local only
+};
+
+// Every case on s and ref (device q/out unless host), outputs and stats compared.
+void check_cases(ssa_session* s, ssa_session* ref, const Data& d, bool device) {
+  const auto dense = decode(ref, d, params(SSA_METHOD_DENSE, 0), device);
+  for (const Case& c : kCases) {
+    ssa_decode_params p = params(c.method, c.budget, 5);
+    p.group_selection = c.group;
+    ssa_decode_stats a, b;
+    ssa_decode_stats_init(&a);
+    ssa_decode_stats_init(&b);
+    const auto want = decode(ref, d, p, device, &b);
+    const auto got = decode(s, d, p, device, &a);
+    INFO("method ", c.method, " budget ", c.budget, " group ", c.group, " rel ", rel(got, want));
+    check_same_reads(a, b);
+    CHECK(rel(got, want) < 2e-3);
+    // Fewer heavy tokens give a visibly different output: the comparison above
+    // would catch a read set that is not the unsharded one.
+    if (c.method != SSA_METHOD_DENSE) CHECK(rel(want, dense) > 1e-2);
+    // The same decode again: bitwise the same.
+    CHECK(decode(s, d, p, device) == got);
+  }
+}
+
+TEST_CASE("gpu sharded decode: DENSE and the top-k methods read the unsharded session's tokens") {
+  SSA_GPU_TEST_OR_SKIP();
+  ssa_runtime* gpu = runtime(SSA_BACKEND_CUDA);
+  const Data d = make_data(30000, 31);
+  ssa_session* ref = session(gpu, 0);
+  fill(ref, d, true);
+  for (uint32_t shards : {2u, 4u}) {
+    INFO("shards ", shards);
+    ssa_runtime* rt = sharded_runtime(shards);
+    ssa_session* s = session(rt, 0);
+    fill(s, d, true);  // the second append starts inside a page and crosses shards
+    CHECK(ssa_session_length(s) == d.n);
+    check_cases(s, ref, d, true);
+
+    // Not sharded on the GPU yet: refused, and nothing changes.
+    const auto before = decode(s, d, params(SSA_METHOD_PQ_TOPK, 1800), true);
+    for (ssa_method m : {SSA_METHOD_SSA, SSA_METHOD_SAMPLING, SSA_METHOD_HYBRID_UNIFORM, SSA_METHOD_SSA_ADAPTIVE}) {
+      std::vector<uint16_t> out(kNq * kD);
+      DevBuf<uint16_t> q(d.q.size()), o(out.size());
+      q.upload(d.q);
+      ssa_decode_params p = params(m, 1800);
+      CHECK(ssa_decode(s, 0, q.p, o.p, &p, nullptr) == SSA_ERR_UNSUPPORTED);
+      CHECK(std::string(ssa_last_error_message()).find("sampling") != std::string::npos);
+      p = params(SSA_METHOD_PQ_TOPK, 1800);
+      p.group_selection = SSA_GROUP_MIXTURE;
+      CHECK(ssa_decode(s, 0, q.p, o.p, &p, nullptr) == SSA_ERR_UNSUPPORTED);
+      CHECK(std::string(ssa_last_error_message()).find("MIXTURE") != std::string::npos);
+      p = params(SSA_METHOD_PQ_TOPK, 1800);
+      p.target_error = 0.05f;
+      CHECK(ssa_decode(s, 0, q.p, o.p, &p, nullptr) == SSA_ERR_UNSUPPORTED);
+    }
+    CHECK(ssa_session_length(s) == d.n);
+    CHECK(decode(s, d, params(SSA_METHOD_PQ_TOPK, 1800), true) == before);
+    ssa_session_destroy(s);
+    ssa_runtime_destroy(rt);
+  }
+  ssa_session_destroy(ref);
+  ssa_runtime_destroy(gpu);
+}
+
+TEST_CASE("gpu sharded sessions: host rows, truncate, fork, decode_batch, save and load") {
+  SSA_GPU_TEST_OR_SKIP();
+  ssa_runtime* gpu = runtime(SSA_BACKEND_CUDA);
+  ssa_runtime* rt = sharded_runtime(3);
+  const Data d = make_data(26000, 37);
+  ssa_session* ref = session(gpu, SSA_SESSION_HOST_POINTERS);
+  ssa_session* s = session(rt, SSA_SESSION_HOST_POINTERS);
+  fill(ref, d, false);
+  fill(s, d, false);
+  check_cases(s, ref, d, false);
+
+  // Truncate into the second shard (the third empties), then grow back.
+  const uint32_t cut = 12000;
+  const size_t row = size_t{kNkv} * kD;
+  REQUIRE(ssa_session_truncate(s, cut) == SSA_OK);
+  REQUIRE(ssa_session_truncate(ref, cut) == SSA_OK);
+  check_cases(s, ref, d, false);
+  REQUIRE(ssa_session_append(s, 0, d.k.data() + cut * row, d.v.data() + cut * row, d.n - cut) == SSA_OK);
+  REQUIRE(ssa_session_append(ref, 0, d.k.data() + cut * row, d.v.data() + cut * row, d.n - cut) == SSA_OK);
+  check_cases(s, ref, d, false);
+
+  // A fork shares the pages and decodes bitwise as its source; it grows alone.
+  ssa_session* f = nullptr;
+  REQUIRE(ssa_session_fork(s, &f) == SSA_OK);
+  const ssa_decode_params pq = params(SSA_METHOD_PQ_TOPK, 1800, 2);
+  const auto from_s = decode(s, d, pq, false);
+  CHECK(decode(f, d, pq, false) == from_s);
+  REQUIRE(ssa_session_truncate(f, 9000) == SSA_OK);
+  CHECK(decode(s, d, pq, false) == from_s);
+
+  // decode_batch over sharded sessions: each item as its own decode.
+  {
+    std::vector<uint16_t> o1(kNq * kD), o2(kNq * kD);
+    const ssa_decode_item items[] = {{s, d.q.data(), o1.data()}, {f, d.q.data(), o2.data()}};
+    REQUIRE(ssa_decode_batch(items, 2, 0, &pq) == SSA_OK);
+    CHECK(o1 == from_s);
+    CHECK(o2 == decode(f, d, pq, false));
+  }
+
+  // One snapshot, loadable on any shard count (unsharded included), both ways.
+  const std::string dir = ssa::test::temp_dir();
+  const std::string path = dir + "/sharded.ssa";
+  REQUIRE(ssa_session_save(s, path.c_str()) == SSA_OK);
+  ssa_runtime* rt2 = sharded_runtime(2);
+  for (ssa_runtime* target : {gpu, rt2, rt}) {
+    ssa_session* l = nullptr;
+    REQUIRE(ssa_session_load(target, path.c_str(), 0, &l) == SSA_OK);
+    CHECK(ssa_session_length(l) == d.n);
+    check_cases(l, ref, d, false);
+    ssa_session_destroy(l);
+  }
+  const std::string flat = dir + "/unsharded.ssa";
+  REQUIRE(ssa_session_save(ref, flat.c_str()) == SSA_OK);
+  ssa_session* l = nullptr;
+  REQUIRE(ssa_session_load(rt2, flat.c_str(), 0, &l) == SSA_OK);
+  check_cases(l, ref, d, false);
+  ssa_session_destroy(l);
+
+  ssa_session_destroy(f);
+  ssa_session_destroy(s);
+  ssa_session_destroy(ref);
+  ssa_runtime_destroy(rt2);
+  ssa_runtime_destroy(rt);
+  ssa_runtime_destroy(gpu);
+}
+
+}  // namespace
+}  // namespace ssa::gputest
