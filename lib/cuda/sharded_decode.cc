@@ -127,10 +127,11 @@ absl::Status rank_decode(Shared& sh, Collective& comm) {
   SSA_CUDA_RETURN(cudaStreamWaitEvent(stream, sh.q_ready, 0), "decode ordering");
   const uint32_t ns = b.sel_heads();
   std::vector<uint64_t> heavy(ns, 0);
+  // Rows are read back whole for the stats; the kernels set only what they use.
+  if (sh.selects) SSA_CUDA_RETURN(cudaMemsetAsync(ws.rows, 0, plan.rows * sizeof(RowState), stream), "decode setup");
+  // Also without a selection: the row states (a window-only item's read sets) are set here.
+  SSA_CUDA_RETURN(run_shard_scores(b, plan, ws, stream), "proxy score kernels");
   if (sh.selects) {
-    // Rows are read back whole for the stats; the kernels set only what they use.
-    SSA_CUDA_RETURN(cudaMemsetAsync(ws.rows, 0, plan.rows * sizeof(RowState), stream), "decode setup");
-    SSA_CUDA_RETURN(run_shard_scores(b, plan, ws, stream), "proxy score kernels");
     // The global top-k of every selection row, into the pipeline's heavy bitmap
     // (row h's words from h * n_pad / 32; candidate j = token sink_end + j).
     const uint32_t nc = it.local_begin > it.sink_end ? it.local_begin - it.sink_end : 0;

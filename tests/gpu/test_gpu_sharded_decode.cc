@@ -103,21 +103,23 @@ TEST_CASE("gpu sharded decode: DENSE and the top-k methods read the unsharded se
 
     // Not sharded on the GPU yet: refused, and nothing changes.
     const auto before = decode(s, d, params(SSA_METHOD_PQ_TOPK, 1800), true);
+    std::vector<uint16_t> out(kNq * kD);
+    DevBuf<uint16_t> q(d.q.size()), o(out.size());
+    q.upload(d.q);
+    auto refused = [&](const ssa_decode_params& p, const char* words) {
+      CHECK(ssa_decode(s, 0, q.p, o.p, &p, nullptr) == SSA_ERR_UNSUPPORTED);
+      CHECK(std::string(ssa_last_error_message()).find(words) != std::string::npos);
+    };
     for (ssa_method m : {SSA_METHOD_SSA, SSA_METHOD_SAMPLING, SSA_METHOD_HYBRID_UNIFORM, SSA_METHOD_SSA_ADAPTIVE}) {
-      std::vector<uint16_t> out(kNq * kD);
-      DevBuf<uint16_t> q(d.q.size()), o(out.size());
-      q.upload(d.q);
-      ssa_decode_params p = params(m, 1800);
-      CHECK(ssa_decode(s, 0, q.p, o.p, &p, nullptr) == SSA_ERR_UNSUPPORTED);
-      CHECK(std::string(ssa_last_error_message()).find("sampling") != std::string::npos);
-      p = params(SSA_METHOD_PQ_TOPK, 1800);
-      p.group_selection = SSA_GROUP_MIXTURE;
-      CHECK(ssa_decode(s, 0, q.p, o.p, &p, nullptr) == SSA_ERR_UNSUPPORTED);
-      CHECK(std::string(ssa_last_error_message()).find("MIXTURE") != std::string::npos);
-      p = params(SSA_METHOD_PQ_TOPK, 1800);
-      p.target_error = 0.05f;
-      CHECK(ssa_decode(s, 0, q.p, o.p, &p, nullptr) == SSA_ERR_UNSUPPORTED);
+      INFO("method ", m);
+      refused(params(m, 1800), "sampling");
     }
+    ssa_decode_params p = params(SSA_METHOD_PQ_TOPK, 1800);
+    p.group_selection = SSA_GROUP_MIXTURE;
+    refused(p, "MIXTURE");
+    p = params(SSA_METHOD_SSA, 1800);
+    p.target_error = 0.05f;
+    refused(p, "target_error");
     CHECK(ssa_session_length(s) == d.n);
     CHECK(decode(s, d, params(SSA_METHOD_PQ_TOPK, 1800), true) == before);
     ssa_session_destroy(s);
