@@ -203,13 +203,23 @@ typedef struct ssa_runtime_options {
      the others). A decode makes exactly the selection an unsharded session would
      (the same estimator: global top-k threshold, global proposal normaliser,
      draws split by residual mass with the same RNG, partial outputs merged by
-     log-sum-exp), bitwise the same output on the CPU backend. */
+     log-sum-exp), bitwise the same output on the CPU backend.
+     CUDA runtimes: one shard per GPU of the list, which must all read each
+     other's memory (peer access, enabled by ssa_runtime_create); K, V, q and out
+     are memory of the first device (or host memory, SSA_SESSION_HOST_POINTERS).
+     This version decodes DENSE, ORACLE_TOPK and PQ_TOPK there (the same heavy
+     set as one GPU; the output equal up to the rounding of the attention's
+     splits); the sampling methods, group_selection MIXTURE, target_error and
+     pages mapped with SSA_LOAD_MMAP give SSA_ERR_UNSUPPORTED, and a decode
+     returns once its output is queued, with the shards' selection exchanged
+     through the host (not on a stream being captured into a graph). */
   const int32_t *devices; /* n_devices device ordinals, borrowed for the call, no
                              duplicates; NULL (default) = one device, `device`.
                              CPU runtimes: the ordinals only name the in-process
                              shards (any distinct values >= 0), n_devices of them.
-                             CUDA runtimes with n_devices > 1: SSA_ERR_UNSUPPORTED
-                             in this version */
+                             CUDA runtimes: existing GPUs; with n_devices > 1 and
+                             device_kv_budget set, SSA_ERR_UNSUPPORTED in this
+                             version */
   uint32_t n_devices;     /* entries of devices; default 0 (no list); must be
                              1..64 when devices is set, 0 when it is NULL */
   uint64_t shard_tokens;  /* tokens per shard before the next shard starts; 0
@@ -230,7 +240,8 @@ SSA_API void ssa_runtime_options_init(ssa_runtime_options *opts);
    Returns SSA_OK, SSA_ERR_INVALID_ARGUMENT (out NULL, bad struct_size, unknown
    backend, negative threads, a bad device list or shard_tokens),
    SSA_ERR_UNSUPPORTED (CUDA asked for but not built; a communicator; several
-   CUDA devices), SSA_ERR_DEVICE (CUDA asked for, no usable device),
+   CUDA devices with a device_kv_budget, or without peer access between them),
+   SSA_ERR_DEVICE (CUDA asked for, no usable device, a listed device missing),
    SSA_ERR_OUT_OF_MEMORY. */
 SSA_API ssa_status ssa_runtime_create(const ssa_runtime_options *opts, ssa_runtime **out);
 
