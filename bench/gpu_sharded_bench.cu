@@ -3,11 +3,12 @@
 // shards, one shard per GPU of the machine round robin (several shards share a
 // GPU where it has fewer: then this measures what the sharded path costs — its
 // host round trips for the global top-k, the partials' copies and merge — not a
-// speed-up). Per shape, context and shard count: DENSE and PQ_TOPK at 50x
+// speed-up). Per shape, context and shard count: DENSE, PQ_TOPK and SSA at 50x
 // sparsity, batch 1 (ssa_decode) and batch B (ssa_decode_batch over forks of the
 // session, which share its pages), median wall time of --reps decodes with the
 // device idle before each; the sharded output's relative L2 difference from the
-// unsharded one (the top-k sets are equal, the splits' rounding is not).
+// unsharded one (the heavy sets and samples are equal, the splits' rounding is
+// not).
 //
 //   gpu_sharded_bench [--contexts 1048576,2097152] [--shards 2,4] [--batch 16] [--reps 10] [--configs paper,llama]
 #include <cuda_bf16.h>
@@ -122,7 +123,7 @@ int main(int argc, char** argv) {
          prop.name, reps);
   printf("| shape | N | shards (GPUs) | method | batch | unsharded ms | sharded ms | sharded / unsharded | rel L2 |\n");
   printf("|---|---|---|---|---|---|---|---|---|\n");
-  const ssa_method methods[] = {SSA_METHOD_DENSE, SSA_METHOD_PQ_TOPK};
+  const ssa_method methods[] = {SSA_METHOD_DENSE, SSA_METHOD_PQ_TOPK, SSA_METHOD_SSA};
   for (const ssa_bench::Shape& c : ssa_bench::kCpuShapes) {
     if (!ssa_bench::wants_shape(configs, c)) continue;
     const ssa_session_config cfg = ssa_test::make_config(1, c.nq, c.nkv, c.d, c.dtype);

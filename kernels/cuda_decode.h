@@ -36,12 +36,20 @@ cudaError_t run_attention_stage(const DecodeBatch& b, const WorkspacePlan& plan,
 // The stages of one shard's part of a sharded decode (lib/cuda/sharded_decode.cc),
 // between which the shards exchange what the selection needs globally:
 // the rows' initial states and proxy scores (PQ or exact; the mean query with
-// group selection); the heavy bitmap, once the global top-k has written it,
-// compacted into the read sets; the attention's split partials, left in
+// group selection); with samples (fixed heavy rule), once the global top-k has
+// written the heavy bitmap and the global maximum is in the rows' max_key, the
+// residual's block and chunk sums and chunk prefixes (the shard's total in
+// cprefix's last chunk), then, with the rows' mass_begin and mass_total set,
+// the draws; the read sets compacted (heavy list, and the samples' log pi with
+// the global total in w_total); the attention's split partials, left in
 // ws.partial unmerged; and the merge of partials laid out as ws.partial is,
 // plan.n_splits per row (every shard's, gathered in split order).
 cudaError_t run_shard_scores(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
                              cudaStream_t stream);
+cudaError_t run_shard_residual(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
+                               cudaStream_t stream);
+cudaError_t run_shard_draws(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
+                            cudaStream_t stream);
 cudaError_t run_shard_read_sets(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
                                 cudaStream_t stream);
 cudaError_t run_split_partials(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,

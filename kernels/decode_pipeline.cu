@@ -262,10 +262,22 @@ cudaError_t run_shard_scores(const DecodeBatch& b, const WorkspacePlan& plan, co
   return b.proxy == Proxy::kPq ? launch_pq_scores(b, plan, ws, st) : launch_exact_scores(b, plan, ws, st);
 }
 
+cudaError_t run_shard_residual(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
+                               cudaStream_t st) {
+  if (b.sampling == Sampling::kNone || b.heavy != HeavyRule::kFixed) return cudaErrorInvalidValue;
+  const cudaError_t e = launch_hierarchy(b, plan, ws, 0, st);
+  return e != cudaSuccess ? e : launch_chunk_prefix(b, plan, ws, st);
+}
+
+cudaError_t run_shard_draws(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
+                            cudaStream_t st) {
+  return launch_draws(b, plan, ws, st);
+}
+
 cudaError_t run_shard_read_sets(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
                                 cudaStream_t st) {
-  if (b.sampling != Sampling::kNone || b.heavy != HeavyRule::kFixed) return cudaErrorInvalidValue;
-  return launch_compact(b, plan, ws, false, 0, st);
+  if (b.heavy != HeavyRule::kFixed) return cudaErrorInvalidValue;
+  return launch_compact(b, plan, ws, b.sampling != Sampling::kNone, 0, st);
 }
 
 cudaError_t run_split_partials(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,

@@ -40,6 +40,9 @@ struct DecodeItem {
   const void* q = nullptr;                     // [n_q_heads][head_dim], kv dtype
   void* out = nullptr;                         // [n_q_heads][head_dim], kv dtype
   uint32_t n_tokens = 0;
+  // Tokens [0, first_token) of the pages are not the item's (a sharded decode's
+  // range starting inside a page): neither read nor candidates; sink_end >= it.
+  uint32_t first_token = 0;
   uint32_t sink_end = 0, local_begin = 0;
   uint32_t n_select = 0;  // k' = |H| + m (0 for a dense item: sink_end == n_tokens)
   uint32_t n_heavy = 0;   // |H| for a fixed heavy fraction (adaptive: decided on device)
@@ -112,6 +115,11 @@ struct RowState {
   double w_heavy;      // sum over H of exp(s~ - max) (statistics only, sampling methods)
   double w_all;        // adaptive: sum over C of exp(s~ - max)
   double w_resid_proxy;  // sum over R of exp(s~ - max), also when sampling uniformly
+  // A sharded decode (lib/cuda/sharded_decode.cc): this shard's residual mass is
+  // [mass_begin, mass_begin + its own total) of the row's mass_total over all
+  // shards, and its sampler keeps the draws whose first-level target falls there.
+  // mass_total 0: unsharded (the row's own total).
+  uint64_t mass_begin, mass_total;
 };
 
 // Device buffers of one decode, carved from one allocation (see plan_workspace).

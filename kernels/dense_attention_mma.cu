@@ -83,10 +83,11 @@ __global__ void __launch_bounds__(kTokenGroups * kHeadTiles * 32)
   const uint32_t item = blockIdx.z, kvh = blockIdx.y, split = blockIdx.x;
   const DecodeItem& it = b.items[item];
   const uint32_t G = b.shape.group();
-  // The split rule of attention_split_kernel (same partial layout).
-  const uint32_t N = it.n_tokens;
+  // The split rule of attention_split_kernel (same partial layout), over the
+  // item's tokens [first_token, n_tokens).
+  const uint32_t F = it.first_token, N = it.n_tokens - F;
   const uint32_t per = (N + n_splits - 1) / n_splits;
-  const uint32_t p0 = min(N, split * per), p1 = min(N, p0 + per);
+  const uint32_t p0 = F + min(N, split * per), p1 = F + min(N, p0 - F + per);
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int ht = warp % kHeadTiles, tg = warp / kHeadTiles;

@@ -121,10 +121,11 @@ struct ReadSet {
   const uint32_t* heavy;
   const uint32_t* sampled;
   const float* sampled_log_pi;
+  uint32_t first = 0;  // the sink tokens are [first, first + n_sink) (DecodeItem::first_token)
   __device__ uint32_t size() const { return n_sink + n_local + n_heavy + n_unique; }
   __device__ uint32_t token(uint32_t p, float* log_pi) const {
     *log_pi = 0.f;
-    if (p < n_sink) return p;
+    if (p < n_sink) return first + p;
     p -= n_sink;
     if (p < n_local) return local_begin + p;
     p -= n_local;
@@ -147,13 +148,13 @@ __device__ __forceinline__ uint32_t row_of(uint32_t item, uint32_t head, uint32_
 __device__ __forceinline__ ReadSet row_read_set(const DecodeBatch& b, const Workspace& ws, uint32_t item,
                                                 uint32_t h) {
   const DecodeItem& it = b.items[item];
-  ReadSet rs{it.n_tokens, it.n_tokens, 0, 0, 0, nullptr, nullptr, nullptr};
+  ReadSet rs{it.n_tokens - it.first_token, it.n_tokens, 0, 0, 0, nullptr, nullptr, nullptr, it.first_token};
   if (it.sink_end < it.local_begin) {
     const uint32_t sh = b.sel_head_of(h);
     const RowState& st = ws.rows[row_of(item, sh, b.sel_heads())];
     const size_t sel = it.select_base + size_t{sh} * it.select_cap;
-    rs = ReadSet{it.sink_end, it.local_begin, it.n_tokens - it.local_begin, st.n_heavy,
-                 st.n_unique, ws.heavy + sel, ws.uniq_sorted + sel, ws.log_pi + sel};
+    rs = ReadSet{it.sink_end - it.first_token, it.local_begin, it.n_tokens - it.local_begin, st.n_heavy,
+                 st.n_unique, ws.heavy + sel, ws.uniq_sorted + sel, ws.log_pi + sel, it.first_token};
   }
   return rs;
 }

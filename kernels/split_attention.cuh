@@ -50,7 +50,8 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(DecodeBatch b
   const uint32_t row0 = row_of(item, h0, b.shape.n_q_heads);  // attention row (partials)
 
   const ReadSet rs = kSparse ? row_read_set(b, ws, item, h0)
-                             : ReadSet{it.n_tokens, it.n_tokens, 0, 0, 0, nullptr, nullptr, nullptr};
+                             : ReadSet{it.n_tokens - it.first_token, it.n_tokens, 0, 0, 0, nullptr, nullptr,
+                                       nullptr, it.first_token};
   uint32_t p0, p1;
   split_range(rs.size(), n_splits, split, &p0, &p1);
 

@@ -35,6 +35,11 @@ cudaError_t launch_hierarchy(const DecodeBatch& b, const WorkspacePlan& plan, co
                              cudaStream_t st);
 cudaError_t launch_sampling(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
                             cudaStream_t st);
+// launch_sampling's parts: the rows' chunk prefix sums in global memory (cprefix,
+// and w_total), and the draws into the sample bitmap.
+cudaError_t launch_chunk_prefix(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
+                                cudaStream_t st);
+cudaError_t launch_draws(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws, cudaStream_t st);
 uint32_t sample_group_draws(uint32_t draws_max, uint32_t rows, int sm_count);
 // Attention (attention.cu) = the splits' partial results (launch_split_attention,
 // by the kernel that serves the launch set), then their merge into the output

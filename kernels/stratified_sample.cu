@@ -245,7 +245,12 @@ __global__ void __launch_bounds__(kSampleThreads, kSampleBlocksPerSm) sample_ker
   }
   // Whole warps leave; inside a warp every lane takes part in its groups' draws.
   if (warp_draw0 >= st.n_draws || w_total == 0) return;
-  const bool mine = lane < kWarpDraws && j < st.n_draws;
+  bool mine = lane < kWarpDraws && j < st.n_draws;
+  // Sharded: targets over the mass of every shard; this one's starts at
+  // mass_begin (and the last shard with mass also takes a target at the total).
+  const bool sharded = st.mass_total != 0;
+  const uint64_t mass_total = sharded ? st.mass_total : w_total, mass_begin = sharded ? st.mass_begin : 0;
+  const bool last_mass = mass_begin + w_total == mass_total;
   // Integer targets u * total (a rounding up to the total itself picks the last
   // weighted entry, as on the CPU).
   auto target = [](uint32_t bits, uint64_t total) {
@@ -257,7 +262,9 @@ __global__ void __launch_bounds__(kSampleThreads, kSampleBlocksPerSm) sample_ker
   if (mine) {
     const uint64_t step = b.step_dev ? *b.step_dev : b.step;
     const Philox4 v = rng_draw(make_rng_stream(b.seed, step, b.layer, b.rng_head(r.h)), j);
-    my_chunk = pick_from_prefix(prefix, n_chunks, target(v.v[0], w_total));
+    const uint64_t t = target(v.v[0], mass_total);
+    if (sharded) mine = (t >= mass_begin && t - mass_begin < w_total) || (last_mass && t >= mass_total);
+    my_chunk = mine ? pick_from_prefix(prefix, n_chunks, t - mass_begin) : 0;
     my_u1 = v.v[1];
     my_u2 = v.v[2];
   }
@@ -357,16 +364,24 @@ cudaError_t launch_hierarchy(const DecodeBatch& b, const WorkspacePlan& plan, co
   return launch_stage(b, hierarchy_kernel, grid, 32 * kChunksPerBlock, 0, st, b, ws, mode);
 }
 
+cudaError_t launch_chunk_prefix(const DecodeBatch& b, const WorkspacePlan&, const Workspace& ws,
+                                cudaStream_t st) {
+  return launch_stage(b, chunk_prefix_kernel, dim3(1, b.sel_heads(), b.n_items), 1024, 0, st, b, ws);
+}
+
 cudaError_t launch_sampling(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
                             cudaStream_t st) {
   cudaError_t e;
   if (b.sampling == Sampling::kNone) return cudaSuccess;
   // Otherwise the sums came from the top-k filter.
   if (!filter_sums_residual(b) && (e = launch_hierarchy(b, plan, ws, 0, st)) != cudaSuccess) return e;
-  if (plan.n_pad_max / kChunkTokens > kPrefixSmem &&
-      (e = launch_stage(b, chunk_prefix_kernel, dim3(1, b.sel_heads(), b.n_items), 1024, 0, st, b, ws)) !=
-          cudaSuccess)
+  if (plan.n_pad_max / kChunkTokens > kPrefixSmem && (e = launch_chunk_prefix(b, plan, ws, st)) != cudaSuccess)
     return e;
+  return launch_draws(b, plan, ws, st);
+}
+
+cudaError_t launch_draws(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws, cudaStream_t st) {
+  if (b.sampling == Sampling::kNone) return cudaSuccess;
   const uint32_t block_draws = sample_block_draws(plan.sample_group_draws);
   const dim3 grid(std::max(1u, (plan.draws_max + block_draws - 1) / block_draws), b.sel_heads(), b.n_items);
   const bool uniform = b.sampling == Sampling::kUniform;

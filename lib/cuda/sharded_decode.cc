@@ -1,20 +1,30 @@
-// The decode of a sharded CUDA session (docs/SHARDING.md): one rank per shard
-// that holds tokens, each on its shard's device and stream, reading only its own
-// pages (its view, lib/shard/shard_map.h), through the same kernels as an
-// unsharded decode with the selection made globally:
-//   proxy scores of the shard's candidates -> the global top-k over every
-//   shard's scores (device_sharded_topk.h: all-reduced radix histograms, ties to
-//   the lowest tokens), as the shard's heavy bitmap -> its read sets -> its split
-//   partials, copied to the first device in split order -> one merge there.
-// So the heavy set is exactly the unsharded one, and the output differs from it
-// only by the attention's split boundaries (floating-point rounding). The
-// sampling methods need the proposal's global maximum and normaliser and the
-// draws placed by residual mass (not built: SSA_ERR_UNSUPPORTED), as do the
-// mixture proposal and error-targeted decodes.
+// The decode of a sharded CUDA session (docs/SHARDING.md): one rank per range of
+// tokens, each a thread on the device of the shard holding its range's start,
+// through the kernels of an unsharded decode with the selection made globally:
+//   proxy scores of the range's candidates -> (sampling) the rows' maximum
+//   all-reduced -> the global top-k over every range's scores
+//   (device_sharded_topk.h: all-reduced radix histograms, ties to the lowest
+//   tokens) as the range's heavy bitmap -> (sampling) the residual's block and
+//   chunk sums, every range's residual total all-gathered so that the ranges lie
+//   end to end in one global mass, the draws of the one Philox stream each kept
+//   by the range its first-level target falls in -> the read sets and the
+//   samples' log pi with the global total -> the split partials, copied to the
+//   first device in token order -> one merge there.
+// The heavy set and the samples are exactly the unsharded decode's: the sampler's
+// hierarchy is cut at candidate offsets (1024-candidate chunks from sink_end), so
+// a selecting decode's ranges start at the first chunk boundary at or after their
+// shard's start: every chunk, block and bitmap word lies in one range, and a
+// range reads the up to 1023 tokens it takes past its shard's end from the next
+// shard's pages (peer access). The output
+// differs from the unsharded one only by where the attention's splits fall
+// (floating-point rounding). Not sharded here: the adaptive heavy rule, the
+// mixture proposal, error-targeted decodes (SSA_ERR_UNSUPPORTED).
 #include <cuda_runtime.h>
+#include <stddef.h>
 
 #include <algorithm>
 
+#include "common/sampling_hierarchy.h"
 #include "cuda_backend.h"
 #include "device_error.h"
 #include "device_guard.h"
@@ -70,23 +80,124 @@ struct Shared {
   uint32_t cap = 0;                 // most splits one rank may take
   uint32_t total_splits = 0;        // set by rank 0
   bool want_stats = false;
-  std::vector<uint64_t> heavy;      // per selection row, over all shards (rank 0)
+  bool sampling = false;            // the selection draws samples of the residual
+  // Per selection row, over all shards (rank 0): heavy and unique-sample counts,
+  // the residual's and the heavy set's proxy masses.
+  std::vector<uint64_t> heavy, unique;
+  std::vector<double> resid_mass, heavy_mass;
 };
 
-// A shard's item: the unsharded item's budget, its token ranges clipped to the
-// shard's tokens. A shard holding no candidate reads all its tokens (every one a
-// sink or local token).
-DecodeItem shard_item(const DecodeItem& global, ShardRange range) {
+// A rank's item: the unsharded item's budget, its token ranges clipped to the
+// rank's tokens, in the coordinates of its view (token 0 = view_begin, the start
+// of the page holding range.begin). A rank holding no candidate reads all its
+// tokens (every one a sink or local token).
+DecodeItem rank_item(const DecodeItem& global, ShardRange range, uint64_t view_begin) {
   auto local = [&](uint64_t t) {
-    return static_cast<uint32_t>(std::clamp<uint64_t>(t, range.begin, range.end) - range.begin);
+    return static_cast<uint32_t>(std::clamp<uint64_t>(t, range.begin, range.end) - view_begin);
   };
   DecodeItem it{};
-  it.n_tokens = static_cast<uint32_t>(range.size());
+  it.n_tokens = static_cast<uint32_t>(range.end - view_begin);
+  it.first_token = static_cast<uint32_t>(range.begin - view_begin);
   it.sink_end = local(global.sink_end);
   it.local_begin = local(global.local_begin);
   it.n_select = global.n_select;
   it.n_heavy = global.n_heavy;
   return it;
+}
+
+// The ranks of a decode: one per shard holding tokens, its range starting at its
+// shard's start, or (a selecting decode) at the first sampler chunk boundary at
+// or after it (chunks of kChunkTokens candidates from sink_end), so that no
+// chunk, block or bitmap word of the selection is split between ranks. A rank
+// runs on the device of the shard holding its first token.
+void plan_ranks(const ssa_session& s, uint64_t n_tokens, bool align, uint64_t sink_end, Shared* sh) {
+  const std::vector<ShardRange> all = shard_ranges(n_tokens, shard_count(s), s.rt->shard_tokens);
+  std::vector<uint64_t> starts;
+  for (const ShardRange& r : all) {
+    if (r.size() == 0) continue;
+    uint64_t b = r.begin;
+    if (align && b > 0) {
+      b = b <= sink_end ? sink_end : sink_end + (b - sink_end + kChunkTokens - 1) / kChunkTokens * kChunkTokens;
+    }
+    starts.push_back(std::min(b, n_tokens));
+  }
+  for (size_t i = 0; i < starts.size(); ++i) {
+    const ShardRange range{starts[i], i + 1 < starts.size() ? starts[i + 1] : n_tokens};
+    if (range.size() == 0) continue;
+    uint32_t shard = 0;
+    while (shard + 1 < all.size() && all[shard].end <= range.begin) ++shard;
+    sh->shard.push_back(shard);
+    sh->ranges.push_back(range);
+  }
+}
+
+// Field [offset, offset + bytes) of each of n row states, to and from a host
+// array of n such fields. Pageable host memory: the copy to the host is complete
+// on return of a stream synchronisation, the copy from it once it returns.
+cudaError_t row_fields_to_host(const RowState* rows, size_t offset, size_t bytes, uint32_t n, void* host,
+                               cudaStream_t stream) {
+  const cudaError_t e = cudaMemcpy2DAsync(host, bytes, reinterpret_cast<const uint8_t*>(rows) + offset,
+                                          sizeof(RowState), bytes, n, cudaMemcpyDeviceToHost, stream);
+  return e != cudaSuccess ? e : cudaStreamSynchronize(stream);
+}
+cudaError_t row_fields_from_host(RowState* rows, size_t offset, size_t bytes, uint32_t n, const void* host,
+                                 cudaStream_t stream) {
+  return cudaMemcpy2DAsync(reinterpret_cast<uint8_t*>(rows) + offset, sizeof(RowState), host, bytes, bytes, n,
+                           cudaMemcpyHostToDevice, stream);
+}
+
+// The rows' maximum proxy score over every rank's candidates, into each rank's
+// row states (the residual weights exp(s~ - max) of all ranks share it).
+absl::Status share_row_max(Collective& comm, RowState* rows, uint32_t n, cudaStream_t stream) {
+  std::vector<uint32_t> mine(n), all(size_t{comm.size()} * n);
+  SSA_CUDA_RETURN(row_fields_to_host(rows, offsetof(RowState, max_key), sizeof(uint32_t), n, mine.data(), stream),
+                  "row state read-back");
+  SSA_RETURN_IF_ERROR(comm.all_gather(mine.data(), n * sizeof(uint32_t), all.data()));
+  for (uint32_t r = 0; r < comm.size(); ++r)
+    for (uint32_t h = 0; h < n; ++h) mine[h] = std::max(mine[h], all[size_t{r} * n + h]);
+  SSA_CUDA_RETURN(row_fields_from_host(rows, offsetof(RowState, max_key), sizeof(uint32_t), n, mine.data(), stream),
+                  "row state update");
+  return absl::OkStatus();
+}
+
+// The residual draws of every row: the ranks' residual totals (cprefix's last
+// chunk) laid end to end in rank order, so token order, as one mass; each rank
+// keeps the draws whose first-level target falls in its part; then w_total is the
+// global total, as the samples' log pi needs.
+absl::Status draw_samples(Collective& comm, const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
+                          cudaStream_t stream) {
+  const DecodeItem& it = b.items[0];
+  const uint32_t n = b.sel_heads(), R = comm.size(), rank = comm.rank();
+  SSA_CUDA_RETURN(run_shard_residual(b, plan, ws, stream), "residual kernels");
+  const uint32_t nc = it.local_begin > it.sink_end ? it.local_begin - it.sink_end : 0;
+  std::vector<uint64_t> mine(n, 0), all(size_t{R} * n);
+  if (nc > 0) {
+    const size_t pitch = size_t{it.n_pad / kChunkTokens} * sizeof(uint64_t);
+    const uint64_t* last = ws.cprefix + (nc + kChunkTokens - 1) / kChunkTokens - 1;
+    SSA_CUDA_RETURN(cudaMemcpy2DAsync(mine.data(), sizeof(uint64_t), last, pitch, sizeof(uint64_t), n,
+                                      cudaMemcpyDeviceToHost, stream),
+                    "residual total read-back");
+    SSA_CUDA_RETURN(cudaStreamSynchronize(stream), "decode");
+  }
+  SSA_RETURN_IF_ERROR(comm.all_gather(mine.data(), n * sizeof(uint64_t), all.data()));
+  std::vector<uint64_t> mass(2 * size_t{n}, 0);  // per row: mass_begin, mass_total
+  std::vector<double> w_total(n);
+  for (uint32_t h = 0; h < n; ++h) {
+    for (uint32_t r = 0; r < R; ++r) {
+      if (r < rank) mass[2 * h] += all[size_t{r} * n + h];
+      mass[2 * h + 1] += all[size_t{r} * n + h];
+    }
+    w_total[h] = static_cast<double>(mass[2 * h + 1]);
+  }
+  static_assert(offsetof(RowState, mass_total) == offsetof(RowState, mass_begin) + sizeof(uint64_t));
+  SSA_CUDA_RETURN(row_fields_from_host(ws.rows, offsetof(RowState, mass_begin), 2 * sizeof(uint64_t), n,
+                                       mass.data(), stream),
+                  "row state update");
+  SSA_CUDA_RETURN(run_shard_draws(b, plan, ws, stream), "sampling kernels");
+  SSA_CUDA_RETURN(row_fields_from_host(ws.rows, offsetof(RowState, w_total), sizeof(double), n, w_total.data(),
+                                       stream),
+                  "row state update");
+  return absl::OkStatus();
 }
 
 absl::Status rank_decode(Shared& sh, Collective& comm) {
@@ -96,7 +207,9 @@ absl::Status rank_decode(Shared& sh, Collective& comm) {
   SessionState& st = shard_state(s, sh.shard[rank]);
   const DeviceGuard on(st.device);
   SSA_CUDA_RETURN(on.error(), "cudaSetDevice");
-  const LayerStore view = shard_view(L, sh.layer, sh.ranges[rank]);
+  const ShardRange range = sh.ranges[rank];
+  const uint64_t view_begin = range.begin / L.page_tokens * L.page_tokens;
+  const LayerStore view = shard_view(L, sh.layer, ShardRange{view_begin, range.end});
   DecodeBatch b{};
   b.shape = decode_shape(L);
   b.n_items = 1;
@@ -107,7 +220,7 @@ absl::Status rank_decode(Shared& sh, Collective& comm) {
   b.seed = sh.seed;
   b.step = sh.p.step;
   DecodeItem& it = b.items[0];
-  it = shard_item(sh.global, sh.ranges[rank]);
+  it = rank_item(sh.global, range, view_begin);
   absl::StatusOr<std::shared_ptr<SessionState::LayerCache>> tables = layer_tables(s, st, sh.layer_index, view, &it);
   if (!tables.ok()) return tables.status();
   it.q = sh.q;
@@ -126,12 +239,14 @@ absl::Status rank_decode(Shared& sh, Collective& comm) {
   const Workspace ws = bind_workspace(blob.p, plan);
   SSA_CUDA_RETURN(cudaStreamWaitEvent(stream, sh.q_ready, 0), "decode ordering");
   const uint32_t ns = b.sel_heads();
-  std::vector<uint64_t> heavy(ns, 0);
+  std::vector<uint64_t> heavy(ns, 0), unique(ns, 0);
+  std::vector<double> masses(2 * size_t{ns}, 0.0);  // per row: residual, heavy proxy mass
   // Rows are read back whole for the stats; the kernels set only what they use.
   if (sh.selects) SSA_CUDA_RETURN(cudaMemsetAsync(ws.rows, 0, plan.rows * sizeof(RowState), stream), "decode setup");
   // Also without a selection: the row states (a window-only item's read sets) are set here.
   SSA_CUDA_RETURN(run_shard_scores(b, plan, ws, stream), "proxy score kernels");
   if (sh.selects) {
+    if (sh.sampling) SSA_RETURN_IF_ERROR(share_row_max(comm, ws.rows, ns, stream));
     // The global top-k of every selection row, into the pipeline's heavy bitmap
     // (row h's words from h * n_pad / 32; candidate j = token sink_end + j).
     const uint32_t nc = it.local_begin > it.sink_end ? it.local_begin - it.sink_end : 0;
@@ -150,6 +265,7 @@ absl::Status rank_decode(Shared& sh, Collective& comm) {
                                         cudaMemcpyDeviceToDevice, stream),
                       "heavy bitmap copy");
     }
+    if (sh.sampling) SSA_RETURN_IF_ERROR(draw_samples(comm, b, plan, ws, stream));
     SSA_CUDA_RETURN(run_shard_read_sets(b, plan, ws, stream), "read set kernels");
   }
   SSA_CUDA_RETURN(run_split_partials(b, plan, ws, stream), "attention kernels");
@@ -186,11 +302,30 @@ absl::Status rank_decode(Shared& sh, Collective& comm) {
   }
   if (!rs.empty()) {
     SSA_CUDA_RETURN(cudaStreamSynchronize(stream), "decode");
-    for (uint32_t h = 0; h < ns; ++h) heavy[h] = rs[h].n_heavy;
+    for (uint32_t h = 0; h < ns; ++h) {
+      heavy[h] = rs[h].n_heavy;
+      unique[h] = rs[h].n_unique;
+      masses[2 * h] = rs[h].w_resid_proxy;
+      masses[2 * h + 1] = rs[h].w_heavy;
+    }
   }
   if (sh.want_stats && sh.selects) {
     SSA_RETURN_IF_ERROR(comm.all_reduce_sum(heavy.data(), heavy.size()));
-    if (rank == 0) sh.heavy = heavy;
+    SSA_RETURN_IF_ERROR(comm.all_reduce_sum(unique.data(), unique.size()));
+    std::vector<double> all(masses.size() * R);
+    SSA_RETURN_IF_ERROR(comm.all_gather(masses.data(), masses.size() * sizeof(double), all.data()));
+    if (rank == 0) {
+      sh.heavy = heavy;
+      sh.unique = unique;
+      sh.resid_mass.assign(ns, 0.0);
+      sh.heavy_mass.assign(ns, 0.0);
+      for (uint32_t r = 0; r < R; ++r) {
+        for (uint32_t h = 0; h < ns; ++h) {
+          sh.resid_mass[h] += all[r * masses.size() + 2 * h];
+          sh.heavy_mass[h] += all[r * masses.size() + 2 * h + 1];
+        }
+      }
+    }
   }
   return absl::OkStatus();
 }
@@ -209,10 +344,19 @@ void add_stats(const Shared& sh, ssa_decode_stats* stats) {
       if (!pl.dense) stats->heavy_tokens += pl.candidates();  // a group budget over every candidate
       continue;
     }
-    const uint64_t heavy = sh.selects ? sh.heavy[grouped ? h / g : h] : 0;
-    stats->tokens_read += always + heavy;
+    const uint32_t row = grouped ? h / g : h;
+    const uint64_t heavy = sh.selects ? sh.heavy[row] : 0;
+    const uint64_t unique = sh.selects && sh.sampling ? sh.unique[row] : 0;
+    stats->tokens_read += always + heavy + unique;
     stats->heavy_tokens += heavy;
     if ((!grouped || h % g == 0) && pl.kprime > 0) stats->scored_tokens += pl.candidates();
+    if (sh.selects && sh.sampling) {
+      // Every row's m: its selection less the fixed heavy count (row_init.cuh).
+      stats->draws += sh.global.n_select - sh.global.n_heavy;
+      stats->unique_samples += unique;
+      const double total = sh.resid_mass[row] + sh.heavy_mass[row];
+      stats->residual_proxy_mass += total > 0 ? sh.resid_mass[row] / total : 0.0;
+    }
   }
 }
 
@@ -234,11 +378,12 @@ absl::Status sharded_decode(const LaunchJob& job, uint32_t layer_index, const ss
     DecodeBatch m{};
     set_method(p.method, &m);
     set_group(p, g, &m);
-    if (m.sampling != Sampling::kNone || m.heavy != HeavyRule::kFixed) {
-      return unsupported("CUDA sharded sessions decode DENSE, ORACLE_TOPK and PQ_TOPK in this version; the "
-                         "sampling methods (their proposal's global normaliser and draws placed by residual mass "
-                         "over the shards) are not implemented: use one of those, or an unsharded runtime");
+    if (m.heavy != HeavyRule::kFixed) {
+      return unsupported("SSA_METHOD_SSA_ADAPTIVE on a CUDA sharded session is not implemented (its heavy set "
+                         "is decided per row from the candidates' mass over every shard); use SSA_METHOD_SSA, "
+                         "or an unsharded runtime");
     }
+    sh.sampling = m.sampling != Sampling::kNone;
     if (m.group == GroupProposal::kMixture) {
       return unsupported("group_selection MIXTURE of a CUDA sharded session is not implemented (its per-head "
                          "normalisers are global); use SSA_GROUP_MEAN_QUERY or SSA_GROUP_OFF");
@@ -255,12 +400,7 @@ absl::Status sharded_decode(const LaunchJob& job, uint32_t layer_index, const ss
     return unsupported("a decode of a CUDA sharded session on a stream being captured into a CUDA graph: its "
                        "shards exchange the selection through the host");
   }
-  const std::vector<ShardRange> all = shard_ranges(job.layer->n_tokens, shard_count(s), s.rt->shard_tokens);
-  for (uint32_t i = 0; i < all.size(); ++i) {
-    if (all[i].size() == 0) continue;
-    sh.shard.push_back(i);
-    sh.ranges.push_back(all[i]);
-  }
+  plan_ranks(s, job.layer->n_tokens, sh.selects, sh.global.sink_end, &sh);
   const auto R = static_cast<uint32_t>(sh.shard.size());
   sh.cap = kMaxSplits / R;
   sh.want_stats = stats != nullptr;

@@ -6,7 +6,8 @@
 // fork, truncate, save and load keep working on the session's pages as they are,
 // and a snapshot loaded by a runtime of another shard count or budget is sharded
 // by that runtime's map. B is a multiple of kSplitTokens (so of every page size):
-// every page, every sampler chunk and every decode split lies in one shard.
+// every page and every decode split lies in one shard (the sampler's chunks,
+// cut from sink_end, need not: see lib/cuda/sharded_decode.cc).
 #pragma once
 
 #include <stdint.h>

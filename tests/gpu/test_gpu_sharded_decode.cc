@@ -1,14 +1,18 @@
 // Sharded CUDA sessions (docs/SHARDING.md) through the public C API: one shard
 // per GPU of the machine, and several shards on one GPU where it has fewer
 // (allow_repeated_shard_devices), against an unsharded CUDA session holding the
-// same rows. DENSE and the top-k methods (ORACLE_TOPK, PQ_TOPK; per head and
-// with mean-query groups) read exactly the unsharded tokens (the same stats,
-// whose heavy counts come from the shards' own read sets) and give its output up
-// to the rounding of the attention's split boundaries, far closer than a read
-// set differing by a few tokens would. Appends from device and host memory cross
-// the shard boundaries; truncate, fork, decode_batch, save and load (on a
-// runtime of another shard count, and unsharded) keep the decode; the methods
-// not sharded on the GPU refuse with SSA_ERR_UNSUPPORTED and change nothing.
+// same rows. DENSE, the top-k methods (ORACLE_TOPK, PQ_TOPK) and the sampling
+// methods of the fixed heavy rule (SSA, SAMPLING, HYBRID_UNIFORM), per head and
+// with mean-query groups, read exactly the unsharded tokens (the same stats,
+// whose heavy and sample counts come from the shards' own read sets) and give its
+// output up to the rounding of the attention's split boundaries, far closer than
+// a read set differing by a few tokens would. A sink count that is not a
+// multiple of the page size puts a rank's first token inside a page. Appends from
+// device and host memory cross the shard boundaries; truncate, fork,
+// decode_batch, save and load (on a runtime of another shard count, and
+// unsharded) keep the decode; what is not sharded on the GPU (the adaptive heavy
+// rule, mixture groups, error targets) refuses with SSA_ERR_UNSUPPORTED and
+// changes nothing.
 #include <cuda_runtime.h>
 #include <doctest/doctest.h>
 
@@ -50,19 +54,32 @@ void check_same_reads(const ssa_decode_stats& a, const ssa_decode_stats& b) {
   CHECK(a.tokens_read == b.tokens_read);
   CHECK(a.heavy_tokens == b.heavy_tokens);
   CHECK(a.scored_tokens == b.scored_tokens);
+  CHECK(a.draws == b.draws);
+  CHECK(a.unique_samples == b.unique_samples);
+  // Sums of doubles in another order (statistics only).
+  CHECK(a.residual_proxy_mass == doctest::Approx(b.residual_proxy_mass).epsilon(1e-6));
 }
 
 struct Case {
   ssa_method method;
   uint32_t budget;
   ssa_group_selection group;
+  uint32_t n_sink = 128;
 };
 
 const Case kCases[] = {
-    {SSA_METHOD_DENSE, 0, SSA_GROUP_OFF},          {SSA_METHOD_ORACLE_TOPK, 1800, SSA_GROUP_OFF},
-    {SSA_METHOD_PQ_TOPK, 1800, SSA_GROUP_OFF},     {SSA_METHOD_PQ_TOPK, 700, SSA_GROUP_MEAN_QUERY},
+    {SSA_METHOD_DENSE, 0, SSA_GROUP_OFF},
+    {SSA_METHOD_ORACLE_TOPK, 1800, SSA_GROUP_OFF},
+    {SSA_METHOD_PQ_TOPK, 1800, SSA_GROUP_OFF},
+    {SSA_METHOD_PQ_TOPK, 700, SSA_GROUP_MEAN_QUERY},
     {SSA_METHOD_ORACLE_TOPK, 900, SSA_GROUP_MEAN_QUERY},
     {SSA_METHOD_PQ_TOPK, 256, SSA_GROUP_OFF},  // sink and local only
+    {SSA_METHOD_SSA, 1800, SSA_GROUP_OFF},
+    {SSA_METHOD_SSA, 1800, SSA_GROUP_OFF, 100},  // ranks start inside pages
+    {SSA_METHOD_SAMPLING, 1800, SSA_GROUP_OFF},
+    {SSA_METHOD_HYBRID_UNIFORM, 1800, SSA_GROUP_OFF, 100},
+    {SSA_METHOD_SSA, 900, SSA_GROUP_MEAN_QUERY},
+    {SSA_METHOD_PQ_TOPK, 1800, SSA_GROUP_OFF, 100},
 };
 
 // Every case on s and ref (device q/out unless host), outputs and stats compared.
@@ -71,23 +88,35 @@ void check_cases(ssa_session* s, ssa_session* ref, const Data& d, bool device) {
   for (const Case& c : kCases) {
     ssa_decode_params p = params(c.method, c.budget, 5);
     p.group_selection = c.group;
+    p.n_sink = c.n_sink;
     ssa_decode_stats a, b;
     ssa_decode_stats_init(&a);
     ssa_decode_stats_init(&b);
     const auto want = decode(ref, d, p, device, &b);
     const auto got = decode(s, d, p, device, &a);
-    INFO("method ", c.method, " budget ", c.budget, " group ", c.group, " rel ", rel(got, want));
+    INFO("method ", c.method, " budget ", c.budget, " group ", c.group, " sink ", c.n_sink, " rel ",
+         rel(got, want));
     check_same_reads(a, b);
     CHECK(rel(got, want) < 2e-3);
     // Fewer heavy tokens give a visibly different output: the comparison above
     // would catch a read set that is not the unsharded one.
     if (c.method != SSA_METHOD_DENSE) CHECK(rel(want, dense) > 1e-2);
+    if (b.draws > 0) {
+      // Other samples (another step's) give a visibly different output too: the
+      // comparison above would catch samples that are not the unsharded ones.
+      CHECK(b.unique_samples > 0);
+      ssa_decode_params other = p;
+      other.step = p.step + 1;
+      const double by_samples = rel(decode(ref, d, other, device), want);
+      INFO("another step's samples: rel ", by_samples);
+      CHECK(by_samples > 1e-2);
+    }
     // The same decode again: bitwise the same.
     CHECK(decode(s, d, p, device) == got);
   }
 }
 
-TEST_CASE("gpu sharded decode: DENSE and the top-k methods read the unsharded session's tokens") {
+TEST_CASE("gpu sharded decode: DENSE, top-k and sampling methods read the unsharded session's tokens") {
   SSA_GPU_TEST_OR_SKIP();
   ssa_runtime* gpu = runtime(SSA_BACKEND_CUDA);
   const Data d = make_data(30000, 31);
@@ -110,10 +139,7 @@ TEST_CASE("gpu sharded decode: DENSE and the top-k methods read the unsharded se
       CHECK(ssa_decode(s, 0, q.p, o.p, &p, nullptr) == SSA_ERR_UNSUPPORTED);
       CHECK(std::string(ssa_last_error_message()).find(words) != std::string::npos);
     };
-    for (ssa_method m : {SSA_METHOD_SSA, SSA_METHOD_SAMPLING, SSA_METHOD_HYBRID_UNIFORM, SSA_METHOD_SSA_ADAPTIVE}) {
-      INFO("method ", m);
-      refused(params(m, 1800), "sampling");
-    }
+    refused(params(SSA_METHOD_SSA_ADAPTIVE, 1800), "SSA_ADAPTIVE");
     ssa_decode_params p = params(SSA_METHOD_PQ_TOPK, 1800);
     p.group_selection = SSA_GROUP_MIXTURE;
     refused(p, "MIXTURE");
