@@ -12,6 +12,13 @@ namespace {
 constexpr int kThreads = kShardTopkChunk / 32;  // 256
 static_assert(kThreads == 256, "one word per thread");
 
+__device__ __forceinline__ const float* row_scores(const ShardTopkRows& r, uint32_t row) {
+  return r.x + (r.offsets != nullptr ? r.offsets[row] : size_t{row} * r.stride);
+}
+__device__ __forceinline__ uint32_t row_length(const ShardTopkRows& r, uint32_t row) {
+  return r.counts != nullptr ? r.counts[row] : r.n;
+}
+
 __global__ void __launch_bounds__(kThreads)
     histogram_kernel(ShardTopkRows r, const ShardTopkState* st, int round, unsigned long long* hist) {
   __shared__ uint32_t h[4096];
@@ -22,8 +29,8 @@ __global__ void __launch_bounds__(kThreads)
   for (uint32_t i = threadIdx.x; i < bins; i += kThreads) h[i] = 0;
   __syncthreads();
   const int shift = sharded_topk_shift(round), above = shift + sharded_topk_bits(round);
-  const float* x = r.x + size_t{row} * r.stride;
-  const uint32_t begin = blockIdx.x * kShardTopkChunk, end = min(r.n, begin + kShardTopkChunk);
+  const float* x = row_scores(r, row);
+  const uint32_t begin = blockIdx.x * kShardTopkChunk, end = min(row_length(r, row), begin + kShardTopkChunk);
   // Consecutive threads on consecutive elements here (only counts are kept).
   for (uint32_t i = begin + threadIdx.x; i < end; i += kThreads) {
     const uint32_t key = float_order_key(x[i]);
@@ -84,8 +91,8 @@ __global__ void __launch_bounds__(kThreads)
   const ShardTopkState s = st[row];
   uint32_t c = 0;
   if (s.active) {
-    const float* x = r.x + size_t{row} * r.stride;
-    const uint32_t begin = blockIdx.x * kShardTopkChunk, end = min(r.n, begin + kShardTopkChunk);
+    const float* x = row_scores(r, row);
+    const uint32_t begin = blockIdx.x * kShardTopkChunk, end = min(row_length(r, row), begin + kShardTopkChunk);
     for (uint32_t i = begin + threadIdx.x; i < end; i += kThreads) c += float_order_key(x[i]) == s.prefix;
   }
   const uint32_t total = Reduce(tmp).Sum(c);
@@ -107,10 +114,11 @@ __global__ void __launch_bounds__(kThreads)
   const uint32_t words = (r.n + 31) / 32;
   const uint32_t word = blockIdx.x * kThreads + threadIdx.x;  // this thread's word of the row
   const uint32_t i0 = word * 32;
-  const float* x = r.x + size_t{row} * r.stride;
+  const float* x = row_scores(r, row);
+  const uint32_t n = row_length(r, row);
   uint32_t above = 0, equal = 0;
   if (s.active) {
-    for (uint32_t j = 0; j < 32 && i0 + j < r.n; ++j) {
+    for (uint32_t j = 0; j < 32 && i0 + j < n; ++j) {
       const uint32_t key = float_order_key(x[i0 + j]);
       above |= static_cast<uint32_t>(key > s.prefix) << j;
       equal |= static_cast<uint32_t>(key == s.prefix) << j;
@@ -128,8 +136,7 @@ __global__ void __launch_bounds__(kThreads)
   if (word >= words) return;
   uint32_t out = 0;
   if (s.all) {
-    out = ~0u;
-    if (i0 + 32 > r.n) out = (1u << (r.n - i0)) - 1u;
+    out = i0 >= n ? 0u : i0 + 32 > n ? (1u << (n - i0)) - 1u : ~0u;
   } else if (s.active) {
     out = above;
     const unsigned long long t = take[row];

@@ -16,10 +16,15 @@
 
 namespace ssa::cuda {
 
-// This shard's scores: rows x n floats, row r at x + r * stride.
+// This shard's scores: rows x n floats, row r at x + r * stride. Rows of
+// different lengths (the items of a batch): offsets[r] and counts[r], device
+// arrays, give row r's start in x and its length, n the longest (the bitmap's
+// row pitch is still (n + 31) / 32 words).
 struct ShardTopkRows {
   const float* x = nullptr;
   uint32_t rows = 0, n = 0, stride = 0;
+  const uint64_t* offsets = nullptr;
+  const uint32_t* counts = nullptr;
 };
 
 // Per row, in device memory. Set by the host before the first round: all = the

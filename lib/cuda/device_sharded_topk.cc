@@ -32,14 +32,22 @@ absl::Status all_reduce_device(Collective& comm, unsigned long long* data, size_
 
 absl::Status device_sharded_topk(Collective& comm, const ShardTopkRows& rows_in, const std::vector<uint64_t>& k,
                                  uint64_t n_global, cudaStream_t stream, uint32_t* bits) {
+  return device_sharded_topk(comm, rows_in, k, std::vector<uint64_t>(k.size(), n_global), stream, bits);
+}
+
+absl::Status device_sharded_topk(Collective& comm, const ShardTopkRows& rows_in, const std::vector<uint64_t>& k,
+                                 const std::vector<uint64_t>& n_global, cudaStream_t stream, uint32_t* bits) {
   const ShardTopkRows& r = rows_in;
-  if (k.size() != r.rows) return invalid_argument("sharded top-k: ", k.size(), " k values for ", r.rows, " rows");
-  if (r.n > r.stride && r.rows > 1) return invalid_argument("sharded top-k: row stride below the row length");
+  if (k.size() != r.rows || n_global.size() != r.rows)
+    return invalid_argument("sharded top-k: ", k.size(), " k values and ", n_global.size(), " totals for ", r.rows,
+                            " rows");
+  if (r.offsets == nullptr && r.n > r.stride && r.rows > 1)
+    return invalid_argument("sharded top-k: row stride below the row length");
   const uint32_t U = r.rows, chunks = std::max(1u, shard_topk_chunks(r.n));
   std::vector<ShardTopkState> st(U);
   bool any_active = false;
   for (uint32_t u = 0; u < U; ++u) {
-    st[u] = ShardTopkState{0, k[u] > 0 && k[u] < n_global, k[u] >= n_global, 0, k[u]};
+    st[u] = ShardTopkState{0, k[u] > 0 && k[u] < n_global[u], k[u] > 0 && k[u] >= n_global[u], 0, k[u]};
     any_active = any_active || st[u].active;
   }
   DeviceMem state, hist, ties, chunk_ties, take;

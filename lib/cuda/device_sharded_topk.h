@@ -19,10 +19,13 @@
 
 namespace ssa::cuda {
 
-// k[row]: how many of the row's n_global candidates (over all shards) the set
-// takes. bits: device memory, rows x (rows_in.n + 31) / 32 words, written on
+// k[row]: how many of the row's n_global[row] candidates (over all shards) the
+// set takes. bits: device memory, rows x (rows_in.n + 31) / 32 words, written on
 // `stream`; complete when the call returns. Device buffers go to the collective
 // where it takes them (Collective::takes_device_buffers), else through the host.
+absl::Status device_sharded_topk(Collective& comm, const ShardTopkRows& rows_in, const std::vector<uint64_t>& k,
+                                 const std::vector<uint64_t>& n_global, cudaStream_t stream, uint32_t* bits);
+// Every row with n_global candidates.
 absl::Status device_sharded_topk(Collective& comm, const ShardTopkRows& rows_in, const std::vector<uint64_t>& k,
                                  uint64_t n_global, cudaStream_t stream, uint32_t* bits);
 

@@ -222,7 +222,7 @@ absl::Status CudaBackend::decode_layer(const ssa_session& s, const LayerStore& l
                                        ssa_decode_stats* stats, std::vector<HeadTrace>*, DecodeProfile*) const {
   SSA_CUDA_RETURN(cudaSetDevice(state(s).device), "cudaSetDevice");
   const Job job{&s, &layer, q, out, plan_decode(layer.n_tokens, p)};
-  if (sharded_session(s)) return sharded_decode(job, layer_index, p, seed, stats);
+  if (sharded_session(s)) return sharded_decode({job}, layer_index, p, seed, stats);
   if (job.plan.targeted) return targeted_decode(job, layer_index, p, seed, stats);
   return run_launch_set({job}, layer_index, p, seed, stats);
 }
@@ -256,14 +256,14 @@ absl::Status CudaBackend::decode_batch(const ssa_decode_item* items, size_t n_it
     const uint64_t seed = p.seed != 0 ? p.seed : sessions[0]->rt->seed;
     SSA_CUDA_RETURN(cudaSetDevice(state(*sessions[0]).device), "cudaSetDevice");
     if (sharded_session(*sessions[0])) {
-      // Every session of the runtime is sharded: one sharded decode per item.
-      for (size_t i = 0; i < n_items && st.ok(); ++i) {
+      // Every session of the runtime is sharded.
+      std::vector<Job> jobs;
+      for (size_t i = 0; i < n_items; ++i) {
         const ssa_session& b = *items[i].session;
         const LayerStore& l = b.layers[layer];
-        st = sharded_decode(Job{&b, &l, items[i].q, items[i].out, plan_decode(l.n_tokens, p)}, layer, p, seed,
-                            nullptr);
+        jobs.push_back(Job{&b, &l, items[i].q, items[i].out, plan_decode(l.n_tokens, p)});
       }
-      return st;
+      return sharded_decode(jobs, layer, p, seed, nullptr);
     }
     // Launch sets: items of one shape (and pointer space), up to kMaxBatchItems each.
     std::vector<bool> done(n_items, false);

@@ -42,12 +42,14 @@ constexpr const char* kBatchNoErrorTarget =
     "ssa_decode_batch with target_error > 0 is not implemented by the CUDA backend (its rounds choose "
     "budgets per item); use ssa_decode per item or a fixed budget";
 
-// Sessions of a runtime over several devices (sharded_decode.cc): one decode
-// runs a rank per shard that holds tokens. Returns once the output's merge is
-// queued on p.stream (with stats or host buffers, once it is done).
+// Sessions of a runtime over several devices (sharded_decode.cc): the jobs (of
+// sharded sessions of one runtime) decode as launch sets of up to kMaxBatchItems,
+// each running a rank per shard that holds any of its items' tokens. Returns
+// once the outputs' merges are queued on p.stream (with stats or host buffers,
+// once they are done).
 bool sharded_session(const ssa_session& s);
-absl::Status sharded_decode(const LaunchJob& job, uint32_t layer_index, const ssa_decode_params& p, uint64_t seed,
-                            ssa_decode_stats* stats);
+absl::Status sharded_decode(const std::vector<LaunchJob>& jobs, uint32_t layer_index, const ssa_decode_params& p,
+                            uint64_t seed, ssa_decode_stats* stats);
 
 // Error-targeted decode of one (session, layer, query) (targeted_decode.cc).
 absl::Status targeted_decode(const LaunchJob& job, uint32_t layer_index, const ssa_decode_params& p,

@@ -1,26 +1,31 @@
-// The decode of a sharded CUDA session (docs/SHARDING.md): one rank per range of
-// tokens, each a thread on the device of the shard holding its range's start,
-// through the kernels of an unsharded decode with the selection made globally:
-//   proxy scores of the range's candidates -> (sampling) the rows' maximum
-//   all-reduced -> the global top-k over every range's scores
+// The decode of sharded CUDA sessions (docs/SHARDING.md): a batch of items (one
+// item for ssa_decode), one rank per shard holding any item's tokens, each a
+// thread on its shard's device running the kernels of an unsharded decode over
+// the items it holds (one launch set), with the selection made globally:
+//   proxy scores of the rank's candidates -> (sampling) every row's maximum
+//   all-gathered -> the global top-k over every rank's scores
 //   (device_sharded_topk.h: all-reduced radix histograms, ties to the lowest
-//   tokens) as the range's heavy bitmap -> (sampling) the residual's block and
-//   chunk sums, every range's residual total all-gathered so that the ranges lie
+//   tokens) as the rank's heavy bitmap -> (sampling) the residual's block and
+//   chunk sums, every rank's residual total all-gathered so that the ranks lie
 //   end to end in one global mass, the draws of the one Philox stream each kept
-//   by the range its first-level target falls in -> the read sets and the
+//   by the rank its first-level target falls in -> the read sets and the
 //   samples' log pi with the global total -> the split partials, copied to the
-//   first device in token order -> one merge there.
-// The heavy set and the samples are exactly the unsharded decode's: the sampler's
-// hierarchy is cut at candidate offsets (1024-candidate chunks from sink_end), so
-// a selecting decode's ranges start at the first chunk boundary at or after their
-// shard's start: every chunk, block and bitmap word lies in one range, and a
-// range reads the up to 1023 tokens it takes past its shard's end from the next
-// shard's pages (peer access). The output
-// differs from the unsharded one only by where the attention's splits fall
-// (floating-point rounding). Not sharded here: the adaptive heavy rule, the
-// mixture proposal, error-targeted decodes (SSA_ERR_UNSUPPORTED).
+//   first device in token order -> one merge per item there.
+// The collectives run over every row of the batch (item x selection head), a
+// rank contributing nothing for the items it does not hold, so every rank makes
+// the same calls whatever it holds. The heavy set and the samples are exactly
+// the unsharded decode's: the sampler's hierarchy is cut at candidate offsets
+// (1024-candidate chunks from sink_end), so a selecting item's range on a rank
+// starts at the first chunk boundary at or after the shard's start: every
+// chunk, block and bitmap word lies in one rank, and a rank reads the up to 1023
+// tokens it takes past its shard's end from the next shard's pages (peer
+// access). The output differs from the unsharded one only by where the
+// attention's splits fall (floating-point rounding). Not sharded here: the
+// adaptive heavy rule, the mixture proposal, error-targeted decodes
+// (SSA_ERR_UNSUPPORTED).
 #include <cuda_runtime.h>
 #include <stddef.h>
+#include <string.h>
 
 #include <algorithm>
 
@@ -58,31 +63,46 @@ struct Events {
   }
 };
 
-// What every rank reads; each rank writes only its own slots.
+// One item of the batch, as every rank sees it.
+struct ItemWork {
+  const LaunchJob* job = nullptr;
+  DecodeItem global{};            // the unsharded item's ranges and budget
+  bool dense = false;             // reads every token
+  bool selects = false;           // chooses a heavy set (and samples)
+  std::vector<ShardRange> range;  // per shard of the runtime; empty where it holds none of the item
+  const void* q = nullptr;        // device memory of the first device
+  void* out = nullptr;
+  float* gather = nullptr;        // [n_q_heads][splits][head_dim + 2], first device
+  uint32_t splits = 0;            // over every rank holding the item
+  std::vector<uint32_t> split_offset;  // per shard: where its partials start
+};
+
+// One rank: a shard and the items it holds (batch order), planned on the host.
+struct RankWork {
+  uint32_t shard = 0;
+  std::vector<uint32_t> items;
+  std::vector<uint64_t> view_begin;  // per held item: its token 0 on this rank
+  DecodeBatch b{};
+  WorkspacePlan plan{};
+};
+
+// What every rank reads; each rank writes only its own slots (rank 0 the stats).
 struct Shared {
-  Shared(const ssa_session& s_, const LayerStore& l, uint32_t li, const ssa_decode_params& p_, uint64_t seed_,
-         const DecodePlan& plan_)
-      : s(s_), layer(l), layer_index(li), p(p_), seed(seed_), plan(plan_) {}
-  const ssa_session& s;
-  const LayerStore& layer;
+  Shared(const ssa_session& s0, uint32_t li, const ssa_decode_params& p_, uint64_t seed_)
+      : L(s0.layout), layer_index(li), p(p_), seed(seed_) {}
+  const KvLayout& L;
   uint32_t layer_index;
   const ssa_decode_params& p;
   uint64_t seed;
-  DecodePlan plan;
-  DecodeItem global{};  // the unsharded item's ranges and budget
-  bool all_dense = false, selects = false;
-  std::vector<uint32_t> shard;      // per rank: its shard
-  std::vector<ShardRange> ranges;   // per rank
-  const void* q = nullptr;          // device, first device
-  cudaEvent_t q_ready = nullptr;    // on the caller's stream, after q and the gather buffer
-  std::vector<cudaEvent_t> done;    // per rank: its partials are in the gather buffer
-  float* gather = nullptr;          // [n_q_heads][total splits][head_dim + 2], first device
-  uint32_t cap = 0;                 // most splits one rank may take
-  uint32_t total_splits = 0;        // set by rank 0
+  bool all_dense = false, selects = false, sampling = false;
+  uint32_t sel_heads = 0;  // selection rows per item
+  std::vector<ItemWork> items;
+  std::vector<RankWork> ranks;
+  cudaEvent_t q_ready = nullptr;  // on the caller's stream, after q and the gather buffer
+  std::vector<cudaEvent_t> done;  // per rank: its partials are in the gather buffers
   bool want_stats = false;
-  bool sampling = false;            // the selection draws samples of the residual
-  // Per selection row, over all shards (rank 0): heavy and unique-sample counts,
-  // the residual's and the heavy set's proxy masses.
+  // Per batch row (item x selection head), over all ranks (rank 0): heavy and
+  // unique-sample counts, the residual's and the heavy set's proxy masses.
   std::vector<uint64_t> heavy, unique;
   std::vector<double> resid_mass, heavy_mass;
 };
@@ -105,58 +125,140 @@ DecodeItem rank_item(const DecodeItem& global, ShardRange range, uint64_t view_b
   return it;
 }
 
-// The ranks of a decode: one per shard holding tokens, its range starting at its
-// shard's start, or (a selecting decode) at the first sampler chunk boundary at
-// or after it (chunks of kChunkTokens candidates from sink_end), so that no
-// chunk, block or bitmap word of the selection is split between ranks. A rank
-// runs on the device of the shard holding its first token.
-void plan_ranks(const ssa_session& s, uint64_t n_tokens, bool align, uint64_t sink_end, Shared* sh) {
+// An item's range on each shard: the shard's own tokens, or (a selecting item)
+// from the first sampler chunk boundary at or after the shard's start (chunks of
+// kChunkTokens candidates from sink_end), so that no chunk, block or bitmap word
+// of the selection is split between ranks. A shard other than the last holds at
+// least kSplitTokens tokens, so the boundary lies in it.
+absl::Status item_ranges(const ssa_session& s, uint64_t n_tokens, bool align, uint64_t sink_end,
+                         std::vector<ShardRange>* out) {
   const std::vector<ShardRange> all = shard_ranges(n_tokens, shard_count(s), s.rt->shard_tokens);
-  std::vector<uint64_t> starts;
-  for (const ShardRange& r : all) {
-    if (r.size() == 0) continue;
-    uint64_t b = r.begin;
+  std::vector<uint64_t> start(all.size(), n_tokens);
+  for (size_t i = 0; i < all.size(); ++i) {
+    if (all[i].size() == 0) continue;
+    uint64_t b = all[i].begin;
     if (align && b > 0) {
       b = b <= sink_end ? sink_end : sink_end + (b - sink_end + kChunkTokens - 1) / kChunkTokens * kChunkTokens;
     }
-    starts.push_back(std::min(b, n_tokens));
+    start[i] = std::min(b, n_tokens);
   }
-  for (size_t i = 0; i < starts.size(); ++i) {
-    const ShardRange range{starts[i], i + 1 < starts.size() ? starts[i + 1] : n_tokens};
-    if (range.size() == 0) continue;
-    uint32_t shard = 0;
-    while (shard + 1 < all.size() && all[shard].end <= range.begin) ++shard;
-    sh->shard.push_back(shard);
-    sh->ranges.push_back(range);
+  out->assign(all.size(), ShardRange{});
+  for (size_t i = 0; i < all.size(); ++i) {
+    if (all[i].size() == 0) continue;
+    uint64_t end = n_tokens;
+    for (size_t j = i + 1; j < all.size(); ++j) {
+      if (all[j].size() == 0) continue;
+      end = start[j];
+      break;
+    }
+    if (end <= start[i]) continue;
+    if (start[i] >= all[i].end) return internal_error("sharded decode: a range starts past its shard");
+    (*out)[i] = ShardRange{start[i], end};
   }
+  return absl::OkStatus();
 }
 
 // Field [offset, offset + bytes) of each of n row states, to and from a host
 // array of n such fields. Pageable host memory: the copy to the host is complete
-// on return of a stream synchronisation, the copy from it once it returns.
+// on return (it synchronises the stream), the copy from it once it returns.
 cudaError_t row_fields_to_host(const RowState* rows, size_t offset, size_t bytes, uint32_t n, void* host,
                                cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
   const cudaError_t e = cudaMemcpy2DAsync(host, bytes, reinterpret_cast<const uint8_t*>(rows) + offset,
                                           sizeof(RowState), bytes, n, cudaMemcpyDeviceToHost, stream);
   return e != cudaSuccess ? e : cudaStreamSynchronize(stream);
 }
 cudaError_t row_fields_from_host(RowState* rows, size_t offset, size_t bytes, uint32_t n, const void* host,
                                  cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
   return cudaMemcpy2DAsync(reinterpret_cast<uint8_t*>(rows) + offset, sizeof(RowState), host, bytes, bytes, n,
                            cudaMemcpyHostToDevice, stream);
 }
 
-// The rows' maximum proxy score over every rank's candidates, into each rank's
+// A rank's view of the batch rows: its own rows (item li, head h at li * ns + h)
+// are the rows of its held items.
+struct RowMap {
+  const RankWork& rw;
+  uint32_t ns;
+  uint32_t local_rows() const { return static_cast<uint32_t>(rw.items.size()) * ns; }
+  size_t batch_row(uint32_t local) const { return size_t{rw.items[local / ns]} * ns + local % ns; }
+};
+
+// Every row's maximum proxy score over every rank's candidates, into each rank's
 // row states (the residual weights exp(s~ - max) of all ranks share it).
-absl::Status share_row_max(Collective& comm, RowState* rows, uint32_t n, cudaStream_t stream) {
-  std::vector<uint32_t> mine(n), all(size_t{comm.size()} * n);
+absl::Status share_row_max(Collective& comm, const RowMap& m, uint32_t batch_rows, RowState* rows,
+                           cudaStream_t stream) {
+  const uint32_t n = m.local_rows();
+  std::vector<uint32_t> mine(n), batch(batch_rows, 0), all(size_t{comm.size()} * batch_rows);
   SSA_CUDA_RETURN(row_fields_to_host(rows, offsetof(RowState, max_key), sizeof(uint32_t), n, mine.data(), stream),
                   "row state read-back");
-  SSA_RETURN_IF_ERROR(comm.all_gather(mine.data(), n * sizeof(uint32_t), all.data()));
-  for (uint32_t r = 0; r < comm.size(); ++r)
-    for (uint32_t h = 0; h < n; ++h) mine[h] = std::max(mine[h], all[size_t{r} * n + h]);
+  for (uint32_t i = 0; i < n; ++i) batch[m.batch_row(i)] = mine[i];
+  SSA_RETURN_IF_ERROR(comm.all_gather(batch.data(), batch_rows * sizeof(uint32_t), all.data()));
+  for (uint32_t i = 0; i < n; ++i) {
+    for (uint32_t r = 0; r < comm.size(); ++r) mine[i] = std::max(mine[i], all[size_t{r} * batch_rows + m.batch_row(i)]);
+  }
   SSA_CUDA_RETURN(row_fields_from_host(rows, offsetof(RowState, max_key), sizeof(uint32_t), n, mine.data(), stream),
                   "row state update");
+  return absl::OkStatus();
+}
+
+// The global top-k of every row, into the pipeline's heavy bitmap (a row's
+// words from its block base; candidate j = token sink_end + j).
+absl::Status select_heavy(Collective& comm, const Shared& sh, const RowMap& m, const DecodeBatch& b,
+                          const Workspace& ws, cudaStream_t stream) {
+  const uint32_t ns = m.ns, batch_rows = static_cast<uint32_t>(sh.items.size()) * ns;
+  std::vector<uint64_t> k(batch_rows, 0), n_global(batch_rows, 0), offsets(batch_rows, 0);
+  std::vector<uint32_t> counts(batch_rows, 0);
+  for (size_t j = 0; j < sh.items.size(); ++j) {
+    const ItemWork& w = sh.items[j];
+    if (!w.selects) continue;
+    for (uint32_t h = 0; h < ns; ++h) {
+      k[j * ns + h] = w.global.n_heavy;
+      n_global[j * ns + h] = w.global.local_begin - w.global.sink_end;
+    }
+  }
+  uint32_t longest = 0;
+  for (uint32_t li = 0; li < m.rw.items.size(); ++li) {
+    const DecodeItem& it = b.items[li];
+    const uint32_t nc = it.local_begin > it.sink_end ? it.local_begin - it.sink_end : 0;
+    longest = std::max(longest, nc);
+    for (uint32_t h = 0; h < ns; ++h) {
+      const size_t row = m.batch_row(li * ns + h);
+      offsets[row] = it.score_base + size_t{h} * it.n_pad + it.sink_end;
+      counts[row] = nc;
+    }
+  }
+  const uint32_t words = std::max(1u, (longest + 31) / 32);
+  DeviceMem table, bits;
+  const size_t table_bytes = batch_rows * (sizeof(uint64_t) + sizeof(uint32_t));
+  SSA_CUDA_RETURN(table.alloc(table_bytes, stream), "cudaMallocAsync of the top-k rows");
+  SSA_CUDA_RETURN(bits.alloc(size_t{batch_rows} * words * sizeof(uint32_t), stream),
+                  "cudaMallocAsync of the heavy bitmap");
+  auto* dev_offsets = static_cast<uint64_t*>(table.p);
+  auto* dev_counts = reinterpret_cast<uint32_t*>(dev_offsets + batch_rows);
+  SSA_CUDA_RETURN(cudaMemcpyAsync(dev_offsets, offsets.data(), batch_rows * sizeof(uint64_t),
+                                  cudaMemcpyHostToDevice, stream),
+                  "top-k rows upload");
+  SSA_CUDA_RETURN(cudaMemcpyAsync(dev_counts, counts.data(), batch_rows * sizeof(uint32_t), cudaMemcpyHostToDevice,
+                                  stream),
+                  "top-k rows upload");
+  const ShardTopkRows rows{ws.scores, batch_rows, longest, 0, dev_offsets, dev_counts};
+  SSA_RETURN_IF_ERROR(device_sharded_topk(comm, rows, k, n_global, stream, static_cast<uint32_t*>(bits.p)));
+  // The rank's items' rows into their bitmap rows (n_pad / 32 words apart).
+  for (uint32_t li = 0; li < m.rw.items.size(); ++li) {
+    const DecodeItem& it = b.items[li];
+    const size_t row_words = it.n_pad / 32;
+    uint32_t* dst = ws.heavy_bits + it.score_base / 32;
+    SSA_CUDA_RETURN(cudaMemsetAsync(dst, 0, size_t{ns} * row_words * sizeof(uint32_t), stream), "heavy bitmap setup");
+    const uint32_t nc = it.local_begin > it.sink_end ? it.local_begin - it.sink_end : 0;
+    if (nc == 0) continue;
+    // Batch rows of one item are consecutive.
+    const uint32_t* src = static_cast<const uint32_t*>(bits.p) + m.batch_row(li * ns) * words;
+    SSA_CUDA_RETURN(cudaMemcpy2DAsync(dst, row_words * sizeof(uint32_t), src, words * sizeof(uint32_t),
+                                      size_t{(nc + 31) / 32} * sizeof(uint32_t), ns, cudaMemcpyDeviceToDevice,
+                                      stream),
+                    "heavy bitmap copy");
+  }
   return absl::OkStatus();
 }
 
@@ -164,30 +266,35 @@ absl::Status share_row_max(Collective& comm, RowState* rows, uint32_t n, cudaStr
 // chunk) laid end to end in rank order, so token order, as one mass; each rank
 // keeps the draws whose first-level target falls in its part; then w_total is the
 // global total, as the samples' log pi needs.
-absl::Status draw_samples(Collective& comm, const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
-                          cudaStream_t stream) {
-  const DecodeItem& it = b.items[0];
-  const uint32_t n = b.sel_heads(), R = comm.size(), rank = comm.rank();
+absl::Status draw_samples(Collective& comm, const RowMap& m, uint32_t batch_rows, const DecodeBatch& b,
+                          const WorkspacePlan& plan, const Workspace& ws, cudaStream_t stream) {
+  const uint32_t ns = m.ns, n = m.local_rows(), R = comm.size(), rank = comm.rank();
   SSA_CUDA_RETURN(run_shard_residual(b, plan, ws, stream), "residual kernels");
-  const uint32_t nc = it.local_begin > it.sink_end ? it.local_begin - it.sink_end : 0;
-  std::vector<uint64_t> mine(n, 0), all(size_t{R} * n);
-  if (nc > 0) {
+  std::vector<uint64_t> mine(n, 0), batch(batch_rows, 0), all(size_t{R} * batch_rows);
+  bool read = false;
+  for (uint32_t li = 0; li < m.rw.items.size(); ++li) {
+    const DecodeItem& it = b.items[li];
+    const uint32_t nc = it.local_begin > it.sink_end ? it.local_begin - it.sink_end : 0;
+    if (nc == 0 || it.n_select == 0) continue;  // no residual (the sampler's kernels leave such rows)
     const size_t pitch = size_t{it.n_pad / kChunkTokens} * sizeof(uint64_t);
-    const uint64_t* last = ws.cprefix + (nc + kChunkTokens - 1) / kChunkTokens - 1;
-    SSA_CUDA_RETURN(cudaMemcpy2DAsync(mine.data(), sizeof(uint64_t), last, pitch, sizeof(uint64_t), n,
-                                      cudaMemcpyDeviceToHost, stream),
+    const uint64_t* last = ws.cprefix + it.score_base / kChunkTokens + (nc + kChunkTokens - 1) / kChunkTokens - 1;
+    SSA_CUDA_RETURN(cudaMemcpy2DAsync(mine.data() + size_t{li} * ns, sizeof(uint64_t), last, pitch,
+                                      sizeof(uint64_t), ns, cudaMemcpyDeviceToHost, stream),
                     "residual total read-back");
-    SSA_CUDA_RETURN(cudaStreamSynchronize(stream), "decode");
+    read = true;
   }
-  SSA_RETURN_IF_ERROR(comm.all_gather(mine.data(), n * sizeof(uint64_t), all.data()));
-  std::vector<uint64_t> mass(2 * size_t{n}, 0);  // per row: mass_begin, mass_total
+  if (read) SSA_CUDA_RETURN(cudaStreamSynchronize(stream), "decode");
+  for (uint32_t i = 0; i < n; ++i) batch[m.batch_row(i)] = mine[i];
+  SSA_RETURN_IF_ERROR(comm.all_gather(batch.data(), batch_rows * sizeof(uint64_t), all.data()));
+  std::vector<uint64_t> mass(2 * size_t{n}, 0);  // per local row: mass_begin, mass_total
   std::vector<double> w_total(n);
-  for (uint32_t h = 0; h < n; ++h) {
+  for (uint32_t i = 0; i < n; ++i) {
+    const size_t row = m.batch_row(i);
     for (uint32_t r = 0; r < R; ++r) {
-      if (r < rank) mass[2 * h] += all[size_t{r} * n + h];
-      mass[2 * h + 1] += all[size_t{r} * n + h];
+      if (r < rank) mass[2 * i] += all[size_t{r} * batch_rows + row];
+      mass[2 * i + 1] += all[size_t{r} * batch_rows + row];
     }
-    w_total[h] = static_cast<double>(mass[2 * h + 1]);
+    w_total[i] = static_cast<double>(mass[2 * i + 1]);
   }
   static_assert(offsetof(RowState, mass_total) == offsetof(RowState, mass_begin) + sizeof(uint64_t));
   SSA_CUDA_RETURN(row_fields_from_host(ws.rows, offsetof(RowState, mass_begin), 2 * sizeof(uint64_t), n,
@@ -200,198 +307,185 @@ absl::Status draw_samples(Collective& comm, const DecodeBatch& b, const Workspac
   return absl::OkStatus();
 }
 
-absl::Status rank_decode(Shared& sh, Collective& comm) {
-  const ssa_session& s = sh.s;
-  const KvLayout& L = s.layout;
-  const uint32_t rank = comm.rank(), R = comm.size();
-  SessionState& st = shard_state(s, sh.shard[rank]);
-  const DeviceGuard on(st.device);
-  SSA_CUDA_RETURN(on.error(), "cudaSetDevice");
-  const ShardRange range = sh.ranges[rank];
-  const uint64_t view_begin = range.begin / L.page_tokens * L.page_tokens;
-  const LayerStore view = shard_view(L, sh.layer, ShardRange{view_begin, range.end});
-  DecodeBatch b{};
-  b.shape = decode_shape(L);
-  b.n_items = 1;
-  set_method(sh.all_dense ? SSA_METHOD_DENSE : sh.p.method, &b);
-  if (!sh.all_dense) set_group(sh.p, L.group_size(), &b);
-  b.pi_min = sh.p.pi_min;
-  b.layer = sh.layer_index;
-  b.seed = sh.seed;
-  b.step = sh.p.step;
-  DecodeItem& it = b.items[0];
-  it = rank_item(sh.global, range, view_begin);
-  absl::StatusOr<std::shared_ptr<SessionState::LayerCache>> tables = layer_tables(s, st, sh.layer_index, view, &it);
-  if (!tables.ok()) return tables.status();
-  it.q = sh.q;
-  it.out = nullptr;  // the merge on the first device writes the output
-  int sms = 0;
-  SSA_CUDA_RETURN(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, st.device), "cudaDeviceGetAttribute");
-  WorkspacePlan plan;
-  SSA_CUDA_RETURN(plan_workspace(&b, sms, &plan), "decode planning");
-  if (plan.n_splits > sh.cap) {
-    b.n_splits = sh.cap;
-    SSA_CUDA_RETURN(plan_workspace(&b, sms, &plan), "decode planning");
+// The rows' stats over every rank, into sh (rank 0).
+absl::Status gather_stats(Collective& comm, Shared& sh, const RowMap& m, const std::vector<RowState>& rs) {
+  const uint32_t batch_rows = static_cast<uint32_t>(sh.items.size()) * m.ns;
+  std::vector<uint64_t> heavy(batch_rows, 0), unique(batch_rows, 0);
+  std::vector<double> masses(2 * size_t{batch_rows}, 0.0), all(masses.size() * comm.size());
+  for (uint32_t i = 0; i < rs.size(); ++i) {
+    const size_t row = m.batch_row(i);
+    heavy[row] = rs[i].n_heavy;
+    unique[row] = rs[i].n_unique;
+    masses[2 * row] = rs[i].w_resid_proxy;
+    masses[2 * row + 1] = rs[i].w_heavy;
   }
-  const cudaStream_t stream = st.stream;
-  DeviceMem blob, bits;
-  SSA_CUDA_RETURN(blob.alloc(plan.total_bytes, stream), "cudaMallocAsync of the decode workspace");
-  const Workspace ws = bind_workspace(blob.p, plan);
-  SSA_CUDA_RETURN(cudaStreamWaitEvent(stream, sh.q_ready, 0), "decode ordering");
-  const uint32_t ns = b.sel_heads();
-  std::vector<uint64_t> heavy(ns, 0), unique(ns, 0);
-  std::vector<double> masses(2 * size_t{ns}, 0.0);  // per row: residual, heavy proxy mass
-  // Rows are read back whole for the stats; the kernels set only what they use.
-  if (sh.selects) SSA_CUDA_RETURN(cudaMemsetAsync(ws.rows, 0, plan.rows * sizeof(RowState), stream), "decode setup");
-  // Also without a selection: the row states (a window-only item's read sets) are set here.
-  SSA_CUDA_RETURN(run_shard_scores(b, plan, ws, stream), "proxy score kernels");
-  if (sh.selects) {
-    if (sh.sampling) SSA_RETURN_IF_ERROR(share_row_max(comm, ws.rows, ns, stream));
-    // The global top-k of every selection row, into the pipeline's heavy bitmap
-    // (row h's words from h * n_pad / 32; candidate j = token sink_end + j).
-    const uint32_t nc = it.local_begin > it.sink_end ? it.local_begin - it.sink_end : 0;
-    const uint32_t words = (nc + 31) / 32;
-    const ShardTopkRows rows{nc > 0 ? ws.scores + it.sink_end : ws.scores, ns, nc, it.n_pad};
-    SSA_CUDA_RETURN(bits.alloc(size_t{ns} * std::max(words, 1u) * sizeof(uint32_t), stream),
-                    "cudaMallocAsync of the heavy bitmap");
-    SSA_RETURN_IF_ERROR(device_sharded_topk(comm, rows, std::vector<uint64_t>(ns, sh.global.n_heavy),
-                                            sh.plan.candidates(), stream, static_cast<uint32_t*>(bits.p)));
-    const size_t row_words = it.n_pad / 32;
-    SSA_CUDA_RETURN(cudaMemsetAsync(ws.heavy_bits, 0, size_t{ns} * row_words * sizeof(uint32_t), stream),
-                    "heavy bitmap setup");
-    if (words > 0) {
-      SSA_CUDA_RETURN(cudaMemcpy2DAsync(ws.heavy_bits, row_words * sizeof(uint32_t), bits.p,
-                                        words * sizeof(uint32_t), words * sizeof(uint32_t), ns,
-                                        cudaMemcpyDeviceToDevice, stream),
-                      "heavy bitmap copy");
-    }
-    if (sh.sampling) SSA_RETURN_IF_ERROR(draw_samples(comm, b, plan, ws, stream));
-    SSA_CUDA_RETURN(run_shard_read_sets(b, plan, ws, stream), "read set kernels");
-  }
-  SSA_CUDA_RETURN(run_split_partials(b, plan, ws, stream), "attention kernels");
-  // Every rank's split count lays the partials end to end, in shard order (so in
-  // token order), on the first device.
-  uint64_t mine = plan.n_splits;
-  std::vector<uint64_t> counts(R);
-  SSA_RETURN_IF_ERROR(comm.all_gather(&mine, sizeof mine, counts.data()));
-  uint64_t offset = 0, total = 0;
-  for (uint32_t r = 0; r < R; ++r) {
-    if (r < rank) offset += counts[r];
-    total += counts[r];
-  }
-  if (rank == 0) sh.total_splits = static_cast<uint32_t>(total);
-  const size_t rec = size_t{L.head_dim} + 2;
-  SSA_CUDA_RETURN(cudaMemcpy2DAsync(sh.gather + offset * rec, total * rec * sizeof(float), ws.partial,
-                                    plan.n_splits * rec * sizeof(float), plan.n_splits * rec * sizeof(float),
-                                    L.n_q_heads, cudaMemcpyDefault, stream),
-                  "partial output copy");
-  std::vector<RowState> rs;
-  if (sh.want_stats && sh.selects) {
-    rs.resize(plan.rows);
-    SSA_CUDA_RETURN(cudaMemcpyAsync(rs.data(), ws.rows, rs.size() * sizeof(RowState), cudaMemcpyDeviceToHost,
-                                    stream),
-                    "row state read-back");
-  }
-  SSA_CUDA_RETURN(cudaEventRecord(sh.done[rank], stream), "decode ordering");
-  {
-    absl::MutexLock lock(&st.mu);
-    if ((*tables)->last_use.record(stream) != cudaSuccess) {
-      cudaGetLastError();
-      SSA_CUDA_RETURN(cudaStreamSynchronize(stream), "decode");
-    }
-  }
-  if (!rs.empty()) {
-    SSA_CUDA_RETURN(cudaStreamSynchronize(stream), "decode");
-    for (uint32_t h = 0; h < ns; ++h) {
-      heavy[h] = rs[h].n_heavy;
-      unique[h] = rs[h].n_unique;
-      masses[2 * h] = rs[h].w_resid_proxy;
-      masses[2 * h + 1] = rs[h].w_heavy;
-    }
-  }
-  if (sh.want_stats && sh.selects) {
-    SSA_RETURN_IF_ERROR(comm.all_reduce_sum(heavy.data(), heavy.size()));
-    SSA_RETURN_IF_ERROR(comm.all_reduce_sum(unique.data(), unique.size()));
-    std::vector<double> all(masses.size() * R);
-    SSA_RETURN_IF_ERROR(comm.all_gather(masses.data(), masses.size() * sizeof(double), all.data()));
-    if (rank == 0) {
-      sh.heavy = heavy;
-      sh.unique = unique;
-      sh.resid_mass.assign(ns, 0.0);
-      sh.heavy_mass.assign(ns, 0.0);
-      for (uint32_t r = 0; r < R; ++r) {
-        for (uint32_t h = 0; h < ns; ++h) {
-          sh.resid_mass[h] += all[r * masses.size() + 2 * h];
-          sh.heavy_mass[h] += all[r * masses.size() + 2 * h + 1];
-        }
-      }
+  SSA_RETURN_IF_ERROR(comm.all_reduce_sum(heavy.data(), heavy.size()));
+  SSA_RETURN_IF_ERROR(comm.all_reduce_sum(unique.data(), unique.size()));
+  SSA_RETURN_IF_ERROR(comm.all_gather(masses.data(), masses.size() * sizeof(double), all.data()));
+  if (comm.rank() != 0) return absl::OkStatus();
+  sh.heavy = std::move(heavy);
+  sh.unique = std::move(unique);
+  sh.resid_mass.assign(batch_rows, 0.0);
+  sh.heavy_mass.assign(batch_rows, 0.0);
+  for (uint32_t r = 0; r < comm.size(); ++r) {
+    for (uint32_t row = 0; row < batch_rows; ++row) {
+      sh.resid_mass[row] += all[r * masses.size() + 2 * row];
+      sh.heavy_mass[row] += all[r * masses.size() + 2 * row + 1];
     }
   }
   return absl::OkStatus();
 }
 
-void add_stats(const Shared& sh, ssa_decode_stats* stats) {
-  const KvLayout& L = sh.s.layout;
-  const DecodePlan& pl = sh.plan;
-  const uint32_t nq = L.n_q_heads, g = L.group_size();
-  const bool grouped = sh.p.group_selection != SSA_GROUP_OFF;
-  stats->context_tokens += pl.n;
-  if (pl.window_only()) stats->window_only_heads += nq;
-  const uint64_t always = pl.dense ? pl.n : pl.fixed_tokens();
-  for (uint32_t h = 0; h < nq; ++h) {
-    if (sh.all_dense) {
-      stats->tokens_read += pl.n;
-      if (!pl.dense) stats->heavy_tokens += pl.candidates();  // a group budget over every candidate
-      continue;
+absl::Status rank_decode(Shared& sh, Collective& comm) {
+  const KvLayout& L = sh.L;
+  const uint32_t rank = comm.rank();
+  RankWork& rw = sh.ranks[rank];
+  const ssa_session& s0 = *sh.items[rw.items[0]].job->s;
+  SessionState& st = shard_state(s0, rw.shard);
+  const DeviceGuard on(st.device);
+  SSA_CUDA_RETURN(on.error(), "cudaSetDevice");
+  DecodeBatch& b = rw.b;
+  const uint32_t n_held = static_cast<uint32_t>(rw.items.size());
+  std::vector<std::shared_ptr<SessionState::LayerCache>> tables(n_held);
+  for (uint32_t li = 0; li < n_held; ++li) {
+    const ItemWork& w = sh.items[rw.items[li]];
+    const ShardRange range = w.range[rw.shard];
+    const LayerStore view = shard_view(L, *w.job->layer, ShardRange{rw.view_begin[li], range.end});
+    absl::StatusOr<std::shared_ptr<SessionState::LayerCache>> t =
+        layer_tables(*w.job->s, shard_state(*w.job->s, rw.shard), sh.layer_index, view, &b.items[li]);
+    if (!t.ok()) return t.status();
+    tables[li] = *std::move(t);
+    b.items[li].q = w.q;
+    b.items[li].out = nullptr;  // the merge on the first device writes the output
+  }
+  const WorkspacePlan& plan = rw.plan;
+  const cudaStream_t stream = st.stream;
+  DeviceMem blob;
+  SSA_CUDA_RETURN(blob.alloc(plan.total_bytes, stream), "cudaMallocAsync of the decode workspace");
+  const Workspace ws = bind_workspace(blob.p, plan);
+  SSA_CUDA_RETURN(cudaStreamWaitEvent(stream, sh.q_ready, 0), "decode ordering");
+  const RowMap m{rw, sh.sel_heads};
+  const uint32_t batch_rows = static_cast<uint32_t>(sh.items.size()) * sh.sel_heads;
+  // Rows are read back whole for the stats; the kernels set only what they use.
+  if (sh.selects) SSA_CUDA_RETURN(cudaMemsetAsync(ws.rows, 0, plan.rows * sizeof(RowState), stream), "decode setup");
+  // Also without a selection: the row states (a window-only item's read sets) are set here.
+  SSA_CUDA_RETURN(run_shard_scores(b, plan, ws, stream), "proxy score kernels");
+  if (sh.selects) {
+    if (sh.sampling) SSA_RETURN_IF_ERROR(share_row_max(comm, m, batch_rows, ws.rows, stream));
+    SSA_RETURN_IF_ERROR(select_heavy(comm, sh, m, b, ws, stream));
+    if (sh.sampling) SSA_RETURN_IF_ERROR(draw_samples(comm, m, batch_rows, b, plan, ws, stream));
+    SSA_CUDA_RETURN(run_shard_read_sets(b, plan, ws, stream), "read set kernels");
+  }
+  SSA_CUDA_RETURN(run_split_partials(b, plan, ws, stream), "attention kernels");
+  // Each item's partials end to end over its ranks, in shard order (so in token
+  // order), on the first device: ws.partial is [item][q head][split][record].
+  const size_t rec = size_t{L.head_dim} + 2, width = size_t{plan.n_splits} * rec;
+  for (uint32_t li = 0; li < n_held; ++li) {
+    const ItemWork& w = sh.items[rw.items[li]];
+    SSA_CUDA_RETURN(cudaMemcpy2DAsync(w.gather + w.split_offset[rw.shard] * rec, w.splits * rec * sizeof(float),
+                                      ws.partial + size_t{li} * L.n_q_heads * width, width * sizeof(float),
+                                      width * sizeof(float), L.n_q_heads, cudaMemcpyDefault, stream),
+                    "partial output copy");
+  }
+  std::vector<RowState> rs;
+  if (sh.want_stats && sh.selects) {
+    rs.resize(m.local_rows());
+    SSA_CUDA_RETURN(cudaMemcpyAsync(rs.data(), ws.rows, rs.size() * sizeof(RowState), cudaMemcpyDeviceToHost,
+                                    stream),
+                    "row state read-back");
+  }
+  SSA_CUDA_RETURN(cudaEventRecord(sh.done[rank], stream), "decode ordering");
+  for (uint32_t li = 0; li < n_held; ++li) {
+    SessionState& item_state = shard_state(*sh.items[rw.items[li]].job->s, rw.shard);
+    absl::MutexLock lock(&item_state.mu);
+    if (tables[li]->last_use.record(stream) != cudaSuccess) {
+      cudaGetLastError();
+      SSA_CUDA_RETURN(cudaStreamSynchronize(stream), "decode");
     }
-    const uint32_t row = grouped ? h / g : h;
-    const uint64_t heavy = sh.selects ? sh.heavy[row] : 0;
-    const uint64_t unique = sh.selects && sh.sampling ? sh.unique[row] : 0;
-    stats->tokens_read += always + heavy + unique;
-    stats->heavy_tokens += heavy;
-    if ((!grouped || h % g == 0) && pl.kprime > 0) stats->scored_tokens += pl.candidates();
-    if (sh.selects && sh.sampling) {
-      // Every row's m: its selection less the fixed heavy count (row_init.cuh).
-      stats->draws += sh.global.n_select - sh.global.n_heavy;
-      stats->unique_samples += unique;
-      const double total = sh.resid_mass[row] + sh.heavy_mass[row];
-      stats->residual_proxy_mass += total > 0 ? sh.resid_mass[row] / total : 0.0;
+  }
+  if (!rs.empty()) SSA_CUDA_RETURN(cudaStreamSynchronize(stream), "decode");
+  if (sh.want_stats && sh.selects) SSA_RETURN_IF_ERROR(gather_stats(comm, sh, m, rs));
+  return absl::OkStatus();
+}
+
+void add_stats(const Shared& sh, ssa_decode_stats* stats) {
+  const uint32_t nq = sh.L.n_q_heads, g = sh.L.group_size();
+  const bool grouped = sh.p.group_selection != SSA_GROUP_OFF;
+  for (size_t j = 0; j < sh.items.size(); ++j) {
+    const ItemWork& w = sh.items[j];
+    const DecodePlan& pl = w.job->plan;
+    stats->context_tokens += pl.n;
+    if (pl.window_only()) stats->window_only_heads += nq;
+    const uint64_t always = pl.dense ? pl.n : pl.fixed_tokens();
+    for (uint32_t h = 0; h < nq; ++h) {
+      if (sh.all_dense || w.dense) {
+        stats->tokens_read += pl.n;
+        if (!pl.dense) stats->heavy_tokens += pl.candidates();  // a group budget over every candidate
+        continue;
+      }
+      const size_t row = j * sh.sel_heads + (grouped ? h / g : h);
+      const uint64_t heavy = sh.selects ? sh.heavy[row] : 0;
+      const uint64_t unique = sh.selects && sh.sampling ? sh.unique[row] : 0;
+      stats->tokens_read += always + heavy + unique;
+      stats->heavy_tokens += heavy;
+      if ((!grouped || h % g == 0) && pl.kprime > 0) stats->scored_tokens += pl.candidates();
+      if (w.selects && sh.sampling) {
+        // Every row's m: its selection less the fixed heavy count (row_init.cuh).
+        stats->draws += w.global.n_select - w.global.n_heavy;
+        stats->unique_samples += unique;
+        const double total = sh.resid_mass[row] + sh.heavy_mass[row];
+        stats->residual_proxy_mass += total > 0 ? sh.resid_mass[row] / total : 0.0;
+      }
     }
   }
 }
 
-}  // namespace
-
-bool sharded_session(const ssa_session& s) { return shard_count(s) > 1; }
-
-absl::Status sharded_decode(const LaunchJob& job, uint32_t layer_index, const ssa_decode_params& p, uint64_t seed,
-                            ssa_decode_stats* stats) {
-  const ssa_session& s = *job.s;
-  const KvLayout& L = s.layout;
-  if (job.plan.targeted) return unsupported(kShardedTargetUnsupported);
-  Shared sh(s, *job.layer, layer_index, p, seed, job.plan);
+// One sharded decode of up to kMaxBatchItems jobs of one runtime, layout and
+// pointer space.
+absl::Status decode_jobs(const std::vector<LaunchJob>& jobs, uint32_t layer_index, const ssa_decode_params& p,
+                         uint64_t seed, ssa_decode_stats* stats) {
+  const ssa_session& s0 = *jobs[0].s;
+  const KvLayout& L = s0.layout;
   const uint32_t g = L.group_size();
-  sh.all_dense = job.plan.dense || group_reads_all(job.plan, p, g);
-  plan_item(job.plan, p, g, &sh.global);
-  sh.selects = !sh.all_dense && sh.global.n_select > 0;
+  Shared sh(s0, layer_index, p, seed);
+  sh.items.resize(jobs.size());
+  sh.all_dense = true;
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    ItemWork& w = sh.items[j];
+    w.job = &jobs[j];
+    if (w.job->plan.targeted) return unsupported(kShardedTargetUnsupported);
+    if (layer_has_host_pages(*w.job->layer)) {
+      return unsupported("a CUDA sharded session with pages mapped from a snapshot file (SSA_LOAD_MMAP) is not "
+                         "decoded in this version; load it without SSA_LOAD_MMAP");
+    }
+    w.dense = w.job->plan.dense || group_reads_all(w.job->plan, p, g);
+    plan_item(w.job->plan, p, g, &w.global);
+    sh.all_dense = sh.all_dense && w.dense;
+  }
+  DecodeBatch m{};
+  m.shape = decode_shape(L);
+  set_method(sh.all_dense ? SSA_METHOD_DENSE : p.method, &m);
+  if (!sh.all_dense) set_group(p, g, &m);
+  sh.sel_heads = m.sel_heads();
+  for (ItemWork& w : sh.items) {
+    w.selects = !sh.all_dense && !w.dense && w.global.n_select > 0;
+    sh.selects = sh.selects || w.selects;
+  }
   if (sh.selects) {
-    DecodeBatch m{};
-    set_method(p.method, &m);
-    set_group(p, g, &m);
     if (m.heavy != HeavyRule::kFixed) {
       return unsupported("SSA_METHOD_SSA_ADAPTIVE on a CUDA sharded session is not implemented (its heavy set "
                          "is decided per row from the candidates' mass over every shard); use SSA_METHOD_SSA, "
                          "or an unsharded runtime");
     }
-    sh.sampling = m.sampling != Sampling::kNone;
     if (m.group == GroupProposal::kMixture) {
       return unsupported("group_selection MIXTURE of a CUDA sharded session is not implemented (its per-head "
                          "normalisers are global); use SSA_GROUP_MEAN_QUERY or SSA_GROUP_OFF");
     }
-  }
-  if (layer_has_host_pages(*job.layer)) {
-    return unsupported("a CUDA sharded session with pages mapped from a snapshot file (SSA_LOAD_MMAP) is not "
-                       "decoded in this version; load it without SSA_LOAD_MMAP");
+    sh.sampling = m.sampling != Sampling::kNone;
+    for (const ItemWork& w : sh.items) {
+      if (sh.sampling && w.selects && w.job->plan.candidates() > kMaxSampledCandidates)
+        return absl::UnimplementedError("CUDA backend: sampling over 2^26 or more candidate tokens in one session");
+    }
   }
   const cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
   cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
@@ -400,23 +494,81 @@ absl::Status sharded_decode(const LaunchJob& job, uint32_t layer_index, const ss
     return unsupported("a decode of a CUDA sharded session on a stream being captured into a CUDA graph: its "
                        "shards exchange the selection through the host");
   }
-  plan_ranks(s, job.layer->n_tokens, sh.selects, sh.global.sink_end, &sh);
-  const auto R = static_cast<uint32_t>(sh.shard.size());
-  sh.cap = kMaxSplits / R;
+  // The ranks: every shard holding some item's tokens, in shard order.
+  const uint32_t S = shard_count(s0);
+  std::vector<bool> used(S, false);
+  for (ItemWork& w : sh.items) {
+    SSA_RETURN_IF_ERROR(item_ranges(*w.job->s, w.job->layer->n_tokens, w.selects, w.global.sink_end, &w.range));
+    for (uint32_t i = 0; i < S; ++i) used[i] = used[i] || w.range[i].size() > 0;
+  }
+  for (uint32_t i = 0; i < S; ++i) {
+    if (!used[i]) continue;
+    RankWork rw;
+    rw.shard = i;
+    sh.ranks.push_back(std::move(rw));
+  }
+  const auto R = static_cast<uint32_t>(sh.ranks.size());
+  const uint32_t split_cap = kMaxSplits / R;
+  // Each rank's launch set, planned here: the split counts lay out the gather buffers.
+  for (RankWork& rw : sh.ranks) {
+    DecodeBatch& b = rw.b;
+    b.shape = decode_shape(L);
+    set_method(sh.all_dense ? SSA_METHOD_DENSE : p.method, &b);
+    if (!sh.all_dense) set_group(p, g, &b);
+    b.pi_min = p.pi_min;
+    b.layer = layer_index;
+    b.seed = seed;
+    b.step = p.step;
+    for (uint32_t j = 0; j < sh.items.size(); ++j) {
+      const ShardRange range = sh.items[j].range[rw.shard];
+      if (range.size() == 0) continue;
+      const uint64_t view_begin = range.begin / L.page_tokens * L.page_tokens;
+      b.items[rw.items.size()] = rank_item(sh.items[j].global, range, view_begin);
+      rw.items.push_back(j);
+      rw.view_begin.push_back(view_begin);
+    }
+    b.n_items = static_cast<uint32_t>(rw.items.size());
+    int sms = 0;
+    SSA_CUDA_RETURN(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, shard_state(s0, rw.shard).device),
+                    "cudaDeviceGetAttribute");
+    SSA_CUDA_RETURN(plan_workspace(&b, sms, &rw.plan), "decode planning");
+    if (rw.plan.n_splits > split_cap) {
+      b.n_splits = split_cap;
+      SSA_CUDA_RETURN(plan_workspace(&b, sms, &rw.plan), "decode planning");
+    }
+  }
+  size_t gather_floats = 0;
+  const size_t rec = size_t{L.head_dim} + 2;
+  for (ItemWork& w : sh.items) {
+    w.split_offset.assign(S, 0);
+    for (const RankWork& rw : sh.ranks) {
+      if (w.range[rw.shard].size() == 0) continue;
+      w.split_offset[rw.shard] = w.splits;
+      w.splits += rw.plan.n_splits;
+    }
+    gather_floats += size_t{L.n_q_heads} * w.splits * rec;
+  }
   sh.want_stats = stats != nullptr;
   const size_t qbytes = size_t{L.n_q_heads} * L.row_bytes();
-  const size_t rec = size_t{L.head_dim} + 2;
-  const bool staged = host_buffers(s);
+  const bool staged = host_buffers(s0);
   DeviceMem stage, gather;
-  if (staged) {
-    SSA_CUDA_RETURN(stage.alloc(2 * qbytes, stream), "cudaMallocAsync of q/out staging");
-    SSA_CUDA_RETURN(cudaMemcpyAsync(stage.p, job.q, qbytes, cudaMemcpyHostToDevice, stream), "q upload");
+  if (staged) SSA_CUDA_RETURN(stage.alloc(2 * qbytes * jobs.size(), stream), "cudaMallocAsync of q/out staging");
+  SSA_CUDA_RETURN(gather.alloc(gather_floats * sizeof(float), stream), "cudaMallocAsync of the shards' partials");
+  size_t at = 0;
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    ItemWork& w = sh.items[j];
+    if (staged) {
+      uint8_t* base = static_cast<uint8_t*>(stage.p) + 2 * qbytes * j;
+      SSA_CUDA_RETURN(cudaMemcpyAsync(base, jobs[j].q, qbytes, cudaMemcpyHostToDevice, stream), "q upload");
+      w.q = base;
+      w.out = base + qbytes;
+    } else {
+      w.q = jobs[j].q;
+      w.out = jobs[j].out;
+    }
+    w.gather = static_cast<float*>(gather.p) + at;
+    at += size_t{L.n_q_heads} * w.splits * rec;
   }
-  sh.q = staged ? stage.p : job.q;
-  void* out = staged ? static_cast<uint8_t*>(stage.p) + qbytes : job.out;
-  SSA_CUDA_RETURN(gather.alloc(size_t{L.n_q_heads} * R * sh.cap * rec * sizeof(float), stream),
-                  "cudaMallocAsync of the shards' partials");
-  sh.gather = static_cast<float*>(gather.p);
   Events events(1 + R);
   SSA_CUDA_RETURN(events.create(), "cudaEventCreate");
   sh.q_ready = events.e[0];
@@ -425,29 +577,60 @@ absl::Status sharded_decode(const LaunchJob& job, uint32_t layer_index, const ss
   InProcessGroup group(R);
   const absl::Status ranks = group.run([&](Collective& comm) { return rank_decode(sh, comm); });
   if (!ranks.ok()) {
-    // Work a rank queued may still write the gather buffer, freed on the caller's stream.
-    for (uint32_t r = 0; r < R; ++r) {
-      const DeviceGuard on(shard_state(s, sh.shard[r]).device);
-      if (cudaStreamSynchronize(shard_state(s, sh.shard[r]).stream) != cudaSuccess) cudaGetLastError();
+    // Work a rank queued may still write the gather buffers, freed on the caller's stream.
+    for (const RankWork& rw : sh.ranks) {
+      const SessionState& st = shard_state(s0, rw.shard);
+      const DeviceGuard on(st.device);
+      if (cudaStreamSynchronize(st.stream) != cudaSuccess) cudaGetLastError();
     }
     return ranks;
   }
   for (cudaEvent_t e : sh.done) SSA_CUDA_RETURN(cudaStreamWaitEvent(stream, e, 0), "decode ordering");
-  DecodeBatch m{};
-  m.shape = decode_shape(L);
-  m.n_items = 1;
-  m.overlap_launches = false;  // after event waits, not after a kernel
-  m.items[0].out = out;
-  WorkspacePlan mp{};
-  mp.n_splits = sh.total_splits;
-  Workspace mw{};
-  mw.partial = sh.gather;
-  SSA_CUDA_RETURN(run_merge_partials(m, mp, mw, stream), "merge kernel");
+  // One merge per item: the items' split counts differ (the ranks holding them do).
+  for (const ItemWork& w : sh.items) {
+    DecodeBatch mb{};
+    mb.shape = decode_shape(L);
+    mb.n_items = 1;
+    mb.overlap_launches = false;  // after event waits, not after a kernel
+    mb.items[0].out = w.out;
+    WorkspacePlan mp{};
+    mp.n_splits = w.splits;
+    Workspace mw{};
+    mw.partial = w.gather;
+    SSA_CUDA_RETURN(run_merge_partials(mb, mp, mw, stream), "merge kernel");
+  }
   if (staged) {
-    SSA_CUDA_RETURN(cudaMemcpyAsync(job.out, out, qbytes, cudaMemcpyDeviceToHost, stream), "out download");
+    for (size_t j = 0; j < jobs.size(); ++j) {
+      SSA_CUDA_RETURN(cudaMemcpyAsync(jobs[j].out, sh.items[j].out, qbytes, cudaMemcpyDeviceToHost, stream),
+                      "out download");
+    }
     SSA_CUDA_RETURN(cudaStreamSynchronize(stream), "decode");
   }
   if (stats != nullptr) add_stats(sh, stats);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+bool sharded_session(const ssa_session& s) { return shard_count(s) > 1; }
+
+absl::Status sharded_decode(const std::vector<LaunchJob>& jobs, uint32_t layer_index, const ssa_decode_params& p,
+                            uint64_t seed, ssa_decode_stats* stats) {
+  // Launch sets of one layout and pointer space, up to kMaxBatchItems each.
+  std::vector<bool> done(jobs.size(), false);
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    if (done[i]) continue;
+    std::vector<LaunchJob> set;
+    const ssa_session& a = *jobs[i].s;
+    for (size_t j = i; j < jobs.size() && set.size() < kMaxBatchItems; ++j) {
+      const ssa_session& b = *jobs[j].s;
+      if (done[j] || memcmp(&a.layout, &b.layout, sizeof(KvLayout)) != 0 || host_buffers(a) != host_buffers(b))
+        continue;
+      done[j] = true;
+      set.push_back(jobs[j]);
+    }
+    SSA_RETURN_IF_ERROR(decode_jobs(set, layer_index, p, seed, stats));
+  }
   return absl::OkStatus();
 }
 

@@ -185,13 +185,35 @@ TEST_CASE("gpu sharded sessions: host rows, truncate, fork, decode_batch, save a
   REQUIRE(ssa_session_truncate(f, 9000) == SSA_OK);
   CHECK(decode(s, d, pq, false) == from_s);
 
-  // decode_batch over sharded sessions: each item as its own decode.
+  // decode_batch over sharded sessions of different lengths (the fork is held by
+  // two of the three shards): one launch set per shard over the items it holds,
+  // the same reads as the unsharded batch of the same sessions.
   {
-    std::vector<uint16_t> o1(kNq * kD), o2(kNq * kD);
-    const ssa_decode_item items[] = {{s, d.q.data(), o1.data()}, {f, d.q.data(), o2.data()}};
-    REQUIRE(ssa_decode_batch(items, 2, 0, &pq) == SSA_OK);
-    CHECK(o1 == from_s);
-    CHECK(o2 == decode(f, d, pq, false));
+    ssa_session* rf = nullptr;
+    REQUIRE(ssa_session_fork(ref, &rf) == SSA_OK);
+    REQUIRE(ssa_session_truncate(rf, 9000) == SSA_OK);
+    for (const Case& c : kCases) {
+      ssa_decode_params p = params(c.method, c.budget, 3);
+      p.group_selection = c.group;
+      p.n_sink = c.n_sink;
+      INFO("batch: method ", c.method, " budget ", c.budget, " group ", c.group, " sink ", c.n_sink);
+      std::vector<uint16_t> o[4];
+      for (auto& x : o) x.assign(size_t{kNq} * kD, 0xffff);
+      const ssa_decode_item items[] = {{s, d.q.data(), o[0].data()}, {f, d.q.data(), o[1].data()}};
+      const ssa_decode_item refs[] = {{ref, d.q.data(), o[2].data()}, {rf, d.q.data(), o[3].data()}};
+      REQUIRE(ssa_decode_batch(items, 2, 0, &p) == SSA_OK);
+      REQUIRE(ssa_decode_batch(refs, 2, 0, &p) == SSA_OK);
+      CHECK(rel(o[0], o[2]) < 2e-3);
+      CHECK(rel(o[1], o[3]) < 2e-3);
+      // Each item as its own sharded decode (another split of the attention).
+      CHECK(rel(o[0], decode(s, d, p, false)) < 2e-3);
+      CHECK(rel(o[1], decode(f, d, p, false)) < 2e-3);
+      const ssa_decode_item again[] = {{s, d.q.data(), o[2].data()}, {f, d.q.data(), o[3].data()}};
+      REQUIRE(ssa_decode_batch(again, 2, 0, &p) == SSA_OK);
+      CHECK(o[2] == o[0]);
+      CHECK(o[3] == o[1]);
+    }
+    ssa_session_destroy(rf);
   }
 
   // One snapshot, loadable on any shard count (unsharded included), both ways.
