@@ -1,6 +1,6 @@
 // The device passes of the global top-k over shards (sharded_topk.h). Every pass
-// runs one block per (chunk of kShardTopkChunk elements, row); a thread takes 32
-// consecutive elements, so one thread owns one word of the bitmap it marks.
+// runs one block per (chunk of kShardTopkChunk elements, row); in the marking
+// pass a thread owns one word (32 consecutive elements) of the bitmap.
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
@@ -32,10 +32,22 @@ __global__ void __launch_bounds__(kThreads)
   const float* x = row_scores(r, row);
   const uint32_t begin = blockIdx.x * kShardTopkChunk, end = min(row_length(r, row), begin + kShardTopkChunk);
   // Consecutive threads on consecutive elements here (only counts are kept).
-  for (uint32_t i = begin + threadIdx.x; i < end; i += kThreads) {
-    const uint32_t key = float_order_key(x[i]);
-    if (round > 0 && (key >> above) != s.prefix) continue;
-    atomicAdd(&h[(key >> shift) & (bins - 1)], 1u);
+  // Scores crowd into few bins (the first round's are sign, exponent and three
+  // mantissa bits), so the lanes of a warp that share a bin add once, through
+  // their lowest lane: one shared-memory atomic per distinct bin, not per element.
+  // Whole warps run the loop (a chunk's elements are a multiple of 32 but for
+  // the row's last), lanes past the end with no bin.
+  constexpr uint32_t kNone = ~0u;
+  for (uint32_t i0 = begin + (threadIdx.x & ~31u); i0 < end; i0 += kThreads) {
+    const uint32_t i = i0 + (threadIdx.x & 31u);
+    uint32_t bin = kNone;
+    if (i < end) {
+      const uint32_t key = float_order_key(x[i]);
+      if (round == 0 || (key >> above) == s.prefix) bin = (key >> shift) & (bins - 1);
+    }
+    const uint32_t same = __match_any_sync(0xffffffffu, bin);
+    if (bin != kNone && (threadIdx.x & 31u) == static_cast<uint32_t>(__ffs(same) - 1))
+      atomicAdd(&h[bin], static_cast<uint32_t>(__popc(same)));
   }
   __syncthreads();
   unsigned long long* out = hist + size_t{row} * bins;
@@ -117,11 +129,19 @@ __global__ void __launch_bounds__(kThreads)
   const float* x = row_scores(r, row);
   const uint32_t n = row_length(r, row);
   uint32_t above = 0, equal = 0;
-  if (s.active) {
-    for (uint32_t j = 0; j < 32 && i0 + j < n; ++j) {
-      const uint32_t key = float_order_key(x[i0 + j]);
-      above |= static_cast<uint32_t>(key > s.prefix) << j;
-      equal |= static_cast<uint32_t>(key == s.prefix) << j;
+  if (s.active) {  // the same for the whole block (one row)
+    // The warp's 32 words one after another, each loaded by the 32 lanes at
+    // once (coalesced) and voted into the word of the lane that owns it.
+    const uint32_t lane = threadIdx.x & 31u, warp_word0 = word - lane;
+    for (uint32_t j = 0; j < 32; ++j) {
+      const uint32_t i = (warp_word0 + j) * 32 + lane;
+      const uint32_t key = i < n ? float_order_key(x[i]) : 0u;
+      const uint32_t a = __ballot_sync(0xffffffffu, i < n && key > s.prefix);
+      const uint32_t e = __ballot_sync(0xffffffffu, i < n && key == s.prefix);
+      if (lane == j) {
+        above = a;
+        equal = e;
+      }
     }
   }
   // Ties before this thread's word: in earlier chunks, then earlier threads.

@@ -51,6 +51,16 @@ cudaError_t device_malloc_async(void** p, size_t bytes, cudaStream_t stream) {
   return cudaMallocFromPoolAsync(p, bytes, pool, stream);
 }
 
+cudaError_t device_pool_share(int peer) {
+  cudaMemPool_t pool = current_pool();
+  if (pool == nullptr) return cudaErrorMemoryAllocation;
+  cudaMemAccessDesc access{};
+  access.location.type = cudaMemLocationTypeDevice;
+  access.location.id = peer;
+  access.flags = cudaMemAccessFlagsProtReadWrite;
+  return cudaMemPoolSetAccess(pool, &access, 1);
+}
+
 void device_pool_trim() {
   cudaMemPool_t pool = current_pool();
   if (pool != nullptr && cudaMemPoolTrimTo(pool, 0) != cudaSuccess) cudaGetLastError();

@@ -21,6 +21,11 @@ namespace ssa::cuda {
 // is injected. Freed with cudaFreeAsync.
 cudaError_t device_malloc_async(void** p, size_t bytes, cudaStream_t stream);
 
+// Lets kernels and copies on device `peer` read and write what the current
+// device's pool hands out (a pool's memory is its own device's only, peer access
+// or not): the shards of a sharded session read each other's pages and buffers.
+cudaError_t device_pool_share(int peer);
+
 // Gives the memory the current device's pool holds unused back to the driver
 // (when a session goes, so that what it used is not kept for the process's life).
 void device_pool_trim();

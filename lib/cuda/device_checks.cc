@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include "cuda_backend.h"
+#include "device_alloc.h"
 #include "device_error.h"
 #include "device_guard.h"
 #include "device_state.h"
@@ -59,6 +60,7 @@ absl::Status CudaBackend::prepare_shard_devices(const std::vector<int32_t>& devi
       } else {
         SSA_CUDA_RETURN(e, "cudaDeviceEnablePeerAccess");
       }
+      SSA_CUDA_RETURN(device_pool_share(b), "cudaMemPoolSetAccess");
     }
   }
   return absl::OkStatus();

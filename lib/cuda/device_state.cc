@@ -48,33 +48,34 @@ absl::StatusOr<std::shared_ptr<SessionState>> new_state(int device, std::shared_
   return st;
 }
 
-absl::StatusOr<std::shared_ptr<SessionState::LayerCache>> layer_tables(const ssa_session& s,
-                                                                      uint32_t layer_index,
-                                                                      const LayerStore& layer,
-                                                                      DecodeItem* item) {
-  return layer_tables(s, state(s), layer_index, layer, item);
-}
+namespace {
 
-absl::StatusOr<std::shared_ptr<SessionState::LayerCache>> layer_tables(const ssa_session& s, SessionState& st,
-                                                                      uint32_t layer_index, const LayerStore& layer,
-                                                                      DecodeItem* item) {
+// The tables of pages [p0, p1) of `layer` (the whole layer for an unsharded
+// session; tiered only then), a decode through them reading `extent` tokens.
+absl::StatusOr<std::shared_ptr<SessionState::LayerCache>> tables_of(const ssa_session& s, SessionState& st,
+                                                                    uint32_t layer_index, const LayerStore& layer,
+                                                                    size_t p0, size_t p1, uint64_t extent,
+                                                                    DecodeItem* item) {
   absl::MutexLock lock(&st.mu);
   if (st.layers.size() < s.layout.n_layers) st.layers.resize(s.layout.n_layers);
   std::shared_ptr<SessionState::LayerCache>& c = st.layers[layer_index];
-  auto same = [](const std::vector<const uint8_t*>& a, const std::vector<PageRef>& b) {
-    if (a.size() != b.size()) return false;
+  const size_t code0 = std::min(p0, layer.code_pages.size()), code1 = std::min(p1, layer.code_pages.size());
+  auto same = [](const std::vector<const uint8_t*>& a, const std::vector<PageRef>& b, size_t b0, size_t b1) {
+    if (a.size() != b1 - b0) return false;
     for (size_t i = 0; i < a.size(); ++i)
-      if (a[i] != b[i]->data()) return false;
+      if (a[i] != b[b0 + i]->data()) return false;
     return true;
   };
   // Tiered sessions, and sessions with pages mapped from a snapshot file.
+  const bool whole = p0 == 0 && p1 == layer.kv_pages.size();
   const bool tiered = st.kv_pool->tiered() || layer_has_host_pages(layer);
+  if (tiered && !whole) return internal_error("device tables of part of a tiered layer");
   std::vector<const uint8_t*> entries;
   std::vector<uint8_t> tier_codes;
   std::vector<std::shared_ptr<void>> memory;
   if (tiered) SSA_RETURN_IF_ERROR(tier_view(st, layer_index, layer, &entries, &tier_codes, &memory));
-  const bool kv_same = c != nullptr && (tiered ? c->kv == entries : same(c->kv, layer.kv_pages));
-  if (!kv_same || !same(c->code, layer.code_pages) || c->books_key != layer.codebooks.get()) {
+  const bool kv_same = c != nullptr && (tiered ? c->kv == entries : same(c->kv, layer.kv_pages, p0, p1));
+  if (!kv_same || !same(c->code, layer.code_pages, code0, code1) || c->books_key != layer.codebooks.get()) {
     st.prune_retired();
     auto fresh = std::make_shared<SessionState::LayerCache>();
     fresh->layer = layer_index;
@@ -90,16 +91,16 @@ absl::StatusOr<std::shared_ptr<SessionState::LayerCache>> layer_tables(const ssa
       SSA_CUDA_RETURN(cudaMemsetAsync(fresh->page_rows.p, 0, fresh->kv.size() * sizeof(uint32_t), st.stream),
                       "tier accounting setup");
     } else {
-      SSA_RETURN_IF_ERROR(upload_table(layer.kv_pages, false, st.stream, &fresh->kv_table));
-      for (const auto& p : layer.kv_pages) {
-        fresh->kv.push_back(p->data());
-        fresh->memory.push_back(p->keeper());
+      SSA_RETURN_IF_ERROR(upload_table(layer.kv_pages, false, st.stream, &fresh->kv_table, p0, p1 - p0));
+      for (size_t i = p0; i < p1; ++i) {
+        fresh->kv.push_back(layer.kv_pages[i]->data());
+        fresh->memory.push_back(layer.kv_pages[i]->keeper());
       }
     }
-    SSA_RETURN_IF_ERROR(upload_table(layer.code_pages, false, st.stream, &fresh->code_table));
-    for (const auto& p : layer.code_pages) {
-      fresh->code.push_back(p->data());
-      fresh->memory.push_back(p->keeper());
+    SSA_RETURN_IF_ERROR(upload_table(layer.code_pages, false, st.stream, &fresh->code_table, code0, code1 - code0));
+    for (size_t i = code0; i < code1; ++i) {
+      fresh->code.push_back(layer.code_pages[i]->data());
+      fresh->memory.push_back(layer.code_pages[i]->keeper());
     }
     fresh->books_key = layer.codebooks.get();
     if (layer.codebooks != nullptr) {
@@ -115,8 +116,26 @@ absl::StatusOr<std::shared_ptr<SessionState::LayerCache>> layer_tables(const ssa
   item->kv_pages = static_cast<const uint8_t* const*>(c->kv_table.p);
   item->code_pages = static_cast<const uint8_t* const*>(c->code_table.p);
   item->codebooks = c->books != nullptr ? static_cast<const float*>(c->books->dev.p) : nullptr;
-  c->tokens_read = std::max<uint64_t>(c->tokens_read, layer.n_tokens);
+  c->tokens_read = std::max<uint64_t>(c->tokens_read, extent);
   return c;
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<SessionState::LayerCache>> layer_tables(const ssa_session& s,
+                                                                      uint32_t layer_index,
+                                                                      const LayerStore& layer,
+                                                                      DecodeItem* item) {
+  return tables_of(s, state(s), layer_index, layer, 0, layer.kv_pages.size(), layer.n_tokens, item);
+}
+
+absl::StatusOr<std::shared_ptr<SessionState::LayerCache>> layer_tables(const ssa_session& s, SessionState& st,
+                                                                      uint32_t layer_index, const LayerStore& layer,
+                                                                      size_t page_begin, size_t page_end,
+                                                                      uint64_t extent, DecodeItem* item) {
+  if (page_begin > page_end || page_end > layer.kv_pages.size())
+    return internal_error("device tables of pages ", page_begin, "-", page_end, " of ", layer.kv_pages.size());
+  return tables_of(s, st, layer_index, layer, page_begin, page_end, extent, item);
 }
 
 // Waits for the session's queued decodes that read more than n_tokens tokens

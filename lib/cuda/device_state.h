@@ -162,11 +162,15 @@ absl::StatusOr<const float*> device_books(SessionState& st, const CodebooksRef& 
 // not freed: decodes queued earlier may still read them.
 absl::StatusOr<std::shared_ptr<SessionState::LayerCache>> layer_tables(const ssa_session& s, uint32_t layer_index,
                                                                       const LayerStore& layer, DecodeItem* item);
-// The same for one shard of a sharded session: `layer` is the shard's view
-// (shard_view), its tables cached in the shard's state, on its device.
+// The same for one rank of a sharded decode: pages [page_begin, page_end) of the
+// layer (with their codes and the layer's codebooks), cached in the state `st`
+// of the shard the rank runs on, on its device. extent: the tokens a decode
+// through them reads, counted from the shard's first token (what a truncation
+// waits for, before_truncate), past the shard's end where the pages are.
 absl::StatusOr<std::shared_ptr<SessionState::LayerCache>> layer_tables(const ssa_session& s, SessionState& st,
                                                                       uint32_t layer_index, const LayerStore& layer,
-                                                                      DecodeItem* item);
+                                                                      size_t page_begin, size_t page_end,
+                                                                      uint64_t extent, DecodeItem* item);
 
 // After a decode through `tables` queued on `stream` (and its tier accounting):
 // queues the copy of the rows it read per page back to the host, for the tier

@@ -13,7 +13,8 @@
 //   first device in token order -> one merge per item there.
 // The collectives run over every row of the batch (item x selection head), a
 // rank contributing nothing for the items it does not hold, so every rank makes
-// the same calls whatever it holds. The heavy set and the samples are exactly
+// the same calls whatever it holds; device buffers (the top-k's histograms) are
+// reduced on the devices (peer_collective.h), the rest through the host. The heavy set and the samples are exactly
 // the unsharded decode's: the sampler's hierarchy is cut at candidate offsets
 // (1024-candidate chunks from sink_end), so a selecting item's range on a rank
 // starts at the first chunk boundary at or after the shard's start: every
@@ -39,6 +40,7 @@
 #include "kernels/cuda_decode.h"
 #include "launch_set.h"
 #include "method_plan.h"
+#include "peer_collective.h"
 #include "shard/in_process_collective.h"
 #include "shard/shard_map.h"
 #include "shard/sharded_decode.h"
@@ -336,9 +338,9 @@ absl::Status gather_stats(Collective& comm, Shared& sh, const RowMap& m, const s
   return absl::OkStatus();
 }
 
-absl::Status rank_decode(Shared& sh, Collective& comm) {
+absl::Status rank_decode(Shared& sh, Collective& host_comm) {
   const KvLayout& L = sh.L;
-  const uint32_t rank = comm.rank();
+  const uint32_t rank = host_comm.rank();
   RankWork& rw = sh.ranks[rank];
   const ssa_session& s0 = *sh.items[rw.items[0]].job->s;
   SessionState& st = shard_state(s0, rw.shard);
@@ -350,9 +352,12 @@ absl::Status rank_decode(Shared& sh, Collective& comm) {
   for (uint32_t li = 0; li < n_held; ++li) {
     const ItemWork& w = sh.items[rw.items[li]];
     const ShardRange range = w.range[rw.shard];
-    const LayerStore view = shard_view(L, *w.job->layer, ShardRange{rw.view_begin[li], range.end});
+    // The rank's pages (those of its view, shard_view's), read to range.end.
+    const uint64_t shard_begin = uint64_t{rw.shard} * w.job->s->rt->shard_tokens;
     absl::StatusOr<std::shared_ptr<SessionState::LayerCache>> t =
-        layer_tables(*w.job->s, shard_state(*w.job->s, rw.shard), sh.layer_index, view, &b.items[li]);
+        layer_tables(*w.job->s, shard_state(*w.job->s, rw.shard), sh.layer_index, *w.job->layer,
+                     rw.view_begin[li] / L.page_tokens, L.pages_for(range.end), range.end - shard_begin,
+                     &b.items[li]);
     if (!t.ok()) return t.status();
     tables[li] = *std::move(t);
     b.items[li].q = w.q;
@@ -360,6 +365,7 @@ absl::Status rank_decode(Shared& sh, Collective& comm) {
   }
   const WorkspacePlan& plan = rw.plan;
   const cudaStream_t stream = st.stream;
+  PeerCollective comm(host_comm, stream);  // device buffers stay on the devices
   DeviceMem blob;
   SSA_CUDA_RETURN(blob.alloc(plan.total_bytes, stream), "cudaMallocAsync of the decode workspace");
   const Workspace ws = bind_workspace(blob.p, plan);

@@ -2,7 +2,9 @@
 // top-k of all candidates in one place (topk_indices, radix_topk.h) and against
 // the CPU's sharded top-k (lib/shard/sharded_topk.h) shard by shard: 1-4 ranks
 // as threads of this process, each with its scores in device memory of device
-// 0, exchanging through the in-process collectives (host-staged). Scores with
+// 0, exchanging through the in-process collectives (host-staged) and through the
+// peer collectives (lib/cuda/peer_collective.h: device buffers read in place,
+// checked on their own below, against the host ones). Scores with
 // many ties (the tie rule decides), +-0, -inf, empty shards, uneven cuts, and
 // every kind of k (0, 1, within one tie run, n - 1, all, more than all).
 #include <cuda_runtime.h>
@@ -14,6 +16,7 @@
 
 #include "cpu/thread_pool.h"
 #include "cuda/device_sharded_topk.h"
+#include "cuda/peer_collective.h"
 #include "select/radix_topk.h"
 #include "shard/in_process_collective.h"
 #include "shard/sharded_topk.h"
@@ -58,10 +61,11 @@ struct RankBuf {
   } while (0)
 
 // What rank `rank` of the device run marked, as global candidate indices per row.
-absl::Status device_rank(Collective& comm, const std::vector<std::vector<float>>& x, const std::vector<uint32_t>& cut,
-                         const std::vector<uint64_t>& k, std::vector<std::vector<uint32_t>>* out) {
+absl::Status device_rank(Collective& host, bool peer, const std::vector<std::vector<float>>& x,
+                         const std::vector<uint32_t>& cut, const std::vector<uint64_t>& k,
+                         std::vector<std::vector<uint32_t>>* out) {
   RANK_CUDA(cudaSetDevice(0));
-  const uint32_t rank = comm.rank(), rows = static_cast<uint32_t>(x.size());
+  const uint32_t rank = host.rank(), rows = static_cast<uint32_t>(x.size());
   const uint32_t n_global = static_cast<uint32_t>(x[0].size());
   const uint32_t begin = cut[rank], n = cut[rank + 1] - begin, stride = std::max(n, 1u) + 3;
   std::vector<float> mine(size_t{rows} * stride, 12345.0f);  // the padding is never read
@@ -74,6 +78,8 @@ absl::Status device_rank(Collective& comm, const std::vector<std::vector<float>>
   RANK_CUDA(cudaMemcpy(dx.p, mine.data(), mine.size() * sizeof(float), cudaMemcpyHostToDevice));
   cudaStream_t stream = nullptr;
   RANK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cuda::PeerCollective peers(host, stream);
+  Collective& comm = peer ? static_cast<Collective&>(peers) : host;
   const absl::Status st = cuda::device_sharded_topk(
       comm, cuda::ShardTopkRows{static_cast<const float*>(dx.p), rows, n, stride}, k, n_global, stream,
       static_cast<uint32_t*>(bits.p));
@@ -109,11 +115,14 @@ TEST_CASE("gpu sharded top-k: the set of the whole context, shard by shard the C
       while (i + 1 < n && sorted[i + 1] != sorted[i]) ++i;
       k[3] = i + 1;
     }
-    std::vector<std::vector<std::vector<uint32_t>>> got(R), cpu(R);
+    std::vector<std::vector<std::vector<uint32_t>>> got(R), by_peers(R), cpu(R);
     InProcessGroup group(R);
-    const absl::Status st = group.run([&](Collective& c) { return device_rank(c, x, cut, k, &got[c.rank()]); });
+    absl::Status st = group.run([&](Collective& c) { return device_rank(c, false, x, cut, k, &got[c.rank()]); });
     INFO("shards ", R, ": ", std::string(st.message()));
     REQUIRE(st.ok());
+    st = group.run([&](Collective& c) { return device_rank(c, true, x, cut, k, &by_peers[c.rank()]); });
+    REQUIRE(st.ok());
+    CHECK(by_peers == got);
     REQUIRE(group
                 .run([&](Collective& c) {
                   std::vector<TopkUnit> units(rows);
@@ -139,6 +148,72 @@ TEST_CASE("gpu sharded top-k: the set of the whole context, shard by shard the C
       CHECK(all == want);  // shards in order, each increasing: the sorted set
       CHECK(all.size() == std::min<uint64_t>(k[r], n));
     }
+  }
+}
+
+TEST_CASE("gpu peer collectives: device buffers reduced and gathered in place, host buffers as the host's") {
+  SSA_GPU_TEST_OR_SKIP();
+  const size_t n = 300001;  // more than one grid-stride pass
+  for (uint32_t R : {1u, 2u, 3u}) {
+    INFO("ranks ", R);
+    std::vector<std::vector<uint64_t>> sums(R);
+    std::vector<std::vector<float>> maxes(R), gathered(R);
+    std::vector<std::vector<uint64_t>> host_sums(R);
+    InProcessGroup group(R);
+    auto value = [](uint32_t r, size_t i) { return uint64_t{r + 1} * 1000003u * (i + 7) % 1000000007u; };
+    auto fvalue = [](uint32_t r, size_t i) { return static_cast<float>((i * 7 + r * 13) % 101) - 50.f; };
+    const absl::Status st = group.run([&](Collective& host) -> absl::Status {
+      RANK_CUDA(cudaSetDevice(0));
+      const uint32_t r = host.rank();
+      cudaStream_t stream = nullptr;
+      RANK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+      cuda::PeerCollective comm(host, stream);
+      std::vector<uint64_t> u(n);
+      std::vector<float> f(n);
+      for (size_t i = 0; i < n; ++i) {
+        u[i] = value(r, i);
+        f[i] = fvalue(r, i);
+      }
+      RankBuf du, df, dg;
+      RANK_CUDA(cudaMalloc(&du.p, n * sizeof(uint64_t)));
+      RANK_CUDA(cudaMalloc(&df.p, n * sizeof(float)));
+      RANK_CUDA(cudaMalloc(&dg.p, R * n * sizeof(float)));
+      RANK_CUDA(cudaMemcpyAsync(du.p, u.data(), n * sizeof(uint64_t), cudaMemcpyHostToDevice, stream));
+      RANK_CUDA(cudaMemcpyAsync(df.p, f.data(), n * sizeof(float), cudaMemcpyHostToDevice, stream));
+      SSA_RETURN_IF_ERROR(comm.all_gather(df.p, n * sizeof(float), dg.p));
+      SSA_RETURN_IF_ERROR(comm.all_reduce_sum(static_cast<uint64_t*>(du.p), n));
+      SSA_RETURN_IF_ERROR(comm.all_reduce_max(static_cast<float*>(df.p), n));
+      host_sums[r] = u;
+      SSA_RETURN_IF_ERROR(comm.all_reduce_sum(host_sums[r].data(), n));  // host memory: the host's collective
+      sums[r].resize(n);
+      maxes[r].resize(n);
+      gathered[r].resize(R * n);
+      RANK_CUDA(cudaMemcpyAsync(sums[r].data(), du.p, n * sizeof(uint64_t), cudaMemcpyDeviceToHost, stream));
+      RANK_CUDA(cudaMemcpyAsync(maxes[r].data(), df.p, n * sizeof(float), cudaMemcpyDeviceToHost, stream));
+      RANK_CUDA(cudaMemcpyAsync(gathered[r].data(), dg.p, R * n * sizeof(float), cudaMemcpyDeviceToHost, stream));
+      RANK_CUDA(cudaStreamSynchronize(stream));
+      cudaStreamDestroy(stream);
+      return absl::OkStatus();
+    });
+    INFO(std::string(st.message()));
+    REQUIRE(st.ok());
+    size_t bad_sum = 0, bad_max = 0, bad_gather = 0;
+    for (uint32_t r = 0; r < R; ++r) {
+      for (size_t i = 0; i < n; ++i) {
+        uint64_t s = 0;
+        float m = -INFINITY;
+        for (uint32_t q = 0; q < R; ++q) {
+          s += value(q, i);
+          m = std::max(m, fvalue(q, i));
+          bad_gather += gathered[r][q * n + i] != fvalue(q, i);
+        }
+        bad_sum += sums[r][i] != s || host_sums[r][i] != s;
+        bad_max += maxes[r][i] != m;
+      }
+    }
+    CHECK(bad_sum == 0);
+    CHECK(bad_max == 0);
+    CHECK(bad_gather == 0);
   }
 }
 
