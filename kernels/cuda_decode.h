@@ -36,7 +36,7 @@ cudaError_t run_attention_stage(const DecodeBatch& b, const WorkspacePlan& plan,
 // The stages of one shard's part of a sharded decode (lib/cuda/sharded_decode.cc),
 // between which the shards exchange what the selection needs globally:
 // the rows' initial states and proxy scores (PQ or exact; the mean query with
-// group selection); with samples (fixed heavy rule), once the global top-k has
+// group selection); with samples, once the global top-k has
 // written the heavy bitmap and the global maximum is in the rows' max_key, the
 // residual's block and chunk sums and chunk prefixes (the shard's total in
 // cprefix's last chunk), then, with the rows' mass_begin and mass_total set,
@@ -46,6 +46,12 @@ cudaError_t run_attention_stage(const DecodeBatch& b, const WorkspacePlan& plan,
 // plan.n_splits per row (every shard's, gathered in split order).
 cudaError_t run_shard_scores(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
                              cudaStream_t stream);
+// The adaptive heavy rule's: the candidate total (w_all) of the rank's rows, and
+// the listing of the global top-k' members it holds (ws.heavy, n_heavy of them).
+cudaError_t run_shard_candidate_mass(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
+                                     cudaStream_t stream);
+cudaError_t run_shard_list_candidates(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
+                                      cudaStream_t stream);
 cudaError_t run_shard_residual(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
                                cudaStream_t stream);
 cudaError_t run_shard_draws(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,

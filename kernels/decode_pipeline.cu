@@ -262,9 +262,21 @@ cudaError_t run_shard_scores(const DecodeBatch& b, const WorkspacePlan& plan, co
   return b.proxy == Proxy::kPq ? launch_pq_scores(b, plan, ws, st) : launch_exact_scores(b, plan, ws, st);
 }
 
+cudaError_t run_shard_candidate_mass(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
+                                     cudaStream_t st) {
+  if (b.heavy != HeavyRule::kAdaptive) return cudaErrorInvalidValue;
+  return launch_hierarchy(b, plan, ws, 1, st);
+}
+
+cudaError_t run_shard_list_candidates(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
+                                      cudaStream_t st) {
+  if (b.heavy != HeavyRule::kAdaptive) return cudaErrorInvalidValue;  // its first of two compactions
+  return launch_compact(b, plan, ws, false, 0, st);
+}
+
 cudaError_t run_shard_residual(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
                                cudaStream_t st) {
-  if (b.sampling == Sampling::kNone || b.heavy != HeavyRule::kFixed) return cudaErrorInvalidValue;
+  if (b.sampling == Sampling::kNone) return cudaErrorInvalidValue;
   const cudaError_t e = launch_hierarchy(b, plan, ws, 0, st);
   return e != cudaSuccess ? e : launch_chunk_prefix(b, plan, ws, st);
 }
@@ -276,8 +288,7 @@ cudaError_t run_shard_draws(const DecodeBatch& b, const WorkspacePlan& plan, con
 
 cudaError_t run_shard_read_sets(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
                                 cudaStream_t st) {
-  if (b.heavy != HeavyRule::kFixed) return cudaErrorInvalidValue;
-  return launch_compact(b, plan, ws, b.sampling != Sampling::kNone, 0, st);
+  return launch_compact(b, plan, ws, b.sampling != Sampling::kNone, plan.compact_passes - 1, st);
 }
 
 cudaError_t run_split_partials(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,

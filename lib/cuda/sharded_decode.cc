@@ -21,8 +21,10 @@
 // chunk, block and bitmap word lies in one rank, and a rank reads the up to 1023
 // tokens it takes past its shard's end from the next shard's pages (peer
 // access). The output differs from the unsharded one only by where the
-// attention's splits fall (floating-point rounding). Not sharded here: the
-// adaptive heavy rule, the mixture proposal, error-targeted decodes
+// attention's splits fall (floating-point rounding). The adaptive heavy rule
+// first finds the global top k' the same way, water-fills their gathered scores
+// on every rank for |H| (kernels/sharded_adaptive.h), then takes the global top
+// |H|. Not sharded here: the mixture proposal, error-targeted decodes
 // (SSA_ERR_UNSUPPORTED).
 #include <cuda_runtime.h>
 #include <stddef.h>
@@ -38,6 +40,7 @@
 #include "device_state.h"
 #include "device_tiers.h"
 #include "kernels/cuda_decode.h"
+#include "kernels/sharded_adaptive.h"
 #include "launch_set.h"
 #include "method_plan.h"
 #include "peer_collective.h"
@@ -96,7 +99,7 @@ struct Shared {
   uint32_t layer_index;
   const ssa_decode_params& p;
   uint64_t seed;
-  bool all_dense = false, selects = false, sampling = false;
+  bool all_dense = false, selects = false, sampling = false, adaptive = false;
   uint32_t sel_heads = 0;  // selection rows per item
   std::vector<ItemWork> items;
   std::vector<RankWork> ranks;
@@ -107,6 +110,7 @@ struct Shared {
   // unique-sample counts, the residual's and the heavy set's proxy masses.
   std::vector<uint64_t> heavy, unique;
   std::vector<double> resid_mass, heavy_mass;
+  std::vector<uint64_t> adaptive_heavy;  // |H| the adaptive rule chose per batch row
 };
 
 // A rank's item: the unsharded item's budget, its token ranges clipped to the
@@ -189,16 +193,18 @@ struct RowMap {
 // Every row's maximum proxy score over every rank's candidates, into each rank's
 // row states (the residual weights exp(s~ - max) of all ranks share it).
 absl::Status share_row_max(Collective& comm, const RowMap& m, uint32_t batch_rows, RowState* rows,
-                           cudaStream_t stream) {
+                           cudaStream_t stream, std::vector<uint32_t>* batch_max) {
   const uint32_t n = m.local_rows();
   std::vector<uint32_t> mine(n), batch(batch_rows, 0), all(size_t{comm.size()} * batch_rows);
   SSA_CUDA_RETURN(row_fields_to_host(rows, offsetof(RowState, max_key), sizeof(uint32_t), n, mine.data(), stream),
                   "row state read-back");
   for (uint32_t i = 0; i < n; ++i) batch[m.batch_row(i)] = mine[i];
   SSA_RETURN_IF_ERROR(comm.all_gather(batch.data(), batch_rows * sizeof(uint32_t), all.data()));
-  for (uint32_t i = 0; i < n; ++i) {
-    for (uint32_t r = 0; r < comm.size(); ++r) mine[i] = std::max(mine[i], all[size_t{r} * batch_rows + m.batch_row(i)]);
-  }
+  batch_max->assign(batch_rows, 0);
+  for (uint32_t r = 0; r < comm.size(); ++r)
+    for (uint32_t row = 0; row < batch_rows; ++row)
+      (*batch_max)[row] = std::max((*batch_max)[row], all[size_t{r} * batch_rows + row]);
+  for (uint32_t i = 0; i < n; ++i) mine[i] = (*batch_max)[m.batch_row(i)];
   SSA_CUDA_RETURN(row_fields_from_host(rows, offsetof(RowState, max_key), sizeof(uint32_t), n, mine.data(), stream),
                   "row state update");
   return absl::OkStatus();
@@ -206,18 +212,16 @@ absl::Status share_row_max(Collective& comm, const RowMap& m, uint32_t batch_row
 
 // The global top-k of every row, into the pipeline's heavy bitmap (a row's
 // words from its block base; candidate j = token sink_end + j).
+// k: per batch row, how many it takes (0 for items that select nothing).
 absl::Status select_heavy(Collective& comm, const Shared& sh, const RowMap& m, const DecodeBatch& b,
-                          const Workspace& ws, cudaStream_t stream) {
+                          const Workspace& ws, const std::vector<uint64_t>& k, cudaStream_t stream) {
   const uint32_t ns = m.ns, batch_rows = static_cast<uint32_t>(sh.items.size()) * ns;
-  std::vector<uint64_t> k(batch_rows, 0), n_global(batch_rows, 0), offsets(batch_rows, 0);
+  std::vector<uint64_t> n_global(batch_rows, 0), offsets(batch_rows, 0);
   std::vector<uint32_t> counts(batch_rows, 0);
   for (size_t j = 0; j < sh.items.size(); ++j) {
     const ItemWork& w = sh.items[j];
     if (!w.selects) continue;
-    for (uint32_t h = 0; h < ns; ++h) {
-      k[j * ns + h] = w.global.n_heavy;
-      n_global[j * ns + h] = w.global.local_begin - w.global.sink_end;
-    }
+    for (uint32_t h = 0; h < ns; ++h) n_global[j * ns + h] = w.global.local_begin - w.global.sink_end;
   }
   uint32_t longest = 0;
   for (uint32_t li = 0; li < m.rw.items.size(); ++li) {
@@ -261,6 +265,103 @@ absl::Status select_heavy(Collective& comm, const Shared& sh, const RowMap& m, c
                                       stream),
                     "heavy bitmap copy");
   }
+  return absl::OkStatus();
+}
+
+// Per batch row, the items' budget field `field` (n_heavy, or n_select: the
+// adaptive rule's k'), 0 for items that select nothing.
+std::vector<uint64_t> row_budgets(const Shared& sh, uint32_t DecodeItem::*field) {
+  std::vector<uint64_t> k(sh.items.size() * sh.sel_heads, 0);
+  for (size_t j = 0; j < sh.items.size(); ++j) {
+    if (!sh.items[j].selects) continue;
+    for (uint32_t h = 0; h < sh.sel_heads; ++h) k[j * sh.sel_heads + h] = sh.items[j].global.*field;
+  }
+  return k;
+}
+
+// The adaptive rule's |H| of every batch row, the same on every rank: the global
+// top k' (the sharded top-k), listed by each rank; their score keys gathered and
+// sorted per row, water-filled over the candidate total w_all (every rank's
+// sum) with the global maximum, as adaptive_heavy.cu does on one device.
+absl::Status adaptive_heavy_counts(Collective& comm, const Shared& sh, const RowMap& m, const DecodeBatch& b,
+                                   const WorkspacePlan& plan, const Workspace& ws,
+                                   const std::vector<uint32_t>& batch_max, cudaStream_t stream,
+                                   std::vector<uint64_t>* heavy) {
+  const uint32_t ns = m.ns, R = comm.size(), n = m.local_rows();
+  const uint32_t batch_rows = static_cast<uint32_t>(sh.items.size()) * ns;
+  // The candidate totals.
+  SSA_CUDA_RETURN(run_shard_candidate_mass(b, plan, ws, stream), "candidate mass kernels");
+  std::vector<double> mine(n), batch(batch_rows, 0.0), all(size_t{R} * batch_rows), w_all(batch_rows, 0.0);
+  SSA_CUDA_RETURN(row_fields_to_host(ws.rows, offsetof(RowState, w_all), sizeof(double), n, mine.data(), stream),
+                  "row state read-back");
+  for (uint32_t i = 0; i < n; ++i) batch[m.batch_row(i)] = mine[i];
+  SSA_RETURN_IF_ERROR(comm.all_gather(batch.data(), batch_rows * sizeof(double), all.data()));
+  for (uint32_t r = 0; r < R; ++r)
+    for (uint32_t row = 0; row < batch_rows; ++row) w_all[row] += all[size_t{r} * batch_rows + row];
+  // The global top k', listed.
+  const std::vector<uint64_t> kprime = row_budgets(sh, &DecodeItem::n_select);
+  SSA_RETURN_IF_ERROR(select_heavy(comm, sh, m, b, ws, kprime, stream));
+  SSA_CUDA_RETURN(run_shard_list_candidates(b, plan, ws, stream), "candidate list kernels");
+  uint32_t stride = 1;
+  for (const uint64_t k : kprime) stride = std::max<uint32_t>(stride, static_cast<uint32_t>(k));
+  const size_t keys = size_t{batch_rows} * stride, seg = size_t{R} * stride;
+  if (seg * batch_rows > 0x7fffffffull) return unsupported("the adaptive rule over so many rows and shards");
+  ShardBatchItems map{};
+  for (uint32_t li = 0; li < m.rw.items.size(); ++li) map.batch_item[li] = m.rw.items[li];
+  const size_t sort_bytes = shard_sort_temp_bytes(batch_rows, static_cast<uint32_t>(seg));
+  const size_t sort_off = (keys * (1 + 2 * R) * sizeof(uint32_t) + 255) / 256 * 256;
+  const size_t probs_off = (sort_off + sort_bytes + 255) / 256 * 256;
+  const size_t rows_off = probs_off + seg * batch_rows * sizeof(double);
+  const size_t heavy_off = (rows_off + batch_rows * sizeof(ShardWaterRow) + 255) / 256 * 256;
+  DeviceMem buf;
+  SSA_CUDA_RETURN(buf.alloc(heavy_off + batch_rows * sizeof(uint32_t), stream),
+                  "cudaMallocAsync of the adaptive rule's buffers");
+  uint8_t* base = static_cast<uint8_t*>(buf.p);
+  auto* local = reinterpret_cast<uint32_t*>(base);
+  uint32_t* gathered = local + keys;       // [rank][row][stride]
+  uint32_t* by_row = gathered + R * keys;  // [row][rank * stride], then sorted in place of gathered
+  SSA_CUDA_RETURN(cudaMemsetAsync(local, 0, keys * sizeof(uint32_t), stream), "adaptive keys setup");
+  SSA_CUDA_RETURN(shard_listed_keys(b, ws, map, local, stride, stream), "adaptive key kernel");
+  SSA_RETURN_IF_ERROR(comm.all_gather(local, keys * sizeof(uint32_t), gathered));
+  SSA_CUDA_RETURN(shard_interleave_keys(gathered, R, batch_rows, stride, by_row, stream), "adaptive key kernel");
+  SSA_CUDA_RETURN(shard_sort_keys(base + sort_off, sort_bytes, by_row, gathered, batch_rows,
+                                  static_cast<uint32_t>(seg), stream),
+                  "adaptive sort");
+  std::vector<ShardWaterRow> water(batch_rows);
+  for (uint32_t row = 0; row < batch_rows; ++row)
+    water[row] = ShardWaterRow{batch_max[row], static_cast<uint32_t>(kprime[row]), w_all[row]};
+  auto* dev_rows = reinterpret_cast<ShardWaterRow*>(base + rows_off);
+  auto* dev_heavy = reinterpret_cast<uint32_t*>(base + heavy_off);
+  SSA_CUDA_RETURN(cudaMemcpyAsync(dev_rows, water.data(), batch_rows * sizeof(ShardWaterRow),
+                                  cudaMemcpyHostToDevice, stream),
+                  "adaptive rows upload");
+  SSA_CUDA_RETURN(shard_water_fill(gathered, static_cast<uint32_t>(seg), dev_rows, batch_rows,
+                                   reinterpret_cast<double*>(base + probs_off), dev_heavy, stream),
+                  "water-filling kernel");
+  std::vector<uint32_t> t(batch_rows);
+  SSA_CUDA_RETURN(cudaMemcpyAsync(t.data(), dev_heavy, batch_rows * sizeof(uint32_t), cudaMemcpyDeviceToHost,
+                                  stream),
+                  "adaptive read-back");
+  SSA_CUDA_RETURN(cudaStreamSynchronize(stream), "adaptive read-back");
+  heavy->assign(t.begin(), t.end());
+  return absl::OkStatus();
+}
+
+// The rank's rows' |H| and m (n_heavy, n_draws: adjacent) once the adaptive
+// rule has chosen |H|.
+absl::Status set_row_budgets(const RowMap& m, const DecodeBatch& b, const std::vector<uint64_t>& heavy,
+                             bool sampling, RowState* rows, cudaStream_t stream) {
+  static_assert(offsetof(RowState, n_draws) == offsetof(RowState, n_heavy) + sizeof(uint32_t));
+  const uint32_t n = m.local_rows();
+  std::vector<uint32_t> v(2 * size_t{n});
+  for (uint32_t i = 0; i < n; ++i) {
+    const DecodeItem& it = b.items[i / m.ns];
+    const auto h = static_cast<uint32_t>(std::min<uint64_t>(heavy[m.batch_row(i)], it.n_select));
+    v[2 * i] = h;
+    v[2 * i + 1] = sampling ? it.n_select - h : 0u;
+  }
+  SSA_CUDA_RETURN(row_fields_from_host(rows, offsetof(RowState, n_heavy), 2 * sizeof(uint32_t), n, v.data(), stream),
+                  "row state update");
   return absl::OkStatus();
 }
 
@@ -377,8 +478,15 @@ absl::Status rank_decode(Shared& sh, Collective& host_comm) {
   // Also without a selection: the row states (a window-only item's read sets) are set here.
   SSA_CUDA_RETURN(run_shard_scores(b, plan, ws, stream), "proxy score kernels");
   if (sh.selects) {
-    if (sh.sampling) SSA_RETURN_IF_ERROR(share_row_max(comm, m, batch_rows, ws.rows, stream));
-    SSA_RETURN_IF_ERROR(select_heavy(comm, sh, m, b, ws, stream));
+    std::vector<uint32_t> batch_max;
+    if (sh.sampling) SSA_RETURN_IF_ERROR(share_row_max(comm, m, batch_rows, ws.rows, stream, &batch_max));
+    std::vector<uint64_t> heavy_k = row_budgets(sh, &DecodeItem::n_heavy);
+    if (sh.adaptive) {
+      SSA_RETURN_IF_ERROR(adaptive_heavy_counts(comm, sh, m, b, plan, ws, batch_max, stream, &heavy_k));
+      if (rank == 0) sh.adaptive_heavy = heavy_k;
+    }
+    SSA_RETURN_IF_ERROR(select_heavy(comm, sh, m, b, ws, heavy_k, stream));
+    if (sh.adaptive) SSA_RETURN_IF_ERROR(set_row_budgets(m, b, heavy_k, sh.sampling, ws.rows, stream));
     if (sh.sampling) SSA_RETURN_IF_ERROR(draw_samples(comm, m, batch_rows, b, plan, ws, stream));
     SSA_CUDA_RETURN(run_shard_read_sets(b, plan, ws, stream), "read set kernels");
   }
@@ -436,8 +544,9 @@ void add_stats(const Shared& sh, ssa_decode_stats* stats) {
       stats->heavy_tokens += heavy;
       if ((!grouped || h % g == 0) && pl.kprime > 0) stats->scored_tokens += pl.candidates();
       if (w.selects && sh.sampling) {
-        // Every row's m: its selection less the fixed heavy count (row_init.cuh).
-        stats->draws += w.global.n_select - w.global.n_heavy;
+        // Every row's m: its selection less its heavy count (row_init.cuh, or the
+      // adaptive rule's).
+        stats->draws += w.global.n_select - (sh.adaptive ? sh.adaptive_heavy[row] : w.global.n_heavy);
         stats->unique_samples += unique;
         const double total = sh.resid_mass[row] + sh.heavy_mass[row];
         stats->residual_proxy_mass += total > 0 ? sh.resid_mass[row] / total : 0.0;
@@ -478,11 +587,7 @@ absl::Status decode_jobs(const std::vector<LaunchJob>& jobs, uint32_t layer_inde
     sh.selects = sh.selects || w.selects;
   }
   if (sh.selects) {
-    if (m.heavy != HeavyRule::kFixed) {
-      return unsupported("SSA_METHOD_SSA_ADAPTIVE on a CUDA sharded session is not implemented (its heavy set "
-                         "is decided per row from the candidates' mass over every shard); use SSA_METHOD_SSA, "
-                         "or an unsharded runtime");
-    }
+    sh.adaptive = m.heavy == HeavyRule::kAdaptive;
     if (m.group == GroupProposal::kMixture) {
       return unsupported("group_selection MIXTURE of a CUDA sharded session is not implemented (its per-head "
                          "normalisers are global); use SSA_GROUP_MEAN_QUERY or SSA_GROUP_OFF");

@@ -2,17 +2,16 @@
 // per GPU of the machine, and several shards on one GPU where it has fewer
 // (allow_repeated_shard_devices), against an unsharded CUDA session holding the
 // same rows. DENSE, the top-k methods (ORACLE_TOPK, PQ_TOPK) and the sampling
-// methods of the fixed heavy rule (SSA, SAMPLING, HYBRID_UNIFORM), per head and
-// with mean-query groups, read exactly the unsharded tokens (the same stats,
+// methods (SSA, SAMPLING, HYBRID_UNIFORM, SSA_ADAPTIVE), per head and with
+// mean-query groups, read exactly the unsharded tokens (the same stats,
 // whose heavy and sample counts come from the shards' own read sets) and give its
 // output up to the rounding of the attention's split boundaries, far closer than
 // a read set differing by a few tokens would. A sink count that is not a
 // multiple of the page size puts a rank's first token inside a page. Appends from
 // device and host memory cross the shard boundaries; truncate, fork,
 // decode_batch, save and load (on a runtime of another shard count, and
-// unsharded) keep the decode; what is not sharded on the GPU (the adaptive heavy
-// rule, mixture groups, error targets) refuses with SSA_ERR_UNSUPPORTED and
-// changes nothing.
+// unsharded) keep the decode; what is not sharded on the GPU (mixture groups,
+// error targets) refuses with SSA_ERR_UNSUPPORTED and changes nothing.
 #include <cuda_runtime.h>
 #include <doctest/doctest.h>
 
@@ -80,6 +79,9 @@ const Case kCases[] = {
     {SSA_METHOD_HYBRID_UNIFORM, 1800, SSA_GROUP_OFF, 100},
     {SSA_METHOD_SSA, 900, SSA_GROUP_MEAN_QUERY},
     {SSA_METHOD_PQ_TOPK, 1800, SSA_GROUP_OFF, 100},
+    {SSA_METHOD_SSA_ADAPTIVE, 1800, SSA_GROUP_OFF},
+    {SSA_METHOD_SSA_ADAPTIVE, 1800, SSA_GROUP_OFF, 100},
+    {SSA_METHOD_SSA_ADAPTIVE, 900, SSA_GROUP_MEAN_QUERY},
 };
 
 // Every case on s and ref (device q/out unless host), outputs and stats compared.
@@ -139,7 +141,6 @@ TEST_CASE("gpu sharded decode: DENSE, top-k and sampling methods read the unshar
       CHECK(ssa_decode(s, 0, q.p, o.p, &p, nullptr) == SSA_ERR_UNSUPPORTED);
       CHECK(std::string(ssa_last_error_message()).find(words) != std::string::npos);
     };
-    refused(params(SSA_METHOD_SSA_ADAPTIVE, 1800), "SSA_ADAPTIVE");
     ssa_decode_params p = params(SSA_METHOD_PQ_TOPK, 1800);
     p.group_selection = SSA_GROUP_MIXTURE;
     refused(p, "MIXTURE");
