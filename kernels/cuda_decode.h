@@ -46,6 +46,18 @@ cudaError_t run_attention_stage(const DecodeBatch& b, const WorkspacePlan& plan,
 // plan.n_splits per row (every shard's, gathered in split order).
 cudaError_t run_shard_scores(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
                              cudaStream_t stream);
+// The mixture proposal's (run_shard_scores left the q heads' scores and maxima
+// in the scratch rows): with the heads' global maxima in head_rows, their chunk
+// sums (head_csum); the heads' terms from every shard's chunk sums, [row][3] for
+// rows[] (q heads of the batch, [row][chunks_stride] sums in global chunk
+// order); the selection rows' logits from those terms (map: the rank's items'
+// batch indices).
+cudaError_t run_shard_mixture_norms(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
+                                    cudaStream_t stream);
+cudaError_t run_shard_mixture_terms(const double* csum, uint32_t chunks_stride, const ShardMixtureRow* rows,
+                                    uint32_t n_rows, float* terms, cudaStream_t stream);
+cudaError_t run_shard_mixture_logits(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
+                                     const float* terms, const ShardBatchItems& map, cudaStream_t stream);
 // The adaptive heavy rule's: the candidate total (w_all) of the rank's rows, and
 // the listing of the global top-k' members it holds (ws.heavy, n_heavy of them).
 cudaError_t run_shard_candidate_mass(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,

@@ -258,8 +258,24 @@ cudaError_t run_shard_scores(const DecodeBatch& b, const WorkspacePlan& plan, co
                              cudaStream_t st) {
   const cudaError_t e = launch_init_rows(b, plan, ws, st);
   if (e != cudaSuccess || b.proxy == Proxy::kNone) return e;
-  if (b.group == GroupProposal::kMixture) return cudaErrorInvalidValue;  // its normalisers are global
+  // The mixture's selection rows wait for its heads' global terms.
+  if (b.group == GroupProposal::kMixture) return launch_mixture_head_scores(b, plan, ws, st);
   return b.proxy == Proxy::kPq ? launch_pq_scores(b, plan, ws, st) : launch_exact_scores(b, plan, ws, st);
+}
+
+cudaError_t run_shard_mixture_norms(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
+                                    cudaStream_t st) {
+  return launch_mixture_norms(b, plan, ws, st);
+}
+
+cudaError_t run_shard_mixture_terms(const double* csum, uint32_t chunks_stride, const ShardMixtureRow* rows,
+                                    uint32_t n_rows, float* terms, cudaStream_t st) {
+  return launch_mixture_terms(csum, chunks_stride, rows, n_rows, terms, st);
+}
+
+cudaError_t run_shard_mixture_logits(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
+                                     const float* terms, const ShardBatchItems& map, cudaStream_t st) {
+  return launch_mixture_logits(b, plan, ws, terms, map, st);
 }
 
 cudaError_t run_shard_candidate_mass(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,

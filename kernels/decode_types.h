@@ -99,6 +99,18 @@ struct DecodeBatch {
   SSA_HD uint32_t rng_head(uint32_t sel_head) const { return grouped() ? sel_head * shape.group() : sel_head; }
 };
 
+// A sharded decode (lib/cuda/sharded_decode.cc): where a rank's items sit in the
+// batch of every rank (its item i is batch item batch_item[i]).
+struct ShardBatchItems {
+  uint32_t batch_item[kMaxBatchItems];
+};
+
+// A sharded decode's mixture proposal: a q head's row of the batch, its largest
+// proxy score over every shard and its candidates' chunk count.
+struct ShardMixtureRow {
+  uint32_t max_key, n_chunks;
+};
+
 // Per-row (item, selection head) state kept in device memory during one decode.
 struct RowState {
   uint32_t max_key;    // order-preserving bits of the largest candidate proxy score

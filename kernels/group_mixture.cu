@@ -94,9 +94,30 @@ __device__ __forceinline__ size_t scratch_chunk_base(const DecodeItem& it, uint3
   return scratch_token_base(it, G, qh) / kChunkTokens;  // score_base and n_pad: whole chunks
 }
 
+// A q head's terms of the mixture from its chunk sums (n_chunks of them) and its
+// largest score, by one warp: Z_j in a fixed order (lane-strided chunk sums, then
+// a butterfly), so every caller with the same sums gets the same value. Lane 0's
+// result: max_j, 1 / Z_j (rounded to float as on the CPU) and max_j + log Z_j
+// (the fallback where every term underflows).
+struct HeadTerms {
+  float mx, inv, shift;
+};
+__device__ __forceinline__ HeadTerms head_terms(const double* csum, uint32_t n_chunks, uint32_t max_key,
+                                                uint32_t lane) {
+  double z = 0.0;
+  for (uint32_t c = lane; c < n_chunks; c += 32) z += csum[c];
+  z = warp_sum(z);
+  const float mx = key_float(max_key);
+  const bool ok = z > 0.0 && mx != -INFINITY;  // a head with no finite score adds nothing
+  return {mx, ok ? static_cast<float>(1.0 / z) : 0.f, ok ? __fadd_rn(mx, static_cast<float>(log(z))) : INFINITY};
+}
+
 // Stage 3: grid (tiles of kMixTile tokens, KV heads, items); dynamic shared
-// memory [3][G] floats.
-__global__ void __launch_bounds__(kMixThreads) mixture_kernel(DecodeBatch b, Workspace ws) {
+// memory [3][G] floats. given: the heads' terms, [batch item][q head][3] at
+// terms (a sharded decode's, over every shard's chunks; map: the items' batch
+// indices); else each head's own from its chunk sums here.
+__global__ void __launch_bounds__(kMixThreads) mixture_kernel(DecodeBatch b, Workspace ws, const float* given,
+                                                              ShardBatchItems map) {
   stage_begin();
   extern __shared__ float mix_s[];
   __shared__ uint32_t max_s, min_s;
@@ -106,25 +127,28 @@ __global__ void __launch_bounds__(kMixThreads) mixture_kernel(DecodeBatch b, Wor
   if (!selects(it) || t0 >= it.n_pad) return;
   const uint32_t G = b.shape.group(), nq = b.shape.n_q_heads;
   float* mx_s = mix_s;             // max_j
-  float* inv_s = mix_s + G;        // 1 / Z_j, rounded to float as on the CPU
-  float* shift_s = mix_s + 2 * G;  // max_j + log Z_j (the fallback where every term underflows)
+  float* inv_s = mix_s + G;        // 1 / Z_j
+  float* shift_s = mix_s + 2 * G;  // max_j + log Z_j
   const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x & 31, n_warps = kMixThreads / 32;
   const uint32_t nc = it.local_begin - it.sink_end;
   const uint32_t n_chunks = (nc + kChunkTokens - 1) / kChunkTokens;
-  // Each head's Z_j in a fixed order (lane-strided chunk sums, then a butterfly):
-  // every block gets the same value.
-  for (uint32_t j = warp; j < G; j += n_warps) {
-    const uint32_t qh = kvh * G + j;
-    const size_t base = scratch_chunk_base(it, G, qh);
-    double z = 0.0;
-    for (uint32_t c = lane; c < n_chunks; c += 32) z += ws.head_csum[base + c];
-    z = warp_sum(z);
-    if (lane == 0) {
-      const float mx = key_float(ws.head_rows[row_of(item, qh, nq)].max_key);
-      const bool ok = z > 0.0 && mx != -INFINITY;  // a head with no finite score adds nothing
-      mx_s[j] = mx;
-      inv_s[j] = ok ? static_cast<float>(1.0 / z) : 0.f;
-      shift_s[j] = ok ? __fadd_rn(mx, static_cast<float>(log(z))) : INFINITY;
+  if (given != nullptr) {
+    for (uint32_t j = threadIdx.x; j < G; j += blockDim.x) {
+      const float* t = given + (size_t{map.batch_item[item]} * nq + kvh * G + j) * 3;
+      mx_s[j] = t[0];
+      inv_s[j] = t[1];
+      shift_s[j] = t[2];
+    }
+  } else {
+    for (uint32_t j = warp; j < G; j += n_warps) {
+      const uint32_t qh = kvh * G + j;
+      const HeadTerms h = head_terms(ws.head_csum + scratch_chunk_base(it, G, qh), n_chunks,
+                                     ws.head_rows[row_of(item, qh, nq)].max_key, lane);
+      if (lane == 0) {
+        mx_s[j] = h.mx;
+        inv_s[j] = h.inv;
+        shift_s[j] = h.shift;
+      }
     }
   }
   if (threadIdx.x == 0) {
@@ -165,29 +189,64 @@ __global__ void __launch_bounds__(kMixThreads) mixture_kernel(DecodeBatch b, Wor
   }
 }
 
+// A sharded decode's heads' terms: one warp per (batch row of a q head), from
+// the chunk sums of every shard laid out [row][chunks_stride] in global chunk
+// order, as the unsharded stage 3 reads them.
+__global__ void terms_kernel(const double* csum, uint32_t chunks_stride, const ShardMixtureRow* rows,
+                             uint32_t n_rows, float* terms) {
+  const uint32_t row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
+  if (row >= n_rows) return;  // whole warps
+  const ShardMixtureRow r = rows[row];
+  const HeadTerms h = head_terms(csum + size_t{row} * chunks_stride, r.n_chunks, r.max_key, lane);
+  if (lane == 0) {
+    terms[3 * size_t{row}] = h.mx;
+    terms[3 * size_t{row} + 1] = h.inv;
+    terms[3 * size_t{row} + 2] = h.shift;
+  }
+}
+
 }  // namespace
 
-cudaError_t launch_group_mixture(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
-                                 cudaStream_t st) {
+cudaError_t launch_mixture_head_scores(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
+                                       cudaStream_t st) {
   if (b.group != GroupProposal::kMixture || b.proxy == Proxy::kNone) return cudaErrorInvalidValue;
   const DecodeBatch bh = scratch_batch(b);
   const Workspace wh = scratch_workspace(ws);
-  cudaError_t e;
-  if (b.proxy == Proxy::kPq) {
-    e = launch_pq_scores(bh, plan, wh, st);  // its lookup-table kernel sets the scratch rows up
-  } else {
-    e = launch_init_rows(bh, plan, wh, st);
-    if (e == cudaSuccess) e = launch_exact_scores(bh, plan, wh, st);
-  }
-  if (e != cudaSuccess) return e;
+  if (b.proxy == Proxy::kPq) return launch_pq_scores(bh, plan, wh, st);  // its lookup-table kernel sets the scratch rows up
+  const cudaError_t e = launch_init_rows(bh, plan, wh, st);
+  return e != cudaSuccess ? e : launch_exact_scores(bh, plan, wh, st);
+}
+
+cudaError_t launch_mixture_norms(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
+                                 cudaStream_t st) {
+  const DecodeBatch bh = scratch_batch(b);
+  const Workspace wh = scratch_workspace(ws);
   const uint32_t chunks = plan.n_pad_max / kChunkTokens;
   const dim3 norm_grid((chunks + kNormChunksPerBlock - 1) / kNormChunksPerBlock, b.shape.n_q_heads, b.n_items);
-  e = launch_stage(b, head_norm_kernel, norm_grid, 32 * kNormChunksPerBlock, 0, st, bh, wh);
-  if (e != cudaSuccess) return e;
+  return launch_stage(b, head_norm_kernel, norm_grid, 32 * kNormChunksPerBlock, 0, st, bh, wh);
+}
+
+cudaError_t launch_mixture_logits(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
+                                  const float* terms, const ShardBatchItems& map, cudaStream_t st) {
   const size_t smem = size_t{3} * b.shape.group() * sizeof(float);
   const dim3 mix_grid((plan.n_pad_max + kMixTile - 1) / kMixTile, b.shape.n_kv_heads, b.n_items);
-  if ((e = ensure_dynamic_smem(reinterpret_cast<const void*>(mixture_kernel), smem)) != cudaSuccess) return e;
-  return launch_stage(b, mixture_kernel, mix_grid, kMixThreads, smem, st, b, ws);
+  const cudaError_t e = ensure_dynamic_smem(reinterpret_cast<const void*>(mixture_kernel), smem);
+  if (e != cudaSuccess) return e;
+  return launch_stage(b, mixture_kernel, mix_grid, kMixThreads, smem, st, b, ws, terms, map);
+}
+
+cudaError_t launch_mixture_terms(const double* csum, uint32_t chunks_stride, const ShardMixtureRow* rows,
+                                 uint32_t n_rows, float* terms, cudaStream_t st) {
+  if (n_rows == 0) return cudaSuccess;
+  terms_kernel<<<(n_rows + 7) / 8, 256, 0, st>>>(csum, chunks_stride, rows, n_rows, terms);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_group_mixture(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
+                                 cudaStream_t st) {
+  cudaError_t e = launch_mixture_head_scores(b, plan, ws, st);
+  if (e == cudaSuccess) e = launch_mixture_norms(b, plan, ws, st);
+  return e != cudaSuccess ? e : launch_mixture_logits(b, plan, ws, nullptr, ShardBatchItems{}, st);
 }
 
 }  // namespace ssa::cuda

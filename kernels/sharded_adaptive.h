@@ -16,11 +16,6 @@
 
 namespace ssa::cuda {
 
-// Where a rank's items sit in the batch: its item i is batch item batch_item[i].
-struct ShardBatchItems {
-  uint32_t batch_item[kMaxBatchItems];
-};
-
 // keys[(batch_item * sel_heads + h) * stride + i]: the score key of the i-th
 // listed candidate of the rank's row (item, h) (ws.heavy, ws.rows[].n_heavy of
 // them, after the listing compaction), 0 (below every score) from there to the

@@ -18,6 +18,19 @@ cudaError_t launch_exact_scores(const DecodeBatch& b, const WorkspacePlan& plan,
 // scored into scratch rows, their normalisers, the mixture logits.
 cudaError_t launch_group_mixture(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
                                  cudaStream_t st);
+// Its stages, for a sharded decode to exchange the heads' maxima and chunk sums
+// between them: the q heads' scores (scratch rows, with their maxima), their
+// chunk sums (head_csum), and the mixture logits from given head terms
+// (launch_mixture_terms: [row][3] from every shard's chunk sums; null: each
+// head's own).
+cudaError_t launch_mixture_head_scores(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
+                                       cudaStream_t st);
+cudaError_t launch_mixture_norms(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
+                                 cudaStream_t st);
+cudaError_t launch_mixture_logits(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
+                                  const float* terms, const ShardBatchItems& map, cudaStream_t st);
+cudaError_t launch_mixture_terms(const double* csum, uint32_t chunks_stride, const ShardMixtureRow* rows,
+                                 uint32_t n_rows, float* terms, cudaStream_t st);
 cudaError_t launch_topk(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
                         cudaStream_t st);
 // Heavy bitmap (and, with samples, the sample bitmap) -> token-ordered lists,

@@ -24,7 +24,8 @@
 // attention's splits fall (floating-point rounding). The adaptive heavy rule
 // first finds the global top k' the same way, water-fills their gathered scores
 // on every rank for |H| (kernels/sharded_adaptive.h), then takes the global top
-// |H|. Not sharded here: the mixture proposal, error-targeted decodes
+// |H|. The mixture proposal's q-head maxima and normalisers are global too
+// (mixture_logits). Not sharded here: error-targeted decodes
 // (SSA_ERR_UNSUPPORTED).
 #include <cuda_runtime.h>
 #include <stddef.h>
@@ -99,7 +100,7 @@ struct Shared {
   uint32_t layer_index;
   const ssa_decode_params& p;
   uint64_t seed;
-  bool all_dense = false, selects = false, sampling = false, adaptive = false;
+  bool all_dense = false, selects = false, sampling = false, adaptive = false, mixture = false;
   uint32_t sel_heads = 0;  // selection rows per item
   std::vector<ItemWork> items;
   std::vector<RankWork> ranks;
@@ -265,6 +266,81 @@ absl::Status select_heavy(Collective& comm, const Shared& sh, const RowMap& m, c
                                       stream),
                     "heavy bitmap copy");
   }
+  return absl::OkStatus();
+}
+
+// The mixture proposal's selection rows (kernels/group_mixture.cu) over every
+// shard: run_shard_scores left each q head's scores and maximum in the scratch
+// rows; the maxima all-gathered; each rank's chunk sums of every head placed at
+// their global chunk indices and summed over the ranks (each slot written by one
+// rank, so its value is kept exactly); every head's terms from them, by the code
+// one device runs over its own sums; the logits.
+absl::Status mixture_logits(Collective& comm, const Shared& sh, const RowMap& m, const DecodeBatch& b,
+                            const WorkspacePlan& plan, const Workspace& ws, cudaStream_t stream) {
+  const uint32_t nq = sh.L.n_q_heads, G = sh.L.group_size(), R = comm.size();
+  const auto n_items = static_cast<uint32_t>(sh.items.size()), held = static_cast<uint32_t>(m.rw.items.size());
+  const uint32_t head_rows = n_items * nq;
+  // Scratch row (item, q head) at item * nq + head.
+  std::vector<uint32_t> mine(size_t{held} * nq), batch(head_rows, 0), all(size_t{R} * head_rows),
+      gmax(head_rows, 0);
+  SSA_CUDA_RETURN(row_fields_to_host(ws.head_rows, offsetof(RowState, max_key), sizeof(uint32_t), held * nq,
+                                     mine.data(), stream),
+                  "row state read-back");
+  for (uint32_t li = 0; li < held; ++li)
+    for (uint32_t q = 0; q < nq; ++q) batch[size_t{m.rw.items[li]} * nq + q] = mine[size_t{li} * nq + q];
+  SSA_RETURN_IF_ERROR(comm.all_gather(batch.data(), head_rows * sizeof(uint32_t), all.data()));
+  for (uint32_t r = 0; r < R; ++r)
+    for (uint32_t row = 0; row < head_rows; ++row) gmax[row] = std::max(gmax[row], all[size_t{r} * head_rows + row]);
+  for (uint32_t li = 0; li < held; ++li)
+    for (uint32_t q = 0; q < nq; ++q) mine[size_t{li} * nq + q] = gmax[size_t{m.rw.items[li]} * nq + q];
+  SSA_CUDA_RETURN(row_fields_from_host(ws.head_rows, offsetof(RowState, max_key), sizeof(uint32_t), held * nq,
+                                       mine.data(), stream),
+                  "row state update");
+  SSA_CUDA_RETURN(run_shard_mixture_norms(b, plan, ws, stream), "mixture normaliser kernels");
+  // Every head's chunk sums in global chunk order, [head row][stride].
+  std::vector<ShardMixtureRow> rows(head_rows, ShardMixtureRow{0, 0});
+  uint32_t stride = 1;
+  for (uint32_t j = 0; j < n_items; ++j) {
+    const ItemWork& w = sh.items[j];
+    if (!w.selects) continue;
+    const uint32_t chunks = (w.global.local_begin - w.global.sink_end + kChunkTokens - 1) / kChunkTokens;
+    stride = std::max(stride, chunks);
+    for (uint32_t q = 0; q < nq; ++q) rows[size_t{j} * nq + q] = ShardMixtureRow{gmax[size_t{j} * nq + q], chunks};
+  }
+  const size_t sums_bytes = size_t{head_rows} * stride * sizeof(double);
+  const size_t rows_off = (sums_bytes + 255) / 256 * 256;
+  const size_t terms_off = (rows_off + head_rows * sizeof(ShardMixtureRow) + 255) / 256 * 256;
+  DeviceMem buf;
+  SSA_CUDA_RETURN(buf.alloc(terms_off + size_t{head_rows} * 3 * sizeof(float), stream),
+                  "cudaMallocAsync of the mixture's buffers");
+  auto* sums = static_cast<double*>(buf.p);
+  SSA_CUDA_RETURN(cudaMemsetAsync(sums, 0, sums_bytes, stream), "mixture sums setup");
+  for (uint32_t li = 0; li < held; ++li) {
+    const ItemWork& w = sh.items[m.rw.items[li]];
+    const DecodeItem& it = b.items[li];
+    const uint32_t nc = it.local_begin > it.sink_end ? it.local_begin - it.sink_end : 0;
+    if (!w.selects || nc == 0 || it.n_select == 0) continue;
+    // The rank's first candidate is a chunk boundary of the item's (item_ranges).
+    const uint64_t first = m.rw.view_begin[li] + it.sink_end - w.global.sink_end;
+    const size_t pitch = size_t{it.n_pad / kChunkTokens} * sizeof(double);
+    SSA_CUDA_RETURN(cudaMemcpy2DAsync(sums + size_t{m.rw.items[li]} * nq * stride + first / kChunkTokens,
+                                      stride * sizeof(double), ws.head_csum + it.score_base * G / kChunkTokens,
+                                      pitch, size_t{(nc + kChunkTokens - 1) / kChunkTokens} * sizeof(double), nq,
+                                      cudaMemcpyDeviceToDevice, stream),
+                    "mixture sums copy");
+  }
+  static_assert(sizeof(double) == sizeof(uint64_t));
+  SSA_RETURN_IF_ERROR(comm.all_reduce_sum(reinterpret_cast<uint64_t*>(sums), size_t{head_rows} * stride));
+  auto* dev_rows = reinterpret_cast<ShardMixtureRow*>(static_cast<uint8_t*>(buf.p) + rows_off);
+  auto* terms = reinterpret_cast<float*>(static_cast<uint8_t*>(buf.p) + terms_off);
+  SSA_CUDA_RETURN(cudaMemcpyAsync(dev_rows, rows.data(), head_rows * sizeof(ShardMixtureRow), cudaMemcpyHostToDevice,
+                                  stream),
+                  "mixture rows upload");
+  SSA_CUDA_RETURN(run_shard_mixture_terms(sums, stride, dev_rows, head_rows, terms, stream), "mixture term kernel");
+  ShardBatchItems map{};
+  for (uint32_t li = 0; li < held; ++li) map.batch_item[li] = m.rw.items[li];
+  SSA_CUDA_RETURN(run_shard_mixture_logits(b, plan, ws, terms, map, stream), "mixture kernel");
+  // rows (pageable) was copied before cudaMemcpyAsync returned; buf is freed on the stream.
   return absl::OkStatus();
 }
 
@@ -478,6 +554,7 @@ absl::Status rank_decode(Shared& sh, Collective& host_comm) {
   // Also without a selection: the row states (a window-only item's read sets) are set here.
   SSA_CUDA_RETURN(run_shard_scores(b, plan, ws, stream), "proxy score kernels");
   if (sh.selects) {
+    if (sh.mixture) SSA_RETURN_IF_ERROR(mixture_logits(comm, sh, m, b, plan, ws, stream));
     std::vector<uint32_t> batch_max;
     if (sh.sampling) SSA_RETURN_IF_ERROR(share_row_max(comm, m, batch_rows, ws.rows, stream, &batch_max));
     std::vector<uint64_t> heavy_k = row_budgets(sh, &DecodeItem::n_heavy);
@@ -542,7 +619,8 @@ void add_stats(const Shared& sh, ssa_decode_stats* stats) {
       const uint64_t unique = sh.selects && sh.sampling ? sh.unique[row] : 0;
       stats->tokens_read += always + heavy + unique;
       stats->heavy_tokens += heavy;
-      if ((!grouped || h % g == 0) && pl.kprime > 0) stats->scored_tokens += pl.candidates();
+      // Once per selection row: G scores a candidate for the mixture (its q heads').
+      if ((!grouped || h % g == 0) && pl.kprime > 0) stats->scored_tokens += pl.candidates() * (sh.mixture ? g : 1);
       if (w.selects && sh.sampling) {
         // Every row's m: its selection less its heavy count (row_init.cuh, or the
       // adaptive rule's).
@@ -588,10 +666,7 @@ absl::Status decode_jobs(const std::vector<LaunchJob>& jobs, uint32_t layer_inde
   }
   if (sh.selects) {
     sh.adaptive = m.heavy == HeavyRule::kAdaptive;
-    if (m.group == GroupProposal::kMixture) {
-      return unsupported("group_selection MIXTURE of a CUDA sharded session is not implemented (its per-head "
-                         "normalisers are global); use SSA_GROUP_MEAN_QUERY or SSA_GROUP_OFF");
-    }
+    sh.mixture = m.group == GroupProposal::kMixture;
     sh.sampling = m.sampling != Sampling::kNone;
     for (const ItemWork& w : sh.items) {
       if (sh.sampling && w.selects && w.job->plan.candidates() > kMaxSampledCandidates)

@@ -2,16 +2,16 @@
 // per GPU of the machine, and several shards on one GPU where it has fewer
 // (allow_repeated_shard_devices), against an unsharded CUDA session holding the
 // same rows. DENSE, the top-k methods (ORACLE_TOPK, PQ_TOPK) and the sampling
-// methods (SSA, SAMPLING, HYBRID_UNIFORM, SSA_ADAPTIVE), per head and with
-// mean-query groups, read exactly the unsharded tokens (the same stats,
-// whose heavy and sample counts come from the shards' own read sets) and give its
-// output up to the rounding of the attention's split boundaries, far closer than
-// a read set differing by a few tokens would. A sink count that is not a
+// methods (SSA, SAMPLING, HYBRID_UNIFORM, SSA_ADAPTIVE), per head, with
+// mean-query groups and with mixture groups, read exactly the unsharded tokens
+// (the same stats, whose heavy and sample counts come from the shards' own read
+// sets) and give its output up to the rounding of the attention's split
+// boundaries, far closer than a read set differing by a few tokens would. A sink count that is not a
 // multiple of the page size puts a rank's first token inside a page. Appends from
 // device and host memory cross the shard boundaries; truncate, fork,
 // decode_batch, save and load (on a runtime of another shard count, and
-// unsharded) keep the decode; what is not sharded on the GPU (mixture groups,
-// error targets) refuses with SSA_ERR_UNSUPPORTED and changes nothing.
+// unsharded) keep the decode; what is not sharded on the GPU (error targets)
+// refuses with SSA_ERR_UNSUPPORTED and changes nothing.
 #include <cuda_runtime.h>
 #include <doctest/doctest.h>
 
@@ -82,6 +82,10 @@ const Case kCases[] = {
     {SSA_METHOD_SSA_ADAPTIVE, 1800, SSA_GROUP_OFF},
     {SSA_METHOD_SSA_ADAPTIVE, 1800, SSA_GROUP_OFF, 100},
     {SSA_METHOD_SSA_ADAPTIVE, 900, SSA_GROUP_MEAN_QUERY},
+    {SSA_METHOD_PQ_TOPK, 700, SSA_GROUP_MIXTURE},
+    {SSA_METHOD_SSA, 900, SSA_GROUP_MIXTURE},
+    {SSA_METHOD_SSA, 900, SSA_GROUP_MIXTURE, 100},
+    {SSA_METHOD_ORACLE_TOPK, 900, SSA_GROUP_MIXTURE},
 };
 
 // Every case on s and ref (device q/out unless host), outputs and stats compared.
@@ -132,7 +136,7 @@ TEST_CASE("gpu sharded decode: DENSE, top-k and sampling methods read the unshar
     CHECK(ssa_session_length(s) == d.n);
     check_cases(s, ref, d, true);
 
-    // Not sharded on the GPU yet: refused, and nothing changes.
+    // Not sharded on the GPU: refused, and nothing changes.
     const auto before = decode(s, d, params(SSA_METHOD_PQ_TOPK, 1800), true);
     std::vector<uint16_t> out(kNq * kD);
     DevBuf<uint16_t> q(d.q.size()), o(out.size());
@@ -141,10 +145,7 @@ TEST_CASE("gpu sharded decode: DENSE, top-k and sampling methods read the unshar
       CHECK(ssa_decode(s, 0, q.p, o.p, &p, nullptr) == SSA_ERR_UNSUPPORTED);
       CHECK(std::string(ssa_last_error_message()).find(words) != std::string::npos);
     };
-    ssa_decode_params p = params(SSA_METHOD_PQ_TOPK, 1800);
-    p.group_selection = SSA_GROUP_MIXTURE;
-    refused(p, "MIXTURE");
-    p = params(SSA_METHOD_SSA, 1800);
+    ssa_decode_params p = params(SSA_METHOD_SSA, 1800);
     p.target_error = 0.05f;
     refused(p, "target_error");
     CHECK(ssa_session_length(s) == d.n);

@@ -187,12 +187,13 @@ typedef struct ssa_runtime_options {
      CUDA runtimes: one shard per GPU of the list, which must all read each
      other's memory (peer access, enabled by ssa_runtime_create); K, V, q and out
      are memory of the first device (or host memory, SSA_SESSION_HOST_POINTERS).
-     This version decodes DENSE, ORACLE_TOPK and PQ_TOPK there (the same heavy
-     set as one GPU; the output equal up to the rounding of the attention's
-     splits); the sampling methods, group_selection MIXTURE, target_error and
-     pages mapped with SSA_LOAD_MMAP give SSA_ERR_UNSUPPORTED, and a decode
-     returns once its output is queued, with the shards' selection exchanged
-     through the host (not on a stream being captured into a graph). */
+     DENSE and every method decode there with the heavy set and the samples of
+     one GPU (the output equal up to the rounding of the attention's splits);
+     ssa_decode_batch runs one pass per shard over the items it holds.
+     group_selection MIXTURE, target_error and pages mapped with SSA_LOAD_MMAP
+     give SSA_ERR_UNSUPPORTED, and a decode returns once its output is queued,
+     with the shards' selection exchanged between their threads (not on a
+     stream being captured into a graph). */
   const int32_t *devices; /* n_devices device ordinals, borrowed for the call, no
                              duplicates; NULL (default) = one device, `device`.
                              CPU runtimes: the ordinals only name the in-process
