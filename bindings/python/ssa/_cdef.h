@@ -190,8 +190,8 @@ typedef struct ssa_runtime_options {
      DENSE and every method decode there with the heavy set and the samples of
      one GPU (the output equal up to the rounding of the attention's splits);
      ssa_decode_batch runs one pass per shard over the items it holds.
-     group_selection MIXTURE, target_error and pages mapped with SSA_LOAD_MMAP
-     give SSA_ERR_UNSUPPORTED, and a decode returns once its output is queued,
+     target_error and pages mapped with SSA_LOAD_MMAP give SSA_ERR_UNSUPPORTED,
+     and a decode returns once its output is queued,
      with the shards' selection exchanged between their threads (not on a
      stream being captured into a graph). */
   const int32_t *devices; /* n_devices device ordinals, borrowed for the call, no
