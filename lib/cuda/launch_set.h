@@ -10,6 +10,7 @@
 #include "absl/status/status.h"
 #include "decode/decode_plan.h"
 #include "kernels/decode_types.h"
+#include "store/layer_store.h"
 #include "targeted_rounds.h"
 #include "ssa.h"
 
