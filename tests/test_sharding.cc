@@ -186,6 +186,44 @@ TEST_CASE("sharding: the shard map fills shards in order, the last takes the res
   CHECK(r[1].size() == 100000 - 8192);  // no device left: the last shard grows
 }
 
+TEST_CASE("sharding: chunk-aligned ranges cover the layer in order, cut at chunk boundaries inside each shard") {
+  std::mt19937_64 rng(17);
+  const uint64_t chunk = 1024;
+  for (int iter = 0; iter < 3000; ++iter) {
+    const uint32_t shards = 1 + static_cast<uint32_t>(rng() % 6);
+    const uint64_t shard_tokens = 8192 * (1 + rng() % 3);
+    const uint64_t n = 1 + rng() % (shard_tokens * (shards + 1));
+    // Sinks from none to past several shards.
+    const uint64_t sink_end = std::min<uint64_t>(n, iter % 7 == 0 ? rng() % (3 * shard_tokens) : rng() % 300);
+    INFO("n ", n, " shards ", shards, " shard_tokens ", shard_tokens, " sink_end ", sink_end);
+    const auto own = ssa::shard_ranges(n, shards, shard_tokens);
+    const auto r = ssa::chunk_aligned_ranges(n, shards, shard_tokens, sink_end, chunk);
+    REQUIRE(r.size() == shards);
+    uint64_t at = 0;
+    for (uint32_t i = 0; i < shards; ++i) {
+      if (r[i].size() == 0) continue;
+      CHECK(r[i].begin == at);  // in order, no gap, no overlap
+      at = r[i].end;
+      CHECK(r[i].begin >= own[i].begin);
+      CHECK(r[i].begin < own[i].end);  // starts inside its own shard
+      // Past its shard by less than a chunk, or to the sinks' end (sinks over shards).
+      CHECK(r[i].end <= std::min(n, std::max(own[i].end + chunk - 1, sink_end)));
+      // Cut at the candidates' chunk boundaries (or at the sinks' end, or 0).
+      if (r[i].begin > 0) CHECK((r[i].begin == sink_end || (r[i].begin - sink_end) % chunk == 0));
+      if (r[i].begin > 0) CHECK(r[i].begin >= sink_end);
+    }
+    CHECK(at == n);
+    CHECK(r[0].begin == 0);
+  }
+  // A worked case: sinks of 100 tokens, 8192-token shards: the second range
+  // starts at 100 + 8 * 1024 = 8292, 100 tokens into the second shard.
+  const auto r = ssa::chunk_aligned_ranges(20000, 3, 8192, 100, 1024);
+  CHECK(r[0].end == 8292);
+  CHECK(r[1].begin == 8292);
+  CHECK(r[1].end == 100 + 16 * 1024);
+  CHECK(r[2].end == 20000);
+}
+
 TEST_CASE("sharding: the shards' global top-k is topk_indices' set, ties and any split included") {
   std::mt19937_64 rng(5);
   for (int trial = 0; trial < 40; ++trial) {

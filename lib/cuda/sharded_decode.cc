@@ -89,39 +89,22 @@ DecodeItem rank_item(const DecodeItem& global, ShardRange range, uint64_t view_b
   return it;
 }
 
-// An item's range on each shard: the shard's own tokens, or (a selecting item)
-// from the first sampler chunk boundary at or after the shard's start (chunks of
-// kChunkTokens candidates from sink_end), so that no chunk, block or bitmap word
-// of the selection is split between ranks. A shard other than the last holds at
-// least kSplitTokens tokens, so the boundary lies in it.
+// An item's range on each shard: the shard's own tokens, or for a selecting
+// item the chunk-aligned ranges of the sampler's hierarchy (shard_map.h).
 absl::Status item_ranges(const ssa_session& s, uint64_t n_tokens, bool align, uint64_t sink_end,
                          std::vector<ShardRange>* out) {
-  const std::vector<ShardRange> all = shard_ranges(n_tokens, shard_count(s), s.rt->shard_tokens);
-  std::vector<uint64_t> start(all.size(), n_tokens);
-  for (size_t i = 0; i < all.size(); ++i) {
-    if (all[i].size() == 0) continue;
-    uint64_t b = all[i].begin;
-    if (align && b > 0) {
-      b = b <= sink_end ? sink_end : sink_end + (b - sink_end + kChunkTokens - 1) / kChunkTokens * kChunkTokens;
-    }
-    start[i] = std::min(b, n_tokens);
+  const std::vector<ShardRange> own = shard_ranges(n_tokens, shard_count(s), s.rt->shard_tokens);
+  if (!align) {
+    *out = own;
+    return absl::OkStatus();
   }
-  out->assign(all.size(), ShardRange{});
-  for (size_t i = 0; i < all.size(); ++i) {
-    if (all[i].size() == 0) continue;
-    uint64_t end = n_tokens;
-    for (size_t j = i + 1; j < all.size(); ++j) {
-      if (all[j].size() == 0) continue;
-      end = start[j];
-      break;
-    }
-    if (end <= start[i]) continue;
-    if (start[i] >= all[i].end) return internal_error("sharded decode: a range starts past its shard");
-    (*out)[i] = ShardRange{start[i], end};
+  *out = chunk_aligned_ranges(n_tokens, shard_count(s), s.rt->shard_tokens, sink_end, kChunkTokens);
+  for (size_t i = 0; i < out->size(); ++i) {
+    if ((*out)[i].size() > 0 && (*out)[i].begin >= own[i].end)
+      return internal_error("sharded decode: a range starts past its shard");
   }
   return absl::OkStatus();
 }
-
 
 absl::Status rank_decode(Shared& sh, Collective& host_comm) {
   const KvLayout& L = sh.L;

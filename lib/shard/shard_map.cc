@@ -14,6 +14,30 @@ std::vector<ShardRange> shard_ranges(uint64_t n_tokens, uint32_t n_shards, uint6
   return r;
 }
 
+std::vector<ShardRange> chunk_aligned_ranges(uint64_t n_tokens, uint32_t n_shards, uint64_t shard_tokens,
+                                             uint64_t sink_end, uint64_t chunk_tokens) {
+  const std::vector<ShardRange> own = shard_ranges(n_tokens, n_shards, shard_tokens);
+  std::vector<uint64_t> start(own.size(), n_tokens);
+  for (size_t i = 0; i < own.size(); ++i) {
+    if (own[i].size() == 0) continue;
+    uint64_t b = own[i].begin;
+    if (b > 0) b = b <= sink_end ? sink_end : sink_end + (b - sink_end + chunk_tokens - 1) / chunk_tokens * chunk_tokens;
+    start[i] = std::min(b, n_tokens);
+  }
+  std::vector<ShardRange> out(own.size());
+  for (size_t i = 0; i < own.size(); ++i) {
+    if (own[i].size() == 0) continue;
+    uint64_t end = n_tokens;
+    for (size_t j = i + 1; j < own.size(); ++j) {
+      if (own[j].size() == 0) continue;
+      end = start[j];
+      break;
+    }
+    if (end > start[i]) out[i] = ShardRange{start[i], end};
+  }
+  return out;
+}
+
 LayerStore shard_view(const KvLayout& layout, const LayerStore& layer, ShardRange range) {
   LayerStore v;
   v.n_tokens = range.size();

@@ -27,6 +27,18 @@ struct ShardRange {
 // The ranges of the n_shards shards of a layer of n_tokens tokens (some may be empty).
 std::vector<ShardRange> shard_ranges(uint64_t n_tokens, uint32_t n_shards, uint64_t shard_tokens);
 
+// The ranges a decode that selects reads on each shard: shard i's own tokens,
+// moved to start at the first chunk_tokens boundary of the candidates (counted
+// from sink_end) at or after the shard's start, so that no chunk of a sampler cut
+// from sink_end (the CUDA one, kernels/stratified_sample.cu) is split between
+// shards; a range then ends where the next non-empty shard's starts (past its own
+// shard's end: up to chunk_tokens - 1 tokens of the next shard), the first starts
+// at 0, the last ends at n_tokens. A shard may get an empty range (its tokens all
+// in the previous range). Every non-empty range starts inside its own shard
+// (shard_tokens >= chunk_tokens), and together they cover [0, n_tokens) in order.
+std::vector<ShardRange> chunk_aligned_ranges(uint64_t n_tokens, uint32_t n_shards, uint64_t shard_tokens,
+                                             uint64_t sink_end, uint64_t chunk_tokens);
+
 // The shard's part of `layer` as a layer of its own: its pages (shared, not copied),
 // its codes and the layer's codebooks; its token t is token range.begin + t of
 // the layer. range.begin must be a multiple of layout.page_tokens.
