@@ -7,7 +7,7 @@
 // and a snapshot loaded by a runtime of another shard count or budget is sharded
 // by that runtime's map. B is a multiple of kSplitTokens (so of every page size):
 // every page and every decode split lies in one shard (the sampler's chunks,
-// cut from sink_end, need not: see lib/cuda/sharded_decode.cc).
+// cut from sink_end, need not: see chunk_aligned_ranges).
 #pragma once
 
 #include <stdint.h>
