@@ -6,23 +6,10 @@
 #include "device_alloc.h"
 #include "device_error.h"
 #include "device_guard.h"
+#include "device_mem.h"
 #include "device_state.h"
 
 namespace ssa::cuda {
-namespace {
-
-// True for a pointer the device can read (device or managed memory).
-bool is_device_pointer(const void* p) {
-  cudaPointerAttributes a{};
-  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
-}
-
-}  // namespace
-
 absl::Status CudaBackend::check_device(int device) const {
   int n = 0;
   cudaError_t e = cudaGetDeviceCount(&n);
@@ -67,7 +54,7 @@ absl::Status CudaBackend::prepare_shard_devices(const std::vector<int32_t>& devi
 }
 
 absl::Status CudaBackend::check_buffer(const ssa_session& s, const void* p, const char* name) const {
-  if (host_buffers(s) || is_device_pointer(p)) return absl::OkStatus();
+  if (host_buffers(s) || is_device_memory(p)) return absl::OkStatus();
   return invalid_argument(name, " is not a device pointer (a CUDA session takes device memory; "
                           "create it with SSA_SESSION_HOST_POINTERS to pass host memory)");
 }

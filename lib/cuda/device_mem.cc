@@ -13,6 +13,15 @@ absl::Status upload_array(const void* host, size_t bytes, cudaStream_t st, Devic
   return absl::OkStatus();
 }
 
+bool is_device_memory(const void* p) {
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+}
+
 absl::Status upload_table(const std::vector<PageRef>& pages, bool writable, cudaStream_t st, DeviceMem* out,
                           size_t first, size_t count) {
   count = std::min(count, pages.size() - first);

@@ -39,6 +39,9 @@ struct DeviceMem {
   }
 };
 
+// Whether a device can read p directly: device memory (of any device) or managed.
+bool is_device_memory(const void* p);
+
 // A device array of the pointers of pages [first, first + count) (all by
 // default), uploaded on st.
 // A device copy of `bytes` bytes of host memory, uploaded on st.

@@ -11,15 +11,6 @@
 
 namespace ssa::cuda {
 
-bool is_device_memory(const void* p) {
-  cudaPointerAttributes a{};
-  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
-}
-
 absl::Status PeerCollective::publish(const void* p, std::vector<const void*>* all) {
   // Whatever the stream queued into the buffer is complete before a peer reads it.
   SSA_CUDA_RETURN(cudaStreamSynchronize(stream_), "collective ordering");

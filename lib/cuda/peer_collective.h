@@ -38,7 +38,4 @@ class PeerCollective : public Collective {
   cudaStream_t stream_;
 };
 
-// Whether p is device memory (of any device), as the collectives tell buffers apart.
-bool is_device_memory(const void* p);
-
 }  // namespace ssa::cuda
