@@ -251,39 +251,37 @@ absl::Status CudaBackend::decode_batch(const ssa_decode_item* items, size_t n_it
   std::vector<std::shared_lock<RwLock>> locks;
   locks.reserve(sessions.size());
   for (ssa_session* s : sessions) locks.emplace_back(s->mu);
-  absl::Status st = absl::OkStatus();
-  {
-    const uint64_t seed = p.seed != 0 ? p.seed : sessions[0]->rt->seed;
-    SSA_CUDA_RETURN(cudaSetDevice(state(*sessions[0]).device), "cudaSetDevice");
-    if (sharded_session(*sessions[0])) {
-      // Every session of the runtime is sharded.
-      std::vector<Job> jobs;
-      for (size_t i = 0; i < n_items; ++i) {
-        const ssa_session& b = *items[i].session;
-        const LayerStore& l = b.layers[layer];
-        jobs.push_back(Job{&b, &l, items[i].q, items[i].out, plan_decode(l.n_tokens, p)});
-      }
-      return sharded_decode(jobs, layer, p, seed, nullptr);
-    }
-    // Launch sets: items of one shape (and pointer space), up to kMaxBatchItems each.
-    std::vector<bool> done(n_items, false);
-    for (size_t i = 0; i < n_items && st.ok(); ++i) {
-      if (done[i]) continue;
-      std::vector<Job> jobs;
-      const ssa_session& a = *items[i].session;
-      for (size_t j = i; j < n_items && jobs.size() < kMaxBatchItems; ++j) {
-        const ssa_session& b = *items[j].session;
-        if (done[j] || memcmp(&a.layout, &b.layout, sizeof(KvLayout)) != 0 ||
-            host_buffers(a) != host_buffers(b))
-          continue;
-        done[j] = true;
-        const LayerStore& l = b.layers[layer];
-        jobs.push_back(Job{&b, &l, items[j].q, items[j].out, plan_decode(l.n_tokens, p)});
-      }
-      st = run_launch_set(jobs, layer, p, seed, nullptr);
-    }
+  const uint64_t seed = p.seed != 0 ? p.seed : sessions[0]->rt->seed;
+  SSA_CUDA_RETURN(cudaSetDevice(state(*sessions[0]).device), "cudaSetDevice");
+  std::vector<Job> jobs;
+  for (size_t i = 0; i < n_items; ++i) {
+    const ssa_session& b = *items[i].session;
+    const LayerStore& l = b.layers[layer];
+    jobs.push_back(Job{&b, &l, items[i].q, items[i].out, plan_decode(l.n_tokens, p)});
   }
-  return st;
+  // Every session of the runtime is sharded, or none is.
+  if (sharded_session(*sessions[0])) return sharded_decode(jobs, layer, p, seed, nullptr);
+  for (const std::vector<Job>& set : launch_sets(jobs)) SSA_RETURN_IF_ERROR(run_launch_set(set, layer, p, seed, nullptr));
+  return absl::OkStatus();
+}
+
+std::vector<std::vector<LaunchJob>> launch_sets(const std::vector<LaunchJob>& jobs) {
+  std::vector<std::vector<LaunchJob>> sets;
+  std::vector<bool> done(jobs.size(), false);
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    if (done[i]) continue;
+    std::vector<LaunchJob> set;
+    const ssa_session& a = *jobs[i].s;
+    for (size_t j = i; j < jobs.size() && set.size() < kMaxBatchItems; ++j) {
+      const ssa_session& b = *jobs[j].s;
+      if (done[j] || memcmp(&a.layout, &b.layout, sizeof(KvLayout)) != 0 || host_buffers(a) != host_buffers(b))
+        continue;
+      done[j] = true;
+      set.push_back(jobs[j]);
+    }
+    sets.push_back(std::move(set));
+  }
+  return sets;
 }
 
 }  // namespace ssa::cuda

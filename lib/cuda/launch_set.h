@@ -39,6 +39,10 @@ struct LaunchHook {
 absl::Status run_launch_set(const std::vector<LaunchJob>& jobs, uint32_t layer_index, const ssa_decode_params& p,
                             uint64_t seed, ssa_decode_stats* stats, LaunchHook* hook = nullptr);
 
+// The jobs grouped into launch sets: jobs of one layout and pointer space (host
+// or device q/out), up to kMaxBatchItems each, in the jobs' order.
+std::vector<std::vector<LaunchJob>> launch_sets(const std::vector<LaunchJob>& jobs);
+
 constexpr const char* kBatchNoErrorTarget =
     "ssa_decode_batch with target_error > 0 is not implemented by the CUDA backend (its rounds choose "
     "budgets per item); use ssa_decode per item or a fixed budget";

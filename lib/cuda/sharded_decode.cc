@@ -14,10 +14,11 @@
 // The collectives run over every row of the batch (item x selection head), a
 // rank contributing nothing for the items it does not hold, so every rank makes
 // the same calls whatever it holds; device buffers (the top-k's histograms) are
-// reduced on the devices (peer_collective.h), the rest through the host. The heavy set and the samples are exactly
-// the unsharded decode's: the sampler's hierarchy is cut at candidate offsets
-// (1024-candidate chunks from sink_end), so a selecting item's range on a rank
-// starts at the first chunk boundary at or after the shard's start: every
+// reduced on the devices (peer_collective.h), the rest through the host. The
+// heavy set and the samples are exactly the unsharded decode's: the sampler's
+// hierarchy is cut at candidate offsets (1024-candidate chunks from sink_end),
+// so a selecting item's range on a rank starts at the first chunk boundary at
+// or after the shard's start: every
 // chunk, block and bitmap word lies in one rank, and a rank reads the up to 1023
 // tokens it takes past its shard's end from the next shard's pages (peer
 // access). The output differs from the unsharded one only by where the
@@ -29,7 +30,6 @@
 // (SSA_ERR_UNSUPPORTED).
 #include <cuda_runtime.h>
 #include <stddef.h>
-#include <string.h>
 
 #include <algorithm>
 
@@ -214,7 +214,7 @@ void add_stats(const Shared& sh, ssa_decode_stats* stats) {
       if ((!grouped || h % g == 0) && pl.kprime > 0) stats->scored_tokens += pl.candidates() * (sh.mixture ? g : 1);
       if (w.selects && sh.sampling) {
         // Every row's m: its selection less its heavy count (row_init.cuh, or the
-      // adaptive rule's).
+        // adaptive rule's).
         stats->draws += w.global.n_select - (sh.adaptive ? sh.adaptive_heavy[row] : w.global.n_heavy);
         stats->unique_samples += unique;
         const double total = sh.resid_mass[row] + sh.heavy_mass[row];
@@ -246,10 +246,15 @@ absl::Status decode_jobs(const std::vector<LaunchJob>& jobs, uint32_t layer_inde
     plan_item(w.job->plan, p, g, &w.global);
     sh.all_dense = sh.all_dense && w.dense;
   }
+  // Every rank's launch set starts as this one.
   DecodeBatch m{};
   m.shape = decode_shape(L);
   set_method(sh.all_dense ? SSA_METHOD_DENSE : p.method, &m);
   if (!sh.all_dense) set_group(p, g, &m);
+  m.pi_min = p.pi_min;
+  m.layer = layer_index;
+  m.seed = seed;
+  m.step = p.step;
   sh.sel_heads = m.sel_heads();
   for (ItemWork& w : sh.items) {
     w.selects = !sh.all_dense && !w.dense && w.global.n_select > 0;
@@ -289,13 +294,7 @@ absl::Status decode_jobs(const std::vector<LaunchJob>& jobs, uint32_t layer_inde
   // Each rank's launch set, planned here: the split counts lay out the gather buffers.
   for (RankWork& rw : sh.ranks) {
     DecodeBatch& b = rw.b;
-    b.shape = decode_shape(L);
-    set_method(sh.all_dense ? SSA_METHOD_DENSE : p.method, &b);
-    if (!sh.all_dense) set_group(p, g, &b);
-    b.pi_min = p.pi_min;
-    b.layer = layer_index;
-    b.seed = seed;
-    b.step = p.step;
+    b = m;
     for (uint32_t j = 0; j < sh.items.size(); ++j) {
       const ShardRange range = sh.items[j].range[rw.shard];
       if (range.size() == 0) continue;
@@ -393,21 +392,8 @@ bool sharded_session(const ssa_session& s) { return shard_count(s) > 1; }
 
 absl::Status sharded_decode(const std::vector<LaunchJob>& jobs, uint32_t layer_index, const ssa_decode_params& p,
                             uint64_t seed, ssa_decode_stats* stats) {
-  // Launch sets of one layout and pointer space, up to kMaxBatchItems each.
-  std::vector<bool> done(jobs.size(), false);
-  for (size_t i = 0; i < jobs.size(); ++i) {
-    if (done[i]) continue;
-    std::vector<LaunchJob> set;
-    const ssa_session& a = *jobs[i].s;
-    for (size_t j = i; j < jobs.size() && set.size() < kMaxBatchItems; ++j) {
-      const ssa_session& b = *jobs[j].s;
-      if (done[j] || memcmp(&a.layout, &b.layout, sizeof(KvLayout)) != 0 || host_buffers(a) != host_buffers(b))
-        continue;
-      done[j] = true;
-      set.push_back(jobs[j]);
-    }
+  for (const std::vector<LaunchJob>& set : launch_sets(jobs))
     SSA_RETURN_IF_ERROR(decode_jobs(set, layer_index, p, seed, stats));
-  }
   return absl::OkStatus();
 }
 

@@ -35,6 +35,23 @@ cudaError_t row_fields_from_host(RowState* rows, size_t offset, size_t bytes, ui
                            cudaMemcpyHostToDevice, stream);
 }
 
+// Every rank's values of the batch rows: this rank's `mine` (one per local row)
+// at their batch rows and 0 at the others, all-gathered: (*all)[r * batch_rows + row].
+template <typename T>
+absl::Status gather_batch_rows(Collective& comm, const RowMap& m, uint32_t batch_rows, const std::vector<T>& mine,
+                               std::vector<T>* all) {
+  std::vector<T> batch(batch_rows, T{});
+  for (uint32_t i = 0; i < m.local_rows(); ++i) batch[m.batch_row(i)] = mine[i];
+  all->assign(size_t{comm.size()} * batch_rows, T{});
+  return comm.all_gather(batch.data(), batch_rows * sizeof(T), all->data());
+}
+
+// The batch indices of the rank's items, for its kernels.
+ShardBatchItems batch_items(const RankWork& rw) {
+  ShardBatchItems map{};
+  for (size_t li = 0; li < rw.items.size(); ++li) map.batch_item[li] = rw.items[li];
+  return map;
+}
 
 }  // namespace
 
@@ -43,11 +60,10 @@ cudaError_t row_fields_from_host(RowState* rows, size_t offset, size_t bytes, ui
 absl::Status share_row_max(Collective& comm, const RowMap& m, uint32_t batch_rows, RowState* rows,
                            cudaStream_t stream, std::vector<uint32_t>* batch_max) {
   const uint32_t n = m.local_rows();
-  std::vector<uint32_t> mine(n), batch(batch_rows, 0), all(size_t{comm.size()} * batch_rows);
+  std::vector<uint32_t> mine(n), all;
   SSA_CUDA_RETURN(row_fields_to_host(rows, offsetof(RowState, max_key), sizeof(uint32_t), n, mine.data(), stream),
                   "row state read-back");
-  for (uint32_t i = 0; i < n; ++i) batch[m.batch_row(i)] = mine[i];
-  SSA_RETURN_IF_ERROR(comm.all_gather(batch.data(), batch_rows * sizeof(uint32_t), all.data()));
+  SSA_RETURN_IF_ERROR(gather_batch_rows(comm, m, batch_rows, mine, &all));
   batch_max->assign(batch_rows, 0);
   for (uint32_t r = 0; r < comm.size(); ++r)
     for (uint32_t row = 0; row < batch_rows; ++row)
@@ -74,7 +90,7 @@ absl::Status select_heavy(Collective& comm, const Shared& sh, const RowMap& m, c
   uint32_t longest = 0;
   for (uint32_t li = 0; li < m.rw.items.size(); ++li) {
     const DecodeItem& it = b.items[li];
-    const uint32_t nc = it.local_begin > it.sink_end ? it.local_begin - it.sink_end : 0;
+    const uint32_t nc = item_candidates(it);
     longest = std::max(longest, nc);
     for (uint32_t h = 0; h < ns; ++h) {
       const size_t row = m.batch_row(li * ns + h);
@@ -104,7 +120,7 @@ absl::Status select_heavy(Collective& comm, const Shared& sh, const RowMap& m, c
     const size_t row_words = it.n_pad / 32;
     uint32_t* dst = ws.heavy_bits + it.score_base / 32;
     SSA_CUDA_RETURN(cudaMemsetAsync(dst, 0, size_t{ns} * row_words * sizeof(uint32_t), stream), "heavy bitmap setup");
-    const uint32_t nc = it.local_begin > it.sink_end ? it.local_begin - it.sink_end : 0;
+    const uint32_t nc = item_candidates(it);
     if (nc == 0) continue;
     // Batch rows of one item are consecutive.
     const uint32_t* src = static_cast<const uint32_t*>(bits.p) + m.batch_row(li * ns) * words;
@@ -124,25 +140,12 @@ absl::Status select_heavy(Collective& comm, const Shared& sh, const RowMap& m, c
 // one device runs over its own sums; the logits.
 absl::Status mixture_logits(Collective& comm, const Shared& sh, const RowMap& m, const DecodeBatch& b,
                             const WorkspacePlan& plan, const Workspace& ws, cudaStream_t stream) {
-  const uint32_t nq = sh.L.n_q_heads, G = sh.L.group_size(), R = comm.size();
+  const uint32_t nq = sh.L.n_q_heads, G = sh.L.group_size();
   const auto n_items = static_cast<uint32_t>(sh.items.size()), held = static_cast<uint32_t>(m.rw.items.size());
   const uint32_t head_rows = n_items * nq;
-  // Scratch row (item, q head) at item * nq + head.
-  std::vector<uint32_t> mine(size_t{held} * nq), batch(head_rows, 0), all(size_t{R} * head_rows),
-      gmax(head_rows, 0);
-  SSA_CUDA_RETURN(row_fields_to_host(ws.head_rows, offsetof(RowState, max_key), sizeof(uint32_t), held * nq,
-                                     mine.data(), stream),
-                  "row state read-back");
-  for (uint32_t li = 0; li < held; ++li)
-    for (uint32_t q = 0; q < nq; ++q) batch[size_t{m.rw.items[li]} * nq + q] = mine[size_t{li} * nq + q];
-  SSA_RETURN_IF_ERROR(comm.all_gather(batch.data(), head_rows * sizeof(uint32_t), all.data()));
-  for (uint32_t r = 0; r < R; ++r)
-    for (uint32_t row = 0; row < head_rows; ++row) gmax[row] = std::max(gmax[row], all[size_t{r} * head_rows + row]);
-  for (uint32_t li = 0; li < held; ++li)
-    for (uint32_t q = 0; q < nq; ++q) mine[size_t{li} * nq + q] = gmax[size_t{m.rw.items[li]} * nq + q];
-  SSA_CUDA_RETURN(row_fields_from_host(ws.head_rows, offsetof(RowState, max_key), sizeof(uint32_t), held * nq,
-                                       mine.data(), stream),
-                  "row state update");
+  // The scratch rows: (item, q head) at item * nq + head.
+  std::vector<uint32_t> gmax;
+  SSA_RETURN_IF_ERROR(share_row_max(comm, RowMap{m.rw, nq}, head_rows, ws.head_rows, stream, &gmax));
   SSA_CUDA_RETURN(run_shard_mixture_norms(b, plan, ws, stream), "mixture normaliser kernels");
   // Every head's chunk sums in global chunk order, [head row][stride].
   std::vector<ShardMixtureRow> rows(head_rows, ShardMixtureRow{0, 0});
@@ -165,9 +168,9 @@ absl::Status mixture_logits(Collective& comm, const Shared& sh, const RowMap& m,
   for (uint32_t li = 0; li < held; ++li) {
     const ItemWork& w = sh.items[m.rw.items[li]];
     const DecodeItem& it = b.items[li];
-    const uint32_t nc = it.local_begin > it.sink_end ? it.local_begin - it.sink_end : 0;
+    const uint32_t nc = item_candidates(it);
     if (!w.selects || nc == 0 || it.n_select == 0) continue;
-    // The rank's first candidate is a chunk boundary of the item's (item_ranges).
+    // The rank's first candidate is a chunk boundary of the item's (chunk_aligned_ranges).
     const uint64_t first = m.rw.view_begin[li] + it.sink_end - w.global.sink_end;
     const size_t pitch = size_t{it.n_pad / kChunkTokens} * sizeof(double);
     SSA_CUDA_RETURN(cudaMemcpy2DAsync(sums + size_t{m.rw.items[li]} * nq * stride + first / kChunkTokens,
@@ -184,9 +187,7 @@ absl::Status mixture_logits(Collective& comm, const Shared& sh, const RowMap& m,
                                   stream),
                   "mixture rows upload");
   SSA_CUDA_RETURN(run_shard_mixture_terms(sums, stride, dev_rows, head_rows, terms, stream), "mixture term kernel");
-  ShardBatchItems map{};
-  for (uint32_t li = 0; li < held; ++li) map.batch_item[li] = m.rw.items[li];
-  SSA_CUDA_RETURN(run_shard_mixture_logits(b, plan, ws, terms, map, stream), "mixture kernel");
+  SSA_CUDA_RETURN(run_shard_mixture_logits(b, plan, ws, terms, batch_items(m.rw), stream), "mixture kernel");
   // rows (pageable) was copied before cudaMemcpyAsync returned; buf is freed on the stream.
   return absl::OkStatus();
 }
@@ -214,11 +215,10 @@ absl::Status adaptive_heavy_counts(Collective& comm, const Shared& sh, const Row
   const uint32_t batch_rows = static_cast<uint32_t>(sh.items.size()) * ns;
   // The candidate totals.
   SSA_CUDA_RETURN(run_shard_candidate_mass(b, plan, ws, stream), "candidate mass kernels");
-  std::vector<double> mine(n), batch(batch_rows, 0.0), all(size_t{R} * batch_rows), w_all(batch_rows, 0.0);
+  std::vector<double> mine(n), all, w_all(batch_rows, 0.0);
   SSA_CUDA_RETURN(row_fields_to_host(ws.rows, offsetof(RowState, w_all), sizeof(double), n, mine.data(), stream),
                   "row state read-back");
-  for (uint32_t i = 0; i < n; ++i) batch[m.batch_row(i)] = mine[i];
-  SSA_RETURN_IF_ERROR(comm.all_gather(batch.data(), batch_rows * sizeof(double), all.data()));
+  SSA_RETURN_IF_ERROR(gather_batch_rows(comm, m, batch_rows, mine, &all));
   for (uint32_t r = 0; r < R; ++r)
     for (uint32_t row = 0; row < batch_rows; ++row) w_all[row] += all[size_t{r} * batch_rows + row];
   // The global top k', listed.
@@ -229,8 +229,6 @@ absl::Status adaptive_heavy_counts(Collective& comm, const Shared& sh, const Row
   for (const uint64_t k : kprime) stride = std::max<uint32_t>(stride, static_cast<uint32_t>(k));
   const size_t keys = size_t{batch_rows} * stride, seg = size_t{R} * stride;
   if (seg * batch_rows > 0x7fffffffull) return unsupported("the adaptive rule over so many rows and shards");
-  ShardBatchItems map{};
-  for (uint32_t li = 0; li < m.rw.items.size(); ++li) map.batch_item[li] = m.rw.items[li];
   const size_t sort_bytes = shard_sort_temp_bytes(batch_rows, static_cast<uint32_t>(seg));
   const size_t sort_off = (keys * (1 + 2 * R) * sizeof(uint32_t) + 255) / 256 * 256;
   const size_t probs_off = (sort_off + sort_bytes + 255) / 256 * 256;
@@ -244,7 +242,7 @@ absl::Status adaptive_heavy_counts(Collective& comm, const Shared& sh, const Row
   uint32_t* gathered = local + keys;       // [rank][row][stride]
   uint32_t* by_row = gathered + R * keys;  // [row][rank * stride], then sorted in place of gathered
   SSA_CUDA_RETURN(cudaMemsetAsync(local, 0, keys * sizeof(uint32_t), stream), "adaptive keys setup");
-  SSA_CUDA_RETURN(shard_listed_keys(b, ws, map, local, stride, stream), "adaptive key kernel");
+  SSA_CUDA_RETURN(shard_listed_keys(b, ws, batch_items(m.rw), local, stride, stream), "adaptive key kernel");
   SSA_RETURN_IF_ERROR(comm.all_gather(local, keys * sizeof(uint32_t), gathered));
   SSA_CUDA_RETURN(shard_interleave_keys(gathered, R, batch_rows, stride, by_row, stream), "adaptive key kernel");
   SSA_CUDA_RETURN(shard_sort_keys(base + sort_off, sort_bytes, by_row, gathered, batch_rows,
@@ -296,11 +294,11 @@ absl::Status draw_samples(Collective& comm, const RowMap& m, uint32_t batch_rows
                           const WorkspacePlan& plan, const Workspace& ws, cudaStream_t stream) {
   const uint32_t ns = m.ns, n = m.local_rows(), R = comm.size(), rank = comm.rank();
   SSA_CUDA_RETURN(run_shard_residual(b, plan, ws, stream), "residual kernels");
-  std::vector<uint64_t> mine(n, 0), batch(batch_rows, 0), all(size_t{R} * batch_rows);
+  std::vector<uint64_t> mine(n, 0), all;
   bool read = false;
   for (uint32_t li = 0; li < m.rw.items.size(); ++li) {
     const DecodeItem& it = b.items[li];
-    const uint32_t nc = it.local_begin > it.sink_end ? it.local_begin - it.sink_end : 0;
+    const uint32_t nc = item_candidates(it);
     if (nc == 0 || it.n_select == 0) continue;  // no residual (the sampler's kernels leave such rows)
     const size_t pitch = size_t{it.n_pad / kChunkTokens} * sizeof(uint64_t);
     const uint64_t* last = ws.cprefix + it.score_base / kChunkTokens + (nc + kChunkTokens - 1) / kChunkTokens - 1;
@@ -310,8 +308,7 @@ absl::Status draw_samples(Collective& comm, const RowMap& m, uint32_t batch_rows
     read = true;
   }
   if (read) SSA_CUDA_RETURN(cudaStreamSynchronize(stream), "decode");
-  for (uint32_t i = 0; i < n; ++i) batch[m.batch_row(i)] = mine[i];
-  SSA_RETURN_IF_ERROR(comm.all_gather(batch.data(), batch_rows * sizeof(uint64_t), all.data()));
+  SSA_RETURN_IF_ERROR(gather_batch_rows(comm, m, batch_rows, mine, &all));
   std::vector<uint64_t> mass(2 * size_t{n}, 0);  // per local row: mass_begin, mass_total
   std::vector<double> w_total(n);
   for (uint32_t i = 0; i < n; ++i) {

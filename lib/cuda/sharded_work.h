@@ -67,6 +67,11 @@ struct Shared {
 };
 
 
+// An item's candidates on a rank: tokens [sink_end, local_begin) of its view.
+inline uint32_t item_candidates(const DecodeItem& it) {
+  return it.local_begin > it.sink_end ? it.local_begin - it.sink_end : 0;
+}
+
 // A rank's view of the batch rows: its own rows (item li, head h at li * ns + h)
 // are the rows of its held items.
 struct RowMap {
@@ -77,8 +82,9 @@ struct RowMap {
 };
 
 
-// The rows' maximum proxy score over every rank, into the rank's row states;
-// batch_max: every batch row's.
+// The rows' maximum proxy score over every rank, into the rank's row states
+// (m.ns rows per item: selection rows, or with ns = n_q_heads the mixture's
+// per-head scratch rows); batch_max: every batch row's.
 absl::Status share_row_max(Collective& comm, const RowMap& m, uint32_t batch_rows, RowState* rows,
                            cudaStream_t stream, std::vector<uint32_t>* batch_max);
 

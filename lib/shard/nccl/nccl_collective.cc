@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include "cuda/device_mem.h"
 #include "status.h"
 
 namespace ssa {
@@ -24,16 +25,6 @@ absl::Status cuda_error(cudaError_t e, const char* what) {
     const cudaError_t e_ = (expr);                    \
     if (e_ != cudaSuccess) return cuda_error(e_, what); \
   } while (0)
-
-// Whether the device can read and write p directly (device or managed memory).
-bool device_memory(const void* p) {
-  cudaPointerAttributes a{};
-  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
-}
 
 }  // namespace
 
@@ -74,7 +65,7 @@ absl::Status NcclCollective::reduce(void* data, size_t n, size_t elem_bytes, int
   const auto s = static_cast<cudaStream_t>(stream_);
   const auto c = static_cast<ncclComm_t>(comm_);
   SSA_CUDA(cudaSetDevice(device_), "cudaSetDevice");
-  if (device_memory(data)) {
+  if (cuda::is_device_memory(data)) {
     SSA_NCCL(ncclAllReduce(data, data, n, static_cast<ncclDataType_t>(type), static_cast<ncclRedOp_t>(op), c, s),
              "ncclAllReduce");
   } else {
@@ -102,7 +93,7 @@ absl::Status NcclCollective::all_gather(const void* send, size_t bytes, void* re
   const auto s = static_cast<cudaStream_t>(stream_);
   const auto c = static_cast<ncclComm_t>(comm_);
   SSA_CUDA(cudaSetDevice(device_), "cudaSetDevice");
-  if (device_memory(send) && device_memory(recv)) {
+  if (cuda::is_device_memory(send) && cuda::is_device_memory(recv)) {
     SSA_NCCL(ncclAllGather(send, recv, bytes, ncclUint8, c, s), "ncclAllGather");
   } else {
     SSA_RETURN_IF_ERROR(scratch(bytes * (size_t{size_} + 1)));
