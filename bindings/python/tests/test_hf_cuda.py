@@ -73,3 +73,49 @@ def test_sparse_generation_on_cuda_reads_fewer_rows():
                                 observer=lambda layer, q, out, stats, c: seen.append(stats[0]))
         model.generate(ids, past_key_values=cache, max_new_tokens=2, do_sample=False, min_new_tokens=2)
         assert seen and all(0 < st.tokens_read <= 32 * (32 + 4 * kprime) for st in seen), group
+
+
+SHORT_PROMPTS = (1, 2, 17, 255, 256, 300, 1024)
+SPARSE_METHODS = ("ssa", "pq_topk", "oracle_topk", "hybrid_uniform", "sampling", "ssa_adaptive")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_short_prompts_generate_on_cuda_with_every_method(dtype):
+    """A user's first short prompt: one token to past the window, every method, at
+    sparsity 50 (budget below sink + local: window-only heads, no index needed).
+    Once crashed the process with an illegal memory access."""
+    model = _model("ssa", dtype)
+    for n in SHORT_PROMPTS:
+        ids = _ids(n, 10 + n)
+        runs = {}
+        for method in ("dense",) + SPARSE_METHODS:
+            cache = ssa.hf.SSACache(model, method=method, sparsity=50)
+            out = model.generate(ids, past_key_values=cache, max_new_tokens=6, min_new_tokens=6, do_sample=False)
+            torch.cuda.synchronize()
+            assert cache.runtime.backend == "cuda"
+            assert [len(s) for s in cache.sessions] == [n + 5]
+            runs[method] = out[0, n:].tolist()
+        # Every sparse method reads the same window (or everything, below it).
+        assert all(runs[m] == runs["ssa"] for m in SPARSE_METHODS), (n, runs)
+        if n + 5 <= 256:
+            assert runs["ssa"] == runs["dense"], n
+
+
+def test_batch_of_short_and_long_padded_prompts_on_cuda():
+    # float32: a batch's other layers round as the single row's, far below logit gaps.
+    model = _model("ssa", torch.float32)
+    long_, short = _ids(1024, 31)[0], _ids(17, 32)[0]
+    pad = long_.shape[0] - short.shape[0]
+    ids = torch.stack([long_, torch.cat([torch.zeros(pad, dtype=torch.long, device="cuda"), short])])
+    mask = torch.ones_like(ids)
+    mask[1, :pad] = 0
+    for method in ("dense",) + SPARSE_METHODS:
+        cache = ssa.hf.SSACache(model, method=method, sparsity=50)
+        out = model.generate(ids, attention_mask=mask, past_key_values=cache, max_new_tokens=5, min_new_tokens=5,
+                             do_sample=False, pad_token_id=0)
+        assert [len(s) for s in cache.sessions] == [1024 + 4, 17 + 4]
+        for row, seq in ((0, long_), (1, short)):
+            alone = ssa.hf.SSACache(model, method=method, sparsity=50)
+            ref = model.generate(seq[None], past_key_values=alone, max_new_tokens=5, min_new_tokens=5,
+                                 do_sample=False)
+            assert out[row, -5:].tolist() == ref[0, -5:].tolist(), (method, row)

@@ -313,3 +313,58 @@ def test_attention_switched_away_from_ssa_is_reported():
         model.set_attn_implementation("ssa")
     dense = ssa.hf.SSACache(model, method="dense")
     assert _generate(model, dense, _ids(20), 2).shape == (1, 22)
+
+
+SHORT_PROMPTS = (1, 2, 17, 255, 256, 300, 1024)
+SPARSE_METHODS = ("ssa", "pq_topk", "oracle_topk", "hybrid_uniform", "sampling", "ssa_adaptive")
+
+
+def _short_prompt_run(model, n, method, new=6):
+    cache = ssa.hf.SSACache(model, method=method, sparsity=20)  # defaults: window 128 + 128
+    with torch.no_grad():
+        out = model.generate(_ids(n, seed=n), past_key_values=cache, max_new_tokens=new, min_new_tokens=new,
+                             do_sample=False)
+    return out[0, n:].tolist(), cache
+
+
+@pytest.mark.parametrize("n", SHORT_PROMPTS)
+def test_short_prompts_generate_with_every_method(n):
+    """Prompts from one token to past the window: below the window every method is
+    exact (the whole context is read); past it at sparsity 20 the budget does not
+    exceed sink + local, so every method reads the same window (and no index)."""
+    model = _llama()
+    dense, _ = _short_prompt_run(model, n, "dense")
+    full = n + 5 <= 256  # the last decode's context fits in the window: exact
+    for method in SPARSE_METHODS:
+        got, cache = _short_prompt_run(model, n, method)
+        assert len(got) == 6, method
+        st = cache.last_stats[0][0]
+        assert st.context_tokens == n + 5
+        if full:
+            assert got == dense, method
+            assert st.window_only_heads == 0 and st.tokens_read == 4 * (n + 5)
+        else:
+            assert st.window_only_heads == 4 and st.tokens_read == 4 * 256 and st.scored_tokens == 0, method
+            ref, _ = _short_prompt_run(model, n, "ssa")
+            assert got == ref, method  # the same window, whatever the method
+
+
+@pytest.mark.parametrize("method", ("dense",) + SPARSE_METHODS)
+def test_batch_of_short_and_long_padded_prompts(method):
+    model = _llama()
+    long_, short = _ids(1024, seed=5)[0], _ids(17, seed=6)[0]
+    pad = long_.shape[0] - short.shape[0]
+    ids = torch.stack([long_, torch.cat([torch.zeros(pad, dtype=torch.long), short])])
+    mask = torch.ones_like(ids)
+    mask[1, :pad] = 0
+    cache = ssa.hf.SSACache(model, method=method, sparsity=20)
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=mask, past_key_values=cache, max_new_tokens=5, min_new_tokens=5,
+                             do_sample=False, pad_token_id=0)
+    assert [len(s) for s in cache.sessions] == [1024 + 4, 17 + 4]
+    for row, seq in ((0, long_), (1, short)):
+        alone = ssa.hf.SSACache(model, method=method, sparsity=20)
+        with torch.no_grad():
+            ref = model.generate(seq[None], past_key_values=alone, max_new_tokens=5, min_new_tokens=5,
+                                 do_sample=False)
+        assert out[row, -5:].tolist() == ref[0, -5:].tolist(), row
