@@ -39,6 +39,11 @@ class ProcessGroup final : public Collective {
   // make their calls in the same order.
   std::mutex& call_mutex() { return call_mu_; }
 
+  // After this rank left a collective call part way (its own error, after some
+  // exchanges): its peers are waiting for exchanges it will not make, so the
+  // group refuses every later call, as after a failed callback.
+  void mark_out_of_step() { broken_.store(true); }
+
  private:
   explicit ProcessGroup(const ssa_collective& t) : t_(t) {}
   absl::Status check(const char* op, int rc);

@@ -388,7 +388,15 @@ absl::Status sharded_decode_layer(const ssa_session& s, const LayerStore& layer,
     std::lock_guard<std::mutex> lock(process_group->call_mutex());
     sh.every_rank_reports = true;
     SSA_RETURN_IF_ERROR(check_same_call(*process_group, layout, layer, layer_index, q_in, p, seed));
-    SSA_RETURN_IF_ERROR(rank_decode(sh, *process_group));
+    absl::Status st;
+    try {
+      st = rank_decode(sh, *process_group);
+    } catch (...) {
+      process_group->mark_out_of_step();
+      throw;
+    }
+    if (!st.ok()) process_group->mark_out_of_step();
+    SSA_RETURN_IF_ERROR(st);
   } else {
     InProcessGroup group(n_shards);
     SSA_RETURN_IF_ERROR(group.run([&](Collective& comm) { return rank_decode(sh, comm); }));
