@@ -176,6 +176,34 @@ typedef enum ssa_group_selection {
 
 typedef struct ssa_runtime ssa_runtime;
 
+/* The collectives of a group of processes, as one rank sees them: libssa calls
+   them, on the thread that called it, in the same order on every rank (SPMD),
+   and never keeps the buffers past a call. Each returns 0 on success, anything
+   else on failure; a callback must return (non-zero) within timeout_ms when a
+   peer fails, leaves or does not arrive, so that a dead rank gives an error
+   (SSA_ERR_IO), never a hang. After a failed collective the group is out of
+   step: every later collective call of the runtime returns SSA_ERR_IO at once
+   (destroy it and build a new group). Results must be bitwise the same on
+   every rank (integer sums and float maxima are exact in any order). */
+typedef struct ssa_collective {
+  uint32_t struct_size;
+  uint32_t rank;       /* this process, 0..size-1 */
+  uint32_t size;       /* processes in the group, 1..64 */
+  uint32_t timeout_ms; /* passed to every callback; default 60000; must be > 0 */
+  void *user;          /* passed to every callback; owned by the caller */
+  /* data[0..n) = the element-wise sum over the ranks (mod 2^64). */
+  int (*all_reduce_sum_u64)(void *user, uint64_t *data, size_t n, uint32_t timeout_ms);
+  /* data[0..n) = the element-wise maximum over the ranks (no NaN is passed). */
+  int (*all_reduce_max_f32)(void *user, float *data, size_t n, uint32_t timeout_ms);
+  /* recv[r*bytes .. (r+1)*bytes) = rank r's send[0..bytes), for every rank r;
+     bytes is the same on every rank (possibly 0). */
+  int (*all_gather)(void *user, const void *send, size_t bytes, void *recv, uint32_t timeout_ms);
+} ssa_collective;
+
+/* Fills *c with defaults (no callbacks, rank 0 of 1, timeout 60000 ms) and sets
+   struct_size. c must not be NULL. */
+SSA_API void ssa_collective_init(ssa_collective *c);
+
 typedef struct ssa_runtime_options {
   uint32_t struct_size;
   ssa_backend backend; /* default AUTO: CUDA if built and a device exists, else CPU */
@@ -229,7 +257,18 @@ typedef struct ssa_runtime_options {
   void *communicator;     /* an ncclComm_t of the caller's (one process per GPU,
                              or several hosts): the runtime is then one rank of
                              it. Default NULL. Not implemented in this version:
-                             non-NULL gives SSA_ERR_UNSUPPORTED */
+                             non-NULL gives SSA_ERR_UNSUPPORTED (CPU groups:
+                             `collective` below) */
+  /* Sessions across processes (docs/DISTRIBUTED.md): the runtime is rank
+     `collective->rank` of a group of `collective->size` processes whose
+     transport is the caller's (an MPI communicator, a torch.distributed process
+     group, ...), reached through the callbacks of ssa_collective. Every session
+     of the runtime is sharded by position over the group as over `devices`
+     (shard_tokens per shard, rank i holds shard i) and every decode is a
+     collective call. Borrowed for the call: the runtime copies the table (the
+     table's `user` must outlive the runtime). Default NULL. CPU backend only
+     (a CUDA runtime gives SSA_ERR_UNSUPPORTED), not with a devices list. */
+  const ssa_collective *collective;
 } ssa_runtime_options;
 
 /* Fills *opts with defaults and sets struct_size. opts must not be NULL. */
@@ -241,9 +280,13 @@ SSA_API void ssa_runtime_options_init(ssa_runtime_options *opts);
    Returns SSA_OK, SSA_ERR_INVALID_ARGUMENT (out NULL, bad struct_size, unknown
    backend, negative threads, a bad device list or shard_tokens),
    SSA_ERR_UNSUPPORTED (CUDA asked for but not built; a communicator; several
-   CUDA devices with a device_kv_budget, or without peer access between them),
+   CUDA devices with a device_kv_budget, or without peer access between them;
+   a collective with the CUDA backend or with a devices list),
    SSA_ERR_DEVICE (CUDA asked for, no usable device, a listed device missing),
-   SSA_ERR_OUT_OF_MEMORY. */
+   SSA_ERR_OUT_OF_MEMORY. With a collective it is a collective call (every rank
+   makes it): the ranks check that they number themselves 0..size-1 and agree on
+   shard_tokens (else SSA_ERR_INVALID_ARGUMENT on every rank); SSA_ERR_IO when
+   a callback fails. */
 SSA_API ssa_status ssa_runtime_create(const ssa_runtime_options *opts, ssa_runtime **out);
 
 /* Frees a runtime. NULL is a no-op. Every session of it must be destroyed first. */
@@ -258,6 +301,10 @@ SSA_API int32_t ssa_runtime_num_threads(const ssa_runtime *rt);
 /* Number of shards (devices) the runtime's sessions are split over (>= 1);
    0 if rt is NULL. */
 SSA_API uint32_t ssa_runtime_num_shards(const ssa_runtime *rt);
+
+/* This process's rank in the runtime's group (ssa_runtime_options.collective);
+   0 for a runtime without one, or if rt is NULL. */
+SSA_API uint32_t ssa_runtime_rank(const ssa_runtime *rt);
 
 /* --------------------------------------------------------------- sessions */
 

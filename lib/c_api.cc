@@ -14,6 +14,7 @@
 #include "decode/decode_traced.h"
 #include "runtime.h"
 #include "session.h"
+#include "shard/callback_collective.h"
 #include "shard/shard_options.h"
 #include "snapshot/snapshot.h"
 #include "ssa.h"
@@ -133,6 +134,14 @@ ssa_status ssa_runtime_create(const ssa_runtime_options* opts, ssa_runtime** out
     absl::StatusOr<uint64_t> shard_tokens = ssa::resolve_shard_tokens(o.shard_tokens);
     if (!shard_tokens.ok()) return shard_tokens.status();
     if (o.communicator != nullptr) return ssa::unsupported(ssa::kCommunicatorUnsupported);
+    std::shared_ptr<ssa::ProcessGroup> group;
+    if (o.collective != nullptr) {
+      absl::StatusOr<std::shared_ptr<ssa::ProcessGroup>> g = ssa::ProcessGroup::create(o.collective);
+      if (!g.ok()) return g.status();
+      group = *std::move(g);
+      SSA_RETURN_IF_ERROR(ssa::check_group_backend(o, devices));
+      o.backend = SSA_BACKEND_CPU;
+    }
     // Refused before any device is looked at: the answer does not depend on the machine.
     if (o.backend == SSA_BACKEND_CUDA && devices.size() > 1 && o.device_kv_budget != 0) {
       return ssa::unsupported(ssa::kShardedBudgetUnsupported);
@@ -157,6 +166,10 @@ ssa_status ssa_runtime_create(const ssa_runtime_options* opts, ssa_runtime** out
     rt->pool = std::make_unique<ssa::ThreadPool>(threads);
     const uint64_t cache = o.host_cache_bytes != 0 ? o.host_cache_bytes : o.device_kv_budget / 8;
     rt->budget = std::make_shared<ssa::DeviceBudget>(o.device_kv_budget, cache);
+    if (group != nullptr) {
+      SSA_RETURN_IF_ERROR(ssa::check_group_agreement(*group, rt->shard_tokens));
+      rt->group = std::move(group);
+    }
     *out = rt.release();
     return absl::OkStatus();
   });
@@ -173,7 +186,21 @@ int32_t ssa_runtime_num_threads(const ssa_runtime* rt) {
 }
 
 uint32_t ssa_runtime_num_shards(const ssa_runtime* rt) {
-  return rt == nullptr ? 0 : static_cast<uint32_t>(rt->devices.size());
+  if (rt == nullptr) return 0;
+  return rt->group != nullptr ? rt->group->size() : static_cast<uint32_t>(rt->devices.size());
+}
+
+uint32_t ssa_runtime_rank(const ssa_runtime* rt) {
+  return rt == nullptr || rt->group == nullptr ? 0 : rt->group->rank();
+}
+
+void ssa_collective_init(ssa_collective* c) {
+  if (c == nullptr) return;
+  *c = ssa_collective{};
+  c->struct_size = sizeof(ssa_collective);
+  c->rank = 0;
+  c->size = 1;
+  c->timeout_ms = 60000;
 }
 
 /* ---- sessions ---- */

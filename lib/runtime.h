@@ -11,6 +11,10 @@
 #include "ssa.h"
 #include "store/device_budget.h"
 
+namespace ssa {
+class ProcessGroup;  // lib/shard/callback_collective.h
+}  // namespace ssa
+
 struct ssa_runtime {
   ssa_backend backend = SSA_BACKEND_CPU;
   int32_t device = 0;
@@ -19,6 +23,9 @@ struct ssa_runtime {
   // the tokens a shard takes before the next one starts.
   std::vector<int32_t> devices;
   uint64_t shard_tokens = 0;
+  // A runtime that is one rank of a group of processes (ssa_runtime_options.collective):
+  // the group's collectives; its sessions' shards are the group's ranks. Null otherwise.
+  std::shared_ptr<ssa::ProcessGroup> group;
   uint64_t seed = 0x5EED;
   std::unique_ptr<ssa::ThreadPool> pool;
   // The device memory its CUDA sessions' K/V pages may use (never null; unlimited

@@ -16,7 +16,14 @@ constexpr FieldSpan kRuntimeOptions[] = {
     SSA_FIELD(ssa_runtime_options, seed),        SSA_FIELD(ssa_runtime_options, device_kv_budget),
     SSA_FIELD(ssa_runtime_options, host_cache_bytes), SSA_FIELD(ssa_runtime_options, devices),
     SSA_FIELD(ssa_runtime_options, n_devices),   SSA_FIELD(ssa_runtime_options, shard_tokens),
-    SSA_FIELD(ssa_runtime_options, communicator),
+    SSA_FIELD(ssa_runtime_options, communicator), SSA_FIELD(ssa_runtime_options, collective),
+};
+
+constexpr FieldSpan kCollective[] = {
+    SSA_FIELD(ssa_collective, struct_size),        SSA_FIELD(ssa_collective, rank),
+    SSA_FIELD(ssa_collective, size),               SSA_FIELD(ssa_collective, timeout_ms),
+    SSA_FIELD(ssa_collective, user),               SSA_FIELD(ssa_collective, all_reduce_sum_u64),
+    SSA_FIELD(ssa_collective, all_reduce_max_f32), SSA_FIELD(ssa_collective, all_gather),
 };
 
 constexpr FieldSpan kSessionConfig[] = {
@@ -76,12 +83,14 @@ static_assert(ordered(kSessionConfig, sizeof(ssa_session_config)));
 static_assert(ordered(kDecodeParams, sizeof(ssa_decode_params)));
 static_assert(ordered(kDecodeStats, sizeof(ssa_decode_stats)));
 static_assert(ordered(kSnapshotInfo, sizeof(ssa_snapshot_info)));
+static_assert(ordered(kCollective, sizeof(ssa_collective)));
 // Every field is listed: the last one ends where the struct does, up to padding.
 static_assert(sizeof(ssa_decode_stats) - kDecodeStats[std::size(kDecodeStats) - 1].end < 8);
 static_assert(sizeof(ssa_decode_params) - kDecodeParams[std::size(kDecodeParams) - 1].end < 8);
 static_assert(sizeof(ssa_session_config) - kSessionConfig[std::size(kSessionConfig) - 1].end < 8);
 static_assert(sizeof(ssa_runtime_options) - kRuntimeOptions[std::size(kRuntimeOptions) - 1].end < 8);
 static_assert(sizeof(ssa_snapshot_info) - kSnapshotInfo[std::size(kSnapshotInfo) - 1].end < 8);
+static_assert(sizeof(ssa_collective) - kCollective[std::size(kCollective) - 1].end < 8);
 
 #define SSA_LAYOUT(T, core_field, table)                                                              \
   template <>                                                                                         \
@@ -99,6 +108,7 @@ SSA_LAYOUT(ssa_session_config, model_fingerprint, kSessionConfig)
 SSA_LAYOUT(ssa_decode_params, stream, kDecodeParams)
 SSA_LAYOUT(ssa_decode_stats, unique_samples, kDecodeStats)
 SSA_LAYOUT(ssa_snapshot_info, format_version, kSnapshotInfo)
+SSA_LAYOUT(ssa_collective, all_gather, kCollective)
 
 absl::Status check_struct_size(const StructLayout& l, uint32_t size, const void* in) {
   if (size < l.core_size) {

@@ -47,6 +47,8 @@ template <>
 const StructLayout& layout_of<ssa_decode_stats>();
 template <>
 const StructLayout& layout_of<ssa_snapshot_info>();
+template <>
+const StructLayout& layout_of<ssa_collective>();
 
 // Whether the caller's size fits `l`; `in`, when not NULL, is an input struct of
 // that size whose bytes beyond this header's struct must then be zero.

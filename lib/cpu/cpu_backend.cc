@@ -96,6 +96,15 @@ class CpuBackend final : public Backend {
   // the first failing item (by index) is reported.
   absl::Status decode_batch(const ssa_decode_item* items, size_t n_items, uint32_t layer,
                             const ssa_decode_params& p) const override {
+    // A rank of a group of processes: every item is a collective call, made in
+    // item order on this thread (the ranks' exchanges must come in one order).
+    if (items[0].session->rt->group != nullptr) {
+      for (size_t i = 0; i < n_items; ++i) {
+        absl::Status st = decode(*items[i].session, layer, items[i].q, items[i].out, p, nullptr);
+        if (!st.ok()) return make_error(status_code(st), absl::StrCat("item ", i, ": ", st.message()));
+      }
+      return absl::OkStatus();
+    }
     std::mutex mu;
     absl::Status first = absl::OkStatus();
     size_t first_index = n_items;

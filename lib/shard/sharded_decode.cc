@@ -11,6 +11,8 @@
 #include "decode/decode_plan.h"
 #include "decode/fixed_splits.h"
 #include "decode/split_attention.h"
+#include "callback_collective.h"
+#include "group_call_check.h"
 #include "in_process_collective.h"
 #include "select/fixed_point_sampler.h"
 #include "select/group_proposal.h"
@@ -38,7 +40,8 @@ struct Shared {
   DecodePlan plan;
   std::vector<float> q;  // pre-scaled queries, [n_q_heads][head_dim]
   std::vector<ShardRange> ranges;
-  std::vector<AttnPartial> heads;  // merged by rank 0
+  std::vector<AttnPartial> heads;  // merged by rank 0 (by every rank of a process group)
+  bool every_rank_reports = false;  // a process group: each rank returns the output and stats
   // Per selection unit (a query head, or a KV head with group selection), the
   // global values rank 0 reports in the stats.
   std::vector<uint64_t> heavy, unique, draws;
@@ -250,7 +253,7 @@ absl::Status select_units(Shared& sh, Collective& comm, const LayerStore& view, 
       heavy_total += all_mass[(size_t{r} * U + u) * 2 + 1];
     }
     const uint64_t m = un.kprime - heavy_global[u];
-    if (rank == 0) {
+    if (rank == 0 || sh.every_rank_reports) {
       sh.residual[u] = residual_mass_of(proposal[u], heavy_total);
       sh.draws[u] = m;
     }
@@ -290,7 +293,7 @@ absl::Status merge_partials(Shared& sh, Collective& comm, const std::vector<Attn
     }
   }
   SSA_RETURN_IF_ERROR(comm.all_gather(send.data(), send.size() * sizeof(float), recv.data()));
-  if (comm.rank() != 0) return absl::OkStatus();
+  if (comm.rank() != 0 && !sh.every_rank_reports) return absl::OkStatus();
   const uint64_t n_splits = splits_for(sh.plan.n);
   std::vector<AttnPartial> all(size_t{nkv} * n_splits * g);
   for (AttnPartial& a : all) a.reset(d);
@@ -367,11 +370,12 @@ absl::Status sharded_decode_layer(const ssa_session& s, const LayerStore& layer,
   if (traces != nullptr) return unsupported("per-head traces of a sharded decode are not recorded");
   const KvLayout& layout = s.layout;
   const uint32_t d = layout.head_dim, nq = layout.n_q_heads;
-  Shared sh{s, layer, layer_index, p, seed, plan_decode(layer.n_tokens, p), {}, {}, {}, {}, {}, {}, {}};
+  Shared sh{s, layer, layer_index, p, seed, plan_decode(layer.n_tokens, p), {}, {}, {}, false, {}, {}, {}, {}};
   sh.q.resize(size_t{nq} * d);
   const float scale = 1.0f / sqrtf(static_cast<float>(d));
   for (size_t i = 0; i < sh.q.size(); ++i) sh.q[i] = load_as_f32(q_in, layout.dtype, i) * scale;
-  const auto n_shards = static_cast<uint32_t>(s.rt->devices.size());
+  ProcessGroup* const process_group = s.rt->group.get();
+  const auto n_shards = process_group != nullptr ? process_group->size() : static_cast<uint32_t>(s.rt->devices.size());
   sh.ranges = shard_ranges(layer.n_tokens, n_shards, s.rt->shard_tokens);
   const size_t U = p.group_selection != SSA_GROUP_OFF ? layout.n_kv_heads : nq;
   sh.heavy.assign(U, 0);
@@ -379,8 +383,24 @@ absl::Status sharded_decode_layer(const ssa_session& s, const LayerStore& layer,
   sh.draws.assign(U, 0);
   sh.residual.assign(U, 0.0);
 
-  InProcessGroup group(n_shards);
-  SSA_RETURN_IF_ERROR(group.run([&](Collective& comm) { return rank_decode(sh, comm); }));
+  if (process_group != nullptr) {
+    // This process is one rank: the others run the same call in theirs.
+    std::lock_guard<std::mutex> lock(process_group->call_mutex());
+    sh.every_rank_reports = true;
+    SSA_RETURN_IF_ERROR(check_same_call(*process_group, layout, layer, layer_index, q_in, p, seed));
+    absl::Status st;
+    try {
+      st = rank_decode(sh, *process_group);
+    } catch (...) {
+      process_group->mark_out_of_step();
+      throw;
+    }
+    if (!st.ok()) process_group->mark_out_of_step();
+    SSA_RETURN_IF_ERROR(st);
+  } else {
+    InProcessGroup group(n_shards);
+    SSA_RETURN_IF_ERROR(group.run([&](Collective& comm) { return rank_decode(sh, comm); }));
+  }
 
   std::vector<float> o(d);
   for (uint32_t h = 0; h < nq; ++h) {

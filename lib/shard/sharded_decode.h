@@ -25,10 +25,14 @@ inline constexpr const char* kShardedTargetUnsupported =
     "reads rows one at a time across the whole context; use a fixed budget, or an unsharded runtime";
 
 // Whether sessions of the runtime are sharded (more than one shard).
-inline bool runtime_sharded(const ssa_runtime& rt) { return rt.devices.size() > 1; }
+// A runtime that is one rank of a group of processes always is (even a group
+// of one: its decodes are the group's collective calls).
+inline bool runtime_sharded(const ssa_runtime& rt) { return rt.devices.size() > 1 || rt.group != nullptr; }
 
 // As cpu_decode_layer, for a session of a sharded runtime. traces are not
-// recorded (must be null).
+// recorded (must be null). On a runtime of a group of processes
+// (docs/DISTRIBUTED.md) it is a collective call: this process runs its rank's
+// shard, and every rank gets the whole output and the same stats.
 absl::Status sharded_decode_layer(const ssa_session& s, const LayerStore& layer, uint32_t layer_index,
                                   const void* q, void* out, const ssa_decode_params& p, uint64_t seed,
                                   ssa_decode_stats* stats, std::vector<HeadTrace>* traces);

@@ -309,6 +309,10 @@ class Runtime:
             None: one device, ``device``.
         shard_tokens: tokens a shard takes before the next one starts; 0 = the library's
             default (1048576); else a multiple of 8192.
+        collective: this process is one rank of a group of processes (docs/DISTRIBUTED.md):
+            an object whose ``table`` is a filled ``ssa_collective *`` (for a torch.distributed
+            process group: ``ssa.distributed.TorchCollective``, or ``ssa.distributed.runtime``).
+            The runtime keeps it alive.
 
     A runtime may be used from any number of threads. It is freed by close() (or by
     leaving a ``with`` block) once every session made from it is closed; sessions
@@ -317,7 +321,7 @@ class Runtime:
 
     def __init__(self, backend: Union[str, Backend] = "auto", threads: int = 0, seed: Optional[int] = None,
                  device: int = 0, device_kv_budget: int = 0, host_cache_bytes: int = 0,
-                 devices: Optional[Sequence[int]] = None, shard_tokens: int = 0):
+                 devices: Optional[Sequence[int]] = None, shard_tokens: int = 0, collective: Any = None):
         opts = ffi.new("ssa_runtime_options *")
         lib.ssa_runtime_options_init(opts)
         opts.backend = _enum("backend", backend, Backend)
@@ -336,6 +340,9 @@ class Runtime:
                 device_list[i] = d
             opts.devices = device_list
             opts.n_devices = len(ordinals)
+        if collective is not None:
+            opts.collective = collective.table
+        self._collective = collective  # its callbacks must outlive the runtime
         out = ffi.new("ssa_runtime **")
         self._lock = threading.Lock()
         self._sessions = 0
@@ -411,6 +418,11 @@ class Runtime:
     def shards(self) -> int:
         """Number of shards (devices) every session of the runtime is split over (>= 1)."""
         return int(lib.ssa_runtime_num_shards(self._handle()))
+
+    @property
+    def rank(self) -> int:
+        """This process's rank in the runtime's group (``collective``); 0 without one."""
+        return int(lib.ssa_runtime_rank(self._handle()))
 
     @property
     def device(self) -> int:

@@ -203,6 +203,14 @@ class SSACache(Cache):
             (ssa_decode_traced; CPU sessions only): cache.last_traces[layer_idx] is
             then a list of ssa.DecodeTrace per batch row, replaced at each decode of
             that layer (an observer sees the current step's).
+        process_group: this process is one rank of a group of processes sharing the
+            cache's sessions (docs/DISTRIBUTED.md; CPU only): a torch.distributed process
+            group, or True for the default group. Every rank runs the same model on the
+            same inputs (the same torch thread count, so that its q is bitwise the
+            others'); each decode reads the rank's shard and every rank gets the output.
+            Not with traces, save or load in this version.
+        shard_tokens: with process_group, the tokens each rank's shard takes before the
+            next rank's starts (0: 1048576; else a multiple of 8192).
 
     Prefill (a multi-token chunk at the start of a sequence) attends densely with
     transformers' sdpa and appends the chunk's K/V; a later multi-token chunk (after a
@@ -214,7 +222,7 @@ class SSACache(Cache):
                  h: float = 0.4, n_sink: int = 128, n_local: int = 128, seed: int = 0, backend: str = "auto",
                  observer: Optional[Callable] = None, threads: int = 0,
                  progress_min_tokens: Optional[int] = 8192, group_selection: str = "off",
-                 traces: bool = False):
+                 traces: bool = False, process_group: Any = None, shard_tokens: int = 0):
         self.shape = _model.shape_of(model)
         impl = getattr(_model.text_config(model), "_attn_implementation", None)
         if impl is not None and impl != "ssa":
@@ -227,6 +235,10 @@ class SSACache(Cache):
             raise invalid("observer must be callable, got %r" % (observer,))
         self.observer = observer
         self.threads = threads
+        if process_group is not None and self.backend == "cuda":
+            raise invalid("SSACache(process_group=...) runs on the CPU backend only in this version")
+        self.process_group = process_group
+        self.shard_tokens = shard_tokens
         self.progress_min_tokens = progress_min_tokens
         self.fingerprint = _model.fingerprint(model)
         self._config_summary = _model.config_summary(model)
@@ -334,7 +346,15 @@ class SSACache(Cache):
         kw = dict(backend=backend, threads=self.threads)
         if backend == "cuda":
             kw["device"] = device.index if device.index is not None else torch.cuda.current_device()
-        self.runtime = _core.Runtime(**kw)
+        if self.process_group is not None:
+            if backend != "cpu":
+                raise invalid("SSACache(process_group=...) got %s tensors; it runs on the CPU only" % device)
+            from .. import distributed
+
+            group = None if self.process_group is True else self.process_group
+            self.runtime = distributed.runtime(group, threads=self.threads, shard_tokens=self.shard_tokens)
+        else:
+            self.runtime = _core.Runtime(**kw)
         self.dtype = dtype
         self.device = torch.device("cuda", kw["device"]) if backend == "cuda" else torch.device("cpu")
         self.sessions = [self._new_session() for _ in range(batch)]

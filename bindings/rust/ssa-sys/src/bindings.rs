@@ -63,6 +63,191 @@ pub struct ssa_runtime {
     _unused: [u8; 0],
 }
 #[repr(C)]
+pub struct ssa_collective {
+    pub struct_size: u32,
+    pub rank: u32,
+    pub size: u32,
+    pub timeout_ms: u32,
+    pub user: *mut ::std::os::raw::c_void,
+    pub all_reduce_sum_u64: ::std::option::Option<
+        unsafe extern "C" fn(
+            user: *mut ::std::os::raw::c_void,
+            data: *mut u64,
+            n: usize,
+            timeout_ms: u32,
+        ) -> ::std::os::raw::c_int,
+    >,
+    pub all_reduce_max_f32: ::std::option::Option<
+        unsafe extern "C" fn(
+            user: *mut ::std::os::raw::c_void,
+            data: *mut f32,
+            n: usize,
+            timeout_ms: u32,
+        ) -> ::std::os::raw::c_int,
+    >,
+    pub all_gather: ::std::option::Option<
+        unsafe extern "C" fn(
+            user: *mut ::std::os::raw::c_void,
+            send: *const ::std::os::raw::c_void,
+            bytes: usize,
+            recv: *mut ::std::os::raw::c_void,
+            timeout_ms: u32,
+        ) -> ::std::os::raw::c_int,
+    >,
+}
+#[test]
+fn bindgen_test_layout_ssa_collective() {
+    assert_eq!(
+        ::std::mem::size_of::<ssa_collective>(),
+        48usize,
+        concat!("Size of: ", stringify!(ssa_collective))
+    );
+    assert_eq!(
+        ::std::mem::align_of::<ssa_collective>(),
+        8usize,
+        concat!("Alignment of ", stringify!(ssa_collective))
+    );
+    fn test_field_struct_size() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<ssa_collective>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).struct_size) as usize - ptr as usize
+            },
+            0usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(ssa_collective),
+                "::",
+                stringify!(struct_size)
+            )
+        );
+    }
+    test_field_struct_size();
+    fn test_field_rank() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<ssa_collective>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).rank) as usize - ptr as usize
+            },
+            4usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(ssa_collective),
+                "::",
+                stringify!(rank)
+            )
+        );
+    }
+    test_field_rank();
+    fn test_field_size() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<ssa_collective>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).size) as usize - ptr as usize
+            },
+            8usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(ssa_collective),
+                "::",
+                stringify!(size)
+            )
+        );
+    }
+    test_field_size();
+    fn test_field_timeout_ms() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<ssa_collective>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).timeout_ms) as usize - ptr as usize
+            },
+            12usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(ssa_collective),
+                "::",
+                stringify!(timeout_ms)
+            )
+        );
+    }
+    test_field_timeout_ms();
+    fn test_field_user() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<ssa_collective>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).user) as usize - ptr as usize
+            },
+            16usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(ssa_collective),
+                "::",
+                stringify!(user)
+            )
+        );
+    }
+    test_field_user();
+    fn test_field_all_reduce_sum_u64() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<ssa_collective>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).all_reduce_sum_u64) as usize - ptr as usize
+            },
+            24usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(ssa_collective),
+                "::",
+                stringify!(all_reduce_sum_u64)
+            )
+        );
+    }
+    test_field_all_reduce_sum_u64();
+    fn test_field_all_reduce_max_f32() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<ssa_collective>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).all_reduce_max_f32) as usize - ptr as usize
+            },
+            32usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(ssa_collective),
+                "::",
+                stringify!(all_reduce_max_f32)
+            )
+        );
+    }
+    test_field_all_reduce_max_f32();
+    fn test_field_all_gather() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<ssa_collective>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).all_gather) as usize - ptr as usize
+            },
+            40usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(ssa_collective),
+                "::",
+                stringify!(all_gather)
+            )
+        );
+    }
+    test_field_all_gather();
+}
+extern "C" {
+    pub fn ssa_collective_init(c: *mut ssa_collective);
+}
+#[repr(C)]
 pub struct ssa_runtime_options {
     pub struct_size: u32,
     pub backend: ssa_backend,
@@ -75,12 +260,13 @@ pub struct ssa_runtime_options {
     pub n_devices: u32,
     pub shard_tokens: u64,
     pub communicator: *mut ::std::os::raw::c_void,
+    pub collective: *const ssa_collective,
 }
 #[test]
 fn bindgen_test_layout_ssa_runtime_options() {
     assert_eq!(
         ::std::mem::size_of::<ssa_runtime_options>(),
-        72usize,
+        80usize,
         concat!("Size of: ", stringify!(ssa_runtime_options))
     );
     assert_eq!(
@@ -275,6 +461,23 @@ fn bindgen_test_layout_ssa_runtime_options() {
         );
     }
     test_field_communicator();
+    fn test_field_collective() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<ssa_runtime_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).collective) as usize - ptr as usize
+            },
+            72usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(ssa_runtime_options),
+                "::",
+                stringify!(collective)
+            )
+        );
+    }
+    test_field_collective();
 }
 extern "C" {
     pub fn ssa_runtime_options_init(opts: *mut ssa_runtime_options);
@@ -296,6 +499,9 @@ extern "C" {
 }
 extern "C" {
     pub fn ssa_runtime_num_shards(rt: *const ssa_runtime) -> u32;
+}
+extern "C" {
+    pub fn ssa_runtime_rank(rt: *const ssa_runtime) -> u32;
 }
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]

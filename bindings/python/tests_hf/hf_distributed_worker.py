@@ -1,0 +1,51 @@
+"""One process of test_hf_distributed.py: greedy generation of a tiny random Llama
+through an SSACache, either alone or as one rank of a torch.distributed (gloo) group.
+
+usage: hf_distributed_worker.py MODE RANK WORLD INIT_FILE OUT_FILE   (MODE: single | group)
+"""
+import datetime
+import json
+import sys
+
+import torch
+import transformers
+
+import ssa.hf
+
+PROMPT = 8400  # past one shard of 8192 tokens: both ranks hold rows
+NEW = 6
+
+
+def main(argv):
+    mode, rank, world, init_file, out_file = argv[0], int(argv[1]), int(argv[2]), argv[3], argv[4]
+    torch.set_num_threads(1)  # the same q bits in every process
+    cfg = transformers.LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                   num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+                                   max_position_embeddings=16384, initializer_range=0.1)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="ssa").eval()
+    ids = torch.randint(0, 97, (1, PROMPT), generator=torch.Generator().manual_seed(1))
+    kw = dict(method="ssa", sparsity=20, threads=1, progress_min_tokens=None)
+    if mode == "group":
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=300))
+        cache = ssa.hf.SSACache(model, process_group=True, shard_tokens=8192, **kw)
+    else:
+        cache = ssa.hf.SSACache(model, **kw)
+    with torch.no_grad():
+        out = model.generate(ids, past_key_values=cache, max_new_tokens=NEW, do_sample=False,
+                             output_logits=True, return_dict_in_generate=True)
+    result = {"tokens": out.sequences[0, PROMPT:].tolist(),
+              "logits": [lg[0].double().tolist() for lg in out.logits],
+              "shards": cache.runtime.shards}
+    with open(out_file, "w") as f:
+        json.dump(result, f)
+    if mode == "group":
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

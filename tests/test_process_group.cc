@@ -1,0 +1,473 @@
+// A runtime that is one rank of a group of processes (ssa_runtime_options.collective,
+// docs/DISTRIBUTED.md), through the public C API: the ranks run here as threads,
+// each with a runtime of its own whose collective callbacks go through a shared
+// in-memory transport (with a real timeout), as a process's would go through MPI
+// or gloo. Every method and group_selection mode decodes bitwise as an unsharded
+// runtime does, with 1 to 4 ranks, after appends that cross shard boundaries,
+// fork, truncate, and snapshots loaded into groups of another size; a batch is
+// the unsharded batch; a rank that stops answering gives the others SSA_ERR_IO
+// within the timeout and leaves the group refusing further calls; ranks that
+// disagree on q or on the layer get SSA_ERR_INVALID_ARGUMENT; bad tables are
+// refused. The same over torch.distributed (gloo) with real processes is
+// bindings/python/tests/test_distributed.py.
+#include <doctest/doctest.h>
+
+#include <string.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "support/session_helpers.h"
+#include "support/structured_context.h"
+
+using namespace ssa_test;
+
+namespace {
+
+constexpr uint64_t kShard = 8192;
+constexpr uint32_t kGroupModes[] = {SSA_GROUP_OFF, SSA_GROUP_MIXTURE, SSA_GROUP_MEAN_QUERY};
+
+// The ranks' shared memory: each collective publishes every rank's buffer, then
+// (after a barrier) every rank computes its result from all of them, then (after
+// a second barrier, nobody reading any more) writes it back.
+struct Transport {
+  explicit Transport(uint32_t n) : n(n), pub(n, nullptr) {}
+  const uint32_t n;
+  std::mutex mu;
+  std::condition_variable cv;
+  uint32_t arrived = 0;
+  uint64_t generation = 0;
+  std::vector<const void*> pub;
+
+  bool barrier(uint32_t timeout_ms) {
+    std::unique_lock<std::mutex> lock(mu);
+    const uint64_t gen = generation;
+    if (++arrived == n) {
+      arrived = 0;
+      ++generation;
+      cv.notify_all();
+      return true;
+    }
+    return cv.wait_for(lock, std::chrono::milliseconds(timeout_ms), [&] { return generation != gen; });
+  }
+};
+
+struct RankLink {
+  Transport* t;
+  uint32_t rank;
+  int calls = 0;
+};
+
+template <typename T, typename Op>
+int reduce(void* user, T* data, size_t n, uint32_t timeout_ms, Op op) {
+  RankLink& l = *static_cast<RankLink*>(user);
+  ++l.calls;
+  std::vector<T> acc(data, data + n);
+  l.t->pub[l.rank] = data;
+  if (!l.t->barrier(timeout_ms)) return 7;
+  for (uint32_t r = 0; r < l.t->n; ++r) {
+    if (r == l.rank) continue;
+    const T* theirs = static_cast<const T*>(l.t->pub[r]);
+    for (size_t i = 0; i < n; ++i) acc[i] = op(acc[i], theirs[i]);
+  }
+  if (!l.t->barrier(timeout_ms)) return 7;
+  std::copy(acc.begin(), acc.end(), data);
+  return 0;
+}
+
+int sum_u64(void* user, uint64_t* data, size_t n, uint32_t timeout_ms) {
+  return reduce<uint64_t>(user, data, n, timeout_ms, [](uint64_t a, uint64_t b) { return a + b; });
+}
+int max_f32(void* user, float* data, size_t n, uint32_t timeout_ms) {
+  return reduce<float>(user, data, n, timeout_ms, [](float a, float b) { return a > b ? a : b; });
+}
+int gather(void* user, const void* send, size_t bytes, void* recv, uint32_t timeout_ms) {
+  RankLink& l = *static_cast<RankLink*>(user);
+  ++l.calls;
+  l.t->pub[l.rank] = send;
+  if (!l.t->barrier(timeout_ms)) return 7;
+  for (uint32_t r = 0; r < l.t->n; ++r) {
+    if (bytes != 0) memcpy(static_cast<uint8_t*>(recv) + r * bytes, l.t->pub[r], bytes);
+  }
+  if (!l.t->barrier(timeout_ms)) return 7;
+  return 0;
+}
+
+ssa_collective table_of(RankLink* link, uint32_t timeout_ms = 20000) {
+  ssa_collective c;
+  ssa_collective_init(&c);
+  c.rank = link->rank;
+  c.size = link->t->n;
+  c.timeout_ms = timeout_ms;
+  c.user = link;
+  c.all_reduce_sum_u64 = sum_u64;
+  c.all_reduce_max_f32 = max_f32;
+  c.all_gather = gather;
+  return c;
+}
+
+RuntimePtr group_runtime(RankLink* link, uint32_t timeout_ms = 20000) {
+  ssa_collective c = table_of(link, timeout_ms);
+  ssa_runtime_options o = runtime_options(SSA_BACKEND_CPU, 1);
+  o.seed = 1234;
+  o.shard_tokens = kShard;
+  o.collective = &c;
+  ssa_runtime* rt = nullptr;
+  SSA_CHECK_OK(ssa_runtime_create(&o, &rt));
+  return RuntimePtr(rt);
+}
+
+RuntimePtr plain_runtime() {
+  ssa_runtime_options o = runtime_options(SSA_BACKEND_CPU, 2);
+  o.seed = 1234;
+  ssa_runtime* rt = nullptr;
+  SSA_CHECK_OK(ssa_runtime_create(&o, &rt));
+  return RuntimePtr(rt);
+}
+
+// Runs body(rank, link) on one thread per rank of a fresh transport.
+void run_ranks(uint32_t n, const std::function<void(uint32_t, RankLink&)>& body) {
+  Transport t(n);
+  std::vector<RankLink> links;
+  for (uint32_t r = 0; r < n; ++r) links.push_back(RankLink{&t, r});
+  std::vector<std::thread> threads;
+  for (uint32_t r = 0; r < n; ++r) threads.emplace_back([&, r] { body(r, links[r]); });
+  for (std::thread& th : threads) th.join();
+}
+
+ssa_session_config group_config() {
+  ssa_session_config c = make_config(1, 8, 2, 64, SSA_DTYPE_F16);
+  c.pq_centroids = 16;
+  c.page_tokens = 64;
+  c.index_min_tokens = 4096;
+  c.index_train_sample = 2048;
+  c.index_iterations = 3;
+  return c;
+}
+
+struct Feed {
+  StructuredContext ctx;
+  std::vector<uint8_t> k, v, q;
+  explicit Feed(size_t n, uint64_t seed) {
+    StructuredOptions o;
+    o.seed = seed;
+    ctx = make_structured_context(n, 2, 8, 64, o);
+    k = encode(ctx.K, SSA_DTYPE_F16);
+    v = encode(ctx.V, SSA_DTYPE_F16);
+    q = encode(ctx.q, SSA_DTYPE_F16);
+  }
+  void append(ssa_session* s, size_t t0, size_t t1) const {
+    const size_t row = 2 * 64 * 2;
+    SSA_CHECK_OK(ssa_session_append(s, 0, k.data() + t0 * row, v.data() + t0 * row, t1 - t0));
+  }
+};
+
+// Appends in chunks whose ends fall inside shards and across their boundaries.
+void feed_chunks(const Feed& f, ssa_session* s, size_t n) {
+  size_t t = 0;
+  const size_t chunks[] = {5000, 7000, 9000, 1};
+  for (size_t i = 0; t < n; ++i) {
+    const size_t e = std::min(n, t + chunks[i % 4]);
+    f.append(s, t, e);
+    t = e;
+  }
+}
+
+std::vector<ssa_decode_params> param_grid() {
+  std::vector<ssa_decode_params> grid;
+  for (ssa_method m : kAllMethods) {
+    for (uint32_t mode : kGroupModes) {
+      if (m == SSA_METHOD_DENSE && mode != SSA_GROUP_OFF) continue;
+      ssa_decode_params p = params(m, 0, 20.0f);
+      p.group_selection = mode;
+      p.step = 11;
+      p.n_local = 700;
+      grid.push_back(p);
+    }
+  }
+  grid.push_back(params(SSA_METHOD_SSA, 200));  // sink + local only
+  return grid;
+}
+
+struct Outcome {
+  std::vector<uint8_t> out;
+  ssa_decode_stats stats;
+  ssa_status st = SSA_OK;
+};
+
+Outcome decode_one(ssa_session* s, const std::vector<uint8_t>& q, const ssa_decode_params& p) {
+  Outcome o;
+  o.out.assign(q.size(), 0xAB);
+  ssa_decode_stats_init(&o.stats);
+  o.st = ssa_decode(s, 0, q.data(), o.out.data(), &p, &o.stats);
+  return o;
+}
+
+std::vector<Outcome> decode_grid(ssa_session* s, const std::vector<uint8_t>& q) {
+  std::vector<Outcome> r;
+  for (const ssa_decode_params& p : param_grid()) r.push_back(decode_one(s, q, p));
+  return r;
+}
+
+bool same(const Outcome& a, const Outcome& b) {
+  const ssa_decode_stats &x = a.stats, &y = b.stats;
+  return a.st == SSA_OK && b.st == SSA_OK && a.out == b.out && x.context_tokens == y.context_tokens &&
+         x.tokens_read == y.tokens_read && x.heavy_tokens == y.heavy_tokens && x.draws == y.draws &&
+         x.unique_samples == y.unique_samples && x.scored_tokens == y.scored_tokens &&
+         memcmp(&x.residual_proxy_mass, &y.residual_proxy_mass, sizeof(double)) == 0;
+}
+
+void check_same_grid(const std::vector<Outcome>& ref, const std::vector<std::vector<Outcome>>& ranks) {
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    REQUIRE(ranks[r].size() == ref.size());
+    for (size_t i = 0; i < ref.size(); ++i) {
+      CAPTURE(r);
+      CAPTURE(i);
+      CHECK(same(ref[i], ranks[r][i]));
+    }
+  }
+}
+
+std::string temp_path(const char* name) {
+  return std::string("/tmp/ssa_group_") + std::to_string(getpid()) + "_" + name + ".ssa";
+}
+
+}  // namespace
+
+TEST_CASE("process group: every method and group mode bitwise the unsharded decode, 1-4 ranks") {
+  const size_t n = 29000;  // shards of 8192: 4 ranks hold 8192, 8192, 8192, 4424
+  const Feed f(n, 21);
+  RuntimePtr plain = plain_runtime();
+  ssa_session* ref = nullptr;
+  const ssa_session_config cfg = group_config();
+  SSA_CHECK_OK(ssa_session_create(plain.get(), &cfg, &ref));
+  SessionPtr ref_owner(ref);
+  feed_chunks(f, ref, n);
+  const std::vector<Outcome> want = decode_grid(ref, f.q);
+  // The reference is not trivially equal to anything: the grid's outputs differ.
+  CHECK(want[0].out != want[1].out);
+  for (uint32_t ranks = 1; ranks <= 4; ++ranks) {
+    CAPTURE(ranks);
+    std::vector<std::vector<Outcome>> got(ranks);
+    run_ranks(ranks, [&](uint32_t r, RankLink& link) {
+      RuntimePtr rt = group_runtime(&link);
+      REQUIRE(ssa_runtime_num_shards(rt.get()) == ranks);
+      REQUIRE(ssa_runtime_rank(rt.get()) == r);
+      ssa_session* s = nullptr;
+      SSA_CHECK_OK(ssa_session_create(rt.get(), &cfg, &s));
+      SessionPtr owner(s);
+      feed_chunks(f, s, n);
+      got[r] = decode_grid(s, f.q);
+      CHECK(link.calls > 0);
+    });
+    check_same_grid(want, got);
+  }
+}
+
+TEST_CASE("process group: fork, truncate into a shard, regrowth, and a batch") {
+  const size_t n = 26000;
+  const Feed f(n, 22);
+  const ssa_session_config cfg = group_config();
+  RuntimePtr plain = plain_runtime();
+  ssa_session *ref = nullptr, *ref_fork = nullptr;
+  SSA_CHECK_OK(ssa_session_create(plain.get(), &cfg, &ref));
+  SessionPtr o1(ref);
+  f.append(ref, 0, 20000);
+  SSA_CHECK_OK(ssa_session_fork(ref, &ref_fork));
+  SessionPtr o2(ref_fork);
+  SSA_CHECK_OK(ssa_session_truncate(ref, 9000));  // into the second shard
+  f.append(ref, 9000, n);
+  f.append(ref_fork, 20000, 23000);
+  const std::vector<Outcome> want = decode_grid(ref, f.q), want_fork = decode_grid(ref_fork, f.q);
+  std::vector<uint8_t> want_batch(2 * f.q.size());
+  ssa_decode_item items[2] = {{ref, f.q.data(), want_batch.data()},
+                              {ref_fork, f.q.data(), want_batch.data() + f.q.size()}};
+  const ssa_decode_params bp = params(SSA_METHOD_SSA, 0, 20.0f);
+  SSA_CHECK_OK(ssa_decode_batch(items, 2, 0, &bp));
+  std::vector<std::vector<Outcome>> got(3), got_fork(3);
+  std::vector<std::vector<uint8_t>> got_batch(3);
+  run_ranks(3, [&](uint32_t r, RankLink& link) {
+    RuntimePtr rt = group_runtime(&link);
+    ssa_session *s = nullptr, *fork = nullptr;
+    SSA_CHECK_OK(ssa_session_create(rt.get(), &cfg, &s));
+    SessionPtr a(s);
+    f.append(s, 0, 20000);
+    SSA_CHECK_OK(ssa_session_fork(s, &fork));
+    SessionPtr b(fork);
+    SSA_CHECK_OK(ssa_session_truncate(s, 9000));
+    f.append(s, 9000, n);
+    f.append(fork, 20000, 23000);
+    got[r] = decode_grid(s, f.q);
+    got_fork[r] = decode_grid(fork, f.q);
+    got_batch[r].assign(2 * f.q.size(), 0);
+    ssa_decode_item it[2] = {{s, f.q.data(), got_batch[r].data()},
+                             {fork, f.q.data(), got_batch[r].data() + f.q.size()}};
+    SSA_CHECK_OK(ssa_decode_batch(it, 2, 0, &bp));
+  });
+  check_same_grid(want, got);
+  check_same_grid(want_fork, got_fork);
+  for (uint32_t r = 0; r < 3; ++r) CHECK(got_batch[r] == want_batch);
+}
+
+TEST_CASE("process group: a snapshot of one rank loads into one process and into groups of 2 and 4") {
+  const size_t n = 25000;
+  const Feed f(n, 23);
+  const ssa_session_config cfg = group_config();
+  const std::string path = temp_path("save");
+  std::vector<std::vector<Outcome>> saved(3);
+  run_ranks(3, [&](uint32_t r, RankLink& link) {
+    RuntimePtr rt = group_runtime(&link);
+    ssa_session* s = nullptr;
+    SSA_CHECK_OK(ssa_session_create(rt.get(), &cfg, &s));
+    SessionPtr a(s);
+    feed_chunks(f, s, n);
+    SSA_CHECK_OK(ssa_session_update_index(s));
+    if (r == 0) SSA_CHECK_OK(ssa_session_save(s, path.c_str()));
+    saved[r] = decode_grid(s, f.q);
+  });
+  RuntimePtr plain = plain_runtime();
+  ssa_session* one = nullptr;
+  SSA_CHECK_OK(ssa_session_load(plain.get(), path.c_str(), 0, &one));
+  SessionPtr o(one);
+  const std::vector<Outcome> want = decode_grid(one, f.q);
+  check_same_grid(want, saved);
+  for (uint32_t ranks : {2u, 4u}) {
+    std::vector<std::vector<Outcome>> got(ranks);
+    run_ranks(ranks, [&](uint32_t r, RankLink& link) {
+      RuntimePtr rt = group_runtime(&link);
+      ssa_session* s = nullptr;
+      SSA_CHECK_OK(ssa_session_load(rt.get(), path.c_str(), 0, &s));
+      SessionPtr a(s);
+      got[r] = decode_grid(s, f.q);
+    });
+    check_same_grid(want, got);
+  }
+  unlink(path.c_str());
+}
+
+TEST_CASE("process group: a rank that stops answering gives the others SSA_ERR_IO, not a hang") {
+  const Feed f(12000, 24);
+  const ssa_session_config cfg = group_config();
+  ssa_status first = SSA_OK, second = SSA_OK;
+  double waited_ms = 0;
+  std::string message;
+  run_ranks(2, [&](uint32_t r, RankLink& link) {
+    RuntimePtr rt = group_runtime(&link, 300);
+    ssa_session* s = nullptr;
+    SSA_CHECK_OK(ssa_session_create(rt.get(), &cfg, &s));
+    SessionPtr a(s);
+    f.append(s, 0, 12000);
+    if (r == 1) return;  // leaves the group
+    const ssa_decode_params p = params(SSA_METHOD_SSA, 0, 20.0f);
+    std::vector<uint8_t> out(f.q.size());
+    const auto t0 = std::chrono::steady_clock::now();
+    first = ssa_decode(s, 0, f.q.data(), out.data(), &p, nullptr);
+    message = ssa_last_error_message();
+    waited_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    second = ssa_decode(s, 0, f.q.data(), out.data(), &p, nullptr);  // out of step: refused at once
+  });
+  CHECK(first == SSA_ERR_IO);
+  CHECK(second == SSA_ERR_IO);
+  CHECK(message.find("timeout_ms 300") != std::string::npos);
+  CHECK(waited_ms >= 250);
+  CHECK(waited_ms < 20000);
+}
+
+TEST_CASE("process group: ranks that disagree on q or on the layer get an error, and the group goes on") {
+  const Feed f(12000, 25);
+  const ssa_session_config cfg = group_config();
+  std::vector<ssa_status> bad_q(2), bad_len(2), after(2);
+  std::vector<std::vector<uint8_t>> outs(2);
+  run_ranks(2, [&](uint32_t r, RankLink& link) {
+    RuntimePtr rt = group_runtime(&link);
+    ssa_session* s = nullptr;
+    SSA_CHECK_OK(ssa_session_create(rt.get(), &cfg, &s));
+    SessionPtr a(s);
+    f.append(s, 0, 11000);
+    const ssa_decode_params p = params(SSA_METHOD_SSA, 0, 20.0f);
+    std::vector<uint8_t> q = f.q, out(f.q.size());
+    if (r == 1) q[3] ^= 1;
+    bad_q[r] = ssa_decode(s, 0, q.data(), out.data(), &p, nullptr);
+    if (r == 1) f.append(s, 11000, 11001);
+    bad_len[r] = ssa_decode(s, 0, f.q.data(), out.data(), &p, nullptr);
+    if (r == 0) f.append(s, 11000, 11001);
+    after[r] = ssa_decode(s, 0, f.q.data(), out.data(), &p, nullptr);
+    outs[r] = out;
+  });
+  for (uint32_t r = 0; r < 2; ++r) {
+    CHECK(bad_q[r] == SSA_ERR_INVALID_ARGUMENT);
+    CHECK(bad_len[r] == SSA_ERR_INVALID_ARGUMENT);
+    CHECK(after[r] == SSA_OK);
+  }
+  CHECK(outs[0] == outs[1]);
+}
+
+TEST_CASE("process group: bad tables and combinations are refused") {
+  Transport t(2);
+  RankLink link{&t, 0};
+  auto create = [&](const ssa_collective& c, ssa_backend b = SSA_BACKEND_CPU, uint32_t n_devices = 0) {
+    ssa_runtime_options o = runtime_options(b, 1);
+    int32_t devices[] = {0, 1};
+    if (n_devices != 0) {
+      o.devices = devices;
+      o.n_devices = n_devices;
+    }
+    o.collective = &c;
+    ssa_runtime* rt = nullptr;
+    const ssa_status st = ssa_runtime_create(&o, &rt);
+    CHECK(rt == nullptr);
+    return st;
+  };
+  ssa_collective c = table_of(&link);
+  c.size = 0;
+  CHECK(create(c) == SSA_ERR_INVALID_ARGUMENT);
+  c = table_of(&link);
+  c.rank = 2;
+  CHECK(create(c) == SSA_ERR_INVALID_ARGUMENT);
+  c = table_of(&link);
+  c.size = 65;
+  CHECK(create(c) == SSA_ERR_INVALID_ARGUMENT);
+  c = table_of(&link);
+  c.timeout_ms = 0;
+  CHECK(create(c) == SSA_ERR_INVALID_ARGUMENT);
+  c = table_of(&link);
+  c.all_gather = nullptr;
+  CHECK(create(c) == SSA_ERR_INVALID_ARGUMENT);
+  c = table_of(&link);
+  c.struct_size = 8;
+  CHECK(create(c) == SSA_ERR_INVALID_ARGUMENT);
+  c = table_of(&link);
+  CHECK(create(c, SSA_BACKEND_CUDA) == SSA_ERR_UNSUPPORTED);
+  CHECK(create(c, SSA_BACKEND_CPU, 2) == SSA_ERR_UNSUPPORTED);
+  CHECK(link.calls == 0);  // refused before any exchange
+  // Ranks that disagree on shard_tokens, or number themselves wrongly.
+  std::vector<ssa_status> st(2);
+  run_ranks(2, [&](uint32_t r, RankLink& l) {
+    ssa_collective tab = table_of(&l);
+    ssa_runtime_options o = runtime_options(SSA_BACKEND_CPU, 1);
+    o.shard_tokens = r == 0 ? kShard : 2 * kShard;
+    o.collective = &tab;
+    ssa_runtime* rt = nullptr;
+    st[r] = ssa_runtime_create(&o, &rt);
+    ssa_runtime_destroy(rt);
+  });
+  CHECK(st[0] == SSA_ERR_INVALID_ARGUMENT);
+  CHECK(st[1] == SSA_ERR_INVALID_ARGUMENT);
+  run_ranks(2, [&](uint32_t r, RankLink& l) {
+    ssa_collective tab = table_of(&l);
+    tab.rank = 0;  // both say rank 0
+    ssa_runtime_options o = runtime_options(SSA_BACKEND_CPU, 1);
+    o.collective = &tab;
+    ssa_runtime* rt = nullptr;
+    st[r] = ssa_runtime_create(&o, &rt);
+    ssa_runtime_destroy(rt);
+  });
+  CHECK(st[0] == SSA_ERR_INVALID_ARGUMENT);
+  CHECK(st[1] == SSA_ERR_INVALID_ARGUMENT);
+}
