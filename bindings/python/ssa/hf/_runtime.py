@@ -34,6 +34,16 @@ def check_given(runtime, backend: str, threads) -> Optional[_core.Runtime]:
     return runtime
 
 
+def check_storage(page_tokens) -> dict:
+    """The storage settings of a cache's new sessions (create_session's keywords)."""
+    if page_tokens is None:
+        return {}
+    if isinstance(page_tokens, bool) or not isinstance(page_tokens, int) or not 16 <= page_tokens <= 4096 \
+            or page_tokens & (page_tokens - 1):
+        raise invalid("SSACache(page_tokens=%r): a power of two in [16, 4096] (or None)" % (page_tokens,))
+    return {"page_tokens": page_tokens}
+
+
 def runtime_device(runtime: _core.Runtime) -> torch.device:
     """Where the runtime's sessions take K, V, q and out: the CUDA device of the
     runtime (the first of its devices when sharded), or the CPU."""
