@@ -112,7 +112,7 @@ class Agent:
         return "starting"
 
     def turn(self, model, message_ids, reply_tokens):
-        inp = torch.tensor([self.ids + message_ids])
+        inp = torch.tensor([self.ids + message_ids], device=model.device)
         t0 = time.perf_counter()
         with torch.no_grad():
             out = model.generate(inp, past_key_values=self.cache, max_new_tokens=reply_tokens,
@@ -201,8 +201,8 @@ def run_cpu(a):
             wrote, ct = ag.checkpoint()
             new = ag.cache.get_seq_length() - before
             per_tok = kv_bytes_per_token(ag.cache)
-            say("agent %d turn %d: %d new tokens, session %d; reply %r (%.1f tok/s)" % (
-                ag.index, t, new, ag.cache.get_seq_length(), tok.decode(reply), len(reply) / dt))
+            say("agent %d turn %d: %d new tokens, session %d; reply %r (generate: %.2f s)" % (
+                ag.index, t, new, ag.cache.get_seq_length(), tok.decode(reply), dt))
             say("  checkpoint: wrote %s bytes in %.1f ms = %.2fx the turn's new K/V + codes (%d B); "
                 "the session holds %d B of them" % (
                     wrote, 1e3 * ct, (wrote or 0) / max(1, new * per_tok), new * per_tok,
