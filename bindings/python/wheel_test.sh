@@ -7,6 +7,7 @@
 # mount namespaces are not allowed it runs without hiding them and says so; the
 # check below that every Abseil/xxHash library mapped into the process comes from
 # the wheel runs either way.) Prints the wheel's size and the install + import time.
+# SSA_WHEEL=FILE tests that wheel instead of building one.
 # Also checks that `pip install ./bindings/python` on a machine without Abseil
 # stops with the one-line message naming the packages.
 set -euo pipefail
@@ -15,8 +16,12 @@ PY="${PYTHON:-python3}"
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
 
-bash "$ROOT/scripts/build_wheel.sh" "$WORK/dist"
-WHL="$(ls "$WORK"/dist/cpu/ssa-*.whl)"
+if [ -n "${SSA_WHEEL:-}" ]; then
+  WHL="$SSA_WHEEL"   # a wheel built before (scripts/build_wheel.sh)
+else
+  bash "$ROOT/scripts/build_wheel.sh" "$WORK/dist"
+  WHL="$(ls "$WORK"/dist/cpu/ssa-*.whl)"
+fi
 echo "wheel: $(basename "$WHL"): $(du -k "$WHL" | cut -f1) KiB"
 
 # The wheel's dependencies as local files (from pip's cache when there): the timed
@@ -27,6 +32,7 @@ echo "wheel: $(basename "$WHL"): $(du -k "$WHL" | cut -f1) KiB"
 cat > "$WORK/in_bare_machine.sh" <<'EOF'
 set -euo pipefail
 WORK="$1"; WHL="$2"; ROOT="$3"; hidden="$4"
+unset PYTHONPATH PYTHONHOME LD_LIBRARY_PATH  # the venv and the wheel alone
 VPY="$WORK/venv/bin/python"
 t0=$EPOCHREALTIME
 "$VPY" -m pip install -q --no-index --find-links "$WORK/deps" "$WHL"
