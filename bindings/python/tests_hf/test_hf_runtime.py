@@ -187,3 +187,15 @@ def test_device_fit_rules_of_a_cuda_runtime():
         _runtime.check_tensors(sharded, torch.device("cuda", 3), "x")
     # A CPU runtime takes tensors of any device (copied to the host).
     _runtime.check_tensors(ssa.Runtime(backend="cpu"), torch.device("cuda", 0), "x")
+
+
+def test_page_tokens_reach_the_sessions_and_are_checked(tmp_path):
+    model = _llama()
+    cache = ssa.hf.SSACache(model, page_tokens=16, **SPARSE)
+    _generate(model, cache, _ids(50), 2)
+    assert cache.sessions[0].config.page_tokens == 16
+    cache.save(tmp_path / "c")
+    assert ssa.hf.SSACache.load(tmp_path / "c", model).sessions[0].config.page_tokens == 16  # from the snapshot
+    for bad in (15, 24, 8192, True, "16"):
+        with pytest.raises(ssa.InvalidArgument, match="page_tokens"):
+            ssa.hf.SSACache(model, page_tokens=bad)
