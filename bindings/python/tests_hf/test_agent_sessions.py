@@ -25,7 +25,7 @@ pytestmark = pytest.mark.model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 EXAMPLE = os.path.join(ROOT, "examples", "python", "agent_sessions.py")
-ARGS = ["--agents", "2", "--turns", "3", "--context", "120", "--reply-tokens", "4", "--threads", "1"]
+ARGS = ["--agents", "2", "--turns", "2", "--context", "120", "--reply-tokens", "4", "--threads", "1"]
 
 
 @pytest.fixture(scope="module")
@@ -67,11 +67,11 @@ def test_killed_anywhere_resumes_to_the_same_tokens(tmp_path, model_dir):
     assert p.returncode == 0, out
     once = time.time() - t0
     want = _transcript(ref)
-    assert len(want) == 2 and all(len(a["replies"]) == 3 and all(len(r) == 4 for r in a["replies"]) for a in want)
+    assert len(want) == 2 and all(len(a["replies"]) == 2 and all(len(r) == 4 for r in a["replies"]) for a in want)
     # Incremental checkpoints: after the first (full) save, each writes about the
     # turn's pages, far less than the session holds.
     ratios = [float(line.split("= ")[1].split("x")[0]) for line in out.splitlines() if "checkpoint: wrote" in line]
-    assert len(ratios) == 6
+    assert len(ratios) == 4
     print("uninterrupted run: %.1f s; checkpoint bytes / turn's new K/V: %s" % (once, ratios))
 
     seed = int(os.environ.get("SSA_KILL_SEED", "41"))
@@ -79,12 +79,18 @@ def test_killed_anywhere_resumes_to_the_same_tokens(tmp_path, model_dir):
     state = tmp_path / "killed"
     kills = {"during": 0, "between": 0}
     log = []
-    for attempt in range(12):
-        # Kill at the k-th checkpoint event: right after a checkpoint ended
-        # (between), or a random 0-40 ms after one began (during, most often).
-        k = rng.randrange(1, 7)
-        during = rng.random() < 0.6
-        delay = rng.uniform(0.0, 0.04)
+    # Three kills: during a checkpoint, between two, during again; each at the first
+    # or second checkpoint event of that run (later ones may not come: a resumed
+    # run has fewer turns left).
+    plan = [True, False, True]
+    # The delays stay within the shortest checkpoint of the uninterrupted run.
+    shortest = min(float(line.split(" in ")[1].split(" ms")[0]) for line in out.splitlines()
+                   if "checkpoint: wrote" in line) / 1e3
+    for attempt, during in enumerate(plan):
+        # during: a random delay after a checkpoint began; between: right after
+        # one ended.
+        k = rng.randrange(1, 3)
+        delay = rng.uniform(0.0, 0.8 * shortest)
         p = _start(state, model_dir)
         seen, killed, lines = 0, False, []
         for line in p.stdout:
@@ -108,8 +114,6 @@ def test_killed_anywhere_resumes_to_the_same_tokens(tmp_path, model_dir):
         kills["during" if hit_during else "between"] += 1
         print("seed %d attempt %d: SIGKILL %s checkpoint event %d (+%.1f ms)" % (
             seed, attempt, "during" if hit_during else "after", k, 1e3 * delay if during else 0))
-        if attempt >= 2 and kills["during"] and kills["between"]:
-            break
     if killed:  # the last attempt was killed: finish the run
         p = _start(state, model_dir)
         out, _ = p.communicate(timeout=300)
