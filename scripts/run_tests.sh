@@ -2,7 +2,8 @@
 # Every test: installs dependencies, builds (CUDA backend compiled when nvcc
 # exists; GPU tests report skipped without a device), runs the C++/C suites, the
 # C API tests under valgrind, the bindings' suites, the Python package as users
-# install it with the transformers integration (ssa.hf on SmolLM2), the whole C++ suite again
+# install it with the transformers integration (ssa.hf on SmolLM2), the wheel in a
+# fresh venv without Abseil, xxHash or a compiler, the whole C++ suite again
 # under AddressSanitizer + UBSan, the concurrency tests and the randomized stress
 # test under ThreadSanitizer and a bounded snapshot fuzzer run.
 # Fails on the first failure and prints how long each stage took.
@@ -10,14 +11,14 @@
 # Each build folder is configured with every option the stage relies on, so a
 # folder configured otherwise before (scripts/run_example.sh, a developer's
 # cmake call) is brought back to what the tests need.
-# SSA_TEST_STAGES=build,ctest,valgrind,bindings,hf,asan,tsan,fuzz (default: all)
+# SSA_TEST_STAGES=build,ctest,valgrind,bindings,hf,wheel,asan,tsan,fuzz (default: all)
 # runs only the named stages ("ctest", "valgrind" and "bindings" need "build"'s
 # folder to exist).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export SSA_WITH_BINDINGS=1 SSA_WITH_FUZZ=1
 jobs=$(nproc)
-stages="${SSA_TEST_STAGES:-build,ctest,valgrind,bindings,hf,asan,tsan,fuzz}"
+stages="${SSA_TEST_STAGES:-build,ctest,valgrind,bindings,hf,wheel,asan,tsan,fuzz}"
 want() { case ",$stages," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
 
 declare -a timings=()
@@ -77,6 +78,15 @@ if want hf; then
   # pip install ./bindings/python (it builds libssa), torch and transformers once,
   # then the binding's suite and the ssa.hf suite (tiny random models, SmolLM2).
   bash bindings/python/ci_test.sh
+  end
+fi
+
+if want wheel; then
+  begin wheel
+  # The CPU wheel (libssa, Abseil and xxHash inside) installed from local files in
+  # a fresh venv with Abseil, xxHash and the compilers hidden; the binding's suite
+  # run from it; the one-line refusal of a source install without Abseil.
+  bash bindings/python/wheel_test.sh
   end
 fi
 

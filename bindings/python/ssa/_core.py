@@ -351,6 +351,12 @@ class Runtime:
         check(lib.ssa_runtime_create(opts, out), "ssa_runtime_create")
         self._ptr = out[0]
         self._device = opts.device
+        self._backend = Backend(lib.ssa_runtime_backend(self._ptr)).name.lower()
+        self._options = dict(backend=self._backend, threads=self.threads, seed=seed, device=int(opts.device),
+                             device_kv_budget=int(opts.device_kv_budget),
+                             host_cache_bytes=int(opts.host_cache_bytes),
+                             devices=None if devices is None else tuple(ordinals),
+                             shard_tokens=int(opts.shard_tokens))
 
     # -- lifetime
     def _acquire(self) -> None:
@@ -406,8 +412,9 @@ class Runtime:
     # -- properties
     @property
     def backend(self) -> str:
-        """The backend actually used: "cpu" or "cuda"."""
-        return Backend(lib.ssa_runtime_backend(self._handle())).name.lower()
+        """The backend actually used: "cpu" or "cuda" (also after close(): the
+        runtime's sessions may still be in use)."""
+        return self._backend
 
     @property
     def threads(self) -> int:
@@ -426,13 +433,30 @@ class Runtime:
 
     @property
     def device(self) -> int:
-        """CUDA device ordinal the runtime was created for."""
+        """CUDA device ordinal whose memory K, V, q and out are: ``device``, or the
+        first of ``devices`` for a sharded CUDA runtime."""
+        devs = self._options["devices"]
+        if devs and self._options["backend"] == "cuda":
+            return devs[0]
         return self._device
+
+    @property
+    def options(self) -> dict:
+        """The options the runtime was created with (backend as resolved, threads as
+        used): backend, threads, seed, device, device_kv_budget, host_cache_bytes,
+        devices, shard_tokens."""
+        return dict(self._options)
 
     def __repr__(self) -> str:
         if self.closed:
             return "<ssa.Runtime closed>"
-        return "<ssa.Runtime backend=%s threads=%d>" % (self.backend, self.threads)
+        o = self._options
+        extra = ""
+        if o["device_kv_budget"]:
+            extra += " device_kv_budget=%d" % o["device_kv_budget"]
+        if o["devices"] is not None:
+            extra += " devices=%s" % (list(o["devices"]),)
+        return "<ssa.Runtime backend=%s threads=%d%s>" % (self.backend, self.threads, extra)
 
     # -- sessions
     def create_session(self, n_layers: int, n_q_heads: int, n_kv_heads: int, head_dim: int,

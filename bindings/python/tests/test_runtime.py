@@ -112,3 +112,20 @@ def test_sharded_runtime_bad_options():
         ssa.Runtime(backend="cpu", devices=[0, 1], shard_tokens=1000)
     with pytest.raises(ssa.InvalidArgument, match="n_devices"):
         ssa.Runtime(backend="cpu", devices=[])
+
+
+def test_options_are_reported_as_given():
+    rt = ssa.Runtime(backend="cpu", threads=1, seed=9, device_kv_budget=1 << 30, host_cache_bytes=1 << 27,
+                     devices=[4, 7], shard_tokens=16384)
+    o = rt.options
+    assert o == dict(backend="cpu", threads=1, seed=9, device=0, device_kv_budget=1 << 30,
+                     host_cache_bytes=1 << 27, devices=(4, 7), shard_tokens=16384)
+    assert rt.shards == 2 and rt.device == 0  # CPU shards: the ordinals only name them
+    o["threads"] = 5
+    assert rt.options["threads"] == 1  # a copy
+    assert "devices=[4, 7]" in repr(rt) and "device_kv_budget=1073741824" in repr(rt)
+    s = rt.create_session(1, 4, 2, 32, "float32")
+    rt.close()
+    assert rt.backend == "cpu"  # still known while its sessions live
+    s.close()
+    assert ssa.Runtime(backend="cpu").options["devices"] is None

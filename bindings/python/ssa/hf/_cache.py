@@ -7,7 +7,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin, DynamicSlidingWindo
 
 from .. import _core
 from .._errors import Error, invalid
-from . import _attention, _model, _params
+from . import _attention, _model, _params, _runtime
 
 _TORCH_DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
@@ -203,6 +203,14 @@ class SSACache(Cache):
             (ssa_decode_traced; CPU sessions only): cache.last_traces[layer_idx] is
             then a list of ssa.DecodeTrace per batch row, replaced at each decode of
             that layer (an observer sees the current step's).
+        runtime: an ssa.Runtime to make the sessions on, shared with other caches
+            (its device budget, host cache, shards, threads and seed apply); None:
+            a runtime of the cache's own with default options, on the device of the
+            model's tensors. A runtime whose backend or device does not fit the
+            cache or the model is refused, naming the option.
+        page_tokens: tokens per K/V page of the sessions (a power of two, 16..4096;
+            None: the library's 256). A checkpoint writes the pages a turn changed,
+            so smaller pages write closer to the turn's own bytes.
         process_group: this process is one rank of a group of processes sharing the
             cache's sessions (docs/DISTRIBUTED.md; CPU only): a torch.distributed process
             group, or True for the default group. Every rank runs the same model on the
@@ -222,7 +230,8 @@ class SSACache(Cache):
                  h: float = 0.4, n_sink: int = 128, n_local: int = 128, seed: int = 0, backend: str = "auto",
                  observer: Optional[Callable] = None, threads: int = 0,
                  progress_min_tokens: Optional[int] = 8192, group_selection: str = "off",
-                 traces: bool = False, process_group: Any = None, shard_tokens: int = 0):
+                 traces: bool = False, runtime: Optional[_core.Runtime] = None,
+                 page_tokens: Optional[int] = None, process_group: Any = None, shard_tokens: int = 0):
         self.shape = _model.shape_of(model)
         impl = getattr(_model.text_config(model), "_attn_implementation", None)
         if impl is not None and impl != "ssa":
@@ -235,10 +244,14 @@ class SSACache(Cache):
             raise invalid("observer must be callable, got %r" % (observer,))
         self.observer = observer
         self.threads = threads
+        self._given_runtime = _runtime.check_given(runtime, self.backend, threads)
+        self._storage = _runtime.check_storage(page_tokens)
         if process_group is not None and self.backend == "cuda":
             raise invalid("SSACache(process_group=...) runs on the CPU backend only in this version")
         self.process_group = process_group
         self.shard_tokens = shard_tokens
+        if process_group is not None and runtime is not None:
+            raise invalid("SSACache: pass runtime= or process_group= (a runtime built for the group), not both")
         self.progress_min_tokens = progress_min_tokens
         self.fingerprint = _model.fingerprint(model)
         self._config_summary = _model.config_summary(model)
@@ -335,17 +348,10 @@ class SSACache(Cache):
             raise invalid("SSACache layer %d: key_states dtype %s; libssa takes float32, float16 and bfloat16"
                           % (layer_idx, key_states.dtype))
         dev = key_states.device
-        backend = self.backend
-        if backend == "auto":
-            backend = "cuda" if dev.type == "cuda" else "cpu"
-        if backend == "cuda" and dev.type != "cuda":
-            raise invalid("SSACache(backend=\"cuda\") got %s tensors; move the model to a CUDA device" % dev)
+        backend = _runtime.backend_for(self, dev, layer_idx)
         self._open(backend, dt, dev, int(key_states.shape[0]))
 
     def _open(self, backend: str, dtype: str, device, batch: int) -> None:
-        kw = dict(backend=backend, threads=self.threads)
-        if backend == "cuda":
-            kw["device"] = device.index if device.index is not None else torch.cuda.current_device()
         if self.process_group is not None:
             if backend != "cpu":
                 raise invalid("SSACache(process_group=...) got %s tensors; it runs on the CPU only" % device)
@@ -353,10 +359,10 @@ class SSACache(Cache):
 
             group = None if self.process_group is True else self.process_group
             self.runtime = distributed.runtime(group, threads=self.threads, shard_tokens=self.shard_tokens)
+            self.device = torch.device("cpu")
         else:
-            self.runtime = _core.Runtime(**kw)
+            self.runtime, self.device = _runtime.open_runtime(self, backend, device)
         self.dtype = dtype
-        self.device = torch.device("cuda", kw["device"]) if backend == "cuda" else torch.device("cpu")
         self.sessions = [self._new_session() for _ in range(batch)]
 
     def _session_shape(self) -> dict:
@@ -365,7 +371,7 @@ class SSACache(Cache):
                     head_dim=s.head_dim, dtype=self.dtype, model_fingerprint=int(self.fingerprint[:16], 16))
 
     def _new_session(self) -> _core.Session:
-        return self.runtime.create_session(**self._session_shape())
+        return self.runtime.create_session(**self._session_shape(), **self._storage)
 
     def _to_session(self, x):
         """x as the session takes it: its dtype, its memory space, contiguous."""
@@ -586,10 +592,11 @@ class SSACache(Cache):
 
     @classmethod
     def load(cls, path, model, backend: str = "auto", observer: Optional[Callable] = None, threads: int = 0,
-             device=None) -> "SSACache":
+             device=None, runtime: Optional[_core.Runtime] = None) -> "SSACache":
         """Restores a cache saved with save() for this model. A cache of another model
         (another configuration fingerprint) is refused with ssa.Mismatch.
-        backend/device: where the sessions go ("auto": the model's device)."""
+        backend/device: where the sessions go ("auto": the model's device).
+        runtime: an ssa.Runtime to restore the sessions into (as SSACache(runtime=))."""
         from ._persist import load
 
-        return load(cls, path, model, backend, observer, threads, device)
+        return load(cls, path, model, backend, observer, threads, device, runtime)

@@ -8,7 +8,7 @@ import torch
 
 from .. import _core
 from .._errors import Error, Mismatch, invalid
-from . import _model, _params
+from . import _model, _params, _runtime
 
 FORMAT = "ssa.hf.cache/1"
 MANIFEST = "cache.json"
@@ -79,7 +79,23 @@ def _differences(saved: dict, now: dict) -> str:
     return "; ".join(diffs[:6]) or "same summary, other fingerprint"
 
 
-def load(cls, path, model, backend, observer, threads, device):
+def _committed_positions(rows, sessions, positions: int) -> int:
+    """The positions of an unpadded cache: the manifest's, or more when every row
+    snapshot holds the same larger count. save() commits each row's snapshot
+    (atomically) before it replaces the manifest, so rows ahead of the manifest are
+    a save interrupted between the two, whose rows all landed: their state is the
+    later one (each snapshot is a whole session, index included)."""
+    lengths = [len(s) for s in sessions]
+    if len(set(lengths)) == 1 and lengths[0] >= positions:
+        return lengths[0]
+    for r, n in zip(rows, lengths):
+        if n != positions:
+            raise invalid("SSACache.load: %s holds %d tokens, the manifest says %d (rows hold %s)"
+                          % (r, n, positions, lengths))
+    return positions
+
+
+def load(cls, path, model, backend, observer, threads, device, runtime=None):
     path = os.fspath(path)
     mpath = os.path.join(path, MANIFEST)
     try:
@@ -111,18 +127,8 @@ def load(cls, path, model, backend, observer, threads, device):
     if dtype not in ("float32", "float16", "bfloat16"):
         raise invalid("SSACache.load: %s has an invalid dtype %r" % (mpath, dtype))
     params = _params.check(params)  # every value checked again
-    cache = cls(model, observer=observer, threads=threads, backend=backend, **params)
-    be = cache.backend
-    if be == "auto":
-        try:
-            dev = next(model.parameters()).device
-        except StopIteration:
-            dev = torch.device("cpu")
-        dev = torch.device(device) if device is not None else dev
-        be = "cuda" if dev.type == "cuda" else "cpu"
-    else:
-        dev = torch.device(device) if device is not None else (
-            torch.device("cuda", torch.cuda.current_device()) if be == "cuda" else torch.device("cpu"))
+    cache = cls(model, observer=observer, threads=threads, backend=backend, runtime=runtime, **params)
+    be, dev = _runtime.load_target(cache, model, device)
     cache._open(be, dtype, dev, 0)
     expect = cache._session_shape()
     sessions = []
@@ -134,8 +140,8 @@ def load(cls, path, model, backend, observer, threads, device):
                 raise type(e)("SSACache.load: %s: %s" % (os.path.join(path, r), e.message), e.status,
                               e.function) from None
             sessions.append(s)
-            if manifest.get("padded") is False and len(s) != positions:
-                raise invalid("SSACache.load: %s holds %d tokens, the manifest says %d" % (r, len(s), positions))
+        if manifest.get("padded") is False:
+            positions = _committed_positions(rows, sessions, positions)
     except BaseException:
         for s in sessions:
             s.close()

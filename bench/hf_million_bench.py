@@ -1,0 +1,207 @@
+"""A million-token session through transformers on one GPU: generate() with an
+ssa.hf.SSACache on a tiered runtime (ssa.Runtime(device_kv_budget=...)).
+
+The model has Llama-3.1-8B's shape (32 layers, hidden 4096, 32 query / 8 KV heads of
+128, MLP 14336, bf16) with random weights. The session is filled by appending
+--tokens - 1 rows of random K/V per layer, in chunks (what a prefill leaves; a
+1M-token prefill of the model takes minutes on any engine), then generate() runs on
+a --tokens-token prompt, so it processes the last prompt token and the new ones.
+
+Measured: the fill's rate (append + PQ index, the K/V generated on the device before
+each timed append) beside a pinned host-to-device copy of the same bytes; ms per
+generated token ((time of M + 1 steps - time of 1 step) / M); rows read from host per
+step (DecodeStats.rows_from_host summed over layers, from a separate observed
+generate: the observer's waits are not in the timed steps); device memory in use
+(cudaMemGetInfo: libssa's allocations included), its peak over the run.
+
+  python3 bench/hf_million_bench.py                       # H200: 1M tokens, 32 layers, 96 GiB budget
+  python3 bench/hf_million_bench.py --tokens 524288 --device-kv-budget-gib 48 --dense
+  python3 bench/hf_million_bench.py --device cpu --shape tiny --tokens 8192 --layers 2 --steps 4   # smoke
+"""
+import argparse
+import json
+import time
+
+import torch
+import transformers
+
+import ssa
+import ssa.hf
+
+SHAPES = {
+    # hidden, intermediate, q heads, kv heads, head dim
+    "llama-3.1-8b": (4096, 14336, 32, 8, 128),
+    "tiny": (256, 512, 4, 2, 64),
+}
+
+
+def make_model(shape, layers, device, dtype):
+    hidden, inter, nq, nkv, d = SHAPES[shape]
+    cfg = transformers.LlamaConfig(vocab_size=32000, hidden_size=hidden, intermediate_size=inter,
+                                   num_hidden_layers=layers, num_attention_heads=nq, num_key_value_heads=nkv,
+                                   head_dim=d, max_position_embeddings=1 << 21, initializer_range=0.02)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="ssa", dtype=dtype)
+    return model.eval()
+
+
+class DeviceMemory:
+    """Device memory in use (total - free, every allocator included) and its peak."""
+
+    def __init__(self, device):
+        self.cuda = device.type == "cuda"
+        self.peak = 0
+        self.sample()
+
+    def sample(self):
+        if self.cuda:
+            free, total = torch.cuda.mem_get_info()
+            self.peak = max(self.peak, total - free)
+        return self.peak
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def h2d_rate(nbytes):
+    """GB/s of one pinned host-to-device copy of nbytes (best of 3)."""
+    src = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    dst = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    best = float("inf")
+    for _ in range(3):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        dst.copy_(src, non_blocking=True)
+        torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - t0)
+    del src, dst
+    return nbytes / best / 1e9
+
+
+def fill(cache, layers, n, nkv, d, chunk, device, dtype, mem):
+    """n rows of random K/V per layer appended chunk by chunk; returns the seconds
+    spent in the appends (K/V generation excluded)."""
+    gen = torch.Generator(device=device).manual_seed(7)
+    spent = 0.0
+    for layer in range(layers):
+        for s in range(0, n, chunk):
+            m = min(chunk, n - s)
+            k = torch.randn(1, nkv, m, d, generator=gen, device=device, dtype=dtype)
+            v = torch.randn(1, nkv, m, d, generator=gen, device=device, dtype=dtype)
+            cache.update(k, v, layer, {"cache_position": torch.arange(s, s + m, device=device)})
+            work = ssa.hf._attention.take_pending(layer)
+            cache.layers[layer].dense_k = cache.layers[layer].dense_v = None  # no prefill attention here
+            sync(device)
+            t0 = time.perf_counter()
+            cache._append(work.layer, 0, k[0], v[0], None)
+            sync(device)
+            spent += time.perf_counter() - t0
+            del k, v
+        mem.sample()
+    return spent
+
+
+def timed_generate(model, ids, cache, steps, device):
+    sync(device)
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        out = model.generate(ids, past_key_values=cache, max_new_tokens=steps, min_new_tokens=steps, do_sample=False)
+    sync(device)
+    return time.perf_counter() - t0, out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", type=int, default=1 << 20)
+    ap.add_argument("--layers", type=int, default=32)
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="llama-3.1-8b")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--device-kv-budget-gib", type=float, default=96.0)
+    ap.add_argument("--host-cache-gib", type=float, default=0.0, help="0: the library's default (1/8 of the budget)")
+    ap.add_argument("--sparsity", type=float, default=50.0)
+    ap.add_argument("--steps", type=int, default=32)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--chunk", type=int, default=65536)
+    ap.add_argument("--dense", action="store_true", help="also time dense decode from the tiers (a few steps)")
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+    device = torch.device(a.device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    hidden, inter, nq, nkv, d = SHAPES[a.shape]
+    elem = 2 if dtype == torch.bfloat16 else 4
+    kv_bytes = a.layers * nkv * d * 2 * elem * a.tokens
+    budget = int(a.device_kv_budget_gib * (1 << 30))
+    rt = ssa.Runtime(backend="cuda" if device.type == "cuda" else "cpu", device=device.index or 0,
+                     device_kv_budget=budget if device.type == "cuda" else 0,
+                     host_cache_bytes=int(a.host_cache_gib * (1 << 30)))
+    where = torch.cuda.get_device_name() if device.type == "cuda" else "CPU"
+    print("# %s, %d layers, %d tokens (%.1f GiB of K/V), %s; %r; SSA %gx; torch %s, transformers %s, libssa %s"
+          % (a.shape, a.layers, a.tokens, kv_bytes / 2 ** 30, where, rt, a.sparsity, torch.__version__,
+             transformers.__version__, ssa.version()))
+    mem = DeviceMemory(device)
+    model = make_model(a.shape, a.layers, device, dtype)
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    if a.shape == "llama-3.1-8b" and device.type == "cuda":
+        total = torch.cuda.mem_get_info()[1]
+        print("dense decode would hold %.1f GiB of K/V + %.1f GiB of weights = %.1f GiB on a %.1f GiB device%s"
+              % (kv_bytes / 2 ** 30, weights / 2 ** 30, (kv_bytes + weights) / 2 ** 30, total / 2 ** 30,
+                 ": it does not fit" if kv_bytes + weights > total else ""))
+    cache = ssa.hf.SSACache(model, runtime=rt, method="ssa", sparsity=a.sparsity, progress_min_tokens=None)
+    n = a.tokens - 1
+    t_fill = fill(cache, a.layers, n, nkv, d, a.chunk, device, dtype, mem)
+    fill_gbs = kv_bytes * n / a.tokens / t_fill / 1e9
+    res = dict(tokens=a.tokens, layers=a.layers, shape=a.shape, budget_gib=a.device_kv_budget_gib,
+               fill_s=t_fill, fill_gb_s=fill_gbs)
+    line = "fill: %d tokens x %d layers in %.1f s of appends: %.2f GB/s" % (n, a.layers, t_fill, fill_gbs)
+    if device.type == "cuda":
+        res["h2d_gb_s"] = h2d_rate(min(1 << 30, a.chunk * nkv * d * 2 * elem))
+        line += " (pinned host-to-device copy of a chunk's bytes: %.2f GB/s; fill at %.0f%% of it)" % (
+            res["h2d_gb_s"], 100 * fill_gbs / res["h2d_gb_s"])
+    print(line, flush=True)
+    gen = torch.Generator(device=device).manual_seed(1)
+    ids = torch.randint(0, 32000, (1, a.tokens), device=device, generator=gen)
+    _, ids = timed_generate(model, ids, cache, 2, device)  # warm-up
+    per = []
+    for _ in range(a.reps):
+        t_many, out = timed_generate(model, ids, cache, a.steps + 1, device)
+        ids = out
+        t_one, out = timed_generate(model, ids, cache, 1, device)
+        ids = out
+        per.append((t_many - t_one) / a.steps * 1e3)
+        mem.sample()
+    per.sort()
+    res["ms_per_token"] = per[len(per) // 2]
+    # Rows read from the host per step: an observer sums every layer's stats.
+    steps_rows = []
+
+    def observer(layer_idx, q, out, stats, c):
+        if layer_idx == c.shape.full_layers[0]:
+            steps_rows.append(0)
+        steps_rows[-1] += sum(s.rows_from_host for s in stats if s is not None)
+        mem.sample()
+
+    cache.observer = observer
+    _, ids = timed_generate(model, ids, cache, 4, device)
+    cache.observer = None
+    res["rows_from_host_per_step"] = steps_rows[1:] or steps_rows
+    res["peak_device_gib"] = mem.sample() / 2 ** 30
+    print("decode: %.2f ms per generated token (%.1f tokens/s), median of %d x %d steps at %d tokens; rows read "
+          "from host per step (all layers, all heads): %s; peak device memory in use %.1f GiB"
+          % (res["ms_per_token"], 1e3 / res["ms_per_token"], a.reps, a.steps, cache.get_seq_length(),
+             res["rows_from_host_per_step"], res["peak_device_gib"]), flush=True)
+    if a.dense:
+        cache.set_params(method="dense")
+        t_many, ids = timed_generate(model, ids, cache, 3, device)
+        t_one, ids = timed_generate(model, ids, cache, 1, device)
+        res["dense_ms_per_token"] = (t_many - t_one) / 2 * 1e3
+        print("dense decode from the tiers: %.1f ms per generated token" % res["dense_ms_per_token"])
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
