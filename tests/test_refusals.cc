@@ -239,14 +239,27 @@ TEST_CASE("refusals: every refused call leaves the session as its untouched twin
                           }});
     }
 
+    // Each refusal on a session of its own (the first that changes one is named),
+    // then all of them on `s`.
     for (const Refusal& r : refusals) {
-      CAPTURE(r.what);
+      const std::string what = r.what;
+      CAPTURE(what);
+      auto fresh = make_session(rt.get(), refusal_config());
+      append_f32(fresh.get(), 0, K, V, kTokens, SSA_DTYPE_F32);
+      S = fresh.get();
       const ssa_status st = r.call();
       CAPTURE(ssa_last_error_message());
       CHECK(st == r.want);
       CHECK(std::string(ssa_last_error_message()).size() > 0);
       CHECK(ssa::test::store_diff(*S, *twin) == "");
     }
+    S = s.get();
+    for (const Refusal& r : refusals) {
+      const std::string what = r.what;
+      CAPTURE(what);
+      CHECK(r.call() == r.want);
+    }
+    CHECK(ssa::test::store_diff(*S, *twin) == "");
 
     // And the two stay the same session: after more tokens (the index trained
     // on the layer as it is then), every decode agrees bitwise.
