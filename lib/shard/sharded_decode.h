@@ -27,8 +27,8 @@ inline constexpr const char* kShardedTargetUnsupported =
 // Whether sessions of the runtime are sharded (more than one shard).
 inline bool runtime_sharded(const ssa_runtime& rt) { return rt.devices.size() > 1; }
 
-// As cpu_decode_layer, for a session of a sharded runtime. traces are not
-// recorded (must be null).
+// As cpu_decode_layer, for a session of a sharded runtime; traces list the
+// rows of every shard in layer indices (the unsharded decode's rows).
 absl::Status sharded_decode_layer(const ssa_session& s, const LayerStore& layer, uint32_t layer_index,
                                   const void* q, void* out, const ssa_decode_params& p, uint64_t seed,
                                   ssa_decode_stats* stats, std::vector<HeadTrace>* traces);
