@@ -239,19 +239,17 @@ TEST_CASE("sharding: huge shard_tokens decode as unsharded (every token in the f
   const Feed f(kShard + 700, t, 9);
   auto ref = make_session(ref_rt.get(), shard_config(t));
   f.append({ref.get()}, 0, 0, f.ctx.n);
-  f.append({ref.get()}, 1, 0, 300);
   const struct {
     uint32_t shards;
     uint64_t b;
   } cases[] = {{3, uint64_t{1} << 63}, {5, uint64_t{1} << 62}, {64, uint64_t{1} << 59},
-               {2, ~uint64_t{0} - (kShard - 1)}, {4, uint64_t{1} << 32}};
+               {2, ~uint64_t{0} - (kShard - 1)}};
   for (const auto& c : cases) {
     CAPTURE(c.shards);
     CAPTURE(c.b);
     auto rt = sharded_runtime(c.shards, c.b);
     auto sh = make_session(rt.get(), shard_config(t));
     f.append({sh.get()}, 0, 0, f.ctx.n);
-    f.append({sh.get()}, 1, 0, 300);
     check_same_decodes(ref.get(), sh.get(), f, "huge shard_tokens");
   }
 }
