@@ -7,9 +7,9 @@
  *  - Every fallible call returns ssa_status. On failure the thread-local
  *    ssa_last_error_message() holds a human-readable detail, and every handle is
  *    left exactly as it was before the call (operations are all-or-nothing),
- *    lazy work included: every check that can refuse a call runs before it
- *    trains an index on demand, allocates or copies pages, so a refused decode
- *    leaves a layer without an index still without one.
+ *    lazy work included: a refused call keeps nothing done for it (every check
+ *    that can refuse a decode runs before it trains an index on demand, so a
+ *    refused decode leaves a layer without an index still without one).
  *  - Versioned structs (those that start with `struct_size`): call the matching
  *    *_init() first, which sets struct_size to this header's sizeof and every
  *    default. Fields are only ever appended. One rule holds for all of them:
@@ -537,8 +537,8 @@ SSA_API void ssa_decode_stats_init(ssa_decode_stats *st);
 /* Attention output of one layer for one new query.
    q: [n_q_heads][head_dim]; out: [n_q_heads][head_dim]; both in kv_dtype and in
    the session's memory space; q borrowed, out written by the call (q, out and
-   stats may not overlap: Conventions). The query attends over every token of the layer
-   (ssa_session_layer_length). p: borrowed, NULL = defaults. stats: NULL = not
+   stats may not overlap: Conventions). The query attends over every token of
+   the layer (ssa_session_layer_length). p: borrowed, NULL = defaults. stats: NULL = not
    wanted; else its struct_size must be set and it is overwritten.
    Sampling methods draw from a counter-based RNG keyed by (seed, step, layer,
    query head): the result does not depend on threads or timing, and the same
