@@ -6,7 +6,10 @@
  * Conventions (they hold for every function below unless its comment says otherwise):
  *  - Every fallible call returns ssa_status. On failure the thread-local
  *    ssa_last_error_message() holds a human-readable detail, and every handle is
- *    left exactly as it was before the call (operations are all-or-nothing).
+ *    left exactly as it was before the call (operations are all-or-nothing),
+ *    lazy work included: a refused call keeps nothing done for it (every check
+ *    that can refuse a decode runs before it trains an index on demand, so a
+ *    refused decode leaves a layer without an index still without one).
  *  - Versioned structs (those that start with `struct_size`): call the matching
  *    *_init() first, which sets struct_size to this header's sizeof and every
  *    default. Fields are only ever appended. One rule holds for all of them:
@@ -18,10 +21,19 @@
  *    header) is accepted for inputs when every byte beyond this header's struct
  *    is zero, else SSA_ERR_UNSUPPORTED (a field this version does not know is
  *    set); outputs get zeros there. A size below the core, or inside a field, is
- *    SSA_ERR_INVALID_ARGUMENT. Every field of this header is in 0.1.0, the first
- *    version; a field added later will say which version added it.
+ *    SSA_ERR_INVALID_ARGUMENT, and so is a size above SSA_MAX_STRUCT_SIZE (4096
+ *    bytes, more than any version's struct will take), refused before any byte
+ *    beyond this header's struct is read or written. Every field of this header
+ *    is in 0.1.0, the first version; a field added later will say which version
+ *    added it.
  *  - Enums are 32 bits. A value outside an enum's listed values, in a struct or
  *    an argument, gives SSA_ERR_INVALID_ARGUMENT naming it.
+ *  - Caller buffers of one call (q, out and stats of a decode, the trace buffers
+ *    of ssa_decode_traced, the q and out of every item of ssa_decode_batch, buf
+ *    and n_out of ssa_session_get_metadata): a buffer the call writes may not
+ *    overlap any other buffer of the call; buffers it only reads may share
+ *    memory. An overlap is SSA_ERR_INVALID_ARGUMENT, found before anything is
+ *    read or written through them.
  *  - Out-parameters (`**out`) are written only on success. Objects returned through
  *    them are owned by the caller and freed with the matching *_destroy().
  *    Every other pointer argument is borrowed for the duration of the call only.
@@ -90,6 +102,10 @@ extern "C" {
 #define SSA_VERSION_MAJOR 0
 #define SSA_VERSION_MINOR 1
 #define SSA_VERSION_PATCH 0
+
+/* The largest struct_size of any versioned struct, in this and every later
+   version (Conventions, "Versioned structs"). */
+#define SSA_MAX_STRUCT_SIZE 4096u
 
 /* MAJOR*10000 + MINOR*100 + PATCH of the library actually loaded. */
 SSA_API uint32_t ssa_version(void);
@@ -212,8 +228,11 @@ typedef struct ssa_runtime_options {
   uint64_t seed;       /* default seed for sampling when a decode passes seed 0;
                           default 0x5EED */
   /* ---- core: every field above; struct_size may end here or at a later field ---- */
-  /* Tiered K/V for CUDA runtimes (docs/TIERED_MEMORY.md; CPU runtimes accept and
-     ignore both). device_kv_budget: the device memory, in bytes, that the K/V
+  /* Tiered K/V for CUDA runtimes (docs/TIERED_MEMORY.md). CPU runtimes check
+     both as CUDA runtimes do (host_cache_bytes above device_kv_budget is
+     SSA_ERR_INVALID_ARGUMENT on every backend: whether options are valid does
+     not depend on the machine, SSA_BACKEND_AUTO included) and then ignore them.
+     device_kv_budget: the device memory, in bytes, that the K/V
      pages of this runtime's sessions may use, resident pages and caches together;
      0 (default) = no limit, every page on the device. Pages beyond it live in
      pinned host memory (allocated in chunks as needed) and decodes read them over
@@ -440,8 +459,9 @@ typedef struct ssa_decode_params {
   uint32_t budget;      /* tokens read per query head incl. sink+local; 0 (default)
                            = ceil(N / sparsity). With target_error > 0: the floor
                            of the chosen budget (0 = none) */
-  float sparsity;       /* N / budget when budget == 0; default 50; must be >= 1;
-                           not used with target_error > 0 */
+  float sparsity;       /* N / budget when budget == 0; default 50; must be >= 1
+                           (finite); not read with target_error > 0, where any
+                           value (NaN included) is accepted */
   float heavy_fraction; /* h for SSA and HYBRID_UNIFORM, in [0, 1]; default 0.4 */
   uint32_t n_sink;      /* default 128 */
   uint32_t n_local;     /* default 128 */
@@ -489,7 +509,7 @@ typedef struct ssa_decode_params {
    The budget (sink + local + heavy + draws) never exceeds max_budget; a head
    that would need more stops there and is counted in
    ssa_decode_stats.capped_heads. A head whose chosen budget covers all of its
-   candidates reads them all (exact). `sparsity` is not used; `budget`, if
+   candidates reads them all (exact). `sparsity` is not read; `budget`, if
    nonzero, is the floor and must not exceed a nonzero max_budget.
    The guarantee is a prediction (normal limit of the mean of the draws, V
    estimated from the draws themselves, the with-replacement variance as a
@@ -563,9 +583,9 @@ SSA_API void ssa_decode_stats_init(ssa_decode_stats *st);
 
 /* Attention output of one layer for one new query.
    q: [n_q_heads][head_dim]; out: [n_q_heads][head_dim]; both in kv_dtype and in
-   the session's memory space; q borrowed, out written by the call (q and out may
-   not overlap). The query attends over every token of the layer
-   (ssa_session_layer_length). p: borrowed, NULL = defaults. stats: NULL = not
+   the session's memory space; q borrowed, out written by the call (q, out and
+   stats may not overlap: Conventions). The query attends over every token of
+   the layer (ssa_session_layer_length). p: borrowed, NULL = defaults. stats: NULL = not
    wanted; else its struct_size must be set and it is overwritten.
    Sampling methods draw from a counter-based RNG keyed by (seed, step, layer,
    query head): the result does not depend on threads or timing, and the same
@@ -605,18 +625,21 @@ SSA_API ssa_status ssa_decode(ssa_session *s, uint32_t layer, const void *q, voi
    receive, at the same positions, the natural log of each row's inclusion
    probability (0 for sink, local and heavy rows and in dense decodes).
    head_offsets: n_q_heads + 1 entries. All three: host memory, caller-owned,
-   borrowed, overlapping neither each other nor q and out; tokens may be NULL
-   only with capacity 0.
+   borrowed, overlapping neither each other nor q, out and stats (Conventions);
+   tokens may be NULL only with capacity 0.
    A capacity of n_q_heads * ssa_session_layer_length(s, layer) always suffices;
    a budgeted decode needs at most n_q_heads * budget, and with group selection
    n_q_heads * (n_sink + n_local + G * (budget - n_sink - n_local)) for G query
    heads per KV head. If this decode read more rows than capacity, nothing is
-   written to out, stats, tokens or log_pi; head_offsets receives the offsets the
-   trace would have had (head_offsets[n_q_heads] is the capacity needed: the same
-   call with that capacity, seed and step reads the same rows) and the call
-   returns SSA_ERR_INVALID_ARGUMENT naming both numbers.
-   CPU sessions only: CUDA sessions return SSA_ERR_UNSUPPORTED (their selection
-   stays on the device) and nothing is written.
+   written to out, stats, tokens or log_pi and the session is unchanged (an
+   index the layer lacked and this decode trained is not kept); head_offsets
+   receives the offsets the trace would have had (head_offsets[n_q_heads] is
+   the capacity needed: the same call with that capacity, seed and step reads
+   the same rows) and the call returns SSA_ERR_INVALID_ARGUMENT naming both
+   numbers.
+   CPU sessions, sharded ones included (every shard's rows, in layer indices:
+   the trace of the unsharded decode). CUDA sessions return SSA_ERR_UNSUPPORTED
+   (their selection stays on the device) and nothing is written.
    Returns as ssa_decode, and SSA_ERR_INVALID_ARGUMENT for head_offsets NULL,
    tokens NULL with capacity > 0, or a capacity too small. */
 SSA_API ssa_status ssa_decode_traced(ssa_session *s, uint32_t layer, const void *q, void *out,

@@ -90,8 +90,10 @@ class Backend {
   virtual absl::Status before_truncate(ssa_session& s, uint64_t n_tokens) const = 0;
 
   // ---- decode (lib/decode/decode.cc)
-  // Refuses parameters the backend cannot serve, before an index is trained for them.
-  virtual absl::Status check_decode(const ssa_decode_params& p) const = 0;
+  // Refuses a decode of layer `layer` of `s` the backend cannot serve (the
+  // parameters, the stream, the layer's pages), before anything lazy is done
+  // for it (an index trained on demand). The caller holds no lock of s.
+  virtual absl::Status check_decode(const ssa_session& s, uint32_t layer, const ssa_decode_params& p) const = 0;
   // One layer, reader lock held, index present when the method needs one.
   // stats accumulates; traces and profile are filled where the backend records them.
   virtual absl::Status decode_layer(const ssa_session& s, const LayerStore& layer, uint32_t layer_index,

@@ -223,6 +223,18 @@ absl::Status session_ensure_index(ssa_session& s, uint32_t layer_index) {
   return absl::OkStatus();
 }
 
+void session_install_index(ssa_session& s, uint32_t layer_index, LayerStore trained) {
+  std::unique_lock lock(s.mu);
+  LayerStore& cur = s.layers[layer_index];
+  // Only onto the layer it was trained from: still without an index, the same
+  // tokens in the same pages (a page written since is a new page).
+  if (cur.codebooks != nullptr || trained.codebooks == nullptr || cur.n_tokens != trained.n_tokens ||
+      cur.kv_pages != trained.kv_pages) {
+    return;
+  }
+  cur = std::move(trained);
+}
+
 absl::Status session_truncate(ssa_session& s, uint64_t n_tokens) {
   std::unique_lock lock(s.mu);
   const uint64_t len = session_length_locked(s);

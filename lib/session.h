@@ -82,6 +82,9 @@ absl::Status session_append_async(ssa_session& s, uint32_t layer, const void* k,
 absl::Status session_update_index(ssa_session& s);
 // Trains one layer's index if it has none (on-demand training by decode).
 absl::Status session_ensure_index(ssa_session& s, uint32_t layer);
+// Installs an index a decode trained on a copy of the layer (decode's
+// `trained`), unless the layer has changed or got an index since.
+void session_install_index(ssa_session& s, uint32_t layer, LayerStore trained);
 absl::Status session_truncate(ssa_session& s, uint64_t n_tokens);
 absl::StatusOr<std::unique_ptr<ssa_session>> session_fork(ssa_session& s);
 

@@ -110,7 +110,16 @@ SSA_LAYOUT(ssa_decode_stats, unique_samples, kDecodeStats)
 SSA_LAYOUT(ssa_snapshot_info, format_version, kSnapshotInfo)
 SSA_LAYOUT(ssa_collective, all_gather, kCollective)
 
+static_assert(sizeof(ssa_runtime_options) <= SSA_MAX_STRUCT_SIZE && sizeof(ssa_session_config) <= SSA_MAX_STRUCT_SIZE &&
+              sizeof(ssa_decode_params) <= SSA_MAX_STRUCT_SIZE && sizeof(ssa_decode_stats) <= SSA_MAX_STRUCT_SIZE &&
+              sizeof(ssa_snapshot_info) <= SSA_MAX_STRUCT_SIZE);
+
 absl::Status check_struct_size(const StructLayout& l, uint32_t size, const void* in) {
+  // First: a size no header could produce is never used to read or write.
+  if (size > SSA_MAX_STRUCT_SIZE) {
+    return invalid_argument(l.name, " struct_size ", size, " is larger than SSA_MAX_STRUCT_SIZE ",
+                            SSA_MAX_STRUCT_SIZE, " (call ", l.init, ")");
+  }
   if (size < l.core_size) {
     return invalid_argument(l.name, " struct_size ", size, " < ", l.core_size,
                             ", the smallest size accepted (call ", l.init, ")");

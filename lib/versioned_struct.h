@@ -1,6 +1,7 @@
 // The one rule for every public struct that starts with `struct_size` (stated in
 // ssa.h, "Versioned structs"). A caller's struct_size is accepted when it is at
-// least the end of the struct's core fields, does not end inside a field, and,
+// least the end of the struct's core fields, at most SSA_MAX_STRUCT_SIZE (one
+// bound for every struct, inputs and outputs), does not end inside a field, and,
 // when larger than this header's struct, leaves the unknown bytes zero (inputs;
 // for outputs they are written as zero). Inputs are read only up to the caller's
 // size (later fields keep their defaults); outputs are written only up to it.

@@ -4,7 +4,8 @@
    prefix is read (inputs: the rest takes defaults) or written (outputs); sizes
    below the core or inside a field are rejected; a larger size is accepted with
    zero bytes beyond the struct (inputs; outputs get zeros there) and refused
-   with SSA_ERR_UNSUPPORTED otherwise. Every enum, in a struct or an argument,
+   with SSA_ERR_UNSUPPORTED otherwise, and a size above SSA_MAX_STRUCT_SIZE is
+   refused before anything beyond the struct is touched. Every enum, in a struct or an argument,
    with an out-of-range value gives SSA_ERR_INVALID_ARGUMENT (in the sanitizer
    build, UBSan aborts this test if the library loads such a value as an enum).
    The field tables here are written from the header independently of the
@@ -399,6 +400,115 @@ static void test_snapshot_info(const char *path) {
   }
 }
 
+/* One bound for every versioned struct: a struct_size above SSA_MAX_STRUCT_SIZE
+   (no header can produce it) is refused with SSA_ERR_INVALID_ARGUMENT before a
+   byte beyond the struct is read or written, for inputs and outputs alike; the
+   bound itself is accepted (zero bytes beyond, inputs; zeros written, outputs). */
+typedef union huge {
+  unsigned char bytes[SSA_MAX_STRUCT_SIZE + 64];
+  uint64_t align;
+} huge;
+
+static void test_struct_size_bound(ssa_runtime *rt, ssa_session *s, const float *q, const char *path) {
+  const uint32_t above[] = {SSA_MAX_STRUCT_SIZE + 1u, SSA_MAX_STRUCT_SIZE + 8u, 0x80000000u, 0xFFFFFFFFu};
+  static huge h;
+  float out[NQ * D];
+  size_t i;
+  EXPECT(SSA_MAX_STRUCT_SIZE >= sizeof(ssa_runtime_options) && SSA_MAX_STRUCT_SIZE >= sizeof(ssa_session_config) &&
+         SSA_MAX_STRUCT_SIZE >= sizeof(ssa_decode_params) && SSA_MAX_STRUCT_SIZE >= sizeof(ssa_decode_stats) &&
+         SSA_MAX_STRUCT_SIZE >= sizeof(ssa_snapshot_info));
+  for (i = 0; i <= sizeof above / sizeof above[0]; ++i) {
+    /* i == the count: the bound itself, accepted. */
+    const int at_bound = i == sizeof above / sizeof above[0];
+    const uint32_t size = at_bound ? SSA_MAX_STRUCT_SIZE : above[i];
+    const ssa_status want = at_bound ? SSA_OK : SSA_ERR_INVALID_ARGUMENT;
+    ssa_runtime *r = NULL;
+    ssa_session *made = NULL;
+    ssa_decode_item item;
+    /* Inputs: the struct, then zeros up to the buffer's end (no byte to refuse
+       them by but the size). */
+    {
+      ssa_runtime_options o;
+      ssa_runtime_options_init(&o);
+      o.backend = SSA_BACKEND_CPU;
+      o.num_threads = 1;
+      memset(&h, 0, sizeof h);
+      memcpy(h.bytes, &o, sizeof o);
+      ((ssa_runtime_options *)(void *)h.bytes)->struct_size = size;
+      EXPECT_STATUS(ssa_runtime_create((const ssa_runtime_options *)(void *)h.bytes, &r), want);
+      EXPECT((r != NULL) == at_bound);
+      ssa_runtime_destroy(r);
+    }
+    {
+      ssa_session_config c = shape();
+      memset(&h, 0, sizeof h);
+      memcpy(h.bytes, &c, sizeof c);
+      ((ssa_session_config *)(void *)h.bytes)->struct_size = size;
+      EXPECT_STATUS(ssa_session_create(rt, (const ssa_session_config *)(void *)h.bytes, &made), want);
+      EXPECT((made != NULL) == at_bound);
+      ssa_session_destroy(made);
+      made = NULL;
+      EXPECT_STATUS(ssa_session_load_checked(rt, path, 0, (const ssa_session_config *)(void *)h.bytes, &made), want);
+      EXPECT((made != NULL) == at_bound);
+      ssa_session_destroy(made);
+    }
+    {
+      ssa_decode_params p;
+      uint64_t offsets[NQ + 1];
+      ssa_decode_params_init(&p);
+      p.method = SSA_METHOD_DENSE;
+      memset(&h, 0, sizeof h);
+      memcpy(h.bytes, &p, sizeof p);
+      ((ssa_decode_params *)(void *)h.bytes)->struct_size = size;
+      memset(out, 0x5A, sizeof out);
+      EXPECT_STATUS(ssa_decode(s, 0, q, out, (const ssa_decode_params *)(void *)h.bytes, NULL), want);
+      EXPECT(at_bound || ((const unsigned char *)out)[0] == 0x5A);
+      item.session = s;
+      item.q = q;
+      item.out = out;
+      EXPECT_STATUS(ssa_decode_batch(&item, 1, 0, (const ssa_decode_params *)(void *)h.bytes), want);
+      EXPECT_STATUS(ssa_decode_traced(s, 0, q, out, (const ssa_decode_params *)(void *)h.bytes, NULL, NULL, NULL, 0,
+                                      offsets),
+                    at_bound ? SSA_ERR_INVALID_ARGUMENT /* capacity 0 is too small */ : want);
+    }
+    /* Outputs: the library may write up to the claimed size only when it is
+       within the bound; beyond the bound nothing is written at all. */
+    {
+      ssa_decode_params p;
+      ssa_decode_stats *st = (ssa_decode_stats *)(void *)h.bytes;
+      uint64_t offsets[NQ + 1];
+      ssa_decode_params_init(&p);
+      p.method = SSA_METHOD_DENSE;
+      memset(&h, 0xCD, sizeof h);
+      st->struct_size = size;
+      EXPECT_STATUS(ssa_decode(s, 0, q, out, &p, st), want);
+      EXPECT(h.bytes[8] == (at_bound ? 0xB0 : 0xCD)); /* context_tokens' low byte: N = 1200 = 0x4B0 */
+      EXPECT(h.bytes[SSA_MAX_STRUCT_SIZE - 1] == (at_bound ? 0 : 0xCD));
+      EXPECT(h.bytes[SSA_MAX_STRUCT_SIZE] == 0xCD);
+      memset(&h, 0xCD, sizeof h);
+      st->struct_size = size;
+      EXPECT_STATUS(ssa_decode_traced(s, 0, q, out, &p, st, NULL, NULL, 0, offsets), SSA_ERR_INVALID_ARGUMENT);
+      EXPECT(h.bytes[8] == 0xCD);
+    }
+    {
+      ssa_session_config *c = (ssa_session_config *)(void *)h.bytes;
+      memset(&h, 0xCD, sizeof h);
+      c->struct_size = size;
+      EXPECT_STATUS(ssa_session_get_config(s, c), want);
+      EXPECT(h.bytes[SSA_MAX_STRUCT_SIZE - 1] == (at_bound ? 0 : 0xCD));
+      EXPECT(h.bytes[SSA_MAX_STRUCT_SIZE] == 0xCD);
+    }
+    {
+      ssa_snapshot_info *info = (ssa_snapshot_info *)(void *)h.bytes;
+      memset(&h, 0xCD, sizeof h);
+      info->struct_size = size;
+      EXPECT_STATUS(ssa_snapshot_inspect(path, info), want);
+      EXPECT(h.bytes[SSA_MAX_STRUCT_SIZE - 1] == (at_bound ? 0 : 0xCD));
+      EXPECT(h.bytes[SSA_MAX_STRUCT_SIZE] == 0xCD);
+    }
+  }
+}
+
 int main(void) {
   ssa_runtime_options ro;
   ssa_runtime *rt = NULL;
@@ -449,6 +559,7 @@ int main(void) {
   test_window_only(s, q);
   test_snapshot_info(path);
   test_session_config(rt, path);
+  test_struct_size_bound(rt, s, q, path);
 
   ssa_session_destroy(s);
   ssa_runtime_destroy(rt);

@@ -362,6 +362,40 @@ TEST_CASE("error target: bad parameters are rejected with a message and write no
   CHECK(ssa_decode(s.get(), 0, q.data(), out.data(), &p, nullptr) == SSA_OK);
 }
 
+TEST_CASE("error target: sparsity is not read (NaN, 0.5, infinite sparsity decode as the default)") {
+  auto rt = make_runtime(2);
+  const uint32_t d = 64, nq = 4, nkv = 2;
+  const size_t n = 3000;
+  auto s = make_session(rt.get(), make_config(1, nq, nkv, d, SSA_DTYPE_F32));
+  append_f32(s.get(), 0, random_vec(n * nkv * d, 4), random_vec(n * nkv * d, 5), n, SSA_DTYPE_F32);
+  const auto q = random_vec(size_t{nq} * d, 6, 2.0f);
+  for (ssa_method m : {SSA_METHOD_SSA, SSA_METHOD_SSA_ADAPTIVE}) {
+    CAPTURE(m);
+    ssa_decode_params p = target_params(m, 0.1f);
+    p.step = 3;
+    ssa_decode_stats want_stats;
+    ssa_decode_stats_init(&want_stats);
+    const std::vector<float> want = run_decode(s.get(), 0, q, SSA_DTYPE_F32, p, &want_stats);
+    for (float sparsity : {NAN, 0.5f, 0.0f, -3.0f, INFINITY}) {
+      CAPTURE(sparsity);
+      p.sparsity = sparsity;
+      std::vector<float> out(q.size());
+      ssa_decode_stats st;
+      ssa_decode_stats_init(&st);
+      const ssa_status status = ssa_decode(s.get(), 0, q.data(), out.data(), &p, &st);
+      CAPTURE(ssa_last_error_message());
+      REQUIRE(status == SSA_OK);
+      CHECK(out == want);
+      CHECK(memcmp(&st, &want_stats, sizeof st) == 0);
+    }
+    // Off again: sparsity is read and checked.
+    p.target_error = 0.0f;
+    p.sparsity = 0.5f;
+    std::vector<float> out(q.size());
+    CHECK(ssa_decode(s.get(), 0, q.data(), out.data(), &p, nullptr) == SSA_ERR_INVALID_ARGUMENT);
+  }
+}
+
 TEST_CASE("decode params and stats from an older header (without the error-target fields) work") {
   auto rt = make_runtime(2);
   const uint32_t d = 64, nq = 4, nkv = 2;

@@ -45,7 +45,7 @@ RuntimePtr sharded_runtime(uint32_t n_shards, uint64_t shard_tokens, int threads
   o.seed = 1234;
   // Any distinct ordinals name the in-process shards; not in order on purpose.
   std::vector<int32_t> devices;
-  for (uint32_t i = 0; i < n_shards; ++i) devices.push_back(static_cast<int32_t>((i * 5 + 3) % 11));
+  for (uint32_t i = 0; i < n_shards; ++i) devices.push_back(static_cast<int32_t>((i * 5 + 3) % 11 + 11 * (i / 11)));
   o.devices = devices.data();
   o.n_devices = n_shards;
   o.shard_tokens = shard_tokens;
@@ -184,6 +184,74 @@ TEST_CASE("sharding: the shard map fills shards in order, the last takes the res
   CHECK(r[3].size() == 0);
   r = ssa::shard_ranges(100000, 2, kShard);
   CHECK(r[1].size() == 100000 - 8192);  // no device left: the last shard grows
+}
+
+TEST_CASE("sharding: the shard map never overflows: any shard_tokens up to 2^64 - 8192, 1 to 64 shards") {
+  // Shard i starts at min(n, i * B), computed here in 128 bits; ranges cover [0, n) in order.
+  std::mt19937_64 rng(2026);
+  const uint64_t top = ~uint64_t{0} - (kShard - 1);  // 2^64 - 8192, the largest multiple of 8192
+  const uint64_t edges[] = {kShard, 2 * kShard, uint64_t{1} << 32, uint64_t{1} << 59, uint64_t{1} << 62,
+                            uint64_t{1} << 63, (uint64_t{1} << 63) + kShard, top - kShard, top};
+  const uint64_t lengths[] = {0, 1, kShard - 1, kShard, kShard + 1, 3 * kShard + 5, 0xFFFFFFFFull};
+  auto check = [](uint64_t n, uint32_t shards, uint64_t b) {
+    INFO("n ", n, " shards ", shards, " shard_tokens ", b);
+    const auto r = ssa::shard_ranges(n, shards, b);
+    REQUIRE(r.size() == shards);
+    uint64_t at = 0;
+    for (uint32_t i = 0; i < shards; ++i) {
+      const unsigned __int128 start = static_cast<unsigned __int128>(i) * b;
+      const uint64_t want_begin = start < n ? static_cast<uint64_t>(start) : n;
+      const unsigned __int128 stop = static_cast<unsigned __int128>(i + 1) * b;
+      const uint64_t want_end = i + 1 == shards ? n : (stop < n ? static_cast<uint64_t>(stop) : n);
+      CHECK(r[i].begin == want_begin);
+      CHECK(r[i].end == want_end);
+      CHECK(r[i].begin == at);
+      CHECK(r[i].end >= r[i].begin);
+      at = r[i].end;
+    }
+    CHECK(at == n);
+    const uint64_t sink_end = std::min<uint64_t>(n, 128);
+    const auto c = ssa::chunk_aligned_ranges(n, shards, b, sink_end, 1024);
+    REQUIRE(c.size() == shards);
+    uint64_t covered = 0;
+    for (const auto& x : c) {
+      if (x.size() == 0) continue;
+      CHECK(x.begin == covered);
+      covered = x.end;
+    }
+    CHECK(covered == n);
+  };
+  for (uint64_t b : edges)
+    for (uint64_t n : lengths)
+      for (uint32_t shards : {1u, 2u, 3u, 5u, 63u, 64u}) check(n, shards, b);
+  for (int iter = 0; iter < 4000; ++iter) {
+    // Multiples of 8192 spread over every magnitude up to 2^64 - 8192.
+    const int bits = 13 + static_cast<int>(rng() % 52);
+    const uint64_t b = std::max<uint64_t>(kShard, (rng() >> (64 - bits)) & ~(kShard - 1));
+    const uint64_t n = iter % 3 == 0 ? rng() % 0x100000000ull : rng() % (4 * kShard);
+    check(n, 1 + static_cast<uint32_t>(rng() % 64), b);
+  }
+}
+
+TEST_CASE("sharding: huge shard_tokens decode as unsharded (every token in the first shard)") {
+  auto ref_rt = make_runtime(2);
+  const ssa_dtype t = SSA_DTYPE_F16;
+  const Feed f(kShard + 700, t, 9);
+  auto ref = make_session(ref_rt.get(), shard_config(t));
+  f.append({ref.get()}, 0, 0, f.ctx.n);
+  const struct {
+    uint32_t shards;
+    uint64_t b;
+  } cases[] = {{3, uint64_t{1} << 63}, {5, uint64_t{1} << 62}, {64, uint64_t{1} << 59},
+               {2, ~uint64_t{0} - (kShard - 1)}};
+  for (const auto& c : cases) {
+    CAPTURE(c.shards);
+    CAPTURE(c.b);
+    auto rt = sharded_runtime(c.shards, c.b);
+    auto sh = make_session(rt.get(), shard_config(t));
+    f.append({sh.get()}, 0, 0, f.ctx.n);
+    check_same_decodes(ref.get(), sh.get(), f, "huge shard_tokens");
+  }
 }
 
 TEST_CASE("sharding: chunk-aligned ranges cover the layer in order, cut at chunk boundaries inside each shard") {
@@ -450,6 +518,61 @@ TEST_CASE("sharding: a sharded decode is the estimator (dense against float64)")
     const auto ref = dense_attention_f64(qh.data(), kh.data(), vh.data(), n, d);
     std::vector<double> got(out.begin() + h * d, out.begin() + (h + 1) * d);
     CHECK(rel_l2(got.data(), ref.data(), d) < 1e-4);
+  }
+}
+
+TEST_CASE("sharding: traced decodes of sharded sessions list the unsharded rows, log_pi and output bitwise") {
+  auto ref_rt = make_runtime(2);
+  const ssa_dtype t = SSA_DTYPE_F32;
+  const Feed f(2 * kShard + 1500, t, 23);
+  auto ref = make_session(ref_rt.get(), shard_config(t));
+  f.append({ref.get()}, 0, 0, f.ctx.n);
+  const std::vector<uint8_t> q = encode(f.ctx.q, t);
+  const uint32_t nq = 8;
+  const uint64_t cap = uint64_t{nq} * f.ctx.n;
+  struct Trace {
+    std::vector<uint8_t> out;
+    ssa_decode_stats stats;
+    std::vector<uint32_t> tokens;
+    std::vector<float> log_pi;
+    std::vector<uint64_t> offsets;
+  };
+  auto traced = [&](ssa_session* s, const ssa_decode_params& p) {
+    Trace r;
+    r.out.assign(q.size(), 0);
+    ssa_decode_stats_init(&r.stats);
+    r.tokens.assign(cap, 0);
+    r.log_pi.assign(cap, 0.0f);
+    r.offsets.assign(nq + 1, 0);
+    SSA_CHECK_OK(ssa_decode_traced(s, 0, q.data(), r.out.data(), &p, &r.stats, r.tokens.data(), r.log_pi.data(),
+                                   cap, r.offsets.data()));
+    r.tokens.resize(r.offsets[nq]);
+    r.log_pi.resize(r.offsets[nq]);
+    return r;
+  };
+  for (uint32_t n_shards : {2u, 3u}) {
+    auto rt = sharded_runtime(n_shards, kShard);
+    auto sh = make_session(rt.get(), shard_config(t));
+    f.append({sh.get()}, 0, 0, f.ctx.n);
+    size_t compared = 0;
+    for (const ssa_decode_params& p : param_grid()) {
+      CAPTURE(n_shards);
+      CAPTURE(p.method);
+      CAPTURE(p.group_selection);
+      CAPTURE(p.n_local);
+      const Trace a = traced(ref.get(), p), b = traced(sh.get(), p);
+      CHECK(a.out == b.out);
+      CHECK(same_stats(a.stats, b.stats));
+      CHECK(a.offsets == b.offsets);
+      CHECK(a.tokens == b.tokens);
+      CHECK(memcmp(a.log_pi.data(), b.log_pi.data(), a.log_pi.size() * sizeof(float)) == 0);
+      CHECK(b.offsets[nq] == b.stats.tokens_read);
+      // And the same output as the plain decode of the sharded session.
+      const Outcome plain = decode_raw(sh.get(), 0, q, p);
+      CHECK(plain.out == b.out);
+      ++compared;
+    }
+    CHECK(compared > 0);
   }
 }
 

@@ -133,6 +133,7 @@ const (
 	VersionMajor        = 0
 	VersionMinor        = 1
 	VersionPatch        = 0
+	MaxStructSize       = 4096
 	SessionHostPointers = 1
 	LoadVerify          = 1
 	LoadMmap            = 2
@@ -143,6 +144,7 @@ var cMacros = map[string]uint64{
 	"SSA_VERSION_MAJOR":         0,
 	"SSA_VERSION_MINOR":         1,
 	"SSA_VERSION_PATCH":         0,
+	"SSA_MAX_STRUCT_SIZE":       4096,
 	"SSA_SESSION_HOST_POINTERS": 1,
 	"SSA_LOAD_VERIFY":           1,
 	"SSA_LOAD_MMAP":             2,

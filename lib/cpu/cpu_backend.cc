@@ -83,7 +83,9 @@ class CpuBackend final : public Backend {
   // Decodes read under the session lock and are done when they return.
   absl::Status before_truncate(ssa_session&, uint64_t) const override { return absl::OkStatus(); }
 
-  absl::Status check_decode(const ssa_decode_params&) const override { return absl::OkStatus(); }
+  absl::Status check_decode(const ssa_session&, uint32_t, const ssa_decode_params&) const override {
+    return absl::OkStatus();
+  }
 
   absl::Status decode_layer(const ssa_session& s, const LayerStore& layer, uint32_t layer_index, const void* q,
                             void* out, const ssa_decode_params& p, uint64_t seed, ssa_decode_stats* stats,

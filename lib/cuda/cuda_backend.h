@@ -50,7 +50,7 @@ class CudaBackend final : public Backend {
   absl::Status train_index(ssa_session& s, LayerStore& layer) const override;
   absl::Status before_truncate(ssa_session& s, uint64_t n_tokens) const override;
 
-  absl::Status check_decode(const ssa_decode_params& p) const override;
+  absl::Status check_decode(const ssa_session& s, uint32_t layer, const ssa_decode_params& p) const override;
   absl::Status decode_layer(const ssa_session& s, const LayerStore& layer, uint32_t layer_index, const void* q,
                             void* out, const ssa_decode_params& p, uint64_t seed, ssa_decode_stats* stats,
                             std::vector<HeadTrace>* traces, DecodeProfile* profile) const override;

@@ -2,12 +2,17 @@
 // host staging of pages for snapshot files.
 #include <cuda_runtime.h>
 
+#include <shared_mutex>
+
 #include "cuda_backend.h"
 #include "device_alloc.h"
 #include "device_error.h"
 #include "device_guard.h"
 #include "device_mem.h"
 #include "device_state.h"
+#include "device_tiers.h"
+#include "file_staging.h"
+#include "launch_set.h"
 
 namespace ssa::cuda {
 absl::Status CudaBackend::check_device(int device) const {
@@ -59,18 +64,34 @@ absl::Status CudaBackend::check_buffer(const ssa_session& s, const void* p, cons
                           "create it with SSA_SESSION_HOST_POINTERS to pass host memory)");
 }
 
-// Error-targeted decode (targeted_decode.cc) waits on the host between its
-// rounds: a stream being captured into a graph could not replay that.
-absl::Status CudaBackend::check_decode(const ssa_decode_params& p) const {
-  if (p.target_error > 0.0f) {
-    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
-    SSA_CUDA_RETURN(cudaStreamIsCapturing(static_cast<cudaStream_t>(p.stream), &cap), "cudaStreamIsCapturing");
-    if (cap != cudaStreamCaptureStatusNone) {
-      return invalid_argument("target_error > 0 on a stream being captured into a CUDA graph: the "
-                              "error-targeted decode reads its per-head estimates back between rounds");
-    }
+// What the decode paths would refuse once they run (targeted_decode.cc,
+// sharded_decode.cc, launch_set.cc), refused here first, before an index is
+// trained for the decode: an error-targeted decode waits on the host between
+// its rounds, a sharded one exchanges its selection through the host, and rows
+// of file pages this device cannot read are copied by the host mid-decode; a
+// stream being captured into a graph could replay none of these. Sharded
+// sessions do not decode file pages at all.
+absl::Status CudaBackend::check_decode(const ssa_session& s, uint32_t layer_index,
+                                       const ssa_decode_params& p) const {
+  const bool sharded = sharded_session(s);
+  bool mapped = false, file_rows = false;
+  {
+    std::shared_lock lock(s.mu);
+    const LayerStore& layer = s.layers[layer_index];
+    mapped = sharded && layer_has_host_pages(layer);
+    file_rows = stages_file_rows(s, layer);
   }
-  return absl::OkStatus();
+  if (mapped) return unsupported(kShardedMappedUnsupported);
+  if (!(p.target_error > 0.0f) && !sharded && !file_rows) return absl::OkStatus();
+  cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+  SSA_CUDA_RETURN(cudaStreamIsCapturing(static_cast<cudaStream_t>(p.stream), &cap), "cudaStreamIsCapturing");
+  if (cap == cudaStreamCaptureStatusNone) return absl::OkStatus();
+  if (p.target_error > 0.0f) {
+    return invalid_argument("target_error > 0 on a stream being captured into a CUDA graph: the "
+                            "error-targeted decode reads its per-head estimates back between rounds");
+  }
+  if (sharded) return unsupported(kShardedCaptureUnsupported);
+  return invalid_argument(kCapturedFileRows);
 }
 
 absl::StatusOr<PageRef> CudaBackend::page_from_host(const ssa_session& s, bool kv, uint64_t page_index,

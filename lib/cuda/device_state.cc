@@ -5,6 +5,7 @@
 #include "device_error.h"
 #include "device_guard.h"
 #include "kernels/cuda_decode.h"
+#include "shard/shard_map.h"
 
 namespace ssa::cuda {
 
@@ -146,8 +147,8 @@ absl::Status CudaBackend::before_truncate(ssa_session& s, uint64_t n_tokens) con
   // A shard's decodes read its view, whose tokens count from the shard's first
   // (shard i starts at i * shard_tokens, lib/shard/shard_map.h).
   for (uint32_t i = 0; i < shard_count(s); ++i) {
-    const uint64_t begin = uint64_t{i} * s.rt->shard_tokens;
-    truncate_wait(shard_state(s, i), n_tokens > begin ? n_tokens - begin : 0);
+    const uint64_t begin = shard_begin(i, s.rt->shard_tokens, n_tokens);
+    truncate_wait(shard_state(s, i), n_tokens - begin);
   }
   return absl::OkStatus();
 }

@@ -62,9 +62,7 @@ absl::Status run_launch_set(const std::vector<Job>& jobs, uint32_t layer_index, 
     cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
     SSA_CUDA_RETURN(cudaStreamIsCapturing(stream, &cap), "cudaStreamIsCapturing");
     if (cap != cudaStreamCaptureStatusNone) {
-      return invalid_argument("the stream is being captured into a CUDA graph, but the session's pages are mapped "
-                              "from a snapshot file this device cannot read: its decodes copy the rows they read "
-                              "on the host between the selection and the attention, which a graph cannot replay");
+      return invalid_argument(kCapturedFileRows);
     }
   }
   std::vector<std::shared_ptr<SessionState::LayerCache>> tables(jobs.size());

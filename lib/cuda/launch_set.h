@@ -43,6 +43,17 @@ absl::Status run_launch_set(const std::vector<LaunchJob>& jobs, uint32_t layer_i
 // or device q/out), up to kMaxBatchItems each, in the jobs' order.
 std::vector<std::vector<LaunchJob>> launch_sets(const std::vector<LaunchJob>& jobs);
 
+constexpr const char* kShardedMappedUnsupported =
+    "a CUDA sharded session with pages mapped from a snapshot file (SSA_LOAD_MMAP) is not decoded in this "
+    "version; load it without SSA_LOAD_MMAP";
+constexpr const char* kShardedCaptureUnsupported =
+    "a decode of a CUDA sharded session on a stream being captured into a CUDA graph: its shards exchange "
+    "the selection through the host";
+constexpr const char* kCapturedFileRows =
+    "the stream is being captured into a CUDA graph, but the session's pages are mapped from a snapshot file "
+    "this device cannot read: its decodes copy the rows they read on the host between the selection and the "
+    "attention, which a graph cannot replay";
+
 constexpr const char* kBatchNoErrorTarget =
     "ssa_decode_batch with target_error > 0 is not implemented by the CUDA backend (its rounds choose "
     "budgets per item); use ssa_decode per item or a fixed budget";

@@ -121,10 +121,10 @@ absl::Status rank_decode(Shared& sh, Collective& host_comm) {
     const ItemWork& w = sh.items[rw.items[li]];
     const ShardRange range = w.range[rw.shard];
     // The rank's pages (those of its view, shard_view's), read to range.end.
-    const uint64_t shard_begin = uint64_t{rw.shard} * w.job->s->rt->shard_tokens;
+    const uint64_t first = shard_begin(rw.shard, w.job->s->rt->shard_tokens, range.end);
     absl::StatusOr<std::shared_ptr<SessionState::LayerCache>> t =
         layer_tables(*w.job->s, shard_state(*w.job->s, rw.shard), sh.layer_index, *w.job->layer,
-                     rw.view_begin[li] / L.page_tokens, L.pages_for(range.end), range.end - shard_begin,
+                     rw.view_begin[li] / L.page_tokens, L.pages_for(range.end), range.end - first,
                      &b.items[li]);
     if (!t.ok()) return t.status();
     tables[li] = *std::move(t);
@@ -239,8 +239,7 @@ absl::Status decode_jobs(const std::vector<LaunchJob>& jobs, uint32_t layer_inde
     w.job = &jobs[j];
     if (w.job->plan.targeted) return unsupported(kShardedTargetUnsupported);
     if (layer_has_host_pages(*w.job->layer)) {
-      return unsupported("a CUDA sharded session with pages mapped from a snapshot file (SSA_LOAD_MMAP) is not "
-                         "decoded in this version; load it without SSA_LOAD_MMAP");
+      return unsupported(kShardedMappedUnsupported);
     }
     w.dense = w.job->plan.dense || group_reads_all(w.job->plan, p, g);
     plan_item(w.job->plan, p, g, &w.global);
@@ -273,8 +272,7 @@ absl::Status decode_jobs(const std::vector<LaunchJob>& jobs, uint32_t layer_inde
   cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
   SSA_CUDA_RETURN(cudaStreamIsCapturing(stream, &cap), "cudaStreamIsCapturing");
   if (cap != cudaStreamCaptureStatusNone) {
-    return unsupported("a decode of a CUDA sharded session on a stream being captured into a CUDA graph: its "
-                       "shards exchange the selection through the host");
+    return unsupported(kShardedCaptureUnsupported);
   }
   // The ranks: every shard holding some item's tokens, in shard order.
   const uint32_t S = shard_count(s0);

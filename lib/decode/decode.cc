@@ -8,8 +8,10 @@
 #include <vector>
 
 #include "backend.h"
+#include "caller_buffers.h"
 #include "cpu/finite_check.h"
 #include "decode_plan.h"
+#include "shard/sharded_decode.h"
 #include "status.h"
 #include "versioned_struct.h"
 
@@ -23,10 +25,6 @@ absl::Status check_item(const ssa_session* s, uint32_t layer, const void* q, con
     return invalid_argument("layer ", layer, " >= n_layers ", s->layout.n_layers);
   }
   const size_t nq = size_t{s->layout.n_q_heads} * s->layout.head_dim;
-  const size_t bytes = nq * s->layout.elem_bytes();
-  const uint8_t* qb = static_cast<const uint8_t*>(q);
-  const uint8_t* ob = static_cast<const uint8_t*>(out);
-  if (qb < ob + bytes && ob < qb + bytes) return invalid_argument("q and out overlap");
   SSA_RETURN_IF_ERROR(s->backend->check_buffer(*s, q, "q"));
   SSA_RETURN_IF_ERROR(s->backend->check_buffer(*s, out, "out"));
   const size_t bad = host_buffers(*s) ? first_non_finite(s->layout.dtype, q, nq) : nq;
@@ -35,10 +33,12 @@ absl::Status check_item(const ssa_session* s, uint32_t layer, const void* q, con
 }
 
 // Runs the pipeline under a reader lock; a proxy method on a layer without an
-// index first trains it (exclusively) and then retries.
+// index first trains it (exclusively) and then retries, or, with `trained`,
+// trains it into a copy of the layer that the decode reads and the session
+// does not get (the caller installs it once its call has succeeded).
 absl::Status locked_decode(ssa_session& s, uint32_t layer, const void* q, void* out,
                            const ssa_decode_params& p, uint64_t seed, ssa_decode_stats* stats,
-                           std::vector<HeadTrace>* traces, DecodeProfile* profile) {
+                           std::vector<HeadTrace>* traces, DecodeProfile* profile, LayerStore* trained) {
   for (int attempt = 0; attempt < 3; ++attempt) {
     {
       std::shared_lock lock(s.mu);
@@ -48,6 +48,11 @@ absl::Status locked_decode(ssa_session& s, uint32_t layer, const void* q, void* 
       const bool needs_index = plan_needs_index(plan, p.method);
       if (!needs_index || l.codebooks != nullptr) {
         return s.backend->decode_layer(s, l, layer, q, out, p, seed, stats, traces, profile);
+      }
+      if (trained != nullptr) {
+        *trained = l;
+        SSA_RETURN_IF_ERROR(s.backend->train_index(s, *trained));
+        return s.backend->decode_layer(s, *trained, layer, q, out, p, seed, stats, traces, profile);
       }
     }
     SSA_RETURN_IF_ERROR(session_ensure_index(s, layer));
@@ -61,59 +66,39 @@ uint64_t resolve_seed(const ssa_session& s, const ssa_decode_params& p) {
 
 }  // namespace
 
+absl::Status check_decode_request(const ssa_session& s, uint32_t layer, const ssa_decode_params& p) {
+  if (p.group_selection != SSA_GROUP_OFF && p.target_error > 0.0f) return unsupported(kGroupNoErrorTarget);
+  if (runtime_sharded(*s.rt) && p.target_error > 0.0f) return unsupported(kShardedTargetUnsupported);
+  return s.backend->check_decode(s, layer, p);
+}
+
+CallerBuffer q_buffer(const ssa_session& s, const void* q, size_t item) {
+  return CallerBuffer{q, size_t{s.layout.n_q_heads} * s.layout.row_bytes(), "q", false, item};
+}
+
+CallerBuffer out_buffer(const ssa_session& s, const void* out, size_t item) {
+  return CallerBuffer{out, size_t{s.layout.n_q_heads} * s.layout.row_bytes(), "out", true, item};
+}
+
 absl::Status decode(ssa_session& s, uint32_t layer, const void* q, void* out,
                     const ssa_decode_params& p, ssa_decode_stats* stats,
-                    std::vector<HeadTrace>* traces, DecodeProfile* profile) {
+                    std::vector<HeadTrace>* traces, DecodeProfile* profile, LayerStore* trained) {
+  // Every check that can refuse, before anything lazy (an index trained on demand).
   SSA_RETURN_IF_ERROR(validate_decode_params(p));
   SSA_RETURN_IF_ERROR(check_item(&s, layer, q, out));
-  // Refused before an index could be trained for it.
-  SSA_RETURN_IF_ERROR(s.backend->check_decode(p));
-  if (p.group_selection != SSA_GROUP_OFF && p.target_error > 0.0f) return unsupported(kGroupNoErrorTarget);
+  if (stats != nullptr) SSA_RETURN_IF_ERROR(check_output_struct(stats));
+  SSA_RETURN_IF_ERROR(check_no_overlap(
+      {q_buffer(s, q), out_buffer(s, out), CallerBuffer{stats, stats != nullptr ? struct_size_of(stats) : 0,
+                                                        "stats", true}}));
+  SSA_RETURN_IF_ERROR(check_decode_request(s, layer, p));
   if (stats != nullptr) {
-    SSA_RETURN_IF_ERROR(check_output_struct(stats));
     ssa_decode_stats fresh{};
-    SSA_RETURN_IF_ERROR(locked_decode(s, layer, q, out, p, resolve_seed(s, p), &fresh, traces, profile));
+    SSA_RETURN_IF_ERROR(locked_decode(s, layer, q, out, p, resolve_seed(s, p), &fresh, traces, profile, trained));
     write_struct(fresh, stats);
     return absl::OkStatus();
   }
-  return locked_decode(s, layer, q, out, p, resolve_seed(s, p), nullptr, traces, profile);
+  return locked_decode(s, layer, q, out, p, resolve_seed(s, p), nullptr, traces, profile, trained);
 }
-
-namespace {
-
-// No item's out may overlap any q or another item's out (qs may share memory).
-// One sweep over the buffers sorted by address: O(n log n) for large batches.
-absl::Status check_batch_buffers(const ssa_decode_item* items, size_t n_items) {
-  struct Span {
-    uintptr_t begin, end;
-    size_t item;
-    bool out;
-  };
-  std::vector<Span> spans;
-  spans.reserve(2 * n_items);
-  for (size_t i = 0; i < n_items; ++i) {
-    const size_t bytes = size_t{items[i].session->layout.n_q_heads} * items[i].session->layout.row_bytes();
-    const auto q = reinterpret_cast<uintptr_t>(items[i].q), o = reinterpret_cast<uintptr_t>(items[i].out);
-    spans.push_back(Span{q, q + bytes, i, false});
-    spans.push_back(Span{o, o + bytes, i, true});
-  }
-  std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) { return a.begin < b.begin; });
-  // The furthest-reaching span seen so far, of any kind and of outs only.
-  const Span* reach_any = nullptr;
-  const Span* reach_out = nullptr;
-  for (const Span& c : spans) {
-    const Span* hit = c.out ? reach_any : reach_out;
-    if (hit != nullptr && c.begin < hit->end) {
-      const size_t out_item = c.out ? c.item : hit->item, other = c.out ? hit->item : c.item;
-      return invalid_argument("item ", out_item, ": out overlaps q or out of item ", other);
-    }
-    if (reach_any == nullptr || c.end > reach_any->end) reach_any = &c;
-    if (c.out && (reach_out == nullptr || c.end > reach_out->end)) reach_out = &c;
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
 
 absl::Status decode_batch(const ssa_decode_item* items, size_t n_items, uint32_t layer,
                           const ssa_decode_params& p) {
@@ -132,8 +117,24 @@ absl::Status decode_batch(const ssa_decode_item* items, size_t n_items, uint32_t
     }
     if (!st.ok()) return make_error(status_code(st), absl::StrCat("item ", i, ": ", st.message()));
   }
-  SSA_RETURN_IF_ERROR(check_batch_buffers(items, n_items));
-  SSA_RETURN_IF_ERROR(items[0].session->backend->check_decode(p));
+  // No item's out may overlap any q or another item's out (qs may share memory).
+  std::vector<CallerBuffer> buffers;
+  buffers.reserve(2 * n_items);
+  for (size_t i = 0; i < n_items; ++i) {
+    buffers.push_back(q_buffer(*items[i].session, items[i].q, i));
+    buffers.push_back(out_buffer(*items[i].session, items[i].out, i));
+  }
+  SSA_RETURN_IF_ERROR(check_no_overlap(std::move(buffers)));
+  // What the backend would refuse, and empty layers, for every item before any
+  // is decoded (an index trained for one item would outlive another's refusal).
+  for (size_t i = 0; i < n_items; ++i) {
+    absl::Status st = check_decode_request(*items[i].session, layer, p);
+    if (st.ok()) {
+      std::shared_lock lock(items[i].session->mu);
+      if (items[i].session->layers[layer].n_tokens == 0) st = invalid_argument("layer ", layer, " holds no tokens");
+    }
+    if (!st.ok()) return make_error(status_code(st), absl::StrCat("item ", i, ": ", st.message()));
+  }
   return items[0].session->backend->decode_batch(items, n_items, layer, p);
 }
 

@@ -23,7 +23,8 @@ absl::Status validate_decode_params(const ssa_decode_params& p) {
   if (enum_value(p.method) > SSA_METHOD_SSA_ADAPTIVE) {
     return invalid_argument("unknown decode method ", enum_value(p.method), " (SSA_METHOD_DENSE .. SSA_METHOD_SSA_ADAPTIVE)");
   }
-  if (p.budget == 0 && !(p.sparsity >= 1.0f && std::isfinite(p.sparsity))) {
+  // An error-targeted decode chooses its own budgets: sparsity is not read then.
+  if (p.budget == 0 && !(p.target_error > 0.0f) && !(p.sparsity >= 1.0f && std::isfinite(p.sparsity))) {
     return invalid_argument("sparsity ", p.sparsity, " must be a finite number >= 1 when budget is 0");
   }
   if (!(p.heavy_fraction >= 0.0f && p.heavy_fraction <= 1.0f)) {

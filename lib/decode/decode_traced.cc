@@ -4,6 +4,7 @@
 // which tell the caller the capacity needed).
 #include "decode_traced.h"
 
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "backend.h"
+#include "caller_buffers.h"
 #include "status.h"
 #include "versioned_struct.h"
 
@@ -47,22 +49,33 @@ absl::Status decode_traced(ssa_session& s, uint32_t layer, const void* q, void* 
     return unsupported("ssa_decode_traced: this session's backend selects rows on the device and does not "
                        "report them; use a CPU session");
   }
-  if (out == nullptr) return invalid_argument("q and out must not be NULL");
+  if (q == nullptr || out == nullptr) return invalid_argument("q and out must not be NULL");
   if (stats != nullptr) SSA_RETURN_IF_ERROR(check_output_struct(stats));
+  // No array holds more entries (8 bytes each at most: the sizes below cannot wrap).
+  if (buf.capacity > static_cast<uint64_t>(PTRDIFF_MAX) / sizeof(uint64_t)) {
+    return invalid_argument("capacity ", buf.capacity, " is larger than any array");
+  }
+  const size_t cap = static_cast<size_t>(buf.capacity);
+  SSA_RETURN_IF_ERROR(check_no_overlap({
+      q_buffer(s, q),
+      out_buffer(s, out),
+      CallerBuffer{stats, stats != nullptr ? struct_size_of(stats) : 0, "stats", true},
+      CallerBuffer{buf.tokens, cap * sizeof(uint32_t), "tokens", true},
+      CallerBuffer{buf.log_pi, buf.log_pi != nullptr ? cap * sizeof(float) : 0, "log_pi", true},
+      CallerBuffer{buf.head_offsets, (size_t{s.layout.n_q_heads} + 1) * sizeof(uint64_t), "head_offsets", true},
+  }));
 
-  // decode() checks q, the parameters and the layer; scratch out never overlaps
-  // q, so the caller's out is checked here against q as decode() would.
+  // decode() makes every other check before it reads the layer. It decodes into
+  // scratch memory, with an index the layer lacks trained into a copy: until the
+  // trace is known to fit, nothing of the caller's or the session's changes.
   const size_t out_bytes = size_t{s.layout.n_q_heads} * s.layout.row_bytes();
-  const uint8_t* qb = static_cast<const uint8_t*>(q);
-  const uint8_t* ob = static_cast<const uint8_t*>(out);
-  if (qb != nullptr && qb < ob + out_bytes && ob < qb + out_bytes) return invalid_argument("q and out overlap");
-
   std::vector<uint8_t> scratch_out(out_bytes);
   ssa_decode_stats scratch_stats;
   ssa_decode_stats_init(&scratch_stats);
   std::vector<HeadTrace> traces;
+  LayerStore trained;
   SSA_RETURN_IF_ERROR(decode(s, layer, q, scratch_out.data(), p, stats != nullptr ? &scratch_stats : nullptr,
-                             &traces));
+                             &traces, nullptr, &trained));
   if (traces.size() != s.layout.n_q_heads) {
     return internal_error("decode recorded ", traces.size(), " head traces for ", s.layout.n_q_heads, " heads");
   }
@@ -89,6 +102,8 @@ absl::Status decode_traced(ssa_session& s, uint32_t layer, const void* q, void* 
   }
   memcpy(out, scratch_out.data(), out_bytes);
   if (stats != nullptr) write_struct(scratch_stats, stats);
+  // The call succeeded: the layer keeps the index it was decoded with, as after ssa_decode.
+  if (trained.codebooks != nullptr) session_install_index(s, layer, std::move(trained));
   return absl::OkStatus();
 }
 

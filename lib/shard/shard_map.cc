@@ -4,11 +4,19 @@
 
 namespace ssa {
 
+uint64_t shard_begin(uint32_t shard, uint64_t shard_tokens, uint64_t n_tokens) {
+  // shard * shard_tokens may not fit in 64 bits (shard_tokens up to 2^64 - 8192):
+  // compared by division instead, it is only formed when it is below n_tokens.
+  if (shard == 0 || shard_tokens == 0) return 0;
+  if (shard_tokens >= n_tokens || shard > (n_tokens - 1) / shard_tokens) return n_tokens;
+  return uint64_t{shard} * shard_tokens;
+}
+
 std::vector<ShardRange> shard_ranges(uint64_t n_tokens, uint32_t n_shards, uint64_t shard_tokens) {
   std::vector<ShardRange> r(n_shards);
   for (uint32_t i = 0; i < n_shards; ++i) {
-    const uint64_t begin = std::min(n_tokens, uint64_t{i} * shard_tokens);
-    const uint64_t end = i + 1 == n_shards ? n_tokens : std::min(n_tokens, uint64_t{i + 1} * shard_tokens);
+    const uint64_t begin = shard_begin(i, shard_tokens, n_tokens);
+    const uint64_t end = i + 1 == n_shards ? n_tokens : shard_begin(i + 1, shard_tokens, n_tokens);
     r[i] = ShardRange{begin, end};
   }
   return r;

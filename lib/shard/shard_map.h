@@ -24,6 +24,10 @@ struct ShardRange {
   uint64_t size() const { return end - begin; }
 };
 
+// min(n_tokens, shard * shard_tokens), the first token of shard `shard` (or
+// n_tokens when it holds none), without overflow for any shard_tokens >= 1.
+uint64_t shard_begin(uint32_t shard, uint64_t shard_tokens, uint64_t n_tokens);
+
 // The ranges of the n_shards shards of a layer of n_tokens tokens (some may be empty).
 std::vector<ShardRange> shard_ranges(uint64_t n_tokens, uint32_t n_shards, uint64_t shard_tokens);
 

@@ -46,6 +46,8 @@ struct Shared {
   // global values rank 0 reports in the stats.
   std::vector<uint64_t> heavy, unique, draws;
   std::vector<double> residual;
+  // Traced decodes: every rank's selections (in its view's indices), one slot per rank.
+  std::vector<std::vector<Selection>>* rank_sels = nullptr;
 };
 
 // One unit's selection on this rank: the candidates [ca, cb) it holds.
@@ -326,6 +328,7 @@ absl::Status rank_decode(Shared& sh, Collective& comm) {
   } else {
     std::vector<Selection> sels(layout.n_q_heads);
     if (sh.plan.selects()) SSA_RETURN_IF_ERROR(select_units(sh, comm, view, &sels));
+    if (sh.rank_sels != nullptr) (*sh.rank_sels)[comm.rank()] = sels;
     sparse_split_partials(layout, view, range.begin, sh.plan, sh.q.data(), sels,
                           sh.p.group_selection != SSA_GROUP_OFF, pool, &parts);
   }
@@ -361,16 +364,52 @@ void add_stats(const Shared& sh, ssa_decode_stats* stats) {
   }
 }
 
+// The rows each query head read, as the unsharded decode lists them: sink and
+// local rows, then the selected rows of every rank, in layer indices (a group's
+// rows for every head of the group). Unsorted, as the unsharded traces are.
+void sharded_traces(const Shared& sh, std::vector<HeadTrace>* traces) {
+  const KvLayout& layout = sh.s.layout;
+  const DecodePlan& plan = sh.plan;
+  const uint32_t nq = layout.n_q_heads, g = layout.group_size();
+  const bool grouped = sh.p.group_selection != SSA_GROUP_OFF;
+  traces->assign(nq, HeadTrace{});
+  for (uint32_t h = 0; h < nq; ++h) {
+    HeadTrace& t = (*traces)[h];
+    auto add_range = [&](uint64_t t0, uint64_t t1) {
+      for (uint64_t i = t0; i < t1; ++i) {
+        t.tokens.push_back(static_cast<uint32_t>(i));
+        t.log_pi.push_back(0.0f);
+      }
+    };
+    if (plan.dense) {
+      add_range(0, plan.n);
+      continue;
+    }
+    add_range(0, plan.sink_end);
+    add_range(plan.local_begin, plan.n);
+    if (sh.rank_sels == nullptr) continue;
+    const uint32_t unit_head = grouped ? h / g * g : h;
+    for (size_t r = 0; r < sh.rank_sels->size(); ++r) {
+      const std::vector<Selection>& sels = (*sh.rank_sels)[r];
+      if (sels.size() <= unit_head) continue;
+      const Selection& sel = sels[unit_head];
+      for (size_t i = 0; i < sel.tokens.size(); ++i) {
+        t.tokens.push_back(static_cast<uint32_t>(sel.tokens[i] + sh.ranges[r].begin));
+        t.log_pi.push_back(sel.log_pi[i]);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 absl::Status sharded_decode_layer(const ssa_session& s, const LayerStore& layer, uint32_t layer_index,
                                   const void* q_in, void* out, const ssa_decode_params& p, uint64_t seed,
                                   ssa_decode_stats* stats, std::vector<HeadTrace>* traces) {
   if (p.target_error > 0.0f) return unsupported(kShardedTargetUnsupported);
-  if (traces != nullptr) return unsupported("per-head traces of a sharded decode are not recorded");
   const KvLayout& layout = s.layout;
   const uint32_t d = layout.head_dim, nq = layout.n_q_heads;
-  Shared sh{s, layer, layer_index, p, seed, plan_decode(layer.n_tokens, p), {}, {}, {}, false, {}, {}, {}, {}};
+  Shared sh{s, layer, layer_index, p, seed, plan_decode(layer.n_tokens, p), {}, {}, {}, false, {}, {}, {}, {}, nullptr};
   sh.q.resize(size_t{nq} * d);
   const float scale = 1.0f / sqrtf(static_cast<float>(d));
   for (size_t i = 0; i < sh.q.size(); ++i) sh.q[i] = load_as_f32(q_in, layout.dtype, i) * scale;
@@ -383,6 +422,15 @@ absl::Status sharded_decode_layer(const ssa_session& s, const LayerStore& layer,
   sh.draws.assign(U, 0);
   sh.residual.assign(U, 0.0);
 
+  std::vector<std::vector<Selection>> rank_sels;
+  if (traces != nullptr) {
+    // A process group's rank sees its own shard's selection alone.
+    if (process_group != nullptr) {
+      return unsupported("per-head traces of a decode over a group of processes are not recorded");
+    }
+    rank_sels.resize(n_shards);
+    sh.rank_sels = &rank_sels;
+  }
   if (process_group != nullptr) {
     // This process is one rank: the others run the same call in theirs.
     std::lock_guard<std::mutex> lock(process_group->call_mutex());
@@ -400,6 +448,7 @@ absl::Status sharded_decode_layer(const ssa_session& s, const LayerStore& layer,
   } else {
     InProcessGroup group(n_shards);
     SSA_RETURN_IF_ERROR(group.run([&](Collective& comm) { return rank_decode(sh, comm); }));
+    if (traces != nullptr) sharded_traces(sh, traces);
   }
 
   std::vector<float> o(d);

@@ -29,10 +29,11 @@ inline constexpr const char* kShardedTargetUnsupported =
 // of one: its decodes are the group's collective calls).
 inline bool runtime_sharded(const ssa_runtime& rt) { return rt.devices.size() > 1 || rt.group != nullptr; }
 
-// As cpu_decode_layer, for a session of a sharded runtime. traces are not
-// recorded (must be null). On a runtime of a group of processes
-// (docs/DISTRIBUTED.md) it is a collective call: this process runs its rank's
-// shard, and every rank gets the whole output and the same stats.
+// As cpu_decode_layer, for a session of a sharded runtime; traces list the
+// rows of every shard in layer indices (the unsharded decode's rows). On a
+// runtime of a group of processes (docs/DISTRIBUTED.md) it is a collective
+// call: this process runs its rank's shard, and every rank gets the whole
+// output and the same stats (traces are not recorded there: UNSUPPORTED).
 absl::Status sharded_decode_layer(const ssa_session& s, const LayerStore& layer, uint32_t layer_index,
                                   const void* q, void* out, const ssa_decode_params& p, uint64_t seed,
                                   ssa_decode_stats* stats, std::vector<HeadTrace>* traces);

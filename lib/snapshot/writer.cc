@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "backend.h"
+#include "caller_buffers.h"
 #include "snapshot/file_io.h"
 #include "snapshot/format.h"
 #include "snapshot/internal.h"
@@ -545,6 +546,8 @@ absl::Status session_set_metadata(ssa_session& s, const void* bytes, size_t n) {
 absl::Status session_get_metadata(const ssa_session& s, void* buf, size_t cap, size_t* n_out) {
   if (n_out == nullptr) return invalid_argument("n_out is NULL");
   if (buf == nullptr && cap > 0) return invalid_argument("buf is NULL but cap is ", cap);
+  SSA_RETURN_IF_ERROR(
+      check_no_overlap({CallerBuffer{buf, cap, "buf", true}, CallerBuffer{n_out, sizeof *n_out, "n_out", true}}));
   std::shared_lock lock(s.mu);
   *n_out = s.metadata.size();
   if (s.metadata.size() <= cap && !s.metadata.empty()) memcpy(buf, s.metadata.data(), s.metadata.size());

@@ -5,6 +5,7 @@
 pub const SSA_VERSION_MAJOR: u32 = 0;
 pub const SSA_VERSION_MINOR: u32 = 1;
 pub const SSA_VERSION_PATCH: u32 = 0;
+pub const SSA_MAX_STRUCT_SIZE: u32 = 4096;
 pub const SSA_SESSION_HOST_POINTERS: u32 = 1;
 pub const SSA_LOAD_VERIFY: u32 = 1;
 pub const SSA_LOAD_MMAP: u32 = 2;
