@@ -38,10 +38,11 @@ class Snapshot:
             if len(h) == 128 and h[:8] == MAGIC:
                 gen, toff, tlen = struct.unpack_from("<QQQ", h, 24)
                 if best is None or gen > best[0]:
-                    best = (gen, toff, tlen)
+                    best = (gen, toff, tlen, slot)
         if best is None:
             raise ValueError("%s: no valid superblock" % path)
-        _, toff, tlen = best
+        _, toff, tlen, slot = best
+        self.version = struct.unpack_from("<I", self.buf, slot + 8)[0]
         self._check(toff, tlen)
         if self.buf[toff:toff + 8] != b"SSATABLE":
             raise ValueError("%s: bad section table" % path)
@@ -59,6 +60,10 @@ class Snapshot:
          self.P) = struct.unpack_from("<8I", self.buf, cfg[2])
         if self.dtype != 0:
             raise ValueError("only float32 sessions are read here (kv_dtype %d)" % self.dtype)
+        # Format version 2: the proxy (0 PQ, 1 OPQ) at config offset 52; reserved in 1.
+        self.proxy = struct.unpack_from("<I", self.buf, cfg[2] + 52)[0] if self.version >= 2 else 0
+        if self.proxy not in (0, 1):
+            raise ValueError("unknown proxy %d" % self.proxy)
         lay = self._one(2)
         if lay[3] != 32 * self.n_layers:
             raise ValueError("layers section size")
@@ -108,9 +113,20 @@ class Snapshot:
             raise ValueError("layer %d has %d codebook sections" % (layer, len(s)))
         off = s[0][2]
         n_kv, M, K, sub = struct.unpack_from("<4I", self.buf, off)
-        if (n_kv, M, K, sub * M) != (self.n_kv, self.M, self.K, self.d) or s[0][3] != 16 + 4 * n_kv * M * K * sub:
+        rot = 4 * n_kv * self.d * self.d if self.proxy == 1 else 0
+        if (n_kv, M, K, sub * M) != (self.n_kv, self.M, self.K, self.d) or s[0][3] != 16 + 4 * n_kv * M * K * sub + rot:
             raise ValueError("codebook shape")
         return np.frombuffer(self.buf, np.float32, n_kv * M * K * sub, off + 16).reshape(n_kv, M, K, sub)
+
+    def rotation(self, layer):
+        """[n_kv, d, d] float32 rotation R of an OPQ snapshot (codes quantise R k,
+        a query scores as R q), None for PQ."""
+        if self.proxy == 0:
+            return None
+        self.codebooks(layer)  # checks the section's shape and length
+        off = [x for x in self.sections if x[0] == 5 and x[1] == layer][0][2]
+        off += 16 + 4 * self.n_kv * self.M * self.K * (self.d // self.M)
+        return np.frombuffer(self.buf, np.float32, self.n_kv * self.d * self.d, off).reshape(self.n_kv, self.d, self.d)
 
 
 def measure(loaded, stored: Dict, feed: Sequence[int], fractions: Sequence[float], snap_path: str) -> Dict:
@@ -137,6 +153,8 @@ def measure(loaded, stored: Dict, feed: Sequence[int], fractions: Sequence[float
         K = snap.keys(sl).astype(np.float64)
         codes = snap.codes(sl)
         books = snap.codebooks(sl).astype(np.float64)
+        R = snap.rotation(sl)
+        R = None if R is None else R.astype(np.float64)
         rows = {f: dict(recall=[], mass_oracle=[], mass_pq=[]) for f in fractions}
         fixed_mass = []
         for j, q in enumerate(qs):
@@ -149,7 +167,8 @@ def measure(loaded, stored: Dict, feed: Sequence[int], fractions: Sequence[float
                 p /= p.sum()
                 fixed_mass.append(float(p[:lo].sum() + p[hi:].sum()))
                 pc = p[lo:hi]
-                lut = np.einsum("ms,mcs->mc", q[h].reshape(snap.M, sub), books[kv])
+                qr = q[h] if R is None else R[kv] @ q[h]
+                lut = np.einsum("ms,mcs->mc", qr.reshape(snap.M, sub), books[kv])
                 proxy = lut[np.arange(snap.M)[:, None], codes[kv, :, lo:hi]].sum(axis=0)
                 for f in fractions:
                     k = max(1, int(round(f * (hi - lo))))

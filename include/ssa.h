@@ -156,6 +156,22 @@ typedef enum ssa_dtype {
   SSA_DTYPE_FORCE_32BIT = 0x7fffffff
 } ssa_dtype;
 
+/* The proxy score a session ranks and samples its candidate tokens by
+   (docs/ALGORITHM.md, section 4). Every proxy stores pq_subspaces one-byte codes
+   per token per KV head, so they cost the same bytes.
+   PQ:  product quantisation of the keys as they are (the paper's proxy).
+   OPQ: a learned orthogonal rotation of each KV head's keys before product
+        quantisation (trained with the codebooks, alternating k-means and a
+        Procrustes fit); keys are rotated when encoded, the query once per decode
+        step. A scoring pass costs what PQ's costs.
+   The CUDA backend supports PQ only: a session with another proxy is refused
+   there with SSA_ERR_UNSUPPORTED (at ssa_session_create and at load). */
+typedef enum ssa_proxy {
+  SSA_PROXY_PQ = 0,
+  SSA_PROXY_OPQ = 1,
+  SSA_PROXY_FORCE_32BIT = 0x7fffffff
+} ssa_proxy;
+
 /* How a decode spends its budget of k tokens per query head. In every method the
    first n_sink and last n_local tokens are always read (inclusion probability 1)
    and count towards k; the remaining k' = k - n_sink - n_local tokens are chosen
@@ -360,6 +376,7 @@ typedef struct ssa_session_config {
   float index_regrow_factor;   /* default 4.0; 0 or >= 1.0 (1.0 = every append) */
   uint32_t index_train_sample; /* keys sampled per KV head, default 16384, >= 1 */
   uint32_t index_iterations;   /* Lloyd iterations after k-means++, default 8 */
+  ssa_proxy proxy;             /* default SSA_PROXY_PQ; stored in snapshots   */
 } ssa_session_config;
 
 /* Fills *cfg with defaults (shape fields 0: the caller must set n_layers,
@@ -370,7 +387,8 @@ SSA_API void ssa_session_config_init(ssa_session_config *cfg);
    out: receives the session, owned by the caller (ssa_session_destroy).
    The runtime must outlive the session.
    Returns SSA_OK, SSA_ERR_INVALID_ARGUMENT (NULLs, bad struct_size, a shape or
-   PQ setting out of range), SSA_ERR_OUT_OF_MEMORY, SSA_ERR_DEVICE. */
+   PQ setting out of range, an unknown proxy), SSA_ERR_UNSUPPORTED (a proxy other
+   than SSA_PROXY_PQ on a CUDA runtime), SSA_ERR_OUT_OF_MEMORY, SSA_ERR_DEVICE. */
 SSA_API ssa_status ssa_session_create(ssa_runtime *rt, const ssa_session_config *cfg,
                                       ssa_session **out);
 
@@ -718,7 +736,7 @@ SSA_API ssa_status ssa_session_checkpoint(ssa_session *s, const char *path);
    Thread-safe; several loads may run at once.
    Returns SSA_OK, SSA_ERR_INVALID_ARGUMENT, SSA_ERR_IO, SSA_ERR_CORRUPT,
    SSA_ERR_VERSION, SSA_ERR_MISMATCH, SSA_ERR_OUT_OF_MEMORY (host or device memory),
-   SSA_ERR_DEVICE, SSA_ERR_UNSUPPORTED (a shape the CUDA backend does not take). */
+   SSA_ERR_DEVICE, SSA_ERR_UNSUPPORTED (a shape or proxy the CUDA backend does not take). */
 SSA_API ssa_status ssa_session_load(ssa_runtime *rt, const char *path, uint32_t flags,
                                     ssa_session **out);
 

@@ -219,6 +219,7 @@ void ssa_session_config_init(ssa_session_config* c) {
   c->index_regrow_factor = 4.0f;
   c->index_train_sample = 16384;
   c->index_iterations = 8;
+  c->proxy = SSA_PROXY_PQ;
 }
 
 ssa_status ssa_session_create(ssa_runtime* rt, const ssa_session_config* cfg, ssa_session** out) {

@@ -65,6 +65,9 @@ absl::Status validate_session_config(const ssa_session_config& c, KvLayout* layo
   if (c.index_iterations > 1000) {
     return invalid_argument("index_iterations ", c.index_iterations, " must be <= 1000");
   }
+  if (enum_value(c.proxy) > SSA_PROXY_OPQ) {
+    return invalid_argument("unknown proxy ", enum_value(c.proxy), " (SSA_PROXY_PQ or SSA_PROXY_OPQ)");
+  }
   layout->n_layers = c.n_layers;
   layout->n_q_heads = c.n_q_heads;
   layout->n_kv_heads = c.n_kv_heads;

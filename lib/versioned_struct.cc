@@ -34,7 +34,7 @@ constexpr FieldSpan kSessionConfig[] = {
     SSA_FIELD(ssa_session_config, model_fingerprint),  SSA_FIELD(ssa_session_config, page_tokens),
     SSA_FIELD(ssa_session_config, flags),              SSA_FIELD(ssa_session_config, index_min_tokens),
     SSA_FIELD(ssa_session_config, index_regrow_factor), SSA_FIELD(ssa_session_config, index_train_sample),
-    SSA_FIELD(ssa_session_config, index_iterations),
+    SSA_FIELD(ssa_session_config, index_iterations),   SSA_FIELD(ssa_session_config, proxy),
 };
 
 constexpr FieldSpan kDecodeParams[] = {

@@ -152,6 +152,7 @@ static sizes config_sizes(void) {
   add(&s, END(ssa_session_config, index_regrow_factor));
   add(&s, END(ssa_session_config, index_train_sample));
   add(&s, END(ssa_session_config, index_iterations));
+  add(&s, END(ssa_session_config, proxy));
   add(&s, sizeof(ssa_session_config));
   return s;
 }
@@ -183,6 +184,7 @@ static void test_session_config(ssa_runtime *rt, const char *path) {
     if (sz.at[i] < END(ssa_session_config, page_tokens)) EXPECT(got.page_tokens == defaults.page_tokens);
     if (sz.at[i] < END(ssa_session_config, index_iterations))
       EXPECT(got.index_iterations == defaults.index_iterations);
+    if (sz.at[i] < END(ssa_session_config, proxy)) EXPECT(got.proxy == SSA_PROXY_PQ);
     /* get_config writes only the caller's prefix. */
     memset(b.bytes, 0xAB, sizeof b.bytes);
     ((ssa_session_config *)(void *)b.bytes)->struct_size = (uint32_t)sz.at[i];
@@ -220,6 +222,12 @@ static void test_session_config(ssa_runtime *rt, const char *path) {
   EXPECT_STATUS(ssa_session_create(rt, &c, &s), SSA_ERR_INVALID_ARGUMENT);
   EXPECT_STATUS(ssa_session_load_checked(rt, path, 0, &c, &s), SSA_ERR_INVALID_ARGUMENT);
   c.kv_dtype = (ssa_dtype)3;
+  EXPECT_STATUS(ssa_session_create(rt, &c, &s), SSA_ERR_INVALID_ARGUMENT);
+  EXPECT(s == NULL);
+  c = shape();
+  c.proxy = (ssa_proxy)0xFFFFFFFFu;
+  EXPECT_STATUS(ssa_session_create(rt, &c, &s), SSA_ERR_INVALID_ARGUMENT);
+  c.proxy = (ssa_proxy)2;
   EXPECT_STATUS(ssa_session_create(rt, &c, &s), SSA_ERR_INVALID_ARGUMENT);
   EXPECT(s == NULL);
 }

@@ -70,7 +70,8 @@ class CpuBackend final : public Backend {
 
   absl::Status train_index(ssa_session& s, LayerStore& layer) const override {
     absl::StatusOr<CodebooksRef> books =
-        train_codebooks(s.layout, layer, s.config.index_train_sample, s.config.index_iterations, *s.rt->pool);
+        train_codebooks(s.layout, layer, s.config.index_train_sample, s.config.index_iterations,
+                        s.config.proxy, *s.rt->pool);
     if (!books.ok()) return books.status();
     absl::StatusOr<std::vector<PageRef>> codes = encode_layer(s.layout, *books, layer, *s.code_pool, *s.rt->pool);
     if (!codes.ok()) return codes.status();

@@ -193,6 +193,11 @@ DecodeShape decode_shape(const KvLayout& L) {
 }
 
 absl::Status CudaBackend::init_session(ssa_session& s) const {
+  // The device encoder and scoring kernels quantise keys as they are.
+  if (s.config.proxy != SSA_PROXY_PQ) {
+    return unsupported("CUDA sessions: proxy ", static_cast<int>(s.config.proxy),
+                       " (only SSA_PROXY_PQ runs on the CUDA backend)");
+  }
   const char* why = unsupported_shape(decode_shape(s.layout), true);
   if (why != nullptr) return unsupported("CUDA sessions: ", why);
   if (s.layout.head_dim / s.layout.pq_subspaces > 64) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "cpu/simd.h"
+#include "index/pq_index.h"
 
 namespace ssa {
 namespace {
@@ -11,7 +12,9 @@ void pq_proxy_scores(const KvLayout& layout, const LayerStore& layer, uint32_t k
                      uint64_t t0, uint64_t t1, std::vector<float>* lut, float* scores) {
   const PqCodebooks& books = *layer.codebooks;
   const uint32_t M = layout.pq_subspaces, K = layout.pq_centroids, dsub = layout.sub_dim();
-  lut->resize(size_t{M} * K);
+  // The table, then room for the rotated query (OPQ: rotated once per call).
+  lut->resize(size_t{M} * K + layout.head_dim);
+  q = rotate_query(books, kv_head, q, lut->data() + size_t{M} * K);
   for (uint32_t m = 0; m < M; ++m) {
     const float* qm = q + m * dsub;
     for (uint32_t c = 0; c < K; ++c) {

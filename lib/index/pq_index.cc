@@ -7,6 +7,7 @@
 #include "cpu/simd.h"
 #include "kmeans.h"
 #include "kmeans_rng.h"
+#include "rotation.h"
 #include "status.h"
 
 namespace ssa {
@@ -20,43 +21,125 @@ const uint8_t* key_row(const KvLayout& layout, const std::vector<PageRef>& pages
 
 }  // namespace
 
+namespace {
+
+// y = R x for a row-major d x d R.
+void rotate(const float* r, const float* x, uint32_t d, float* y) {
+  for (uint32_t i = 0; i < d; ++i) {
+    const float* ri = r + size_t{i} * d;
+    float s = 0.0f;
+    for (uint32_t j = 0; j < d; ++j) s += ri[j] * x[j];
+    y[i] = s;
+  }
+}
+
+// Copies the n keys x[n][d] of head h, rotated by r when it is not null, into
+// the subspace-major points[h][m][n][dsub] that k-means reads.
+void scatter_points(const float* x, uint64_t n, const float* r, uint32_t h, uint32_t d, uint32_t M,
+                    float* points) {
+  const uint32_t dsub = d / M;
+  std::vector<float> row(d);
+  for (uint64_t i = 0; i < n; ++i) {
+    const float* src = x + i * d;
+    if (r != nullptr) {
+      rotate(r, src, d, row.data());
+      src = row.data();
+    }
+    for (uint32_t m = 0; m < M; ++m) {
+      std::copy(src + m * dsub, src + (m + 1) * dsub, points + ((size_t{h} * M + m) * n + i) * dsub);
+    }
+  }
+}
+
+// The Procrustes step of OPQ for head h: the rotation that best maps its keys
+// onto the reconstructions of their rotated selves by the current codebooks.
+std::vector<double> refit_rotation(const float* x, uint64_t n, const float* r, const PqCodebooks& books,
+                                   uint32_t h) {
+  const uint32_t d = books.head_dim(), M = books.subspaces, dsub = books.sub_dim;
+  std::vector<CentroidSearch> searches;
+  searches.reserve(M);
+  for (uint32_t m = 0; m < M; ++m) searches.emplace_back(books.centroid(h, m, 0), books.centroids, dsub);
+  std::vector<double> cross(size_t{d} * d, 0.0);  // sum_t y_t x_t^T
+  std::vector<float> z(d), y(d);
+  for (uint64_t t = 0; t < n; ++t) {
+    const float* xt = x + t * d;
+    rotate(r, xt, d, z.data());
+    for (uint32_t m = 0; m < M; ++m) {
+      const float* c = books.centroid(h, m, searches[m].nearest(z.data() + m * dsub));
+      std::copy(c, c + dsub, y.begin() + m * dsub);
+    }
+    for (uint32_t i = 0; i < d; ++i) {
+      double* row = cross.data() + size_t{i} * d;
+      const double yi = y[i];
+      for (uint32_t j = 0; j < d; ++j) row[j] += yi * xt[j];
+    }
+  }
+  return procrustes(cross, d);
+}
+
+void store_rotation(const std::vector<double>& r, float* out) {
+  for (size_t i = 0; i < r.size(); ++i) out[i] = static_cast<float>(r[i]);
+}
+
+}  // namespace
+
 absl::StatusOr<CodebooksRef> train_codebooks(const KvLayout& layout, const LayerStore& layer,
-                                             uint32_t sample, uint32_t iterations,
+                                             uint32_t sample, uint32_t iterations, ssa_proxy proxy,
                                              ThreadPool& pool) {
   const uint64_t n_tokens = layer.n_tokens;
   if (n_tokens == 0) return invalid_argument("cannot train a PQ index on an empty layer");
+  if (proxy != SSA_PROXY_PQ && proxy != SSA_PROXY_OPQ) {
+    return invalid_argument("unknown proxy ", static_cast<int>(proxy));
+  }
   const uint64_t n = std::min<uint64_t>(n_tokens, sample);
   const uint32_t M = layout.pq_subspaces, K = layout.pq_centroids, dsub = layout.sub_dim();
-  const uint32_t d = layout.head_dim;
+  const uint32_t d = layout.head_dim, H = layout.n_kv_heads;
 
   auto books = std::make_shared<PqCodebooks>();
-  books->n_kv_heads = layout.n_kv_heads;
+  books->n_kv_heads = H;
   books->subspaces = M;
   books->centroids = K;
   books->sub_dim = dsub;
-  books->data.resize(size_t{layout.n_kv_heads} * M * K * dsub);
+  books->data.resize(size_t{H} * M * K * dsub);
 
-  // Gather the sampled keys of each head as floats, subspace-major, so every
-  // (head, subspace) k-means reads one contiguous [n][dsub] array.
-  std::vector<float> points(size_t{layout.n_kv_heads} * M * n * dsub);
+  // The sampled keys of each head as floats, x[h][n][d].
+  std::vector<float> keys(size_t{H} * n * d);
   const auto& kern = simd::kernels();
-  pool.parallel_for(layout.n_kv_heads, [&](size_t h) {
-    std::vector<float> row(d);
+  pool.parallel_for(H, [&](size_t h) {
     for (uint64_t i = 0; i < n; ++i) {
       const uint64_t token = i * n_tokens / n;  // evenly spread, deterministic
       kern.to_f32(layout.dtype, key_row(layout, layer.kv_pages, static_cast<uint32_t>(h), token),
-                  row.data(), d);
-      for (uint32_t m = 0; m < M; ++m) {
-        float* dst = points.data() + ((h * M + m) * n + i) * dsub;
-        std::copy(row.begin() + m * dsub, row.begin() + (m + 1) * dsub, dst);
-      }
+                  keys.data() + (h * n + i) * d, d);
     }
   });
-  pool.parallel_for(size_t{layout.n_kv_heads} * M, [&](size_t hm) {
-    const uint32_t h = static_cast<uint32_t>(hm / M), m = static_cast<uint32_t>(hm % M);
-    kmeans_train(points.data() + hm * n * dsub, n, dsub, K, iterations, codebook_seed(h, m, M),
-                 books->mutable_centroid(h, m, 0));
-  });
+  const bool opq = proxy == SSA_PROXY_OPQ;
+  if (opq) {
+    books->rotation.resize(size_t{H} * d * d);
+    pool.parallel_for(H, [&](size_t h) {
+      store_rotation(balanced_pca_rotation(keys.data() + h * n * d, n, d, M),
+                     books->rotation.data() + h * d * d);
+    });
+  }
+  // Subspace-major, so every (head, subspace) k-means reads one contiguous
+  // [n][dsub] array.
+  std::vector<float> points(size_t{H} * M * n * dsub);
+  const uint32_t rounds = opq ? kOpqRounds : 1;
+  for (uint32_t round = 0; round < rounds; ++round) {
+    pool.parallel_for(H, [&](size_t h) {
+      scatter_points(keys.data() + h * n * d, n, opq ? books->rotation_of(static_cast<uint32_t>(h)) : nullptr,
+                     static_cast<uint32_t>(h), d, M, points.data());
+    });
+    pool.parallel_for(size_t{H} * M, [&](size_t hm) {
+      const uint32_t h = static_cast<uint32_t>(hm / M), m = static_cast<uint32_t>(hm % M);
+      kmeans_train(points.data() + hm * n * dsub, n, dsub, K, iterations, codebook_seed(h, m, M),
+                   books->mutable_centroid(h, m, 0));
+    });
+    if (round + 1 == rounds) break;
+    pool.parallel_for(H, [&](size_t h) {
+      float* r = books->rotation.data() + h * d * d;
+      store_rotation(refit_rotation(keys.data() + h * n * d, n, r, *books, static_cast<uint32_t>(h)), r);
+    });
+  }
   return CodebooksRef(std::move(books));
 }
 
@@ -96,14 +179,19 @@ void PqEncoder::encode(const std::vector<PageRef>& kv_pages, std::vector<PageRef
     const uint64_t t0 = std::max<uint64_t>(begin, p * P), t1 = std::min<uint64_t>(end, (p + 1) * P);
     const Page& kv = *kv_pages[p];
     uint8_t* codes = code_pages[p]->mutable_data();
-    std::vector<float> row(d);
+    std::vector<float> row(d), rotated(d);
     for (uint32_t h = 0; h < layout.n_kv_heads; ++h) {
       for (uint64_t t = t0; t < t1; ++t) {
         const uint32_t slot = static_cast<uint32_t>(t - p * P);
         kern.to_f32(layout.dtype, kv.data() + layout.k_offset(h, slot), row.data(), d);
+        const float* key = row.data();
+        if (books_->rotated()) {
+          rotate(books_->rotation_of(h), row.data(), d, rotated.data());
+          key = rotated.data();
+        }
         for (uint32_t m = 0; m < M; ++m) {
           codes[layout.code_offset(h, m) + slot] =
-              static_cast<uint8_t>(searches_[size_t{h} * M + m].nearest(row.data() + m * dsub));
+              static_cast<uint8_t>(searches_[size_t{h} * M + m].nearest(key + m * dsub));
         }
       }
     }
@@ -128,6 +216,12 @@ absl::StatusOr<std::vector<PageRef>> encode_layer(const KvLayout& layout, const 
   }
   PqEncoder(layout, books).encode(layer.kv_pages, pages, 0, layer.n_tokens, pool);
   return pages;
+}
+
+const float* rotate_query(const PqCodebooks& books, uint32_t head, const float* q, float* scratch) {
+  if (!books.rotated()) return q;
+  rotate(books.rotation_of(head), q, books.head_dim(), scratch);
+  return scratch;
 }
 
 bool index_wants_training(const ssa_session_config& cfg, const LayerStore& layer,

@@ -18,9 +18,14 @@ namespace ssa {
 
 // Trains codebooks for every KV head of `layer` (k-means++ then Lloyd per
 // subspace) on up to `sample` keys per head, spread evenly over the layer.
+// SSA_PROXY_OPQ also learns each head's rotation (docs/ALGORITHM.md, section 4):
+// from a variance-balanced PCA, kOpqRounds rounds of k-means on the rotated keys
+// alternating with a Procrustes fit of the rotation to their reconstructions; the
+// codebooks returned are those of the last rotation.
 absl::StatusOr<CodebooksRef> train_codebooks(const KvLayout& layout, const LayerStore& layer,
-                                             uint32_t sample, uint32_t iterations,
+                                             uint32_t sample, uint32_t iterations, ssa_proxy proxy,
                                              ThreadPool& pool);
+inline constexpr uint32_t kOpqRounds = 4;
 
 // k-means++ seeds of every codebook of `books` (shape set, data sized) from n
 // sample keys per head given as floats x[n_kv_heads][n][head_dim], with the same
@@ -46,6 +51,9 @@ class PqEncoder {
   CodebooksRef books_;
   std::vector<CentroidSearch> searches_;  // [n_kv_heads][subspaces]
 };
+
+// q' = R q for a rotated codebook set's head (d floats each); q itself otherwise.
+const float* rotate_query(const PqCodebooks& books, uint32_t head, const float* q, float* scratch);
 
 // Builds a full set of fresh code pages for all tokens of `layer` with `books`.
 absl::StatusOr<std::vector<PageRef>> encode_layer(const KvLayout& layout, const CodebooksRef& books,

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cpu/finite_check.h"
+#include "index/rotation.h"
 #include "status.h"
 
 namespace ssa::snap {
@@ -101,11 +102,26 @@ absl::Status check_code_page(const KvLayout& lay, const uint8_t* page, const std
 absl::Status check_codebooks(const PqCodebooks& cb, const std::string& path, uint32_t layer) {
   const size_t n = cb.data.size();
   const size_t bad = first_non_finite(DType::kF32, cb.data.data(), n);
-  if (bad == n) return absl::OkStatus();
-  return make_error(SSA_ERR_CORRUPT,
-                    absl::StrCat("snapshot '", path, "': layer ", layer,
-                                 " codebooks hold a non-finite centroid coordinate (float ", bad,
-                                 " of ", n, ")"));
+  if (bad != n) {
+    return make_error(SSA_ERR_CORRUPT,
+                      absl::StrCat("snapshot '", path, "': layer ", layer,
+                                   " codebooks hold a non-finite centroid coordinate (float ", bad,
+                                   " of ", n, ")"));
+  }
+  if (!cb.rotated()) return absl::OkStatus();
+  // A rotation that is not orthogonal would make the proxy score something
+  // other than q . k; a non-finite one every score NaN.
+  const uint32_t d = cb.head_dim();
+  for (uint32_t h = 0; h < cb.n_kv_heads; ++h) {
+    const double err = orthogonality_error(cb.rotation_of(h), d);
+    if (!(err <= kRotationTolerance)) {
+      return make_error(SSA_ERR_CORRUPT,
+                        absl::StrCat("snapshot '", path, "': layer ", layer, " KV head ", h,
+                                     " rotation is not orthogonal (max |R R^T - I| = ", err,
+                                     ", tolerance ", kRotationTolerance, ")"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace ssa::snap

@@ -75,16 +75,23 @@ void encode_config(const ssa_session_config& cfg, uint64_t kv_page_bytes,
   memcpy(out + 40, &cfg.index_regrow_factor, 4);
   put_u32(out + 44, cfg.index_train_sample);
   put_u32(out + 48, cfg.index_iterations);
+  put_u32(out + kConfigProxyOff, static_cast<uint32_t>(cfg.proxy));
   put_u64(out + 56, cfg.model_fingerprint);
   put_u64(out + 64, kv_page_bytes);
   put_u64(out + 72, code_page_bytes);
 }
 
-absl::Status decode_config(const uint8_t in[kConfigBytes], ssa_session_config* cfg,
-                           uint64_t* kv_page_bytes, uint64_t* code_page_bytes) {
+absl::Status decode_config(const uint8_t in[kConfigBytes], uint32_t format_version,
+                           ssa_session_config* cfg, uint64_t* kv_page_bytes,
+                           uint64_t* code_page_bytes) {
   const uint32_t dtype = get_u32(in + 16);
   if (dtype != SSA_DTYPE_F32 && dtype != SSA_DTYPE_F16 && dtype != SSA_DTYPE_BF16) {
     return absl::InvalidArgumentError(absl::StrCat("unknown kv_dtype ", dtype));
+  }
+  // Version 1 wrote the word as reserved: its files are all plain PQ.
+  const uint32_t proxy = format_version >= 2 ? get_u32(in + kConfigProxyOff) : 0;
+  if (proxy != SSA_PROXY_PQ && proxy != SSA_PROXY_OPQ) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown proxy ", proxy));
   }
   *cfg = ssa_session_config{};
   cfg->struct_size = sizeof(ssa_session_config);
@@ -101,10 +108,17 @@ absl::Status decode_config(const uint8_t in[kConfigBytes], ssa_session_config* c
   memcpy(&cfg->index_regrow_factor, in + 40, 4);
   cfg->index_train_sample = get_u32(in + 44);
   cfg->index_iterations = get_u32(in + 48);
+  cfg->proxy = static_cast<ssa_proxy>(proxy);
   cfg->model_fingerprint = get_u64(in + 56);
   *kv_page_bytes = get_u64(in + 64);
   *code_page_bytes = get_u64(in + 72);
   return absl::OkStatus();
+}
+
+uint64_t codebooks_section_bytes(const ssa_session_config& cfg) {
+  const uint64_t floats = uint64_t{cfg.n_kv_heads} * cfg.pq_centroids * cfg.head_dim;
+  const uint64_t rotation = cfg.proxy == SSA_PROXY_OPQ ? uint64_t{cfg.n_kv_heads} * cfg.head_dim * cfg.head_dim : 0;
+  return kCodebooksHeaderBytes + (floats + rotation) * sizeof(float);
 }
 
 SectionEntry decode_entry(const uint8_t* p) {

@@ -20,7 +20,9 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
 namespace ssa::snap {
 
 // Current format version. Readers accept versions 1..kFormatVersion.
-inline constexpr uint32_t kFormatVersion = 1;
+// Version 2 gives the config's word at offset 52 a meaning (the proxy) and puts
+// the OPQ rotation after the centroids of a codebooks section.
+inline constexpr uint32_t kFormatVersion = 2;
 
 inline constexpr char kMagic[8] = {'\x89', 'S', 'S', 'A', 'S', 'N', 'P', '\n'};
 inline constexpr char kTableMagic[8] = {'S', 'S', 'A', 'T', 'A', 'B', 'L', 'E'};
@@ -105,16 +107,22 @@ inline constexpr uint32_t kConfigBytes = 128;
 // Layers section: one 32-byte record per layer.
 inline constexpr uint32_t kLayerRecordBytes = 32;
 inline constexpr uint32_t kLayerHasCodebooks = 1u;
-// Codebooks section: 16-byte header (n_kv_heads, subspaces, centroids, sub_dim).
+// Codebooks section: 16-byte header (n_kv_heads, subspaces, centroids, sub_dim),
+// the centroids, then (SSA_PROXY_OPQ) the rotations [n_kv_heads][d][d].
 inline constexpr uint32_t kCodebooksHeaderBytes = 16;
+inline constexpr size_t kConfigProxyOff = 52;  // version >= 2; reserved (ignored) in 1
 
-// Config section body (kConfigBytes) and its inverse. decode_config checks that
-// kv_dtype names a dtype (an enum is never loaded from an unchecked integer); the
-// caller validates the other values (validate_session_config).
+// Config section body (kConfigBytes) and its inverse for a file of
+// format_version. decode_config checks that kv_dtype and proxy name known values
+// (an enum is never loaded from an unchecked integer); the caller validates the
+// other values (validate_session_config).
 void encode_config(const ssa_session_config& cfg, uint64_t kv_page_bytes,
                    uint64_t code_page_bytes, uint8_t out[kConfigBytes]);
-absl::Status decode_config(const uint8_t in[kConfigBytes], ssa_session_config* cfg,
-                           uint64_t* kv_page_bytes, uint64_t* code_page_bytes);
+absl::Status decode_config(const uint8_t in[kConfigBytes], uint32_t format_version,
+                           ssa_session_config* cfg, uint64_t* kv_page_bytes,
+                           uint64_t* code_page_bytes);
+// Bytes of a codebooks section for cfg (head_dim = pq_subspaces * sub_dim).
+uint64_t codebooks_section_bytes(const ssa_session_config& cfg);
 
 inline void put_u32(uint8_t* p, uint32_t v) { memcpy(p, &v, 4); }
 inline void put_u64(uint8_t* p, uint64_t v) { memcpy(p, &v, 8); }

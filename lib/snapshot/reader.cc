@@ -387,8 +387,8 @@ absl::Status parse(const std::string& path, int fd, Parsed* p) {
                    " bytes, not ", snap::kConfigBytes);
   }
   SSA_RETURN_IF_ERROR(read_section(*p, static_cast<size_t>(p->config_entry), &body));
-  absl::Status valid = snap::decode_config(reinterpret_cast<const uint8_t*>(body.data()), &p->cfg,
-                                           &p->kv_bytes, &p->code_bytes);
+  absl::Status valid = snap::decode_config(reinterpret_cast<const uint8_t*>(body.data()),
+                                           sb.format_version, &p->cfg, &p->kv_bytes, &p->code_bytes);
   if (valid.ok()) valid = validate_session_config(p->cfg, &p->layout);
   if (!valid.ok()) return corrupt(path, "invalid session config: ", valid.message());
   if (p->layout.kv_page_bytes() != p->kv_bytes || p->layout.code_page_bytes() != p->code_bytes) {
@@ -462,11 +462,9 @@ absl::Status parse(const std::string& path, int fd, Parsed* p) {
         return corrupt(path, describe(e, i), L.has_codebooks ? " is a second one for its layer"
                                                              : " belongs to a layer without codebooks");
       }
-      const uint64_t floats = uint64_t{p->cfg.n_kv_heads} * p->cfg.pq_subspaces *
-                              p->cfg.pq_centroids * p->layout.sub_dim();
-      if (e.length != snap::kCodebooksHeaderBytes + floats * sizeof(float)) {
-        return corrupt(path, describe(e, i), " has ", e.length, " bytes, expected ",
-                       snap::kCodebooksHeaderBytes + floats * sizeof(float));
+      const uint64_t bytes = snap::codebooks_section_bytes(p->cfg);
+      if (e.length != bytes) {
+        return corrupt(path, describe(e, i), " has ", e.length, " bytes, expected ", bytes);
       }
       L.codebooks_entry = static_cast<int64_t>(i);
     }
@@ -666,8 +664,14 @@ absl::StatusOr<std::unique_ptr<ssa_session>> load(ssa_runtime* rt, const char* p
         return corrupt(path, describe(e, i), " has shape ", cb->n_kv_heads, "x", cb->subspaces,
                        "x", cb->centroids, "x", cb->sub_dim, " that does not fit the config");
       }
-      cb->data.resize((body.size() - snap::kCodebooksHeaderBytes) / sizeof(float));
+      // The length was checked against the config when the table was read.
+      cb->data.resize(size_t{cb->n_kv_heads} * cb->subspaces * cb->centroids * cb->sub_dim);
       memcpy(cb->data.data(), b + snap::kCodebooksHeaderBytes, cb->data.size() * sizeof(float));
+      if (p.cfg.proxy == SSA_PROXY_OPQ) {
+        cb->rotation.resize(size_t{cb->n_kv_heads} * cb->head_dim() * cb->head_dim());
+        memcpy(cb->rotation.data(), b + snap::kCodebooksHeaderBytes + cb->data.size() * sizeof(float),
+               cb->rotation.size() * sizeof(float));
+      }
       SSA_RETURN_IF_ERROR(snap::check_codebooks(*cb, path, e.layer));
       layers[e.layer].codebooks = std::move(cb);
     }

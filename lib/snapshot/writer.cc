@@ -285,6 +285,12 @@ absl::Status write_body(const ssa_session& s, const SnapshotState& st, const Sna
         const PqCodebooks& cb = *L.codebooks;
         const size_t floats =
             size_t{cb.n_kv_heads} * cb.subspaces * cb.centroids * cb.sub_dim;
+        const size_t rotation_floats =
+            s.config.proxy == SSA_PROXY_OPQ ? size_t{cb.n_kv_heads} * cb.head_dim() * cb.head_dim() : 0;
+        if (cb.rotation.size() != rotation_floats) {
+          return make_error(SSA_ERR_INTERNAL, absl::StrCat("layer ", l, " codebooks hold ", cb.rotation.size(),
+                                                           " rotation floats, the proxy needs ", rotation_floats));
+        }
         if (cb.data.size() != floats) {
           return make_error(SSA_ERR_INTERNAL,
                             absl::StrCat("layer ", l, " codebooks hold ", cb.data.size(),
@@ -299,6 +305,7 @@ absl::Status write_body(const ssa_session& s, const SnapshotState& st, const Sna
         SSA_RETURN_IF_ERROR(w.begin(SectionKind::kCodebooks, l, snap::kSectionAlign));
         SSA_RETURN_IF_ERROR(w.write(hdr, sizeof hdr));
         SSA_RETURN_IF_ERROR(w.write(cb.data.data(), floats * sizeof(float)));
+        SSA_RETURN_IF_ERROR(w.write(cb.rotation.data(), cb.rotation.size() * sizeof(float)));
         w.end();
       }
     }
@@ -465,11 +472,13 @@ absl::Status checkpoint_locked(ssa_session& s, const std::string& path) {
   snap::Superblock cur;
   struct stat now;
   // Generation 2^64-1 cannot be followed by a checkpoint (the next one would wrap
-  // to 0 and lose to the slot it replaces): a full save starts again at 1.
+  // to 0 and lose to the slot it replaces): a full save starts again at 1. A file
+  // of an older format version is rewritten whole too: its config section, which
+  // a checkpoint keeps, was written under that version's rules.
   const bool same_file =
       stbuf.st_dev == prev->dev && stbuf.st_ino == prev->ino &&
       prev->generation < UINT64_MAX &&
-      snap::read_superblock(fd, path, &cur, &now).ok() &&
+      snap::read_superblock(fd, path, &cur, &now).ok() && cur.format_version == snap::kFormatVersion &&
       static_cast<uint64_t>(now.st_size) >= prev->file_length &&
       cur.generation == prev->generation && cur.file_id == prev->file_id &&
       cur.file_length == prev->file_length;

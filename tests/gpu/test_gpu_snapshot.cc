@@ -177,6 +177,34 @@ int fail_each_device_allocation(Op op, Unchanged unchanged) {
   return 0;
 }
 
+TEST_CASE("gpu backend: a proxy other than PQ is refused at create and at load, with nothing made") {
+  SSA_GPU_TEST_OR_SKIP();
+  ssa_runtime* cpu = runtime(SSA_BACKEND_CPU);
+  ssa_runtime* gpu = runtime(SSA_BACKEND_CUDA);
+  ssa_session_config c = ssa_test::make_config(1, kNq, kNkv, kD, SSA_DTYPE_F16);
+  c.index_min_tokens = 1024;
+  c.proxy = SSA_PROXY_OPQ;
+  ssa_session* s = nullptr;
+  CHECK(ssa_session_create(gpu, &c, &s) == SSA_ERR_UNSUPPORTED);
+  CHECK(s == nullptr);
+  CHECK(std::string(ssa_last_error_message()).find("proxy") != std::string::npos);
+  // An OPQ snapshot made on the CPU does not load on the GPU either.
+  const Data d = make_data(3000, 41);
+  REQUIRE(ssa_session_create(cpu, &c, &s) == SSA_OK);
+  fill(s, d, false);
+  const std::string path = temp_path("opq.ssa");
+  REQUIRE(ssa_session_save(s, path.c_str()) == SSA_OK);
+  ssa_session_destroy(s);
+  ssa_session* loaded = nullptr;
+  CHECK(ssa_session_load(gpu, path.c_str(), 0, &loaded) == SSA_ERR_UNSUPPORTED);
+  CHECK(loaded == nullptr);
+  loaded = load(cpu, path);  // and still does on the CPU
+  ssa_session_destroy(loaded);
+  unlink(path.c_str());
+  ssa_runtime_destroy(gpu);
+  ssa_runtime_destroy(cpu);
+}
+
 TEST_CASE("gpu backend: device memory exhaustion leaves sessions unchanged") {
   SSA_GPU_TEST_OR_SKIP();
   ssa_runtime* gpu = runtime(SSA_BACKEND_CUDA);

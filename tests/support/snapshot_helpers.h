@@ -134,6 +134,7 @@ inline std::string store_diff(const ssa_session& a, const ssa_session& b) {
           memcmp(x.codebooks->data.data(), y.codebooks->data.data(),
                  x.codebooks->data.size() * sizeof(float)) != 0)
         return "codebooks differ" + at;
+      if (x.codebooks->rotation != y.codebooks->rotation) return "rotations differ" + at;
       if (x.code_pages.size() < pages || y.code_pages.size() < pages) return "missing code pages" + at;
       for (uint64_t p = 0; p < pages; ++p) {
         if (!visible_equal(L, false, valid_in_page(L, x.n_tokens, p), x.code_pages[p]->data(),

@@ -19,6 +19,7 @@ from ._core import (
     DType,
     GroupSelection,
     Method,
+    Proxy,
     Runtime,
     Session,
     SessionConfig,
@@ -43,7 +44,7 @@ from ._errors import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "Runtime", "Session", "SessionConfig", "DecodeStats", "DecodeTrace", "Status", "Backend", "DType", "GroupSelection", "Method",
+    "Runtime", "Session", "SessionConfig", "DecodeStats", "DecodeTrace", "Status", "Backend", "DType", "GroupSelection", "Method", "Proxy",
     "METHODS", "version", "header_version",
     "Error", "InvalidArgument", "OutOfMemory", "IOError", "Corrupt", "Version", "Mismatch",
     "Unsupported", "Device", "Busy", "Internal",

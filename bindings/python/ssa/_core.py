@@ -44,6 +44,13 @@ class DType(enum.IntEnum):
     BFLOAT16 = lib.SSA_DTYPE_BF16
 
 
+class Proxy(enum.IntEnum):
+    """ssa_proxy values: the score a session ranks and samples candidates by (see ssa.h)."""
+
+    PQ = lib.SSA_PROXY_PQ
+    OPQ = lib.SSA_PROXY_OPQ
+
+
 class Method(enum.IntEnum):
     """ssa_method values: how a decode spends its budget (see ssa.h)."""
 
@@ -161,12 +168,13 @@ class SessionConfig:
     index_regrow_factor: float
     index_train_sample: int
     index_iterations: int
+    proxy: "Proxy" = None  # type: ignore[assignment]
 
     @classmethod
     def _from_c(cls, c) -> "SessionConfig":
         return cls(c.n_layers, c.n_q_heads, c.n_kv_heads, c.head_dim, DType(c.kv_dtype), c.pq_subspaces,
                    c.pq_centroids, c.model_fingerprint, c.page_tokens, c.flags, c.index_min_tokens,
-                   float(c.index_regrow_factor), c.index_train_sample, c.index_iterations)
+                   float(c.index_regrow_factor), c.index_train_sample, c.index_iterations, Proxy(c.proxy))
 
 
 @dataclass(frozen=True)
@@ -263,7 +271,8 @@ def _session_config(n_layers: int, n_q_heads: int, n_kv_heads: int, head_dim: in
                     pq_subspaces: Optional[int] = None, pq_centroids: Optional[int] = None,
                     model_fingerprint: int = 0, page_tokens: Optional[int] = None, host_pointers: bool = False,
                     index_min_tokens: Optional[int] = None, index_regrow_factor: Optional[float] = None,
-                    index_train_sample: Optional[int] = None, index_iterations: Optional[int] = None):
+                    index_train_sample: Optional[int] = None, index_iterations: Optional[int] = None,
+                    proxy: Any = None):
     """A checked ssa_session_config from create_session's arguments."""
     cfg = ffi.new("ssa_session_config *")
     lib.ssa_session_config_init(cfg)
@@ -289,6 +298,14 @@ def _session_config(n_layers: int, n_q_heads: int, n_kv_heads: int, head_dim: in
         cfg.index_train_sample = _int("index_train_sample", index_train_sample, 0, _U32)
     if index_iterations is not None:
         cfg.index_iterations = _int("index_iterations", index_iterations, 0, _U32)
+    if proxy is not None:
+        names = {"pq": Proxy.PQ, "opq": Proxy.OPQ}
+        if isinstance(proxy, str) and proxy.lower() in names:
+            cfg.proxy = names[proxy.lower()]
+        elif isinstance(proxy, Proxy):
+            cfg.proxy = int(proxy)
+        else:
+            raise invalid("proxy must be 'pq' or 'opq' (or an ssa.Proxy), got %r" % (proxy,))
     return cfg
 
 
@@ -465,7 +482,7 @@ class Runtime:
                        page_tokens: Optional[int] = None, host_pointers: bool = False,
                        index_min_tokens: Optional[int] = None, index_regrow_factor: Optional[float] = None,
                        index_train_sample: Optional[int] = None,
-                       index_iterations: Optional[int] = None) -> "Session":
+                       index_iterations: Optional[int] = None, proxy: Any = None) -> "Session":
         """Creates an empty session (one sequence, all layers of a model) on this runtime.
 
         Args:
@@ -478,12 +495,15 @@ class Runtime:
             page_tokens: tokens per KV page (power of two 16..4096; default 256).
             host_pointers: for CUDA sessions, take host arrays instead of device arrays.
             index_*: PQ index policy (see ssa_session_config in ssa.h).
+            proxy: "pq" (default) or "opq" (a learned rotation before PQ; CPU
+                runtimes only, a CUDA runtime raises ssa.Unsupported).
         """
         cfg = _session_config(n_layers, n_q_heads, n_kv_heads, head_dim, dtype, pq_subspaces=pq_subspaces,
                               pq_centroids=pq_centroids, model_fingerprint=model_fingerprint,
                               page_tokens=page_tokens, host_pointers=host_pointers,
                               index_min_tokens=index_min_tokens, index_regrow_factor=index_regrow_factor,
-                              index_train_sample=index_train_sample, index_iterations=index_iterations)
+                              index_train_sample=index_train_sample, index_iterations=index_iterations,
+                              proxy=proxy)
         out = ffi.new("ssa_session **")
         check(lib.ssa_session_create(self._handle(), cfg, out), "ssa_session_create")
         return Session._adopt(self, out[0])

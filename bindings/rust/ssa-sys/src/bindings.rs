@@ -44,6 +44,10 @@ pub const SSA_DTYPE_F16: ssa_dtype = 1;
 pub const SSA_DTYPE_BF16: ssa_dtype = 2;
 pub const SSA_DTYPE_FORCE_32BIT: ssa_dtype = 2147483647;
 pub type ssa_dtype = ::std::os::raw::c_uint;
+pub const SSA_PROXY_PQ: ssa_proxy = 0;
+pub const SSA_PROXY_OPQ: ssa_proxy = 1;
+pub const SSA_PROXY_FORCE_32BIT: ssa_proxy = 2147483647;
+pub type ssa_proxy = ::std::os::raw::c_uint;
 pub const SSA_METHOD_DENSE: ssa_method = 0;
 pub const SSA_METHOD_ORACLE_TOPK: ssa_method = 1;
 pub const SSA_METHOD_PQ_TOPK: ssa_method = 2;
@@ -526,12 +530,13 @@ pub struct ssa_session_config {
     pub index_regrow_factor: f32,
     pub index_train_sample: u32,
     pub index_iterations: u32,
+    pub proxy: ssa_proxy,
 }
 #[test]
 fn bindgen_test_layout_ssa_session_config() {
     assert_eq!(
         ::std::mem::size_of::<ssa_session_config>(),
-        64usize,
+        72usize,
         concat!("Size of: ", stringify!(ssa_session_config))
     );
     assert_eq!(
@@ -794,6 +799,23 @@ fn bindgen_test_layout_ssa_session_config() {
         );
     }
     test_field_index_iterations();
+    fn test_field_proxy() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<ssa_session_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).proxy) as usize - ptr as usize
+            },
+            64usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(ssa_session_config),
+                "::",
+                stringify!(proxy)
+            )
+        );
+    }
+    test_field_proxy();
 }
 extern "C" {
     pub fn ssa_session_config_init(cfg: *mut ssa_session_config);

@@ -1,0 +1,41 @@
+// The linear algebra of the OPQ proxy: a symmetric eigen-decomposition and the
+// orthogonal Procrustes fit, both from one-sided Jacobi SVD (small d x d
+// matrices, d <= 512, in double), and the orthogonality check a loaded rotation
+// must pass. Deterministic: the same input gives the same bits.
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <vector>
+
+namespace ssa {
+
+// Thin SVD of a square d x d matrix a (row-major): a = U diag(s) V^T. Returns U
+// and V row-major with orthonormal columns (a column of U whose singular value
+// vanishes is completed to an orthonormal basis) and s >= 0, not sorted.
+struct Svd {
+  std::vector<double> u, s, v;
+};
+Svd jacobi_svd(const std::vector<double>& a, uint32_t d);
+
+// The orthogonal R (row-major d x d) maximising sum_ij m[i][j] R[i][j], i.e.
+// minimising sum_t |R x_t - y_t|^2 when m = sum_t y_t x_t^T: R = U V^T.
+std::vector<double> procrustes(const std::vector<double>& m, uint32_t d);
+
+// The initial OPQ rotation of keys x ([n][d] floats): the eigenvectors of their
+// second-moment matrix, as rows, grouped into `subspaces` blocks whose sums of
+// eigenvalues are as equal as a greedy fill (largest first, each into the block
+// with the least so far) makes them: every subspace gets a share of the
+// variance, not the first few all of it.
+std::vector<double> balanced_pca_rotation(const float* x, size_t n, uint32_t d, uint32_t subspaces);
+
+// Largest |(R R^T - I)[i][j]| of a row-major d x d float matrix (infinity if
+// any entry is not finite).
+double orthogonality_error(const float* r, uint32_t d);
+
+// What a stored rotation may deviate from orthogonal (float rounding of a
+// double-precision orthogonal matrix is ~1e-7 per entry, ~d * 1e-7 in R R^T).
+inline constexpr double kRotationTolerance = 1e-3;
+
+}  // namespace ssa
