@@ -97,6 +97,7 @@ __global__ void __launch_bounds__(kThreads) assign_accumulate_kernel(PqIndexShap
     // argmin over c of |c|^2 - 2 x.c (|x - c|^2 less |x|^2); lowest index on ties.
     float best = INFINITY;
     uint32_t bc = 0;
+#pragma unroll 4
     for (uint32_t c = 0; c < K; ++c) {
       const float* cc = cent + c * SUB;
       float dot = 0.0f;

@@ -1,0 +1,70 @@
+"""Where a prefill's time goes in libssa on a CUDA device: for a 32-layer
+Llama-3.1-8B-shaped session (8 KV heads, head dim 128, bf16), the K/V a prefill of
+N tokens leaves are appended layer by layer (device tensors on torch's stream), as
+SSACache does during a prefill, and timed three ways:
+  append+index   the default policy: each layer's index trained when its append
+                 reaches index_min_tokens (on the prefill's critical path);
+  append only    index_min_tokens above N: no training;
+  index only     ssa_session_update_index on the filled session (every layer).
+What the appends may cost is set by transformers' sdpa prefill of the model (its
+time to first token, about 1.36 s at 32K on the H200): SSA's must stay within 1.15x.
+
+  python3 bench/prefill_index_profile.py [--contexts 32768,131072] [--layers 32]
+
+The training's kernels one by one (gather_kernel, seed_kernel, assign_accumulate_kernel,
+finish_kernel, encode_kernel):
+  nsys profile -o /tmp/prefill --stats=true python3 bench/prefill_index_profile.py --contexts 32768 --layers 8
+"""
+import argparse
+import time
+
+import torch
+
+import ssa
+
+
+def kv(n, gen):
+    return (torch.randn(8, n, 128, generator=gen, device="cuda", dtype=torch.bfloat16).transpose(0, 1).contiguous(),
+            torch.randn(8, n, 128, generator=gen, device="cuda", dtype=torch.bfloat16).transpose(0, 1).contiguous())
+
+
+def fill(rt, layers, data, index_min):
+    kw = {} if index_min is None else dict(index_min_tokens=index_min)
+    s = rt.create_session(n_layers=layers, n_q_heads=32, n_kv_heads=8, head_dim=128, dtype="bfloat16", **kw)
+    stream = torch.cuda.current_stream()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for layer in range(layers):
+        k, v = data[layer % len(data)]
+        s.append_async(layer, k, v, stream=stream)
+    torch.cuda.synchronize()
+    return s, time.perf_counter() - t0
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--contexts", default="32768,131072")
+    ap.add_argument("--layers", type=int, default=32)
+    a = ap.parse_args()
+    rt = ssa.Runtime(backend="cuda")
+    print("| N | layers | append+index s | append only s | index only s | index s per layer |")
+    print("|---|---|---|---|---|---|")
+    for n in [int(x) for x in a.contexts.split(",")]:
+        gen = torch.Generator(device="cuda").manual_seed(n)
+        data = [kv(n, gen) for _ in range(4)]  # 4 distinct layers' K/V, reused
+        fill(rt, 2, data, None)[0].close()  # warm-up
+        s, t_both = fill(rt, a.layers, data, None)
+        s.close()
+        s, t_app = fill(rt, a.layers, data, 1 << 31)
+        t0 = time.perf_counter()
+        s.update_index()
+        torch.cuda.synchronize()
+        t_idx = time.perf_counter() - t0
+        s.close()
+        print("| %d | %d | %.3f | %.3f | %.3f | %.4f |" % (n, a.layers, t_both, t_app, t_idx, t_idx / a.layers))
+        del data
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
