@@ -86,37 +86,63 @@ __global__ void __launch_bounds__(kThreads) assign_accumulate_kernel(PqIndexShap
   const double scale = ldexp(1.0, fixed_point_shift(w.max_abs[hm], n));
   __syncthreads();
 
+  // P points per thread at a time share each centroid's shared-memory loads.
+  constexpr int P = SUB <= 16 ? 2 : 1;
   const uint32_t i0 = blockIdx.x * kBlockPoints;
-  for (uint32_t r = 0; r < kPointsPerThread; ++r) {
-    const uint32_t i = i0 + r * kThreads + threadIdx.x;
-    if (i >= n) break;
-    const float* p = x + (size_t{h} * n + i) * s.head_dim + m * sub;
-    float xv[SUB];
+  for (uint32_t r = 0; r < kPointsPerThread; r += P) {
+    float xv[P][SUB];
+    bool valid[P];
 #pragma unroll
-    for (int j = 0; j < SUB; ++j) xv[j] = j < sub ? p[j] : 0.0f;
+    for (int k = 0; k < P; ++k) {
+      const uint32_t i = i0 + (r + k) * kThreads + threadIdx.x;
+      valid[k] = i < n;
+      const float* p = x + (size_t{h} * n + (valid[k] ? i : 0)) * s.head_dim + m * sub;
+#pragma unroll
+      for (int j = 0; j < SUB; ++j) xv[k][j] = j < sub ? p[j] : 0.0f;
+    }
+    if (!valid[0]) break;
     // argmin over c of |c|^2 - 2 x.c (|x - c|^2 less |x|^2); lowest index on ties.
-    float best = INFINITY;
-    uint32_t bc = 0;
-#pragma unroll 4
+    float best[P];
+    uint32_t bc[P];
+#pragma unroll
+    for (int k = 0; k < P; ++k) {
+      best[k] = INFINITY;
+      bc[k] = 0;
+    }
+#pragma unroll 2
     for (uint32_t c = 0; c < K; ++c) {
       const float* cc = cent + c * SUB;
-      float dot = 0.0f;
+      float dot[P];
 #pragma unroll
-      for (int j = 0; j < SUB; ++j) dot = fmaf(xv[j], cc[j], dot);
-      const float d = fmaf(-2.0f, dot, norm[c]);
-      if (d < best) {
-        best = d;
-        bc = c;
+      for (int k = 0; k < P; ++k) dot[k] = 0.0f;
+#pragma unroll
+      for (int j = 0; j < SUB; ++j) {
+        const float cj = cc[j];
+#pragma unroll
+        for (int k = 0; k < P; ++k) dot[k] = fmaf(xv[k][j], cj, dot[k]);
+      }
+      const float nc = norm[c];
+#pragma unroll
+      for (int k = 0; k < P; ++k) {
+        const float d = fmaf(-2.0f, dot[k], nc);
+        if (d < best[k]) {
+          best[k] = d;
+          bc[k] = c;
+        }
       }
     }
 #pragma unroll
-    for (int j = 0; j < SUB; ++j) {
-      if (j < sub) {
-        const long long q = __double2ll_rn(static_cast<double>(xv[j]) * scale);  // exact product
-        atomicAdd(sums + bc * sub + j, static_cast<unsigned long long>(q));
+    for (int k = 0; k < P; ++k) {
+      if (!valid[k]) continue;
+#pragma unroll
+      for (int j = 0; j < SUB; ++j) {
+        if (j < sub) {
+          const long long q = __double2ll_rn(static_cast<double>(xv[k][j]) * scale);  // exact product
+          atomicAdd(sums + bc[k] * sub + j, static_cast<unsigned long long>(q));
+        }
       }
+      atomicAdd(counts + bc[k], 1u);
     }
-    atomicAdd(counts + bc, 1u);
   }
   __syncthreads();
   unsigned long long* gsums = reinterpret_cast<unsigned long long*>(w.sums) + size_t{hm} * K * sub;
