@@ -6,10 +6,14 @@ SSACache does during a prefill, and timed three ways:
                  reaches index_min_tokens (on the prefill's critical path);
   append only    index_min_tokens above N: no training;
   index only     ssa_session_update_index on the filled session (every layer).
-Against the same run's transformers sdpa prefill of the model (time to first
-token), which sets what the appends may cost.
+What the appends may cost is set by transformers' sdpa prefill of the model (its
+time to first token, about 1.36 s at 32K on the H200): SSA's must stay within 1.15x.
 
   python3 bench/prefill_index_profile.py [--contexts 32768,131072] [--layers 32]
+
+The training's kernels one by one (gather_kernel, seed_kernel, assign_accumulate_kernel,
+finish_kernel, encode_kernel):
+  nsys profile -o /tmp/prefill --stats=true python3 bench/prefill_index_profile.py --contexts 32768 --layers 8
 """
 import argparse
 import time

@@ -1,10 +1,12 @@
 // The PQ index on the GPU: encoding keys of device pages into code pages (nearest
-// centroid per subspace), and training codebooks by k-means (Lloyd iterations
-// from k-means++ seeds the host computes) over keys sampled evenly from the layer. One block serves one (KV head,
-// subspace) codebook, kept in shared memory, and a tile of keys.
+// centroid per subspace; one block serves one (KV head, subspace) codebook, kept
+// in shared memory, and a tile of keys), and the sample of keys that k-means
+// trains on (kernels/kmeans_seed.cu, kernels/kmeans_lloyd.cu).
+#include <type_traits>
+
 #include "device_util.cuh"
 #include "head_dim.cuh"
-#include "index/kmeans_rng.h"
+#include "kmeans_workspace.cuh"
 #include "pq_index.h"
 
 namespace ssa::cuda {
@@ -20,14 +22,17 @@ __device__ float key_elem(const PqIndexShape& s, const uint8_t* const* kv_pages,
   return Elem<T>::load(k + j);
 }
 
-// Nearest centroid of x (sub floats) among K in shared memory; lowest index on ties.
-__device__ uint32_t nearest(const float* cent, uint32_t K, uint32_t sub, const float* x) {
+// Nearest centroid of x among K in shared memory ([K][SUB], zero past the
+// subspace's sub floats, as x); lowest index on ties.
+template <int SUB>
+__device__ uint32_t nearest(const float* cent, uint32_t K, const float (&x)[SUB]) {
   float best = INFINITY;
   uint32_t bc = 0;
   for (uint32_t c = 0; c < K; ++c) {
-    const float* cc = cent + size_t{c} * sub;
+    const float* cc = cent + size_t{c} * SUB;
     float dist = 0.f;
-    for (uint32_t j = 0; j < sub; ++j) {
+#pragma unroll
+    for (int j = 0; j < SUB; ++j) {
       const float df = x[j] - cc[j];
       dist = fmaf(df, df, dist);
     }
@@ -39,22 +44,36 @@ __device__ uint32_t nearest(const float* cent, uint32_t K, uint32_t sub, const f
   return bc;
 }
 
-template <typename T>
+template <typename T, int SUB>
 __global__ void __launch_bounds__(kThreads) encode_kernel(PqIndexShape s, const uint8_t* const* kv_pages,
                                                           uint8_t* const* code_pages, const float* books,
                                                           uint32_t begin, uint32_t end) {
-  extern __shared__ float cent[];  // [K][sub]
+  extern __shared__ float cent[];  // [K][SUB]
   const uint32_t m = blockIdx.y, h = blockIdx.z, sub = s.head_dim / s.subspaces;
   const float* src = books + (size_t{h} * s.subspaces + m) * s.centroids * sub;
-  for (uint32_t i = threadIdx.x; i < s.centroids * sub; i += kThreads) cent[i] = src[i];
+  for (uint32_t i = threadIdx.x; i < s.centroids * SUB; i += kThreads) {
+    const uint32_t c = i / SUB, j = i % SUB;
+    cent[i] = j < sub ? src[c * sub + j] : 0.0f;
+  }
   __syncthreads();
   const uint32_t t = begin + blockIdx.x * kThreads + threadIdx.x;
   if (t >= end) return;
-  float x[64];
-  for (uint32_t j = 0; j < sub; ++j) x[j] = key_elem<T>(s, kv_pages, t, h, m * sub + j);
-  const uint32_t c = nearest(cent, s.centroids, sub, x);
+  float x[SUB];
+#pragma unroll
+  for (int j = 0; j < SUB; ++j) x[j] = j < sub ? key_elem<T>(s, kv_pages, t, h, m * sub + j) : 0.0f;
+  const uint32_t c = nearest<SUB>(cent, s.centroids, x);
   code_pages[t >> s.page_shift][(size_t{h} * s.subspaces + m) * s.page_tokens + (t & (s.page_tokens - 1))] =
       static_cast<uint8_t>(c);
+}
+
+template <typename F>
+bool dispatch_sub(uint32_t sub, F&& f) {
+  if (sub <= 4) return f(std::integral_constant<int, 4>{}), true;
+  if (sub <= 8) return f(std::integral_constant<int, 8>{}), true;
+  if (sub <= 16) return f(std::integral_constant<int, 16>{}), true;
+  if (sub <= 32) return f(std::integral_constant<int, 32>{}), true;
+  if (sub <= 64) return f(std::integral_constant<int, 64>{}), true;
+  return false;
 }
 
 // Copies the keys of `n` evenly spaced tokens into x[n_kv][n][head_dim] floats.
@@ -65,76 +84,6 @@ __global__ void gather_kernel(PqIndexShape s, const uint8_t* const* kv_pages, ui
   const uint32_t t = static_cast<uint32_t>((uint64_t{i} * n_tokens) / n);
   for (uint32_t j = threadIdx.x; j < s.head_dim; j += blockDim.x)
     x[(size_t{h} * n + i) * s.head_dim + j] = key_elem<T>(s, kv_pages, t, h, j);
-}
-
-// One Lloyd assignment step: the nearest centroid of each sample point, per
-// (KV head, subspace): assign[h][m][n].
-__global__ void __launch_bounds__(kThreads) assign_kernel(PqIndexShape s, const float* x, uint32_t n,
-                                                          const float* books, uint8_t* assign) {
-  extern __shared__ float cent[];
-  const uint32_t m = blockIdx.y, h = blockIdx.z, sub = s.head_dim / s.subspaces;
-  const size_t cb = (size_t{h} * s.subspaces + m) * s.centroids;
-  for (uint32_t i = threadIdx.x; i < s.centroids * sub; i += kThreads) cent[i] = books[cb * sub + i];
-  __syncthreads();
-  const uint32_t i = blockIdx.x * kThreads + threadIdx.x;
-  if (i >= n) return;
-  const float* p = x + (size_t{h} * n + i) * s.head_dim + m * sub;
-  assign[(size_t{h} * s.subspaces + m) * n + i] = static_cast<uint8_t>(nearest(cent, s.centroids, sub, p));
-}
-
-// Centroid = mean of its points, without atomics, so that training gives the same
-// codebooks in every run: one block per (subspace, KV head), thread c owns
-// centroid c and adds the points assigned to it in point order, in double (as
-// the CPU's k-means sums). The assignments pass through shared memory a tile at a
-// time, every thread reading each entry (a broadcast). An empty cluster restarts
-// at a random sample point, the one the CPU's k-means picks: restarts are drawn
-// in centroid order from the codebook's stream, continuing across iterations
-// (`restarts` counts each codebook's draws so far).
-constexpr uint32_t kAssignTile = 8192;
-constexpr uint32_t kMaxSubDim = 64;
-constexpr uint32_t kMaxCentroids = 256;
-__global__ void update_kernel(PqIndexShape s, const float* x, uint32_t n, const uint8_t* assign,
-                              float* books, uint32_t* restarts) {
-  __shared__ uint8_t a_s[kAssignTile];
-  __shared__ uint8_t empty_s[kMaxCentroids];
-  const uint32_t m = blockIdx.x, h = blockIdx.y, c = threadIdx.x, sub = s.head_dim / s.subspaces;
-  const uint32_t hm = h * s.subspaces + m;
-  const uint8_t* a = assign + size_t{hm} * n;
-  double sum[kMaxSubDim];
-  for (uint32_t j = 0; j < sub; ++j) sum[j] = 0.0;
-  uint32_t count = 0;
-  for (uint32_t i0 = 0; i0 < n; i0 += kAssignTile) {
-    const uint32_t len = min(kAssignTile, n - i0);
-    __syncthreads();  // the previous tile has been read
-    for (uint32_t i = threadIdx.x; i < len; i += blockDim.x) a_s[i] = a[i0 + i];
-    __syncthreads();
-    for (uint32_t i = 0; i < len; ++i) {
-      if (a_s[i] != c) continue;
-      const float* p = x + (size_t{h} * n + i0 + i) * s.head_dim + m * sub;
-      for (uint32_t j = 0; j < sub; ++j) sum[j] += p[j];
-      ++count;
-    }
-  }
-  float* cen = books + (size_t{hm} * s.centroids + c) * sub;
-  empty_s[c] = count == 0;
-  const uint32_t drawn = restarts[hm];
-  __syncthreads();
-  if (count == 0) {
-    uint32_t rank = 0;  // empty clusters before this one
-    for (uint32_t e = 0; e < c; ++e) rank += empty_s[e];
-    const uint64_t pick = kmeans_restart_point(kmeans_stream(codebook_seed(h, m, s.subspaces)),
-                                               drawn + rank, n);
-    const float* p = x + (size_t{h} * n + pick) * s.head_dim + m * sub;
-    for (uint32_t j = 0; j < sub; ++j) cen[j] = p[j];
-  }
-  if (c == 0) {
-    uint32_t total = 0;
-    for (uint32_t e = 0; e < blockDim.x; ++e) total += empty_s[e];
-    restarts[hm] = drawn + total;
-  }
-  if (count == 0) return;
-  const double inv = 1.0 / count;
-  for (uint32_t j = 0; j < sub; ++j) cen[j] = static_cast<float>(sum[j] * inv);
 }
 
 template <typename F>
@@ -149,73 +98,35 @@ cudaError_t with_dtype(DType t, F&& f) {
 cudaError_t pq_encode(const PqIndexShape& s, const uint8_t* const* kv_pages, uint8_t* const* code_pages,
                       const float* books, uint32_t begin, uint32_t end, cudaStream_t st) {
   if (end <= begin) return cudaSuccess;
-  if (s.head_dim / s.subspaces > 64) return cudaErrorInvalidValue;
-  const size_t smem = size_t{s.centroids} * (s.head_dim / s.subspaces) * sizeof(float);
+  const uint32_t sub = s.head_dim / s.subspaces;
+  if (sub > 64) return cudaErrorInvalidValue;
   return with_dtype(s.dtype, [&](auto v) {
     using T = decltype(v);
-    cudaError_t e = ensure_dynamic_smem(reinterpret_cast<const void*>(encode_kernel<T>), smem);
-    if (e != cudaSuccess) return e;
-    const dim3 grid((end - begin + kThreads - 1) / kThreads, s.subspaces, s.n_kv_heads);
-    encode_kernel<T><<<grid, kThreads, smem, st>>>(s, kv_pages, code_pages, books, begin, end);
-    return cudaGetLastError();
+    cudaError_t e = cudaErrorInvalidValue;
+    dispatch_sub(sub, [&](auto sub_max) {
+      constexpr int SUB = decltype(sub_max)::value;
+      const size_t smem = size_t{s.centroids} * SUB * sizeof(float);
+      if ((e = ensure_dynamic_smem(reinterpret_cast<const void*>(encode_kernel<T, SUB>), smem)) != cudaSuccess)
+        return;
+      const dim3 grid((end - begin + kThreads - 1) / kThreads, s.subspaces, s.n_kv_heads);
+      encode_kernel<T, SUB><<<grid, kThreads, smem, st>>>(s, kv_pages, code_pages, books, begin, end);
+      e = cudaGetLastError();
+    });
+    return e;
   });
 }
 
-namespace {
-// The k-means workspace: the sample points (floats), each codebook's count of
-// restart draws, then the points' assignments (one byte each per subspace).
-struct KmeansWorkspace {
-  float* x;
-  uint32_t* restarts;
-  uint8_t* assign;
-};
-KmeansWorkspace kmeans_workspace(const PqIndexShape& s, uint32_t n, void* base) {
-  KmeansWorkspace w;
-  w.x = static_cast<float*>(base);
-  w.restarts = reinterpret_cast<uint32_t*>(w.x + size_t{s.n_kv_heads} * n * s.head_dim);
-  w.assign = reinterpret_cast<uint8_t*>(w.restarts + size_t{s.n_kv_heads} * s.subspaces);
-  return w;
-}
-}  // namespace
-
-size_t kmeans_workspace_bytes(const PqIndexShape& s, uint32_t n) {
-  const size_t codebooks = size_t{s.n_kv_heads} * s.subspaces;
-  return size_t{s.n_kv_heads} * n * s.head_dim * 4 + codebooks * 4 + codebooks * n;
-}
+size_t kmeans_workspace_bytes(const PqIndexShape& s, uint32_t n) { return kmeans_workspace(s, n, nullptr).bytes; }
 
 cudaError_t pq_gather_sample(const PqIndexShape& s, const uint8_t* const* kv_pages, uint32_t n_tokens,
                              uint32_t n, void* workspace, cudaStream_t st) {
   if (n == 0 || s.head_dim / s.subspaces > 64) return cudaErrorInvalidValue;
-  float* x = static_cast<float*>(workspace);
+  float* x = kmeans_workspace(s, n, workspace).x;
   return with_dtype(s.dtype, [&](auto v) {
     using T = decltype(v);
     gather_kernel<T><<<dim3(n, s.n_kv_heads), 128, 0, st>>>(s, kv_pages, n_tokens, n, x);
     return cudaGetLastError();
   });
-}
-
-cudaError_t pq_lloyd(const PqIndexShape& s, uint32_t n, uint32_t iterations, void* workspace,
-                     float* books, cudaStream_t st) {
-  if (n == 0 || s.head_dim / s.subspaces > kMaxSubDim || s.centroids > kMaxCentroids)
-    return cudaErrorInvalidValue;
-  // As the CPU's k-means: with no more points than centroids the seeds are final
-  // (every point its own centroid).
-  if (n <= s.centroids) return cudaSuccess;
-  const uint32_t sub = s.head_dim / s.subspaces;
-  const KmeansWorkspace w = kmeans_workspace(s, n, workspace);
-  cudaError_t e = cudaMemsetAsync(w.restarts, 0, size_t{s.n_kv_heads} * s.subspaces * sizeof(uint32_t), st);
-  if (e != cudaSuccess) return e;
-  const size_t smem = size_t{s.centroids} * sub * sizeof(float);
-  if ((e = ensure_dynamic_smem(reinterpret_cast<const void*>(assign_kernel), smem)) != cudaSuccess)
-    return e;
-  for (uint32_t it = 0; it < iterations; ++it) {
-    assign_kernel<<<dim3((n + kThreads - 1) / kThreads, s.subspaces, s.n_kv_heads), kThreads, smem, st>>>(
-        s, w.x, n, books, w.assign);
-    update_kernel<<<dim3(s.subspaces, s.n_kv_heads), s.centroids, 0, st>>>(s, w.x, n, w.assign, books,
-                                                                           w.restarts);
-    if ((e = cudaGetLastError()) != cudaSuccess) return e;
-  }
-  return cudaSuccess;
 }
 
 }  // namespace ssa::cuda

@@ -24,17 +24,19 @@ cudaError_t pq_encode(const PqIndexShape& s, const uint8_t* const* kv_pages, uin
 // Device bytes of the k-means workspace for n sample keys per head.
 size_t kmeans_workspace_bytes(const PqIndexShape& s, uint32_t n);
 
-// Training codebooks, in two steps around a host seeding step:
+// Training codebooks, all on the device, in three steps on one stream:
 // pq_gather_sample copies the keys of n tokens spread evenly over the first
-// n_tokens into the workspace as floats, sample[n_kv][n][head_dim] (what
-// seed_codebooks in lib/index reads, once copied to the host); pq_lloyd then runs
-// `iterations` Lloyd steps on books (device [n_kv][M][K][sub], holding the seeds);
-// none when n <= K, as on the CPU. An empty cluster restarts at the sample point
-// the CPU's k-means would pick (lib/index/kmeans_rng.h). Without atomics: the
-// same codebooks in every run.
+// n_tokens into the workspace as floats, sample[n_kv][n][head_dim] (the
+// workspace's first bytes); pq_seed writes k-means++ seeds into books (device
+// [n_kv][M][K][sub]), the seeds the CPU's kmeans_pp_seed picks from the same
+// points (lib/index/kmeans_pp_rule.h); pq_lloyd then runs `iterations` Lloyd
+// steps on books; none when n <= K, as on the CPU. An empty cluster restarts at
+// the sample point the CPU's k-means would pick (lib/index/kmeans_rng.h). The
+// same codebooks in every run: the seeding's sums and the centroid sums are
+// integers. Sub-vectors of at most 64 floats, at most 256 centroids.
 cudaError_t pq_gather_sample(const PqIndexShape& s, const uint8_t* const* kv_pages, uint32_t n_tokens,
                              uint32_t n, void* workspace, cudaStream_t st);
-inline const float* pq_sample(const void* workspace) { return static_cast<const float*>(workspace); }
+cudaError_t pq_seed(const PqIndexShape& s, uint32_t n, void* workspace, float* books, cudaStream_t st);
 cudaError_t pq_lloyd(const PqIndexShape& s, uint32_t n, uint32_t iterations, void* workspace,
                      float* books, cudaStream_t st);
 

@@ -12,3 +12,6 @@ if(SSA_HAVE_CUDA)
 else()
   set(SSA_CUDA_SOURCES ${CMAKE_CURRENT_LIST_DIR}/cuda/stub.cc)
 endif()
+# k-means++ seeding rounds every product and sum as the GPU's seeding kernel does
+# (lib/index/kmeans_pp_rule.h): no contraction into fused multiply-adds.
+set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/index/kmeans.cc PROPERTIES COMPILE_OPTIONS -ffp-contract=off)

@@ -1,6 +1,6 @@
-// The PQ index on the device: codebooks trained by k-means (sample and Lloyd
-// iterations on the device, seeds on the host as the CPU backend seeds them),
-// and codes encoded with device codebooks.
+// The PQ index on the device: codebooks trained by k-means on the device (sample,
+// k-means++ seeds as the CPU backend picks them, Lloyd iterations), and codes
+// encoded with device codebooks.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -48,21 +48,14 @@ absl::Status CudaBackend::train_index(ssa_session& s, LayerStore& layer) const {
   SSA_RETURN_IF_ERROR(upload_table(*kv, false, nullptr, &kt));
   SSA_CUDA_RETURN(work.alloc(kmeans_workspace_bytes(shape, n), nullptr), "cudaMallocAsync of k-means workspace");
   SSA_CUDA_RETURN(bd.alloc(books->data.size() * sizeof(float), nullptr), "cudaMallocAsync of codebooks");
-  // Sample on the device, k-means++ seeds on the host (as the CPU backend seeds),
-  // Lloyd iterations on the device.
+  // All on the device, queued on one stream; the host waits once, for the
+  // codebooks' copy after the encoding.
   SSA_CUDA_RETURN(pq_gather_sample(shape, static_cast<const uint8_t* const*>(kt.p),
                                    static_cast<uint32_t>(layer.n_tokens), n, work.p, nullptr),
                   "k-means sample kernel");
-  std::vector<float> sample(size_t{L.n_kv_heads} * n * L.head_dim);
-  SSA_CUDA_RETURN(cudaMemcpy(sample.data(), pq_sample(work.p), sample.size() * sizeof(float),
-                             cudaMemcpyDeviceToHost), "k-means sample download");
-  seed_codebooks(L, sample.data(), n, *s.rt->pool, books.get());
-  SSA_CUDA_RETURN(cudaMemcpy(bd.p, books->data.data(), books->data.size() * sizeof(float),
-                             cudaMemcpyHostToDevice), "k-means seed upload");
+  SSA_CUDA_RETURN(pq_seed(shape, n, work.p, static_cast<float*>(bd.p), nullptr), "k-means++ seeding kernel");
   SSA_CUDA_RETURN(pq_lloyd(shape, n, s.config.index_iterations, work.p, static_cast<float*>(bd.p), nullptr),
                   "k-means kernels");
-  SSA_CUDA_RETURN(cudaMemcpy(books->data.data(), bd.p, books->data.size() * sizeof(float),
-                             cudaMemcpyDeviceToHost), "codebook download");
   std::vector<PageRef> codes;
   const uint64_t pages = L.pages_for(layer.n_tokens);
   for (uint64_t i = 0; i < pages; ++i) {
@@ -71,6 +64,8 @@ absl::Status CudaBackend::train_index(ssa_session& s, LayerStore& layer) const {
     codes.push_back(*std::move(page));
   }
   SSA_RETURN_IF_ERROR(encode_range(s, static_cast<const float*>(bd.p), *kv, codes, 0, layer.n_tokens));
+  SSA_CUDA_RETURN(cudaMemcpy(books->data.data(), bd.p, books->data.size() * sizeof(float),
+                             cudaMemcpyDeviceToHost), "codebook download");
   SSA_CUDA_RETURN(cudaStreamSynchronize(nullptr), "PQ encode");  // the copies in *kv may go after this
   {
     // The session's device copy of these codebooks is the one just trained: the

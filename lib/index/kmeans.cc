@@ -3,9 +3,11 @@
 #include <float.h>
 #include <string.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "cpu/simd.h"
+#include "kmeans_pp_rule.h"
 #include "kmeans_rng.h"
 
 namespace ssa {
@@ -61,50 +63,52 @@ void kmeans_pp_seed(const float* points, size_t n, uint32_t dim, uint32_t k, uin
   }
   SeedRng rng{kmeans_stream(seed)};
 
-  // k-means++ (first centroid uniform, each next with probability ~ D(x)^2) on an
-  // evenly spread subset of at most kSeedPoints: O(n k dim) seeding would
-  // otherwise cost more than all Lloyd iterations together.
+  // k-means++ (first centroid uniform, each next with probability ~ D(x)^2, in
+  // the integer weights of kmeans_pp_rule.h) on an evenly spread subset.
   std::vector<float> subset;
-  constexpr size_t kSeedPoints = 16 * 256;
-  if (n > kSeedPoints) {
-    subset.resize(kSeedPoints * dim);
-    for (size_t i = 0; i < kSeedPoints; ++i) {
-      memcpy(&subset[i * dim], points + (i * n / kSeedPoints) * dim, sizeof(float) * dim);
+  if (n > kKmeansPpMaxPoints) {
+    subset.resize(size_t{kKmeansPpMaxPoints} * dim);
+    for (size_t i = 0; i < kKmeansPpMaxPoints; ++i) {
+      memcpy(&subset[i * dim], points + kmeans_pp_subset_point(i, n) * dim, sizeof(float) * dim);
     }
     points = subset.data();
-    n = kSeedPoints;
+    n = kKmeansPpMaxPoints;
   }
   std::vector<float> d2(n);
   size_t first = static_cast<size_t>(rng.next() * static_cast<double>(n));
   if (first >= n) first = n - 1;
   memcpy(centroids, points + first * dim, sizeof(float) * dim);
-  double total = 0.0;
+  float max_d2 = 0.0f;
   for (size_t i = 0; i < n; ++i) {
-    d2[i] = sq_dist(points + i * dim, centroids, dim);
-    total += d2[i];
+    d2[i] = kmeans_pp_sq_dist(points + i * dim, centroids, dim);
+    max_d2 = std::max(max_d2, d2[i]);
   }
+  const double scale = kmeans_pp_scale(max_d2);
+  uint64_t total = 0;
+  for (size_t i = 0; i < n; ++i) total += kmeans_pp_weight(d2[i], scale);
   for (uint32_t c = 1; c < k; ++c) {
     size_t pick = n - 1;
-    if (total > 0.0) {
-      const double target = rng.next() * total;
-      double run = 0.0;
+    const double u = rng.next();
+    if (total > 0) {
+      const uint64_t target = kmeans_pp_target(u, total);
+      uint64_t run = 0;
       for (size_t i = 0; i < n; ++i) {
-        run += d2[i];
+        run += kmeans_pp_weight(d2[i], scale);
         if (run > target) {
           pick = i;
           break;
         }
       }
     } else {
-      pick = static_cast<size_t>(rng.next() * static_cast<double>(n)) % n;
+      pick = static_cast<size_t>(u * static_cast<double>(n)) % n;
     }
     float* cen = centroids + size_t{c} * dim;
     memcpy(cen, points + pick * dim, sizeof(float) * dim);
-    total = 0.0;
+    total = 0;
     for (size_t i = 0; i < n; ++i) {
-      const float d = sq_dist(points + i * dim, cen, dim);
+      const float d = kmeans_pp_sq_dist(points + i * dim, cen, dim);
       if (d < d2[i]) d2[i] = d;
-      total += d2[i];
+      total += kmeans_pp_weight(d2[i], scale);
     }
   }
 }

@@ -143,21 +143,6 @@ absl::StatusOr<CodebooksRef> train_codebooks(const KvLayout& layout, const Layer
   return CodebooksRef(std::move(books));
 }
 
-void seed_codebooks(const KvLayout& layout, const float* x, uint64_t n, ThreadPool& pool,
-                    PqCodebooks* books) {
-  const uint32_t M = layout.pq_subspaces, K = layout.pq_centroids, dsub = layout.sub_dim();
-  const uint32_t d = layout.head_dim;
-  pool.parallel_for(size_t{layout.n_kv_heads} * M, [&](size_t hm) {
-    const uint32_t h = static_cast<uint32_t>(hm / M), m = static_cast<uint32_t>(hm % M);
-    std::vector<float> points(n * dsub);
-    for (uint64_t i = 0; i < n; ++i) {
-      const float* row = x + (size_t{h} * n + i) * d + m * dsub;
-      std::copy(row, row + dsub, points.begin() + i * dsub);
-    }
-    kmeans_pp_seed(points.data(), n, dsub, K, codebook_seed(h, m, M), books->mutable_centroid(h, m, 0));
-  });
-}
-
 PqEncoder::PqEncoder(const KvLayout& layout, CodebooksRef books) : layout_(layout), books_(std::move(books)) {
   const uint32_t M = layout.pq_subspaces, dsub = layout.sub_dim();
   searches_.reserve(size_t{layout.n_kv_heads} * M);

@@ -27,13 +27,6 @@ absl::StatusOr<CodebooksRef> train_codebooks(const KvLayout& layout, const Layer
                                              ThreadPool& pool);
 inline constexpr uint32_t kOpqRounds = 4;
 
-// k-means++ seeds of every codebook of `books` (shape set, data sized) from n
-// sample keys per head given as floats x[n_kv_heads][n][head_dim], with the same
-// seeds train_codebooks uses: the CUDA backend runs the Lloyd iterations from
-// these on the device, so both backends start from the same centroids.
-void seed_codebooks(const KvLayout& layout, const float* x, uint64_t n, ThreadPool& pool,
-                    PqCodebooks* books);
-
 // The nearest-centroid searches of every codebook of one layer, built once per
 // codebooks: building them (a transposed copy and the norms of every centroid)
 // cost more than encoding the token of a one-token append.

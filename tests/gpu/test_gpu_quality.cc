@@ -65,7 +65,7 @@ TEST_CASE("gpu SSA error distribution on the structured context matches the CPU 
   };
 
   // PQ top-k is deterministic: its error depends on the codebooks only, which
-  // both backends seed identically (k-means++ on the host) and refine with Lloyd
+  // both backends seed identically (the same k-means++ picks) and refine with Lloyd
   // iterations that differ in summation order.
   {
     const auto ec = errors(sc.get(), SSA_METHOD_PQ_TOPK), eg = errors(sg.get(), SSA_METHOD_PQ_TOPK);
