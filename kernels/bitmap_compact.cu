@@ -29,7 +29,7 @@ struct Span {
   const uint32_t* hb;
   const uint32_t* sb;
   uint64_t* counts;  // per block of this row: kCountReady | heavy bits << 32 | sample bits
-  __device__ bool sparse() const { return it->sink_end < it->local_begin && it->n_select > 0; }
+  __device__ bool sparse() const { return item_selects(*it); }
 };
 
 // A block's count is published with this bit set; a block holds at most 2^15

@@ -54,6 +54,14 @@ struct DecodeItem {
   uint32_t select_cap = 0;   // >= n_select, >= 1
 };
 
+// Whether an item selects candidates (scores them, picks a heavy set, draws):
+// it has candidates and a budget for them. A dense item has no candidates; a
+// window-only item (budget below sink + local, docs/ALGORITHM.md#fixed-tokens)
+// has candidates but reads none of them, so no stage may score them: such a
+// layer may hold no index (no codebooks) at all. Every proxy and selection stage
+// asks this one question.
+SSA_HD bool item_selects(const DecodeItem& it) { return it.sink_end < it.local_begin && it.n_select > 0; }
+
 enum class Proxy : uint32_t { kNone = 0, kPq = 1, kExact = 2 };
 enum class HeavyRule : uint32_t { kFixed = 0, kAdaptive = 1 };
 enum class Sampling : uint32_t { kNone = 0, kProxy = 1, kUniform = 2 };

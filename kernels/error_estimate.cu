@@ -33,7 +33,7 @@ constexpr int kFinishThreads = 256;
 
 __host__ __device__ inline size_t partial_doubles(uint32_t d) { return kHeader + 3 * size_t{d}; }
 
-__device__ inline bool sparse_item(const DecodeItem& it) { return it.sink_end < it.local_begin && it.n_select > 0; }
+__device__ inline bool sparse_item(const DecodeItem& it) { return item_selects(it); }
 
 // Draws with a usable token list: the sampler draws nothing from a row whose
 // residual weight is 0 (every residual weight below 2^-39 of the largest).

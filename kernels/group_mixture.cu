@@ -54,9 +54,7 @@ Workspace scratch_workspace(const Workspace& ws) {
   return h;
 }
 
-__device__ __forceinline__ bool selects(const DecodeItem& it) {
-  return it.sink_end < it.local_begin && it.n_select > 0;
-}
+__device__ __forceinline__ bool selects(const DecodeItem& it) { return item_selects(it); }
 
 // exp(s - mx) as the CPU's exp_shifted takes it, 0 for a masked score.
 __device__ __forceinline__ float shifted_exp(float s, float mx) {

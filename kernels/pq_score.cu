@@ -92,7 +92,7 @@ __global__ void build_lut_kernel(DecodeBatch b, Workspace ws) {
     for (int g = 0; g < GH; ++g) clear_row_sums(ws, row0 + g, b.n_items * b.sel_heads());
     for (uint32_t g = threadIdx.x; g < GH; g += blockDim.x) ws.rows[row0 + g] = initial_row(b, it);
   }
-  if (it.sink_end >= it.local_begin) return;  // dense item: no proxy
+  if (!item_selects(it)) return;  // dense or window-only item: no proxy
   const uint32_t M = b.shape.pq_subspaces, K = b.shape.pq_centroids;
   const uint32_t D = b.shape.head_dim, sub = D / M;
   const uint32_t kvh = h0 / b.sel_group();
@@ -283,7 +283,7 @@ __global__ void __launch_bounds__(kScoreThreads, GH >= 8 ? 1 : kScoreBlocksPerSm
   const uint32_t item = blockIdx.z;
   const DecodeItem& it = b.items[item];
   const uint32_t tile0 = blockIdx.x * tile;
-  if (it.sink_end >= it.local_begin || tile0 >= it.n_tokens) return;
+  if (!item_selects(it) || tile0 >= it.n_tokens) return;
   const uint32_t M = b.shape.pq_subspaces, K = b.shape.pq_centroids;
   // Each thread's code words of its current 4 tokens, one row per subspace: the
   // rotated walk below indexes them by a lane-dependent m.
@@ -438,7 +438,7 @@ __global__ void __launch_bounds__(128) exact_score_kernel(DecodeBatch b, Workspa
   const uint32_t item = blockIdx.z;
   const DecodeItem& it = b.items[item];
   const uint32_t tile0 = blockIdx.x * kTile;
-  if (it.sink_end >= it.local_begin || tile0 >= it.n_tokens) return;
+  if (!item_selects(it) || tile0 >= it.n_tokens) return;
   const uint32_t G = b.sel_group();  // selection heads per KV head
   const uint32_t kvh = blockIdx.y;
   const uint32_t h0 = kvh * G;  // first selection head

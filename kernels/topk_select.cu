@@ -47,7 +47,7 @@ struct Row {
   const DecodeItem* it;
   uint32_t h, row, nc;
   const float* cand_scores;  // scores of candidate 0 (token sink_end)
-  __device__ bool sparse() const { return it->sink_end < it->local_begin && it->n_select > 0; }
+  __device__ bool sparse() const { return item_selects(*it); }
 };
 
 __device__ Row row_here(const DecodeBatch& b, const Workspace& ws) {
