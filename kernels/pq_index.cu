@@ -42,7 +42,13 @@ __device__ uint32_t nearest(const float* cent, uint32_t K, uint32_t sub, const f
 template <typename T>
 __global__ void __launch_bounds__(kThreads) encode_kernel(PqIndexShape s, const uint8_t* const* kv_pages,
                                                           uint8_t* const* code_pages, const float* books,
-                                                          uint32_t begin, uint32_t end) {
+                                                          uint32_t begin, uint32_t end, const uint32_t* begin_dev) {
+  // A decode step's token: its position is read here (kNoPosition: nothing to encode).
+  if (begin_dev != nullptr) {
+    begin = *begin_dev;
+    if (begin == 0xFFFFFFFFu) return;
+    end = begin + 1;
+  }
   extern __shared__ float cent[];  // [K][sub]
   const uint32_t m = blockIdx.y, h = blockIdx.z, sub = s.head_dim / s.subspaces;
   const float* src = books + (size_t{h} * s.subspaces + m) * s.centroids * sub;
@@ -146,9 +152,10 @@ cudaError_t with_dtype(DType t, F&& f) {
 
 }  // namespace
 
-cudaError_t pq_encode(const PqIndexShape& s, const uint8_t* const* kv_pages, uint8_t* const* code_pages,
-                      const float* books, uint32_t begin, uint32_t end, cudaStream_t st) {
-  if (end <= begin) return cudaSuccess;
+namespace {
+cudaError_t launch_encode(const PqIndexShape& s, const uint8_t* const* kv_pages, uint8_t* const* code_pages,
+                          const float* books, uint32_t begin, uint32_t end, const uint32_t* begin_dev,
+                          cudaStream_t st) {
   if (s.head_dim / s.subspaces > 64) return cudaErrorInvalidValue;
   const size_t smem = size_t{s.centroids} * (s.head_dim / s.subspaces) * sizeof(float);
   return with_dtype(s.dtype, [&](auto v) {
@@ -156,9 +163,21 @@ cudaError_t pq_encode(const PqIndexShape& s, const uint8_t* const* kv_pages, uin
     cudaError_t e = ensure_dynamic_smem(reinterpret_cast<const void*>(encode_kernel<T>), smem);
     if (e != cudaSuccess) return e;
     const dim3 grid((end - begin + kThreads - 1) / kThreads, s.subspaces, s.n_kv_heads);
-    encode_kernel<T><<<grid, kThreads, smem, st>>>(s, kv_pages, code_pages, books, begin, end);
+    encode_kernel<T><<<grid, kThreads, smem, st>>>(s, kv_pages, code_pages, books, begin, end, begin_dev);
     return cudaGetLastError();
   });
+}
+}  // namespace
+
+cudaError_t pq_encode(const PqIndexShape& s, const uint8_t* const* kv_pages, uint8_t* const* code_pages,
+                      const float* books, uint32_t begin, uint32_t end, cudaStream_t st) {
+  if (end <= begin) return cudaSuccess;
+  return launch_encode(s, kv_pages, code_pages, books, begin, end, nullptr, st);
+}
+
+cudaError_t pq_encode_at(const PqIndexShape& s, const uint8_t* const* kv_pages, uint8_t* const* code_pages,
+                         const float* books, const uint32_t* position, cudaStream_t st) {
+  return launch_encode(s, kv_pages, code_pages, books, 0, 1, position, st);
 }
 
 namespace {

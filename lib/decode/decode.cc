@@ -10,6 +10,7 @@
 #include "backend.h"
 #include "cpu/finite_check.h"
 #include "decode_plan.h"
+#include "decode_step.h"
 #include "status.h"
 #include "versioned_struct.h"
 
@@ -39,6 +40,7 @@ absl::Status check_item(const ssa_session* s, uint32_t layer, const void* q, con
 absl::Status locked_decode(ssa_session& s, uint32_t layer, const void* q, void* out,
                            const ssa_decode_params& p, uint64_t seed, ssa_decode_stats* stats,
                            std::vector<HeadTrace>* traces, DecodeProfile* profile) {
+  SSA_RETURN_IF_ERROR(session_settle(s, false));  // tokens that decode steps appended
   for (int attempt = 0; attempt < 3; ++attempt) {
     {
       std::shared_lock lock(s.mu);
@@ -79,8 +81,6 @@ absl::Status decode(ssa_session& s, uint32_t layer, const void* q, void* out,
   return locked_decode(s, layer, q, out, p, resolve_seed(s, p), nullptr, traces, profile);
 }
 
-namespace {
-
 // No item's out may overlap any q or another item's out (qs may share memory).
 // One sweep over the buffers sorted by address: O(n log n) for large batches.
 absl::Status check_batch_buffers(const ssa_decode_item* items, size_t n_items) {
@@ -113,8 +113,6 @@ absl::Status check_batch_buffers(const ssa_decode_item* items, size_t n_items) {
   return absl::OkStatus();
 }
 
-}  // namespace
-
 absl::Status decode_batch(const ssa_decode_item* items, size_t n_items, uint32_t layer,
                           const ssa_decode_params& p) {
   if (n_items == 0) return absl::OkStatus();
@@ -134,6 +132,7 @@ absl::Status decode_batch(const ssa_decode_item* items, size_t n_items, uint32_t
   }
   SSA_RETURN_IF_ERROR(check_batch_buffers(items, n_items));
   SSA_RETURN_IF_ERROR(items[0].session->backend->check_decode(p));
+  for (size_t i = 0; i < n_items; ++i) SSA_RETURN_IF_ERROR(session_settle(*items[i].session, false));
   return items[0].session->backend->decode_batch(items, n_items, layer, p);
 }
 

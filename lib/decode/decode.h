@@ -19,6 +19,9 @@ absl::Status decode(ssa_session& s, uint32_t layer, const void* q, void* out,
                     const ssa_decode_params& p, ssa_decode_stats* stats,
                     std::vector<HeadTrace>* traces = nullptr, DecodeProfile* profile = nullptr);
 
+// No item's out may overlap any q or another item's out (qs may share memory).
+absl::Status check_batch_buffers(const ssa_decode_item* items, size_t n_items);
+
 absl::Status decode_batch(const ssa_decode_item* items, size_t n_items, uint32_t layer,
                           const ssa_decode_params& p);
 
