@@ -659,9 +659,11 @@ typedef struct ssa_decode_step_item {
 } ssa_decode_step_item;
 
 /* ssa_decode_step over many sessions at one layer: with reservations, one launch
-   set per up to 32 sessions of one shape (each item planned from its own length,
-   with the RNG step p->step + its own position); without, each item eagerly in
-   turn. All sessions have a reservation or none (else SSA_ERR_INVALID_ARGUMENT).
+   set per 32 sessions (each item planned from its own length, with the RNG step
+   p->step + its own position; the sessions must share one config and device,
+   else SSA_ERR_INVALID_ARGUMENT); without, each item eagerly in turn. All
+   sessions have a reservation or none (else SSA_ERR_INVALID_ARGUMENT). No item's
+   out may overlap another's out or any q.
    items: borrowed array of n_items. stats: summed over the items. Every item is
    validated before any is queued. Returns as ssa_decode_step. */
 SSA_API ssa_status ssa_decode_step_batch(const ssa_decode_step_item *items, size_t n_items,

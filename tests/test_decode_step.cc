@@ -32,7 +32,8 @@ std::vector<uint16_t> random_f16(size_t n, std::mt19937_64& rng) {
     // f16 bits of a normal value (exponent range kept small: always finite).
     const float f = nd(rng);
     const uint16_t sign = f < 0 ? 0x8000 : 0;
-    const float a = std::min(std::fabs(f), 7.99f);
+    float a = std::min(std::fabs(f), 7.99f);
+    if (a < 1.0f / 16384) a = 0.f;  // below the normal range: zero
     int e = 0;
     const float m = std::frexp(a, &e);  // a = m 2^e, m in [0.5, 1)
     const uint16_t exp = a == 0.f ? 0 : static_cast<uint16_t>(e - 1 + 15);
