@@ -57,7 +57,9 @@
  *    ssa_session_append_async queues its work on a stream of the caller's
  *    instead (see there).
  *    A decode captured into a CUDA graph reads the layer as it was at capture:
- *    replay it only while that layer is unchanged and the session alive.
+ *    replay it only while that layer is unchanged and the session alive. A
+ *    decode step (ssa_decode_step, after ssa_session_reserve) is the capturable
+ *    form of a loop's append + decode: every replay grows the layer on the device.
  *  - CUDA device memory comes from a stream-ordered pool of the library's own
  *    per device (not the device's default pool, whose settings stay the
  *    caller's). It keeps memory that decodes and appends free for their next
@@ -679,6 +681,111 @@ typedef struct ssa_decode_item {
    sessions (decode them one at a time with ssa_decode). */
 SSA_API ssa_status ssa_decode_batch(const ssa_decode_item *items, size_t n_items,
                                     uint32_t layer, const ssa_decode_params *p);
+
+/* ----------------------------------------------------------- decode steps */
+
+/* One step of a generation loop: the new token's K and V appended to `layer` and
+   the layer decoded with q over the grown context, in one call. CPU sessions (and
+   CUDA sessions without a reservation) run it eagerly: exactly
+   ssa_session_append_async(s, layer, k, v, 1, p->stream) followed by ssa_decode
+   with the RNG step p->step + position, where position is the layer's length
+   before the append (the new token's index).
+
+   CUDA graphs. After ssa_session_reserve(s, n), a CUDA session's step runs on
+   the device without the host: a kernel reads the layer's length from device
+   memory, writes the token's K/V rows into the reserved page and its PQ code
+   (with the layer's codebooks at the reservation), advances the length, and
+   plans the decode of the grown context there (sink and local ranges, the
+   budget of `sparsity`, the heavy count: the numbers the host planner gives),
+   with the RNG step p->step + position. So a caller captures one step of its
+   loop (every layer's step, or a batch) into a CUDA graph once and replays it
+   for every later token. A replayed step makes the selection the same step run
+   eagerly makes (heavy set, draws, weights) and bitwise the same output; against
+   ssa_decode of the same context and step it makes the same selection and the
+   same output up to the attention's rounding (the step's launches are sized
+   for the reservation's capacity, so its attention may split differently).
+   The host learns the grown lengths lazily: every other call that reads or
+   changes the session's layers (append, decode, fork, truncate, save...) first
+   waits for the session's queued steps and commits the tokens they appended (as
+   ssa_session_sync does); ssa_session_length and ssa_session_layer_length
+   report the lengths committed so far. ssa_session_append(_async),
+   update_index, truncate, fork, save and checkpoint END the reservation (a
+   replay of a step queued under it then does nothing, see ssa_session_sync):
+   reserve and capture again to continue.
+   What a step cannot do on the device is refused when it is queued (eagerly or
+   during capture), with nothing queued: target_error > 0 and SSA_GROUP_MIXTURE
+   with several query heads per KV head (SSA_ERR_UNSUPPORTED; SSA_GROUP_MEAN_QUERY
+   works), stats while the stream is being captured, a layer at its reserved
+   capacity by the host's count, and a step of a session without a reservation
+   on a stream being captured (SSA_ERR_INVALID_ARGUMENT; its append would change
+   the session at the call). Sessions that cannot be reserved (sharded, tiered,
+   mapped, host pointers) therefore cannot be captured.
+   No index (re)training happens inside a reservation: its steps encode with the
+   codebooks the layer had when it was reserved, and the index policy's
+   retraining (index_regrow_factor) runs at the next append or update_index after
+   it. A loop that wants it retrains between replays: ssa_session_update_index,
+   then ssa_session_reserve and capture again. A step replayed on a layer already
+   at its capacity does nothing (out is not written) and is counted by
+   ssa_session_sync.
+   Ordering: a step's kernels run on p->stream. Replays of a session's steps must
+   run in the order they are to append (one stream, or ordered by the caller),
+   not beside other calls on the session. k, v and q are read and out written
+   when the stream gets there; k and v are NOT scanned for NaN/Inf (as in
+   ssa_session_append_async). A replay after ssa_session_destroy does nothing
+   while the runtime lives (each step first checks a guard that outlives the
+   session, before it reads any of the session's memory); a replay after the
+   runtime is destroyed is undefined.
+
+   k, v: [n_kv_heads][head_dim]; q, out: [n_q_heads][head_dim]; all in kv_dtype
+   and the session's memory space, borrowed (q and out may not overlap). p:
+   borrowed, NULL = defaults. stats: as in ssa_decode (NULL = not wanted).
+   Returns as ssa_session_append_async and ssa_decode, and the refusals above. */
+SSA_API ssa_status ssa_decode_step(ssa_session *s, uint32_t layer, const void *k, const void *v,
+                                   const void *q, void *out, const ssa_decode_params *p,
+                                   ssa_decode_stats *stats);
+
+typedef struct ssa_decode_step_item {
+  ssa_session *session; /* borrowed; all items share one runtime, each session once */
+  const void *k;        /* [n_kv_heads][head_dim] of the new token, borrowed */
+  const void *v;        /* [n_kv_heads][head_dim] of the new token, borrowed */
+  const void *q;        /* [n_q_heads][head_dim], borrowed */
+  void *out;            /* [n_q_heads][head_dim], written */
+} ssa_decode_step_item;
+
+/* ssa_decode_step over many sessions at one layer: with reservations, one launch
+   set per 32 sessions (each item planned from its own length, with the RNG step
+   p->step + its own position; the sessions must share one config and device,
+   else SSA_ERR_INVALID_ARGUMENT); without, each item eagerly in turn. All
+   sessions have a reservation or none (else SSA_ERR_INVALID_ARGUMENT). No item's
+   out may overlap another's out or any q.
+   items: borrowed array of n_items. stats: summed over the items. Every item is
+   validated before any is queued. Returns as ssa_decode_step. */
+SSA_API ssa_status ssa_decode_step_batch(const ssa_decode_step_item *items, size_t n_items,
+                                         uint32_t layer, const ssa_decode_params *p,
+                                         ssa_decode_stats *stats);
+
+/* Reserves room for n_tokens more tokens on every layer of a CUDA session for
+   decode steps (ssa_decode_step): their K/V and code pages are allocated now,
+   with the device lengths and page tables the steps use. Ends a reservation the
+   session held (committing its tokens first). Every layer must hold at least one
+   token; a layer without a PQ index is trained now (as a decode would). Returns
+   once its uploads are done. Takes the session exclusively.
+   CPU sessions: checks the arguments and reserves nothing (their steps run
+   eagerly). Returns SSA_OK, SSA_ERR_INVALID_ARGUMENT (s NULL, n_tokens 0, an
+   empty layer, the layer limit exceeded), SSA_ERR_UNSUPPORTED (sharded sessions,
+   tiered ones (device_kv_budget), pages mapped from a file (SSA_LOAD_MMAP),
+   SSA_SESSION_HOST_POINTERS), SSA_ERR_OUT_OF_MEMORY, SSA_ERR_DEVICE. */
+SSA_API ssa_status ssa_session_reserve(ssa_session *s, uint64_t n_tokens);
+
+/* Waits for the session's queued decode steps (up to the last step queued or
+   replayed, on whatever stream) and commits the tokens they appended, so that
+   ssa_session_length and ssa_session_layer_length count them. Keeps the
+   reservation. dropped_steps: NULL = not wanted; else receives the number of
+   steps that did nothing since the last report (replays after the reservation
+   ended, or on a layer at its capacity). Takes the session exclusively. Sessions
+   without a reservation: a no-op (0 dropped).
+   Returns SSA_OK, SSA_ERR_INVALID_ARGUMENT (s NULL), SSA_ERR_DEVICE. */
+SSA_API ssa_status ssa_session_sync(ssa_session *s, uint64_t *dropped_steps);
 
 /* -------------------------------------------------------------- snapshots */
 

@@ -13,11 +13,11 @@
 namespace ssa::cuda {
 namespace {
 
-__global__ void segments_kernel(DecodeBatch b, Workspace ws) {
+__global__ void segments_kernel(const __grid_constant__ DecodeBatch b, Workspace ws) {
   stage_begin();
   const uint32_t item = blockIdx.x, h = threadIdx.x;
   if (h >= b.sel_heads()) return;
-  const DecodeItem& it = b.items[item];
+  const DecodeItem& it = b.item(item);
   const uint32_t row = row_of(item, h, b.sel_heads());
   const size_t base = it.select_base + size_t{h} * it.select_cap;
   const uint32_t n = ws.rows[row].topk_k;
@@ -26,7 +26,7 @@ __global__ void segments_kernel(DecodeBatch b, Workspace ws) {
 }
 
 // Adaptive: score keys of the k' top candidates, for a descending segmented sort.
-__global__ void candidate_keys_kernel(DecodeBatch b, Workspace ws) {
+__global__ void candidate_keys_kernel(const __grid_constant__ DecodeBatch b, Workspace ws) {
   stage_begin();
   const RowRef r = row_ref(b);
   const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -35,7 +35,7 @@ __global__ void candidate_keys_kernel(DecodeBatch b, Workspace ws) {
   ws.sort_keys[base + i] = float_key(row_scores(ws, r)[ws.heavy[base + i]]);
 }
 
-__global__ void candidate_probs_kernel(DecodeBatch b, Workspace ws) {
+__global__ void candidate_probs_kernel(const __grid_constant__ DecodeBatch b, Workspace ws) {
   stage_begin();
   const RowRef r = row_ref(b);
   const RowState& st = ws.rows[r.row];
@@ -46,11 +46,11 @@ __global__ void candidate_probs_kernel(DecodeBatch b, Workspace ws) {
   ws.probs[base + i] = static_cast<double>(w) / st.w_all;
 }
 
-__global__ void water_fill_kernel(DecodeBatch b, Workspace ws) {
+__global__ void water_fill_kernel(const __grid_constant__ DecodeBatch b, Workspace ws) {
   stage_begin();
   const uint32_t item = blockIdx.x, h = threadIdx.x;
   if (h >= b.sel_heads()) return;
-  const DecodeItem& it = b.items[item];
+  const DecodeItem& it = b.item(item);
   if (it.n_select == 0) return;
   RowState& st = ws.rows[row_of(item, h, b.sel_heads())];
   const size_t base = it.select_base + size_t{h} * it.select_cap;
@@ -60,7 +60,7 @@ __global__ void water_fill_kernel(DecodeBatch b, Workspace ws) {
 }
 
 // The top-k' candidates past the first n_heavy (by score) leave the heavy bitmap.
-__global__ void drop_light_kernel(DecodeBatch b, Workspace ws) {
+__global__ void drop_light_kernel(const __grid_constant__ DecodeBatch b, Workspace ws) {
   stage_begin();
   const RowRef r = row_ref(b);
   const RowState& st = ws.rows[r.row];

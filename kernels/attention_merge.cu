@@ -10,12 +10,13 @@ namespace ssa::cuda {
 namespace {
 
 template <typename T>
-__global__ void __launch_bounds__(256) merge_splits_kernel(DecodeBatch b, Workspace ws, uint32_t n_splits) {
+__global__ void __launch_bounds__(256) merge_splits_kernel(const __grid_constant__ DecodeBatch b, Workspace ws, uint32_t n_splits) {
   stage_begin();
   __shared__ float scale[kMaxSplits];
   __shared__ float red[256 / 32];
   const uint32_t item = blockIdx.y, h = blockIdx.x;
-  const DecodeItem& it = b.items[item];
+  const DecodeItem& it = b.item(item);
+  if (item_idle(it)) return;  // a decode step that may not run (step_plan.h)
   const uint32_t D = b.shape.head_dim;
   const uint32_t row = row_of(item, h, b.shape.n_q_heads);
   const float* part = ws.partial + size_t{row} * n_splits * (D + 2);

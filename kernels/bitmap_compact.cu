@@ -39,7 +39,7 @@ constexpr uint64_t kCountReady = 1ull << 63;
 __device__ Span span_here(const DecodeBatch& b, const Workspace& ws, uint32_t words_per_block,
                           uint32_t pass) {
   Span p;
-  p.it = &b.items[blockIdx.z];
+  p.it = &b.item(blockIdx.z);
   p.h = blockIdx.y;
   const uint32_t row = row_of(blockIdx.z, blockIdx.y, b.sel_heads());
   p.st = &ws.rows[row];
@@ -74,7 +74,7 @@ __device__ uint64_t bit_counts(const Span& p, uint32_t a, uint32_t e, bool sampl
   return n;
 }
 
-__global__ void __launch_bounds__(kThreads) write_kernel(DecodeBatch b, Workspace ws, bool samples,
+__global__ void __launch_bounds__(kThreads) write_kernel(const __grid_constant__ DecodeBatch b, Workspace ws, bool samples,
                                                          uint32_t words_per_block, uint32_t pass) {
   stage_begin();
   const Span p = span_here(b, ws, words_per_block, pass);

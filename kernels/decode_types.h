@@ -6,6 +6,9 @@
 // share one shape (heads, head dim, dtype, page size, PQ shape) but may differ in
 // length. The whole batch is passed to every kernel by value, so a launch set
 // needs no host-to-device copies and can be captured into a CUDA graph.
+// A decode step (lib/cuda/graph_step.h) instead plans its items on the device
+// (kernels/step_plan.h: lengths read from device memory) into items_dev, which
+// every kernel then reads through DecodeBatch::item().
 #pragma once
 
 #include <stddef.h>
@@ -62,6 +65,12 @@ struct DecodeItem {
 // asks this one question.
 SSA_HD bool item_selects(const DecodeItem& it) { return it.sink_end < it.local_begin && it.n_select > 0; }
 
+// An idle item reads and writes nothing (no tokens; its out is left as it was):
+// what a decode step planned on the device turns into when it may not run
+// (kernels/step_plan.h: a reservation that ended, or one that is full). Every
+// stage that does not already stop at !item_selects stops at this.
+SSA_HD bool item_idle(const DecodeItem& it) { return it.n_tokens == 0; }
+
 enum class Proxy : uint32_t { kNone = 0, kPq = 1, kExact = 2 };
 enum class HeavyRule : uint32_t { kFixed = 0, kAdaptive = 1 };
 enum class Sampling : uint32_t { kNone = 0, kProxy = 1, kUniform = 2 };
@@ -82,7 +91,14 @@ struct DecodeBatch {
   float pi_min = 1e-4f;
   uint32_t layer = 0;
   uint64_t seed = 0, step = 0;
-  const uint64_t* step_dev = nullptr;  // when set, the step is read from here (graphs)
+  // When set, item i's RNG step is read from step_dev[i] (decode steps: written
+  // by the step's plan kernel before the first stage).
+  const uint64_t* step_dev = nullptr;
+  // When set, the items are read from here (device memory, n_items of them,
+  // written before the first stage by a decode step's plan kernel); `items`
+  // then holds the shapes the host planned the launches for (every item at the
+  // reservation's capacity), which bound the device items'.
+  const DecodeItem* items_dev = nullptr;
   uint32_t n_splits = 0;               // attention splits per row; 0 = automatic
   bool overlap_launches = true;        // programmatic dependent launch between stages (stage_launch.cuh)
   GroupProposal group = GroupProposal::kOff;
@@ -91,6 +107,11 @@ struct DecodeBatch {
   // estimate (kernels/error_estimate.cu) reads with its multiplicity.
   bool record_draws = false;
   DecodeItem items[kMaxBatchItems];
+
+  // Item i as the kernels see it. Kernels take the batch as a __grid_constant__
+  // parameter, so the reference into `items` needs no local copy of the batch.
+  SSA_HD const DecodeItem& item(uint32_t i) const { return items_dev != nullptr ? items_dev[i] : items[i]; }
+  SSA_HD uint64_t step_of(uint32_t i) const { return step_dev != nullptr ? step_dev[i] : step; }
 
   // Selection rows (scores, top-k, sampling, compaction, RowState) per item: one
   // per q head, or one per KV head with group selection. The attention and its

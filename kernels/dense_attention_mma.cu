@@ -72,7 +72,7 @@ uint32_t blocks_per_sm() {
 // Fragment layouts: mma_fragments.cuh.
 template <int D, typename T, int kHeadTiles>
 __global__ void __launch_bounds__(kTokenGroups * kHeadTiles * 32)
-    dense_mma_kernel(DecodeBatch b, Workspace ws, uint32_t n_splits) {
+    dense_mma_kernel(const __grid_constant__ DecodeBatch b, Workspace ws, uint32_t n_splits) {
   stage_begin();
   using S = MmaShape<D>;
   constexpr int kWarps = kTokenGroups * kHeadTiles, kThreads = kWarps * 32;
@@ -81,7 +81,8 @@ __global__ void __launch_bounds__(kTokenGroups * kHeadTiles * 32)
   T* ring = reinterpret_cast<T*>(smem_raw);
 
   const uint32_t item = blockIdx.z, kvh = blockIdx.y, split = blockIdx.x;
-  const DecodeItem& it = b.items[item];
+  const DecodeItem& it = b.item(item);
+  if (item_idle(it)) return;  // a decode step that may not run (step_plan.h)
   const uint32_t G = b.shape.group();
   // The split rule of attention_split_kernel (same partial layout), over the
   // item's tokens [first_token, n_tokens).

@@ -147,7 +147,7 @@ __device__ __forceinline__ uint32_t row_of(uint32_t item, uint32_t head, uint32_
 // batch) reads every token in order.
 __device__ __forceinline__ ReadSet row_read_set(const DecodeBatch& b, const Workspace& ws, uint32_t item,
                                                 uint32_t h) {
-  const DecodeItem& it = b.items[item];
+  const DecodeItem& it = b.item(item);
   ReadSet rs{it.n_tokens - it.first_token, it.n_tokens, 0, 0, 0, nullptr, nullptr, nullptr, it.first_token};
   if (it.sink_end < it.local_begin) {
     const uint32_t sh = b.sel_head_of(h);

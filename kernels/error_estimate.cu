@@ -57,12 +57,12 @@ __device__ __forceinline__ void load_lane(const T* p, float* out) {
 }
 
 template <int D, typename T>
-__global__ void __launch_bounds__(32) estimate_split_kernel(DecodeBatch b, Workspace ws, double* part,
+__global__ void __launch_bounds__(32) estimate_split_kernel(const __grid_constant__ DecodeBatch b, Workspace ws, double* part,
                                                             uint32_t n_splits) {
   constexpr int E = D / 32;  // elements per lane
   constexpr int kUnroll = E >= 16 ? 2 : 4;
   const uint32_t item = blockIdx.z, h = blockIdx.y, split = blockIdx.x, lane = threadIdx.x;
-  const DecodeItem& it = b.items[item];
+  const DecodeItem& it = b.item(item);
   const uint32_t row = row_of(item, h, b.shape.n_q_heads);
   double* out = part + (size_t{row} * n_splits + split) * partial_doubles(D);
   double mE = -INFINITY, zE = 0.0, MD = -INFINITY, s0 = 0.0, q0 = 0.0, q2 = 0.0;
@@ -193,12 +193,12 @@ __device__ double block_sum(double v, double* red) {
   return r;
 }
 
-__global__ void __launch_bounds__(kFinishThreads) estimate_finish_kernel(DecodeBatch b, Workspace ws,
+__global__ void __launch_bounds__(kFinishThreads) estimate_finish_kernel(const __grid_constant__ DecodeBatch b, Workspace ws,
                                                                          const double* part, uint32_t n_splits,
                                                                          double* V) {
   __shared__ double red[kFinishThreads];
   const uint32_t item = blockIdx.y, h = blockIdx.x;
-  const DecodeItem& it = b.items[item];
+  const DecodeItem& it = b.item(item);
   const uint32_t D = b.shape.head_dim;
   const uint32_t row = row_of(item, h, b.shape.n_q_heads);
   if (!sparse_item(it)) {  // read exactly: no error

@@ -11,7 +11,7 @@ namespace {
 constexpr int kThreads = 256;
 constexpr uint32_t kBlocksPerRow = 8;
 
-__global__ void __launch_bounds__(kThreads) mark_file_rows_kernel(DecodeBatch b, Workspace ws, FileRowBatch m) {
+__global__ void __launch_bounds__(kThreads) mark_file_rows_kernel(const __grid_constant__ DecodeBatch b, Workspace ws, FileRowBatch m) {
   const uint32_t item = blockIdx.z, h = blockIdx.y;
   const FileRowItem fi = m.items[item];
   if (fi.page_tier == nullptr) return;

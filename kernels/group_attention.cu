@@ -78,7 +78,7 @@ uint32_t blocks_per_sm() {
 
 template <int D, typename T, int kHeadTiles>
 __global__ void __launch_bounds__(kTokenGroups * kHeadTiles * 32)
-    group_gather_kernel(DecodeBatch b, Workspace ws, uint32_t n_splits) {
+    group_gather_kernel(const __grid_constant__ DecodeBatch b, Workspace ws, uint32_t n_splits) {
   stage_begin();
   using S = GroupShape<D>;
   constexpr int kWarps = kTokenGroups * kHeadTiles, kThreads = kWarps * 32;
@@ -91,7 +91,8 @@ __global__ void __launch_bounds__(kTokenGroups * kHeadTiles * 32)
   __shared__ float s_bias[kSlots][kTile];    // log2 pi (0 unless sampled)
 
   const uint32_t item = blockIdx.z, kvh = blockIdx.y, split = blockIdx.x;
-  const DecodeItem& it = b.items[item];
+  const DecodeItem& it = b.item(item);
+  if (item_idle(it)) return;  // a decode step that may not run (step_plan.h)
   const uint32_t G = b.shape.group();
   // Every q head of the group attends with the group's selection row; its first
   // q head names it (row_read_set maps q heads to selection rows).

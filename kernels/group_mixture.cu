@@ -62,7 +62,7 @@ __device__ __forceinline__ float shifted_exp(float s, float mx) {
 }
 
 // Stage 2, on the scratch batch: grid (chunks / 8, q heads, items).
-__global__ void __launch_bounds__(32 * kNormChunksPerBlock) head_norm_kernel(DecodeBatch bh, Workspace wh) {
+__global__ void __launch_bounds__(32 * kNormChunksPerBlock) head_norm_kernel(const __grid_constant__ DecodeBatch bh, Workspace wh) {
   stage_begin();
   __shared__ ChunkTile tile_s[kNormChunksPerBlock];
   const RowRef r = row_ref(bh);
@@ -114,13 +114,13 @@ __device__ __forceinline__ HeadTerms head_terms(const double* csum, uint32_t n_c
 // memory [3][G] floats. given: the heads' terms, [batch item][q head][3] at
 // terms (a sharded decode's, over every shard's chunks; map: the items' batch
 // indices); else each head's own from its chunk sums here.
-__global__ void __launch_bounds__(kMixThreads) mixture_kernel(DecodeBatch b, Workspace ws, const float* given,
+__global__ void __launch_bounds__(kMixThreads) mixture_kernel(const __grid_constant__ DecodeBatch b, Workspace ws, const float* given,
                                                               ShardBatchItems map) {
   stage_begin();
   extern __shared__ float mix_s[];
   __shared__ uint32_t max_s, min_s;
   const uint32_t item = blockIdx.z, kvh = blockIdx.y;
-  const DecodeItem& it = b.items[item];
+  const DecodeItem& it = b.item(item);
   const uint32_t t0 = blockIdx.x * kMixTile;
   if (!selects(it) || t0 >= it.n_pad) return;
   const uint32_t G = b.shape.group(), nq = b.shape.n_q_heads;

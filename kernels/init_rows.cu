@@ -12,7 +12,7 @@ namespace {
 // One block per item: the row states of its selection heads, and its rows' top-k
 // histograms and compaction counts zeroed (saves memset launches per decode).
 // With the PQ proxy the lookup-table kernel does this instead (one launch fewer).
-__global__ void init_rows_kernel(DecodeBatch b, Workspace ws, bool sparse) {
+__global__ void init_rows_kernel(const __grid_constant__ DecodeBatch b, Workspace ws, bool sparse) {
   stage_begin();
   const uint32_t item = blockIdx.x;
   const uint32_t h = threadIdx.x;
@@ -20,7 +20,7 @@ __global__ void init_rows_kernel(DecodeBatch b, Workspace ws, bool sparse) {
   if (sparse)
     for (uint32_t hh = 0; hh < ns; ++hh) clear_row_sums(ws, row_of(item, hh, ns), b.n_items * ns);
   if (h >= ns) return;
-  ws.rows[row_of(item, h, ns)] = initial_row(b, b.items[item]);
+  ws.rows[row_of(item, h, ns)] = initial_row(b, b.item(item));
 }
 
 }  // namespace

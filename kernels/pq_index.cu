@@ -47,7 +47,13 @@ __device__ uint32_t nearest(const float* cent, uint32_t K, const float (&x)[SUB]
 template <typename T, int SUB>
 __global__ void __launch_bounds__(kThreads) encode_kernel(PqIndexShape s, const uint8_t* const* kv_pages,
                                                           uint8_t* const* code_pages, const float* books,
-                                                          uint32_t begin, uint32_t end) {
+                                                          uint32_t begin, uint32_t end, const uint32_t* begin_dev) {
+  // A decode step's token: its position is read here (kNoPosition: nothing to encode).
+  if (begin_dev != nullptr) {
+    begin = *begin_dev;
+    if (begin == 0xFFFFFFFFu) return;
+    end = begin + 1;
+  }
   extern __shared__ float cent[];  // [K][SUB]
   const uint32_t m = blockIdx.y, h = blockIdx.z, sub = s.head_dim / s.subspaces;
   const float* src = books + (size_t{h} * s.subspaces + m) * s.centroids * sub;
@@ -93,11 +99,9 @@ cudaError_t with_dtype(DType t, F&& f) {
   return e;
 }
 
-}  // namespace
-
-cudaError_t pq_encode(const PqIndexShape& s, const uint8_t* const* kv_pages, uint8_t* const* code_pages,
-                      const float* books, uint32_t begin, uint32_t end, cudaStream_t st) {
-  if (end <= begin) return cudaSuccess;
+cudaError_t launch_encode(const PqIndexShape& s, const uint8_t* const* kv_pages, uint8_t* const* code_pages,
+                          const float* books, uint32_t begin, uint32_t end, const uint32_t* begin_dev,
+                          cudaStream_t st) {
   const uint32_t sub = s.head_dim / s.subspaces;
   if (sub > 64) return cudaErrorInvalidValue;
   return with_dtype(s.dtype, [&](auto v) {
@@ -109,11 +113,24 @@ cudaError_t pq_encode(const PqIndexShape& s, const uint8_t* const* kv_pages, uin
       if ((e = ensure_dynamic_smem(reinterpret_cast<const void*>(encode_kernel<T, SUB>), smem)) != cudaSuccess)
         return;
       const dim3 grid((end - begin + kThreads - 1) / kThreads, s.subspaces, s.n_kv_heads);
-      encode_kernel<T, SUB><<<grid, kThreads, smem, st>>>(s, kv_pages, code_pages, books, begin, end);
+      encode_kernel<T, SUB><<<grid, kThreads, smem, st>>>(s, kv_pages, code_pages, books, begin, end, begin_dev);
       e = cudaGetLastError();
     });
     return e;
   });
+}
+
+}  // namespace
+
+cudaError_t pq_encode(const PqIndexShape& s, const uint8_t* const* kv_pages, uint8_t* const* code_pages,
+                      const float* books, uint32_t begin, uint32_t end, cudaStream_t st) {
+  if (end <= begin) return cudaSuccess;
+  return launch_encode(s, kv_pages, code_pages, books, begin, end, nullptr, st);
+}
+
+cudaError_t pq_encode_at(const PqIndexShape& s, const uint8_t* const* kv_pages, uint8_t* const* code_pages,
+                         const float* books, const uint32_t* position, cudaStream_t st) {
+  return launch_encode(s, kv_pages, code_pages, books, 0, 1, position, st);
 }
 
 size_t kmeans_workspace_bytes(const PqIndexShape& s, uint32_t n) { return kmeans_workspace(s, n, nullptr).bytes; }

@@ -21,6 +21,12 @@ struct PqIndexShape {
 cudaError_t pq_encode(const PqIndexShape& s, const uint8_t* const* kv_pages, uint8_t* const* code_pages,
                       const float* books, uint32_t begin, uint32_t end, cudaStream_t st);
 
+// The code of one token whose index is read from device memory when the kernel
+// runs (*position; 0xFFFFFFFF: none), as pq_encode writes it (a decode step,
+// kernels/step_plan.h).
+cudaError_t pq_encode_at(const PqIndexShape& s, const uint8_t* const* kv_pages, uint8_t* const* code_pages,
+                         const float* books, const uint32_t* position, cudaStream_t st);
+
 // Device bytes of the k-means workspace for n sample keys per head.
 size_t kmeans_workspace_bytes(const PqIndexShape& s, uint32_t n);
 

@@ -79,14 +79,14 @@ constexpr uint32_t kLutVecDims = 32;
 // and stores than a block per head). Also records each table's largest and mean
 // entry (the scoring kernel's histogram range).
 template <typename T, int GH>
-__global__ void build_lut_kernel(DecodeBatch b, Workspace ws) {
+__global__ void build_lut_kernel(const __grid_constant__ DecodeBatch b, Workspace ws) {
   stage_begin();
   // The scoring grid may start now: before its own wait it only copies code
   // words, which no decode stage writes.
   stage_release_dependents();
   constexpr int W = LutVec<GH>::W, P = LutVec<GH>::P;
   const uint32_t m = blockIdx.x, h0 = blockIdx.y * GH, item = blockIdx.z;
-  const DecodeItem& it = b.items[item];
+  const DecodeItem& it = b.item(item);
   const uint32_t row0 = row_of(item, h0, b.sel_heads());
   if (m == 0) {  // the rows' initial states (init_rows_kernel's work)
     for (int g = 0; g < GH; ++g) clear_row_sums(ws, row0 + g, b.n_items * b.sel_heads());
@@ -274,14 +274,14 @@ __device__ __forceinline__ void lut_entries_m16(const char* m_base, uint32_t cw,
 // kM16: 16 subspaces of 256 codes with GH >= 4 (lut_entries_m16); otherwise any
 // table shape through lut_entries.
 template <int GH, bool kM16>
-__global__ void __launch_bounds__(kScoreThreads, GH >= 8 ? 1 : kScoreBlocksPerSm) pq_score_kernel(DecodeBatch b, Workspace ws,
+__global__ void __launch_bounds__(kScoreThreads, GH >= 8 ? 1 : kScoreBlocksPerSm) pq_score_kernel(const __grid_constant__ DecodeBatch b, Workspace ws,
                                                                 uint32_t tile) {
   extern __shared__ float4 smem4[];
   float* lut_s = reinterpret_cast<float*>(smem4);  // [P][K][M][W], see lut_offset
   __shared__ uint32_t smax[GH], smin[GH];
   __shared__ ScoreBins bins_s[GH];
   const uint32_t item = blockIdx.z;
-  const DecodeItem& it = b.items[item];
+  const DecodeItem& it = b.item(item);
   const uint32_t tile0 = blockIdx.x * tile;
   if (!item_selects(it) || tile0 >= it.n_tokens) return;
   const uint32_t M = b.shape.pq_subspaces, K = b.shape.pq_centroids;
@@ -427,7 +427,7 @@ __global__ void __launch_bounds__(kScoreThreads, GH >= 8 ? 1 : kScoreBlocksPerSm
 
 // Exact scores for all q heads of one KV head; groups of TPR lanes take tokens.
 template <int D, typename T>
-__global__ void __launch_bounds__(128) exact_score_kernel(DecodeBatch b, Workspace ws) {
+__global__ void __launch_bounds__(128) exact_score_kernel(const __grid_constant__ DecodeBatch b, Workspace ws) {
   stage_begin();
   using RS = RowSplit<D>;
   constexpr int kGroups = 128 / RS::kTpr;
@@ -436,7 +436,7 @@ __global__ void __launch_bounds__(128) exact_score_kernel(DecodeBatch b, Workspa
   uint32_t* smax = reinterpret_cast<uint32_t*>(qs + b.sel_group() * D);
   uint32_t* smin = smax + b.sel_group();
   const uint32_t item = blockIdx.z;
-  const DecodeItem& it = b.items[item];
+  const DecodeItem& it = b.item(item);
   const uint32_t tile0 = blockIdx.x * kTile;
   if (!item_selects(it) || tile0 >= it.n_tokens) return;
   const uint32_t G = b.sel_group();  // selection heads per KV head

@@ -14,7 +14,7 @@ struct RowRef {
 
 __device__ inline RowRef row_ref(const DecodeBatch& b) {
   RowRef r;
-  r.it = &b.items[blockIdx.z];
+  r.it = &b.item(blockIdx.z);
   r.h = blockIdx.y;
   r.row = row_of(blockIdx.z, blockIdx.y, b.sel_heads());
   return r;

@@ -9,10 +9,10 @@ namespace ssa::cuda {
 namespace {
 
 // One block per (rank item, selection head).
-__global__ void listed_keys_kernel(DecodeBatch b, Workspace ws, ShardBatchItems map, uint32_t* keys,
+__global__ void listed_keys_kernel(const __grid_constant__ DecodeBatch b, Workspace ws, ShardBatchItems map, uint32_t* keys,
                                    uint32_t stride) {
   const uint32_t item = blockIdx.y, h = blockIdx.x, ns = b.sel_heads();
-  const DecodeItem& it = b.items[item];
+  const DecodeItem& it = b.item(item);
   const RowState& st = ws.rows[row_of(item, h, ns)];
   const size_t sel = it.select_base + size_t{h} * it.select_cap;
   const float* s = ws.scores + row_token_base(it, h);

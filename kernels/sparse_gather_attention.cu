@@ -56,7 +56,7 @@ struct GatherShape {
 };
 
 template <int D, typename T>
-__global__ void __launch_bounds__(kThreads) sparse_gather_kernel(DecodeBatch b, Workspace ws,
+__global__ void __launch_bounds__(kThreads) sparse_gather_kernel(const __grid_constant__ DecodeBatch b, Workspace ws,
                                                                  uint32_t n_splits) {
   stage_begin();
   using S = GatherShape<D>;
@@ -67,7 +67,8 @@ __global__ void __launch_bounds__(kThreads) sparse_gather_kernel(DecodeBatch b, 
   __shared__ float s_bias[kSlots][kTile];    // log pi (0 unless sampled)
 
   const uint32_t item = blockIdx.z, h = blockIdx.y, split = blockIdx.x;
-  const DecodeItem& it = b.items[item];
+  const DecodeItem& it = b.item(item);
+  if (item_idle(it)) return;  // a decode step that may not run (step_plan.h)
   const uint32_t kvh = h / b.shape.group();
   const uint32_t row = row_of(item, h, b.shape.n_q_heads);  // attention row (partials)
 

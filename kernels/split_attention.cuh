@@ -27,7 +27,7 @@ namespace ssa::cuda::split_attention {
 constexpr int kThreads = 128;
 
 template <int D, typename T, int GH, bool kSparse>
-__global__ void __launch_bounds__(kThreads) attention_split_kernel(DecodeBatch b, Workspace ws,
+__global__ void __launch_bounds__(kThreads) attention_split_kernel(const __grid_constant__ DecodeBatch b, Workspace ws,
                                                                    uint32_t n_splits) {
   stage_begin();
   using RS = RowSplit<D>;
@@ -36,7 +36,8 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(DecodeBatch b
   extern __shared__ float smem[];  // [kGroups][GH][D + 2]
 
   const uint32_t item = blockIdx.z, split = blockIdx.x;
-  const DecodeItem& it = b.items[item];
+  const DecodeItem& it = b.item(item);
+  if (item_idle(it)) return;  // a decode step that may not run (step_plan.h)
   const uint32_t G = b.shape.group();
   uint32_t h0, kvh;
   if constexpr (kSparse && GH == 1) {

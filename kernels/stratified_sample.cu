@@ -46,7 +46,7 @@ __device__ __forceinline__ uint32_t n_candidates(const DecodeItem& it) {
 // mode 1: only the candidate total w_all (adaptive heavy set, all candidates).
 constexpr int kChunksPerBlock = 8;
 
-__global__ void __launch_bounds__(32 * kChunksPerBlock) hierarchy_kernel(DecodeBatch b, Workspace ws,
+__global__ void __launch_bounds__(32 * kChunksPerBlock) hierarchy_kernel(const __grid_constant__ DecodeBatch b, Workspace ws,
                                                                          int mode) {
   stage_begin();
   __shared__ ChunkTile tile_s[kChunksPerBlock];
@@ -98,7 +98,7 @@ __global__ void __launch_bounds__(32 * kChunksPerBlock) hierarchy_kernel(DecodeB
 }
 
 // Chunk prefix sums for rows too long for the sampler's shared memory (see below).
-__global__ void __launch_bounds__(1024) chunk_prefix_kernel(DecodeBatch b, Workspace ws) {
+__global__ void __launch_bounds__(1024) chunk_prefix_kernel(const __grid_constant__ DecodeBatch b, Workspace ws) {
   stage_begin();
   const RowRef r = row_ref(b);
   const DecodeItem& it = *r.it;
@@ -198,7 +198,7 @@ constexpr uint32_t kPrefixPerThread = kPrefixSmem / kSampleThreads;
 // of four lanes, 4 (the warp's 32 draws, two passes) or 2 (16 draws, one pass:
 // twice the warps for the same draws, where they would not fill the GPU anyway).
 template <bool kUniform, uint32_t kGroupDraws>
-__global__ void __launch_bounds__(kSampleThreads, kSampleBlocksPerSm) sample_kernel(DecodeBatch b, Workspace ws) {
+__global__ void __launch_bounds__(kSampleThreads, kSampleBlocksPerSm) sample_kernel(const __grid_constant__ DecodeBatch b, Workspace ws) {
   constexpr uint32_t kWarpDraws = sample_warp_draws(kGroupDraws), kBlockDraws = sample_block_draws(kGroupDraws);
   stage_begin();
   __shared__ uint64_t prefix_s[kPrefixSmem];
@@ -260,7 +260,7 @@ __global__ void __launch_bounds__(kSampleThreads, kSampleBlocksPerSm) sample_ker
   // layer, q head), its first uniform through the chunk prefix sums.
   uint32_t my_chunk = 0, my_u1 = 0, my_u2 = 0;
   if (mine) {
-    const uint64_t step = b.step_dev ? *b.step_dev : b.step;
+    const uint64_t step = b.step_of(blockIdx.z);
     const Philox4 v = rng_draw(make_rng_stream(b.seed, step, b.layer, b.rng_head(r.h)), j);
     const uint64_t t = target(v.v[0], mass_total);
     if (sharded) mine = (t >= mass_begin && t - mass_begin < w_total) || (last_mass && t >= mass_total);

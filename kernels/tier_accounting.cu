@@ -10,11 +10,11 @@ namespace {
 constexpr int kThreads = 256;
 constexpr uint32_t kBlocksPerRow = 8;
 
-__global__ void __launch_bounds__(kThreads) tier_accounting_kernel(DecodeBatch b, Workspace ws, TierBatch t) {
+__global__ void __launch_bounds__(kThreads) tier_accounting_kernel(const __grid_constant__ DecodeBatch b, Workspace ws, TierBatch t) {
   const uint32_t item = blockIdx.z, h = blockIdx.y;
   const TierItem ti = t.items[item];
   if (ti.page_tier == nullptr) return;
-  const DecodeItem& it = b.items[item];
+  const DecodeItem& it = b.item(item);
   const bool dense = it.sink_end >= it.local_begin;
   const ReadSet rs = row_read_set(b, ws, item, h);
   uint64_t host = 0, cached = 0;

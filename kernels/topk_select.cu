@@ -52,7 +52,7 @@ struct Row {
 
 __device__ Row row_here(const DecodeBatch& b, const Workspace& ws) {
   Row r;
-  r.it = &b.items[blockIdx.z];
+  r.it = &b.item(blockIdx.z);
   r.h = blockIdx.y;
   r.row = row_of(blockIdx.z, blockIdx.y, b.sel_heads());
   r.nc = r.it->local_begin - r.it->sink_end;
@@ -62,7 +62,7 @@ __device__ Row row_here(const DecodeBatch& b, const Workspace& ws) {
 
 // The exact proxy's histogram (the PQ proxy bins while scoring, pq_score.cu),
 // over the row's [min, max] score range (at most 32 logits).
-__global__ void __launch_bounds__(kThreads) hist_kernel(DecodeBatch b, Workspace ws) {
+__global__ void __launch_bounds__(kThreads) hist_kernel(const __grid_constant__ DecodeBatch b, Workspace ws) {
   stage_begin();
   const Row r = row_here(b, ws);
   if (!r.sparse() || requested_topk(b, *r.it) == 0) return;
@@ -115,7 +115,7 @@ __device__ __forceinline__ uint32_t swizzled(uint32_t v) { return v ^ ((v >> 3) 
 // launch, so that the per-candidate work carries no test for either (the SSA
 // filter is bound by its instructions).
 template <bool kSums, bool kUniform>
-__global__ void __launch_bounds__(kThreads, kFilterBlocksPerSm) filter_kernel(DecodeBatch b, Workspace ws) {
+__global__ void __launch_bounds__(kThreads, kFilterBlocksPerSm) filter_kernel(const __grid_constant__ DecodeBatch b, Workspace ws) {
   stage_begin();
   extern __shared__ float4 filter_smem[];  // kFilterTiles chunk tiles per warp
   const Row r = row_here(b, ws);
@@ -327,7 +327,7 @@ __device__ uint32_t block_select(uint32_t n, uint32_t need, KeyFn key, uint32_t*
 constexpr uint32_t kStaged = 4096;
 static_assert(kStaged <= kCutListMin, "a list refine stages whole always fits");
 
-__global__ void __launch_bounds__(kRefineThreads) refine_kernel(DecodeBatch b, Workspace ws) {
+__global__ void __launch_bounds__(kRefineThreads) refine_kernel(const __grid_constant__ DecodeBatch b, Workspace ws) {
   stage_begin();
   __shared__ uint32_t key_s[kStaged], j_s[kStaged];
   const Row r = row_here(b, ws);

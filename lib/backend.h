@@ -107,6 +107,32 @@ class Backend {
   virtual absl::Status decode_batch(const ssa_decode_item* items, size_t n_items, uint32_t layer,
                                     const ssa_decode_params& p) const = 0;
 
+  // ---- decode steps (lib/decode/decode_step.cc; the CUDA backend's graph_step.h).
+  // The defaults are a backend without graphs: nothing to reserve, and every
+  // step runs eagerly as an append then a decode (the core's composite).
+  // Refuses sessions a reservation cannot serve (before anything is trained).
+  virtual absl::Status check_reservable(const ssa_session& s) const { return absl::OkStatus(); }
+  // A reservation of n_tokens more tokens on every layer (session held
+  // exclusively; every layer holds tokens and an index; none held before).
+  virtual absl::Status reserve_steps(ssa_session& s, uint64_t n_tokens) const { return absl::OkStatus(); }
+  // Whether s has a reservation (read without the lock).
+  virtual bool has_steps(const ssa_session& s) const { return false; }
+  // Waits for the session's queued steps and commits the tokens they appended
+  // to its layers; with `end`, also ends the reservation (its unused pages are
+  // freed, replays of steps queued under it do nothing). dropped: null keeps
+  // the count of steps that did nothing (a replay after the reservation ended,
+  // or at its capacity); else receives it (since the last report) and resets
+  // it. Session held exclusively.
+  virtual absl::Status settle_steps(ssa_session& s, bool end, uint64_t* dropped) const { return absl::OkStatus(); }
+  // One step of every item (sessions with a reservation; shared locks held).
+  virtual absl::Status decode_steps(const ssa_decode_step_item* items, size_t n_items, uint32_t layer,
+                                    const ssa_decode_params& p, uint64_t seed, ssa_decode_stats* stats) const {
+    return absl::UnimplementedError("this backend has no decode-step reservations");
+  }
+  // Refuses a step of sessions without a reservation that cannot run eagerly
+  // (a stream being captured into a CUDA graph).
+  virtual absl::Status check_eager_step(const ssa_decode_params& p) const { return absl::OkStatus(); }
+
   // ---- snapshot staging (lib/snapshot): files hold the same bytes for every backend
   // A new KV (kv) or code page of `bytes` bytes, page `page_index` of its layer
   // (a sharded session places it on its shard's device), written by `fill`

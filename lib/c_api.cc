@@ -11,6 +11,7 @@
 #include "backend.h"
 #include "decode/decode.h"
 #include "decode/decode_plan.h"
+#include "decode/decode_step.h"
 #include "decode/decode_traced.h"
 #include "runtime.h"
 #include "session.h"
@@ -359,6 +360,42 @@ ssa_status ssa_decode_batch(const ssa_decode_item* items, size_t n_items, uint32
     ssa_decode_params params;
     SSA_RETURN_IF_ERROR(ssa::read_decode_params(p, &params));
     return ssa::decode_batch(items, n_items, layer, params);
+  });
+}
+
+/* ---- decode steps (lib/decode/decode_step.cc) ---- */
+
+ssa_status ssa_decode_step(ssa_session* s, uint32_t layer, const void* k, const void* v, const void* q,
+                           void* out, const ssa_decode_params* p, ssa_decode_stats* stats) {
+  return guarded([&]() -> absl::Status {
+    if (s == nullptr) return ssa::invalid_argument("session is NULL");
+    ssa_decode_params params;
+    SSA_RETURN_IF_ERROR(ssa::read_decode_params(p, &params));
+    const ssa_decode_step_item item{s, k, v, q, out};
+    return ssa::decode_step(&item, 1, layer, params, stats);
+  });
+}
+
+ssa_status ssa_decode_step_batch(const ssa_decode_step_item* items, size_t n_items, uint32_t layer,
+                                 const ssa_decode_params* p, ssa_decode_stats* stats) {
+  return guarded([&]() -> absl::Status {
+    ssa_decode_params params;
+    SSA_RETURN_IF_ERROR(ssa::read_decode_params(p, &params));
+    return ssa::decode_step(items, n_items, layer, params, stats);
+  });
+}
+
+ssa_status ssa_session_reserve(ssa_session* s, uint64_t n_tokens) {
+  return guarded([&]() -> absl::Status {
+    if (s == nullptr) return ssa::invalid_argument("session is NULL");
+    return ssa::session_reserve(*s, n_tokens);
+  });
+}
+
+ssa_status ssa_session_sync(ssa_session* s, uint64_t* dropped_steps) {
+  return guarded([&]() -> absl::Status {
+    if (s == nullptr) return ssa::invalid_argument("session is NULL");
+    return ssa::session_sync(*s, dropped_steps);
   });
 }
 

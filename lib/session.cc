@@ -6,6 +6,7 @@
 
 #include "backend.h"
 #include "cpu/finite_check.h"
+#include "decode/decode_step.h"
 #include "index/pq_index.h"
 #include "status.h"
 #include "versioned_struct.h"
@@ -161,11 +162,14 @@ absl::Status append(ssa_session& s, const AppendCall& a) {
   SSA_RETURN_IF_ERROR(check_append(s, a));
   SSA_RETURN_IF_ERROR(s.backend->prepare_append(s, a.async, a.stream));
   std::unique_lock lock(s.mu);
+  SSA_RETURN_IF_ERROR(session_settle_locked(s, false));
   LayerStore& cur = s.layers[a.layer];
   if (a.n_tokens > kMaxTokensPerLayer - cur.n_tokens) {
     return invalid_argument("appending ", a.n_tokens, " tokens to layer ", a.layer, " of ", cur.n_tokens,
                             " exceeds the limit of ", kMaxTokensPerLayer, " tokens per layer");
   }
+  // The append writes pages of the reservation's: it ends the reservation.
+  SSA_RETURN_IF_ERROR(session_settle_locked(s, true));
   // Every size is checked: the caller's n_tokens rows may now be read.
   const bool host = host_buffers(s);
   if (host) SSA_RETURN_IF_ERROR(check_finite_rows(s, a));
@@ -208,6 +212,9 @@ absl::Status session_append_async(ssa_session& s, uint32_t layer, const void* k,
 
 absl::Status session_update_index(ssa_session& s) {
   std::unique_lock lock(s.mu);
+  // New codebooks re-encode every code: a reservation's steps would encode
+  // with the old ones, so it ends here.
+  SSA_RETURN_IF_ERROR(session_settle_locked(s, true));
   std::vector<LayerStore> next = s.layers;
   for (LayerStore& layer : next) {
     if (layer.n_tokens == 0) continue;
@@ -240,10 +247,12 @@ void session_install_index(ssa_session& s, uint32_t layer_index, LayerStore trai
 
 absl::Status session_truncate(ssa_session& s, uint64_t n_tokens) {
   std::unique_lock lock(s.mu);
+  SSA_RETURN_IF_ERROR(session_settle_locked(s, false));
   const uint64_t len = session_length_locked(s);
   if (n_tokens > len) {
     return invalid_argument("cannot truncate to ", n_tokens, " tokens: the session has ", len);
   }
+  SSA_RETURN_IF_ERROR(session_settle_locked(s, true));
   SSA_RETURN_IF_ERROR(s.backend->before_truncate(s, n_tokens));
   for (LayerStore& layer : s.layers) {
     if (layer.n_tokens <= n_tokens) continue;
@@ -256,6 +265,8 @@ absl::Status session_truncate(ssa_session& s, uint64_t n_tokens) {
 }
 
 absl::StatusOr<std::unique_ptr<ssa_session>> session_fork(ssa_session& s) {
+  // The fork shares the pages a reservation's steps write into: it ends there.
+  SSA_RETURN_IF_ERROR(session_settle(s, true));
   auto f = std::make_unique<ssa_session>();
   f->rt = s.rt;
   f->config = s.config;

@@ -406,6 +406,34 @@ int main(void) {
   EXPECT_STATUS(ssa_decode(s, 0, q, out, &p, NULL), SSA_OK);
   EXPECT(memcmp(out, ref, sizeof(out)) == 0);
 
+  /* decode steps: one call appends a token and decodes (CPU sessions: eagerly),
+     on a session of its own */
+  {
+    ssa_session *ds = NULL;
+    float sk[2 * 64], sv[2 * 64];
+    uint64_t dropped = 9;
+    EXPECT_STATUS(ssa_session_create(rt, &cfg, &ds), SSA_OK);
+    EXPECT_STATUS(ssa_session_reserve(ds, 4), SSA_ERR_INVALID_ARGUMENT); /* empty layers */
+    for (i = 0; i < 2 * 64; ++i) {
+      sk[i] = frand(&rng);
+      sv[i] = frand(&rng);
+    }
+    EXPECT_STATUS(ssa_session_append(ds, 0, sk, sv, 1), SSA_OK);
+    EXPECT_STATUS(ssa_session_append(ds, 1, sk, sv, 1), SSA_OK);
+    EXPECT_STATUS(ssa_session_reserve(ds, 4), SSA_OK);
+    EXPECT_STATUS(ssa_session_reserve(ds, 0), SSA_ERR_INVALID_ARGUMENT);
+    ssa_decode_params_init(&p);
+    EXPECT_STATUS(ssa_decode_step(ds, 1, sk, sv, q, out, &p, NULL), SSA_OK);
+    EXPECT(ssa_session_layer_length(ds, 1) == 2);
+    EXPECT_STATUS(ssa_decode_step(ds, 1, NULL, sv, q, out, &p, NULL), SSA_ERR_INVALID_ARGUMENT);
+    EXPECT_STATUS(ssa_decode_step(ds, 2, sk, sv, q, out, &p, NULL), SSA_ERR_INVALID_ARGUMENT);
+    EXPECT(ssa_session_layer_length(ds, 1) == 2);
+    EXPECT_STATUS(ssa_session_sync(ds, &dropped), SSA_OK);
+    EXPECT(dropped == 0);
+    EXPECT_STATUS(ssa_session_sync(NULL, &dropped), SSA_ERR_INVALID_ARGUMENT);
+    ssa_session_destroy(ds);
+  }
+
   /* batch */
   {
     ssa_decode_item items[2];

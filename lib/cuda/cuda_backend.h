@@ -13,6 +13,8 @@
 //   device_append.cc     append: rows copied, scanned and encoded on the device
 //   device_index.cc      the PQ index trained and encoded on the device
 //   launch_set.{h,cc}    decode: launch sets of items, and their stats
+//   graph_step.{h,cc}    decode steps: reservations, and the step a CUDA graph
+//                        captures (kernels/step_plan.h)
 //   targeted_decode.cc   error-targeted decode: rounds of launch sets, per-head
 //                        error estimates (kernels/error_estimate.cu)
 //   device_checks.cc     devices, memory spaces, decode requests, snapshot staging
@@ -58,6 +60,14 @@ class CudaBackend final : public Backend {
   bool records_traces() const override { return false; }
   absl::Status decode_batch(const ssa_decode_item* items, size_t n_items, uint32_t layer,
                             const ssa_decode_params& p) const override;
+
+  absl::Status check_reservable(const ssa_session& s) const override;
+  absl::Status reserve_steps(ssa_session& s, uint64_t n_tokens) const override;
+  bool has_steps(const ssa_session& s) const override;
+  absl::Status settle_steps(ssa_session& s, bool end, uint64_t* dropped) const override;
+  absl::Status decode_steps(const ssa_decode_step_item* items, size_t n_items, uint32_t layer,
+                            const ssa_decode_params& p, uint64_t seed, ssa_decode_stats* stats) const override;
+  absl::Status check_eager_step(const ssa_decode_params& p) const override;
 
   absl::StatusOr<PageRef> page_from_host(const ssa_session& s, bool kv, uint64_t page_index, size_t bytes,
                                          absl::FunctionRef<uint8_t*()> staging,

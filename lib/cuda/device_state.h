@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <memory>
 #include <vector>
@@ -20,6 +21,7 @@
 #include "device_tiers.h"
 #include "kernels/decode_types.h"
 #include "kernels/pq_index.h"
+#include "kernels/step_plan.h"
 #include "last_use.h"
 #include "pinned_pages.h"
 #include "runtime.h"
@@ -29,6 +31,14 @@
 #include "tiered_pool.h"
 
 namespace ssa::cuda {
+
+struct StepReservation;  // graph_step.h
+struct SessionState;
+// Ends a session's decode-step reservation at its destruction (graph_step.cc).
+void retire_steps(SessionState& st);
+// Step events outlive their sessions: a graph may still record one
+// (graph_step.cc). A returned event goes to the next session that reserves.
+void return_step_event(int device, cudaEvent_t e);
 
 // Device-side state of one session: page tables per layer (rebuilt when the
 // layer's pages change), device copies of codebooks, and what keeps memory that
@@ -84,12 +94,21 @@ struct SessionState final : BackendSession {
   // state is shard 0's, and these are shards 1..S-1's, each on its own device
   // with its own pools, stream and table cache. Empty when unsharded.
   std::vector<std::shared_ptr<SessionState>> other_shards;
+  // Decode steps (graph_step.h): the reservation they append into (set and
+  // ended under the session's exclusive lock; steps read it under a shared
+  // one), the event each step records last, and the session's guard slot.
+  std::shared_ptr<StepReservation> reservation;
+  std::atomic<bool> steps_reserved{false};  // reservation != null, read without the lock
+  cudaEvent_t step_done = nullptr;
+  StepGuard* guard = nullptr;
+  uint64_t steps_dropped = 0;  // dropped steps counted by the guard, not yet reported
 
   SessionState() = default;
   SessionState(const SessionState&) = delete;
   SessionState& operator=(const SessionState&) = delete;
   // Waits for this session's queued decodes, then frees (in stream order).
   ~SessionState() {
+    retire_steps(*this);  // waits for queued steps; their replays then do nothing
     absl::MutexLock lock(&mu);
     for (const auto& c : layers)
       if (c) c->last_use.wait();
@@ -105,6 +124,7 @@ struct SessionState final : BackendSession {
     }
     for (cudaEvent_t e : append_order)
       if (e != nullptr) cudaEventDestroy(e);
+    if (step_done != nullptr) return_step_event(device, step_done);
   }
 
   // The device copy of `host`, uploaded on first use (complete on return).

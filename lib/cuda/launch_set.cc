@@ -22,6 +22,48 @@ namespace ssa::cuda {
 
 using Job = LaunchJob;
 
+// Counted as the CPU counts them (docs/GROUP_SELECTION.md): every q head
+// uses all of its selection row's rows; the scores computed are counted once
+// per selection row (G per candidate for the mixture).
+void add_set_stats(const std::vector<DecodePlan>& plans, const DecodeBatch& b, const std::vector<RowState>& rows,
+                   const std::vector<unsigned long long>& counts, const KvLayout& layout,
+                   const ssa_decode_params& p, ssa_decode_stats* stats) {
+  const uint32_t g = layout.group_size();
+  const uint32_t nq = layout.n_q_heads, ns = b.sel_heads();
+  const uint64_t scores_per_candidate = p.group_selection == SSA_GROUP_MIXTURE ? g : 1;
+  for (size_t i = 0; i < plans.size(); ++i) {
+    const DecodePlan& pl = plans[i];
+    const bool dense_job = pl.dense || group_reads_all(pl, p, g);
+    stats->context_tokens += pl.n;
+    if (!counts.empty()) {
+      stats->rows_from_host += counts[2 * i];
+      stats->host_cache_hits += counts[2 * i + 1];
+    }
+    if (pl.window_only()) stats->window_only_heads += nq;
+    const uint64_t always = pl.dense ? pl.n : pl.sink_end + (pl.n - pl.local_begin);
+    for (uint32_t h = 0; h < nq; ++h) {
+      if (dense_job || b.proxy == Proxy::kNone) {
+        stats->tokens_read += pl.n;
+        // A group budget over every candidate: all of them, as heavy rows.
+        if (!pl.dense) stats->heavy_tokens += pl.candidates();
+        continue;
+      }
+      const uint32_t sh = b.sel_head_of(h);
+      const RowState& r = rows[i * ns + sh];
+      stats->tokens_read += always + r.n_heavy + r.n_unique;
+      stats->heavy_tokens += r.n_heavy;
+      const bool counts_scores = !b.grouped() || h % g == 0;  // the group's first head
+      if (counts_scores && pl.kprime > 0) stats->scored_tokens += pl.candidates() * scores_per_candidate;
+      if (b.sampling != Sampling::kNone) {
+        stats->draws += r.n_draws;
+        stats->unique_samples += r.n_unique;
+        const double total = r.w_resid_proxy + r.w_heavy;
+        stats->residual_proxy_mass += total > 0 ? r.w_resid_proxy / total : 0.0;
+      }
+    }
+  }
+}
+
 // One launch set over jobs of one shape; stats (optional) summed over the jobs.
 absl::Status run_launch_set(const std::vector<Job>& jobs, uint32_t layer_index, const ssa_decode_params& p,
                             uint64_t seed, ssa_decode_stats* stats, LaunchHook* hook) {
@@ -176,41 +218,9 @@ absl::Status run_launch_set(const std::vector<Job>& jobs, uint32_t layer_index, 
   if (staged || stats != nullptr || hook != nullptr || !file_items.empty())
     SSA_CUDA_RETURN(cudaStreamSynchronize(stream), "decode");
   if (stats != nullptr) {
-    // Counted as the CPU counts them (docs/GROUP_SELECTION.md): every q head
-    // uses all of its selection row's rows; the scores computed are counted
-    // once per selection row (G per candidate for the mixture).
-    const uint32_t nq = s0.layout.n_q_heads, ns = b.sel_heads();
-    const uint64_t scores_per_candidate = p.group_selection == SSA_GROUP_MIXTURE ? g : 1;
-    for (size_t i = 0; i < jobs.size(); ++i) {
-      const DecodePlan& pl = jobs[i].plan;
-      stats->context_tokens += pl.n;
-      if (!counts.empty()) {
-        stats->rows_from_host += counts[2 * i];
-        stats->host_cache_hits += counts[2 * i + 1];
-      }
-      if (pl.window_only()) stats->window_only_heads += nq;
-      const uint64_t always = pl.dense ? pl.n : pl.sink_end + (pl.n - pl.local_begin);
-      for (uint32_t h = 0; h < nq; ++h) {
-        if (dense_job(jobs[i]) || b.proxy == Proxy::kNone) {
-          stats->tokens_read += pl.n;
-          // A group budget over every candidate: all of them, as heavy rows.
-          if (!pl.dense) stats->heavy_tokens += pl.candidates();
-          continue;
-        }
-        const uint32_t sh = b.sel_head_of(h);
-        const RowState& r = rows[i * ns + sh];
-        stats->tokens_read += always + r.n_heavy + r.n_unique;
-        stats->heavy_tokens += r.n_heavy;
-        const bool counts_scores = !b.grouped() || h % g == 0;  // the group's first head
-        if (counts_scores && pl.kprime > 0) stats->scored_tokens += pl.candidates() * scores_per_candidate;
-        if (b.sampling != Sampling::kNone) {
-          stats->draws += r.n_draws;
-          stats->unique_samples += r.n_unique;
-          const double total = r.w_resid_proxy + r.w_heavy;
-          stats->residual_proxy_mass += total > 0 ? r.w_resid_proxy / total : 0.0;
-        }
-      }
-    }
+    std::vector<DecodePlan> plans;
+    for (const Job& j : jobs) plans.push_back(j.plan);
+    add_set_stats(plans, b, rows, counts, s0.layout, p, stats);
   }
   return absl::OkStatus();
 }

@@ -10,6 +10,7 @@
 #include "absl/status/status.h"
 #include "decode/decode_plan.h"
 #include "kernels/decode_types.h"
+#include "store/kv_layout.h"
 #include "store/layer_store.h"
 #include "targeted_rounds.h"
 #include "ssa.h"
@@ -38,6 +39,12 @@ struct LaunchHook {
 // stats, staged (host) buffers or a hook, once it is done.
 absl::Status run_launch_set(const std::vector<LaunchJob>& jobs, uint32_t layer_index, const ssa_decode_params& p,
                             uint64_t seed, ssa_decode_stats* stats, LaunchHook* hook = nullptr);
+
+// Adds a launch set's stats (one plan per item; rows: its row states read back,
+// unless every item is dense; counts: tier counts per item, or empty).
+void add_set_stats(const std::vector<DecodePlan>& plans, const DecodeBatch& b, const std::vector<RowState>& rows,
+                   const std::vector<unsigned long long>& counts, const KvLayout& layout,
+                   const ssa_decode_params& p, ssa_decode_stats* stats);
 
 // The jobs grouped into launch sets: jobs of one layout and pointer space (host
 // or device q/out), up to kMaxBatchItems each, in the jobs' order.

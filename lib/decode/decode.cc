@@ -12,6 +12,7 @@
 #include "cpu/finite_check.h"
 #include "decode_plan.h"
 #include "shard/sharded_decode.h"
+#include "decode_step.h"
 #include "status.h"
 #include "versioned_struct.h"
 
@@ -39,6 +40,7 @@ absl::Status check_item(const ssa_session* s, uint32_t layer, const void* q, con
 absl::Status locked_decode(ssa_session& s, uint32_t layer, const void* q, void* out,
                            const ssa_decode_params& p, uint64_t seed, ssa_decode_stats* stats,
                            std::vector<HeadTrace>* traces, DecodeProfile* profile, LayerStore* trained) {
+  SSA_RETURN_IF_ERROR(session_settle(s, false));  // tokens that decode steps appended
   for (int attempt = 0; attempt < 3; ++attempt) {
     {
       std::shared_lock lock(s.mu);
@@ -100,6 +102,21 @@ absl::Status decode(ssa_session& s, uint32_t layer, const void* q, void* out,
   return locked_decode(s, layer, q, out, p, resolve_seed(s, p), nullptr, traces, profile, trained);
 }
 
+namespace {
+
+// No item's out may overlap any q or another item's out (qs may share memory).
+absl::Status check_batch_buffers(const ssa_decode_item* items, size_t n_items) {
+  std::vector<CallerBuffer> buffers;
+  buffers.reserve(2 * n_items);
+  for (size_t i = 0; i < n_items; ++i) {
+    buffers.push_back(q_buffer(*items[i].session, items[i].q, i));
+    buffers.push_back(out_buffer(*items[i].session, items[i].out, i));
+  }
+  return check_no_overlap(std::move(buffers));
+}
+
+}  // namespace
+
 absl::Status decode_batch(const ssa_decode_item* items, size_t n_items, uint32_t layer,
                           const ssa_decode_params& p) {
   if (n_items == 0) return absl::OkStatus();
@@ -117,14 +134,7 @@ absl::Status decode_batch(const ssa_decode_item* items, size_t n_items, uint32_t
     }
     if (!st.ok()) return make_error(status_code(st), absl::StrCat("item ", i, ": ", st.message()));
   }
-  // No item's out may overlap any q or another item's out (qs may share memory).
-  std::vector<CallerBuffer> buffers;
-  buffers.reserve(2 * n_items);
-  for (size_t i = 0; i < n_items; ++i) {
-    buffers.push_back(q_buffer(*items[i].session, items[i].q, i));
-    buffers.push_back(out_buffer(*items[i].session, items[i].out, i));
-  }
-  SSA_RETURN_IF_ERROR(check_no_overlap(std::move(buffers)));
+  SSA_RETURN_IF_ERROR(check_batch_buffers(items, n_items));
   // What the backend would refuse, and empty layers, for every item before any
   // is decoded (an index trained for one item would outlive another's refusal).
   for (size_t i = 0; i < n_items; ++i) {
@@ -135,6 +145,7 @@ absl::Status decode_batch(const ssa_decode_item* items, size_t n_items, uint32_t
     }
     if (!st.ok()) return make_error(status_code(st), absl::StrCat("item ", i, ": ", st.message()));
   }
+  for (size_t i = 0; i < n_items; ++i) SSA_RETURN_IF_ERROR(session_settle(*items[i].session, false));
   return items[0].session->backend->decode_batch(items, n_items, layer, p);
 }
 

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <random>
 
+#include "decode/decode_step.h"
 #include "absl/strings/str_cat.h"
 #include "backend.h"
 #include "caller_buffers.h"
@@ -529,6 +530,9 @@ absl::Status checkpoint_locked(ssa_session& s, const std::string& path) {
 
 absl::Status snapshot_save(ssa_session& s, const char* path) {
   SSA_RETURN_IF_ERROR(snap::check_path(path));
+  // The file records the pages it holds by identity (record.h); a reservation's
+  // steps write into its last page in place: it ends here.
+  SSA_RETURN_IF_ERROR(session_settle(s, true));
   std::lock_guard snap_lock(s.snapshot_mu);
   std::shared_lock lock(s.mu);
   return save_locked(s, path);
@@ -536,6 +540,9 @@ absl::Status snapshot_save(ssa_session& s, const char* path) {
 
 absl::Status snapshot_checkpoint(ssa_session& s, const char* path) {
   SSA_RETURN_IF_ERROR(snap::check_path(path));
+  // The file records the pages it holds by identity (record.h); a reservation's
+  // steps write into its last page in place: it ends here.
+  SSA_RETURN_IF_ERROR(session_settle(s, true));
   std::lock_guard snap_lock(s.snapshot_mu);
   std::shared_lock lock(s.mu);
   return checkpoint_locked(s, path);

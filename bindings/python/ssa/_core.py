@@ -846,6 +846,64 @@ class Session:
         trace = DecodeTrace(tokens[:n].copy(), offsets, lp[:n].copy() if log_pi else None)
         return outr.obj, DecodeStats._from_c(st), trace
 
+    # -- decode steps (a generation loop's append + decode, capturable on CUDA)
+    def reserve(self, n_tokens: int) -> None:
+        """Reserves room for n_tokens more tokens on every layer (ssa_session_reserve).
+
+        CUDA sessions: the pages, device lengths and tables that decode_step then
+        uses on the device, so that a CUDA graph can capture a step once and
+        replay it for every token. Ends an earlier reservation. CPU sessions:
+        checks the argument and reserves nothing (their steps run eagerly)."""
+        n = _int("n_tokens", n_tokens, 1, _U64)
+        check(lib.ssa_session_reserve(self._handle(), n), "ssa_session_reserve")
+
+    def sync(self) -> int:
+        """Waits for queued decode steps and commits their tokens (ssa_session_sync).
+
+        Returns the number of steps that did nothing since the last call (graph
+        replays after the reservation ended, or past its capacity)."""
+        dropped = ffi.new("uint64_t *")
+        check(lib.ssa_session_sync(self._handle(), dropped), "ssa_session_sync")
+        return int(dropped[0])
+
+    def decode_step(self, layer: int, k: Any, v: Any, q: Any, method: Any = "ssa", sparsity: float = 50.0,
+                    budget: Optional[int] = None, heavy_fraction: float = 0.4, n_sink: int = 128,
+                    n_local: int = 128, seed: Optional[int] = None, step: int = 0, out: Any = None,
+                    stats: bool = False, pi_min: Optional[float] = None, stream: Any = None,
+                    group_selection: Any = "off"):
+        """One token of a generation loop (ssa_decode_step): k and v appended to the
+        layer, then the layer decoded with q, in one native call.
+
+        Args:
+            k, v: [n_kv_heads, head_dim] (or [1, n_kv_heads, head_dim]) of the new token.
+            q, out and the rest: as decode(). The RNG step used is step + the new
+                token's position (the layer's length before the append).
+        After reserve() on a CUDA session the step runs on the device from device
+        lengths and can be captured into a CUDA graph (stream: the capturing
+        stream; stats must be False while capturing); session lengths then lag
+        until the next call on the session or sync(). Without a reservation (and
+        on CPU sessions) it is append_async + decode.
+        Returns out, or (out, DecodeStats) when stats is true."""
+        layer = self._check_layer(layer)
+        c = self._config
+        params = _decode_params(method, sparsity, budget, heavy_fraction, n_sink, n_local, seed, step,
+                                pi_min, stream, None, None, None, group_selection)
+        shape = (c.n_kv_heads, c.head_dim)
+        if getattr(k, "ndim", 2) == 3:
+            shape = (1, c.n_kv_heads, c.head_dim)
+        kr = self._array("k", k, shape, False)
+        vr = self._array("v", v, shape, False)
+        qr, outr = self._decode_arrays("", q, out)
+        st = ffi.NULL
+        if stats:
+            st = ffi.new("ssa_decode_stats *")
+            lib.ssa_decode_stats_init(st)
+        check(lib.ssa_decode_step(self._handle(), layer, kr.ptr, vr.ptr, qr.ptr, outr.ptr, params, st),
+              "ssa_decode_step")
+        if stats:
+            return outr.obj, DecodeStats._from_c(st)
+        return outr.obj
+
     # -- snapshots
     def save(self, path: PathLike) -> None:
         """Writes the whole session to path atomically (runs beside decodes)."""

@@ -1534,6 +1534,140 @@ extern "C" {
     ) -> ssa_status;
 }
 extern "C" {
+    pub fn ssa_decode_step(
+        s: *mut ssa_session,
+        layer: u32,
+        k: *const ::std::os::raw::c_void,
+        v: *const ::std::os::raw::c_void,
+        q: *const ::std::os::raw::c_void,
+        out: *mut ::std::os::raw::c_void,
+        p: *const ssa_decode_params,
+        stats: *mut ssa_decode_stats,
+    ) -> ssa_status;
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct ssa_decode_step_item {
+    pub session: *mut ssa_session,
+    pub k: *const ::std::os::raw::c_void,
+    pub v: *const ::std::os::raw::c_void,
+    pub q: *const ::std::os::raw::c_void,
+    pub out: *mut ::std::os::raw::c_void,
+}
+#[test]
+fn bindgen_test_layout_ssa_decode_step_item() {
+    assert_eq!(
+        ::std::mem::size_of::<ssa_decode_step_item>(),
+        40usize,
+        concat!("Size of: ", stringify!(ssa_decode_step_item))
+    );
+    assert_eq!(
+        ::std::mem::align_of::<ssa_decode_step_item>(),
+        8usize,
+        concat!("Alignment of ", stringify!(ssa_decode_step_item))
+    );
+    fn test_field_session() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<ssa_decode_step_item>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).session) as usize - ptr as usize
+            },
+            0usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(ssa_decode_step_item),
+                "::",
+                stringify!(session)
+            )
+        );
+    }
+    test_field_session();
+    fn test_field_k() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<ssa_decode_step_item>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).k) as usize - ptr as usize
+            },
+            8usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(ssa_decode_step_item),
+                "::",
+                stringify!(k)
+            )
+        );
+    }
+    test_field_k();
+    fn test_field_v() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<ssa_decode_step_item>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).v) as usize - ptr as usize
+            },
+            16usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(ssa_decode_step_item),
+                "::",
+                stringify!(v)
+            )
+        );
+    }
+    test_field_v();
+    fn test_field_q() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<ssa_decode_step_item>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).q) as usize - ptr as usize
+            },
+            24usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(ssa_decode_step_item),
+                "::",
+                stringify!(q)
+            )
+        );
+    }
+    test_field_q();
+    fn test_field_out() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<ssa_decode_step_item>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).out) as usize - ptr as usize
+            },
+            32usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(ssa_decode_step_item),
+                "::",
+                stringify!(out)
+            )
+        );
+    }
+    test_field_out();
+}
+extern "C" {
+    pub fn ssa_decode_step_batch(
+        items: *const ssa_decode_step_item,
+        n_items: usize,
+        layer: u32,
+        p: *const ssa_decode_params,
+        stats: *mut ssa_decode_stats,
+    ) -> ssa_status;
+}
+extern "C" {
+    pub fn ssa_session_reserve(s: *mut ssa_session, n_tokens: u64) -> ssa_status;
+}
+extern "C" {
+    pub fn ssa_session_sync(s: *mut ssa_session, dropped_steps: *mut u64) -> ssa_status;
+}
+extern "C" {
     pub fn ssa_session_save(s: *mut ssa_session, path: *const ::std::os::raw::c_char)
         -> ssa_status;
 }

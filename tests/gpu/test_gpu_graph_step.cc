@@ -1,0 +1,498 @@
+// Decode steps captured into CUDA graphs (ssa_decode_step after
+// ssa_session_reserve): a step captured once and replayed for every token must
+// give what the same step run eagerly gives, bitwise, while the session grows on
+// the device; and the same selection as the plain loop (ssa_session_append_async
+// then ssa_decode at step p.step + position), its output up to the attention's
+// rounding. Then what a graph cannot do is refused at capture, replays after a
+// reservation ended (truncate, update_index, destroy) do nothing and are
+// counted, and the host's view after replays (lengths, a snapshot) is the
+// session the steps built.
+//
+// The loop as a model runs it: static device buffers for the token's K, V, q and
+// out that the graph was captured with, refilled before every replay.
+#include <doctest/doctest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "support/gpu_sessions.h"
+
+namespace ssa::gputest {
+namespace {
+
+constexpr size_t kRow = size_t{kNkv} * kD;
+constexpr size_t kOut = size_t{kNq} * kD;
+
+// The token stream of a loop: K/V of every token (prompt then steps) and one
+// random query per step, all on the device.
+struct Loop {
+  Data d;  // d.n tokens: the prompt's, then the steps'
+  uint32_t prompt, steps;
+  DevBuf<uint16_t> k, v, q;
+  Loop(uint32_t prompt_n, uint32_t steps_n, uint64_t seed)
+      : d(make_data(prompt_n + steps_n, seed)), prompt(prompt_n), steps(steps_n), k(d.k.size()), v(d.v.size()),
+        q(size_t{steps_n} * kOut) {
+    k.upload(d.k);
+    v.upload(d.v);
+    std::mt19937_64 rng(seed * 7 + 1);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    std::vector<uint16_t> qs(q.n);
+    for (auto& x : qs) x = f32_to_f16(nd(rng));
+    q.upload(qs);
+  }
+  const uint16_t* k_at(uint32_t t) const { return k.p + size_t{t} * kRow; }
+  const uint16_t* v_at(uint32_t t) const { return v.p + size_t{t} * kRow; }
+  const uint16_t* q_at(uint32_t step) const { return q.p + size_t{step} * kOut; }
+};
+
+// A session holding the loop's prompt (indexed: 1024 tokens train it).
+ssa_session* prompted(ssa_runtime* rt, const Loop& L, float regrow = 0.0f) {
+  ssa_session* s = session(rt, 0, SSA_DTYPE_F16, regrow);
+  REQUIRE(ssa_session_append(s, 0, L.k_at(0), L.v_at(0), L.prompt) == SSA_OK);
+  return s;
+}
+
+// The graph of one step of `s` over static buffers (captured, not run).
+struct StepGraph {
+  DevBuf<uint16_t> k{kRow}, v{kRow}, q{kOut}, out{kOut};
+  cudaGraphExec_t exec = nullptr;
+  ssa_status captured = SSA_OK;
+  std::string message;
+
+  StepGraph(ssa_session* s, const ssa_decode_params& p, cudaStream_t st) {
+    cudaGraph_t graph;
+    REQUIRE(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal) == cudaSuccess);
+    captured = ssa_decode_step(s, 0, k.p, v.p, q.p, out.p, &p, nullptr);
+    message = ssa_last_error_message();
+    REQUIRE(cudaStreamEndCapture(st, &graph) == cudaSuccess);
+    if (captured == SSA_OK) REQUIRE(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
+    cudaGraphDestroy(graph);
+  }
+  ~StepGraph() {
+    if (exec != nullptr) cudaGraphExecDestroy(exec);
+  }
+  // Token t of the loop (step `step`), its output into outs (device, kOut each).
+  void replay(const Loop& L, uint32_t t, uint32_t step, uint16_t* outs, cudaStream_t st) {
+    REQUIRE(cudaMemcpyAsync(k.p, L.k_at(t), kRow * 2, cudaMemcpyDeviceToDevice, st) == cudaSuccess);
+    REQUIRE(cudaMemcpyAsync(v.p, L.v_at(t), kRow * 2, cudaMemcpyDeviceToDevice, st) == cudaSuccess);
+    REQUIRE(cudaMemcpyAsync(q.p, L.q_at(step), kOut * 2, cudaMemcpyDeviceToDevice, st) == cudaSuccess);
+    REQUIRE(cudaMemsetAsync(out.p, 0xff, kOut * 2, st) == cudaSuccess);
+    REQUIRE(cudaGraphLaunch(exec, st) == cudaSuccess);
+    REQUIRE(cudaMemcpyAsync(outs, out.p, kOut * 2, cudaMemcpyDeviceToDevice, st) == cudaSuccess);
+  }
+};
+
+std::vector<uint16_t> slice(const std::vector<uint16_t>& all, uint32_t i) {
+  return std::vector<uint16_t>(all.begin() + size_t{i} * kOut, all.begin() + size_t{i + 1} * kOut);
+}
+
+ssa_decode_params step_params(ssa_method m, cudaStream_t st) {
+  // A budget from sparsity: k, k' and |H| change with the length, on the device.
+  ssa_decode_params p = ssa_test::params(m, 0, 20.0f);
+  p.n_sink = 16;  // 150..250 tokens of budget at 3000..5000: room for a heavy set and draws
+  p.n_local = 16;
+  p.step = 500;
+  p.stream = st;
+  return p;
+}
+
+TEST_CASE("gpu graph step: 1000 replayed steps equal the eager steps bitwise and the plain loop's selection") {
+  SSA_GPU_TEST_OR_SKIP();
+  ssa_runtime* gpu = runtime(SSA_BACKEND_CUDA);
+  // 3000 prompt tokens (the last page partly filled: 3000 % 128 != 0).
+  const Loop L(3000, 1000, 41);
+  cudaStream_t st;
+  REQUIRE(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) == cudaSuccess);
+  for (ssa_method m : {SSA_METHOD_SSA, SSA_METHOD_PQ_TOPK, SSA_METHOD_DENSE, SSA_METHOD_SSA_ADAPTIVE}) {
+    INFO("method ", m);
+    const ssa_decode_params p = step_params(m, st);
+    ssa_session* eager = prompted(gpu, L);
+    ssa_session* graphed = prompted(gpu, L);
+    ssa_session* plain = prompted(gpu, L);
+    REQUIRE(ssa_session_reserve(eager, L.steps) == SSA_OK);
+    REQUIRE(ssa_session_reserve(graphed, L.steps) == SSA_OK);
+    StepGraph g(graphed, p, st);
+    INFO(g.message);
+    REQUIRE(g.captured == SSA_OK);
+    CHECK(ssa_session_layer_length(graphed, 0) == L.prompt);  // capture ran nothing
+    DevBuf<uint16_t> out_eager(size_t{L.steps} * kOut), out_graph(size_t{L.steps} * kOut),
+        out_plain(size_t{L.steps} * kOut);
+    uint32_t selections_checked = 0;
+    for (uint32_t i = 0; i < L.steps; ++i) {
+      const uint32_t t = L.prompt + i;
+      g.replay(L, t, i, out_graph.p + size_t{i} * kOut, st);
+      // Every 25th step with stats (a wait), the others queued.
+      const bool with_stats = i % 25 == 0;
+      ssa_decode_stats se, sp;
+      ssa_decode_stats_init(&se);
+      ssa_decode_stats_init(&sp);
+      const ssa_status r = ssa_decode_step(eager, 0, L.k_at(t), L.v_at(t), L.q_at(i), out_eager.p + size_t{i} * kOut,
+                                           &p, with_stats ? &se : nullptr);
+      INFO("step ", i, ": ", ssa_last_error_message());
+      REQUIRE(r == SSA_OK);
+      REQUIRE(ssa_session_append_async(plain, 0, L.k_at(t), L.v_at(t), 1, st) == SSA_OK);
+      ssa_decode_params pp = p;
+      pp.step = p.step + t;  // the step's RNG step: p.step + the token's position
+      REQUIRE(ssa_decode(plain, 0, L.q_at(i), out_plain.p + size_t{i} * kOut, &pp, with_stats ? &sp : nullptr) ==
+              SSA_OK);
+      if (with_stats) {
+        // The same selection: every count of what was read, and the residual mass.
+        CHECK(se.context_tokens == t + 1);
+        CHECK(se.context_tokens == sp.context_tokens);
+        CHECK(se.tokens_read == sp.tokens_read);
+        CHECK(se.heavy_tokens == sp.heavy_tokens);
+        CHECK(se.draws == sp.draws);
+        CHECK(se.unique_samples == sp.unique_samples);
+        CHECK(se.scored_tokens == sp.scored_tokens);
+        CHECK(se.residual_proxy_mass == sp.residual_proxy_mass);
+        ++selections_checked;
+      }
+    }
+    REQUIRE(cudaStreamSynchronize(st) == cudaSuccess);
+    CHECK(selections_checked == 40);
+    const std::vector<uint16_t> ge = out_eager.download(out_eager.n), gg = out_graph.download(out_graph.n),
+                                gp = out_plain.download(out_plain.n);
+    uint32_t equal = 0;
+    double worst = 0;
+    for (uint32_t i = 0; i < L.steps; ++i) {
+      if (slice(gg, i) == slice(ge, i)) ++equal;
+      worst = std::max(worst, rel(slice(ge, i), slice(gp, i)));
+    }
+    CHECK(equal == L.steps);   // replays = eager steps, bitwise
+    CHECK(worst < 2e-3);       // = the plain loop up to the attention's rounding
+    // The host's view after the replays.
+    uint64_t dropped = 99;
+    REQUIRE(ssa_session_sync(graphed, &dropped) == SSA_OK);
+    CHECK(dropped == 0);
+    CHECK(ssa_session_layer_length(graphed, 0) == L.prompt + L.steps);
+    CHECK(ssa_session_length(eager) == L.prompt);  // not committed yet: no call on it since
+    // Plain decodes of all three sessions read the same tokens and codes.
+    Data probe = L.d;
+    const ssa_decode_params pd = params(m, 900, 3);
+    const auto want = decode(plain, probe, pd, true);
+    CHECK(decode(graphed, probe, pd, true) == want);
+    CHECK(decode(eager, probe, pd, true) == want);
+    CHECK(ssa_session_length(eager) == L.prompt + L.steps);
+    // A snapshot saved after the replays loads and decodes the same.
+    const std::string path = std::string(P_tmpdir) + "/ssa_graph_step_" + std::to_string(getpid()) + ".ssa";
+    REQUIRE(ssa_session_save(graphed, path.c_str()) == SSA_OK);
+    ssa_session* loaded = nullptr;
+    REQUIRE(ssa_session_load(gpu, path.c_str(), 0, &loaded) == SSA_OK);
+    CHECK(ssa_session_length(loaded) == L.prompt + L.steps);
+    CHECK(decode(loaded, probe, pd, true) == want);
+    std::remove(path.c_str());
+    // The save ended the reservation: the graph's replays now do nothing.
+    DevBuf<uint16_t> none(kOut);
+    g.replay(L, 0, 0, none.p, st);
+    REQUIRE(cudaStreamSynchronize(st) == cudaSuccess);
+    CHECK(none.download(kOut) == std::vector<uint16_t>(kOut, 0xffff));
+    REQUIRE(ssa_session_sync(graphed, &dropped) == SSA_OK);
+    CHECK(dropped == 1);
+    CHECK(ssa_session_layer_length(graphed, 0) == L.prompt + L.steps);
+    ssa_session_destroy(loaded);
+    ssa_session_destroy(eager);
+    ssa_session_destroy(graphed);
+    ssa_session_destroy(plain);
+  }
+  cudaStreamDestroy(st);
+  ssa_runtime_destroy(gpu);
+}
+
+TEST_CASE("gpu graph step: a batch over sessions of different lengths, captured once, replays as it runs eagerly") {
+  SSA_GPU_TEST_OR_SKIP();
+  ssa_runtime* gpu = runtime(SSA_BACKEND_CUDA);
+  const uint32_t prompts[] = {1500, 4100, 2222};
+  const uint32_t steps = 200;
+  std::vector<Loop> loops;
+  for (uint32_t i = 0; i < 3; ++i) loops.emplace_back(prompts[i], steps, 90 + i);
+  cudaStream_t st;
+  REQUIRE(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) == cudaSuccess);
+  const ssa_decode_params p = step_params(SSA_METHOD_SSA, st);
+  std::vector<ssa_session*> graphed, eager, single;
+  for (const Loop& L : loops) {
+    graphed.push_back(prompted(gpu, L));
+    eager.push_back(prompted(gpu, L));
+    single.push_back(prompted(gpu, L));
+    REQUIRE(ssa_session_reserve(graphed.back(), steps) == SSA_OK);
+    REQUIRE(ssa_session_reserve(eager.back(), steps) == SSA_OK);
+    REQUIRE(ssa_session_reserve(single.back(), steps) == SSA_OK);
+  }
+  // Static buffers of the captured batch.
+  std::vector<DevBuf<uint16_t>> kb, vb, qb, ob;
+  std::vector<ssa_decode_step_item> items;
+  for (uint32_t i = 0; i < 3; ++i) {
+    kb.emplace_back(kRow);
+    vb.emplace_back(kRow);
+    qb.emplace_back(kOut);
+    ob.emplace_back(kOut);
+  }
+  for (uint32_t i = 0; i < 3; ++i) items.push_back({graphed[i], kb[i].p, vb[i].p, qb[i].p, ob[i].p});
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  REQUIRE(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal) == cudaSuccess);
+  const ssa_status captured = ssa_decode_step_batch(items.data(), items.size(), 0, &p, nullptr);
+  const std::string msg = ssa_last_error_message();
+  REQUIRE(cudaStreamEndCapture(st, &graph) == cudaSuccess);
+  INFO(msg);
+  REQUIRE(captured == SSA_OK);
+  REQUIRE(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
+  DevBuf<uint16_t> out_g(3 * size_t{steps} * kOut), out_e(out_g.n), out_s(out_g.n);
+  for (uint32_t j = 0; j < steps; ++j) {
+    std::vector<ssa_decode_step_item> now;
+    for (uint32_t i = 0; i < 3; ++i) {
+      const Loop& L = loops[i];
+      const uint32_t t = L.prompt + j;
+      REQUIRE(cudaMemcpyAsync(kb[i].p, L.k_at(t), kRow * 2, cudaMemcpyDeviceToDevice, st) == cudaSuccess);
+      REQUIRE(cudaMemcpyAsync(vb[i].p, L.v_at(t), kRow * 2, cudaMemcpyDeviceToDevice, st) == cudaSuccess);
+      REQUIRE(cudaMemcpyAsync(qb[i].p, L.q_at(j), kOut * 2, cudaMemcpyDeviceToDevice, st) == cudaSuccess);
+      now.push_back({eager[i], L.k_at(t), L.v_at(t), L.q_at(j), out_e.p + (size_t{j} * 3 + i) * kOut});
+    }
+    REQUIRE(cudaGraphLaunch(exec, st) == cudaSuccess);
+    for (uint32_t i = 0; i < 3; ++i) {
+      REQUIRE(cudaMemcpyAsync(out_g.p + (size_t{j} * 3 + i) * kOut, ob[i].p, kOut * 2, cudaMemcpyDeviceToDevice, st) ==
+              cudaSuccess);
+    }
+    const bool with_stats = j % 20 == 0;
+    ssa_decode_stats sb, s1;
+    ssa_decode_stats_init(&sb);
+    REQUIRE(ssa_decode_step_batch(now.data(), now.size(), 0, &p, with_stats ? &sb : nullptr) == SSA_OK);
+    uint64_t read = 0, draws = 0;
+    for (uint32_t i = 0; i < 3; ++i) {
+      ssa_decode_stats_init(&s1);
+      const Loop& L = loops[i];
+      const uint32_t t = L.prompt + j;
+      REQUIRE(ssa_decode_step(single[i], 0, L.k_at(t), L.v_at(t), L.q_at(j), out_s.p + (size_t{j} * 3 + i) * kOut, &p,
+                              with_stats ? &s1 : nullptr) == SSA_OK);
+      read += s1.tokens_read;
+      draws += s1.draws;
+    }
+    if (with_stats) {  // each item selects as it does alone
+      CHECK(sb.tokens_read == read);
+      CHECK(sb.draws == draws);
+    }
+  }
+  REQUIRE(cudaStreamSynchronize(st) == cudaSuccess);
+  const auto g = out_g.download(out_g.n), e = out_e.download(out_e.n), s1 = out_s.download(out_s.n);
+  CHECK(g == e);  // replays = the eager batch, bitwise
+  double worst = 0;
+  for (uint32_t i = 0; i < 3 * steps; ++i) worst = std::max(worst, rel(slice(e, i), slice(s1, i)));
+  CHECK(worst < 2e-3);  // = single steps up to the attention's rounding
+  for (uint32_t i = 0; i < 3; ++i) {
+    REQUIRE(ssa_session_sync(graphed[i], nullptr) == SSA_OK);
+    CHECK(ssa_session_layer_length(graphed[i], 0) == prompts[i] + steps);
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  for (auto* s : graphed) ssa_session_destroy(s);
+  for (auto* s : eager) ssa_session_destroy(s);
+  for (auto* s : single) ssa_session_destroy(s);
+  cudaStreamDestroy(st);
+  ssa_runtime_destroy(gpu);
+}
+
+TEST_CASE("gpu graph step: what a graph cannot hold is refused at capture, with nothing changed") {
+  SSA_GPU_TEST_OR_SKIP();
+  ssa_runtime* gpu = runtime(SSA_BACKEND_CUDA);
+  const Loop L(2000, 10, 7);
+  cudaStream_t st;
+  REQUIRE(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) == cudaSuccess);
+  auto refused_at_capture = [&](ssa_session* s, const ssa_decode_params& p, ssa_status want, bool stats = false) {
+    DevBuf<uint16_t> out(kOut);
+    ssa_decode_stats sd;
+    ssa_decode_stats_init(&sd);
+    cudaGraph_t graph;
+    REQUIRE(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal) == cudaSuccess);
+    const ssa_status r = ssa_decode_step(s, 0, L.k_at(0), L.v_at(0), L.q_at(0), out.p, &p, stats ? &sd : nullptr);
+    const std::string msg = ssa_last_error_message();
+    REQUIRE(cudaStreamEndCapture(st, &graph) == cudaSuccess);
+    cudaGraphDestroy(graph);
+    INFO(msg);
+    CHECK(r == want);
+    CHECK(!msg.empty());
+    CHECK(ssa_session_layer_length(s, 0) == L.prompt);
+  };
+  ssa_session* s = prompted(gpu, L, 4.0f);
+  const ssa_decode_params p = step_params(SSA_METHOD_SSA, st);
+  // Without a reservation the step appends on the host (and may train): refused.
+  refused_at_capture(s, p, SSA_ERR_INVALID_ARGUMENT);
+  REQUIRE(ssa_session_reserve(s, 8) == SSA_OK);
+  ssa_decode_params targeted = p;
+  targeted.target_error = 0.1f;
+  refused_at_capture(s, targeted, SSA_ERR_UNSUPPORTED);  // error target: rounds on the host
+  ssa_decode_params mixture = p;
+  mixture.group_selection = SSA_GROUP_MIXTURE;
+  refused_at_capture(s, mixture, SSA_ERR_UNSUPPORTED);
+  refused_at_capture(s, p, SSA_ERR_INVALID_ARGUMENT, true);  // stats need a wait
+  // The eager form of the same refusals.
+  DevBuf<uint16_t> out(kOut);
+  CHECK(ssa_decode_step(s, 0, L.k_at(0), L.v_at(0), L.q_at(0), out.p, &targeted, nullptr) == SSA_ERR_UNSUPPORTED);
+  // Past the reservation: 8 reserved; the host's count refuses once committed.
+  for (uint32_t i = 0; i < 8; ++i) {
+    REQUIRE(ssa_decode_step(s, 0, L.k_at(L.prompt + i), L.v_at(L.prompt + i), L.q_at(i), out.p, &p, nullptr) == SSA_OK);
+  }
+  uint64_t dropped = 5;
+  REQUIRE(ssa_session_sync(s, &dropped) == SSA_OK);
+  CHECK(dropped == 0);
+  CHECK(ssa_session_layer_length(s, 0) == L.prompt + 8);
+  CHECK(ssa_decode_step(s, 0, L.k_at(0), L.v_at(0), L.q_at(0), out.p, &p, nullptr) == SSA_ERR_INVALID_ARGUMENT);
+  ssa_session_destroy(s);
+
+  // Sessions a reservation cannot serve.
+  {
+    ssa_runtime_options o = ssa_test::runtime_options(SSA_BACKEND_CUDA);
+    o.device_kv_budget = uint64_t{1} << 20;
+    ssa_runtime* tiered = nullptr;
+    REQUIRE(ssa_runtime_create(&o, &tiered) == SSA_OK);
+    ssa_session* t = prompted(tiered, L);
+    CHECK(ssa_session_reserve(t, 8) == SSA_ERR_UNSUPPORTED);
+    refused_at_capture(t, p, SSA_ERR_INVALID_ARGUMENT);
+    ssa_session_destroy(t);
+    ssa_runtime_destroy(tiered);
+  }
+  {
+    ssa_session* h = session(gpu, SSA_SESSION_HOST_POINTERS);
+    REQUIRE(ssa_session_append(h, 0, L.d.k.data(), L.d.v.data(), L.prompt) == SSA_OK);
+    CHECK(ssa_session_reserve(h, 8) == SSA_ERR_UNSUPPORTED);
+    ssa_session_destroy(h);
+  }
+  {
+    const std::string path = std::string(P_tmpdir) + "/ssa_graph_mmap_" + std::to_string(getpid()) + ".ssa";
+    ssa_session* src = prompted(gpu, L);
+    REQUIRE(ssa_session_save(src, path.c_str()) == SSA_OK);
+    ssa_session* mapped = nullptr;
+    REQUIRE(ssa_session_load(gpu, path.c_str(), SSA_LOAD_MMAP, &mapped) == SSA_OK);
+    CHECK(ssa_session_reserve(mapped, 8) == SSA_ERR_UNSUPPORTED);
+    ssa_session_destroy(mapped);
+    ssa_session_destroy(src);
+    std::remove(path.c_str());
+  }
+  int devices = 0;
+  REQUIRE(cudaGetDeviceCount(&devices) == cudaSuccess);
+  if (devices >= 2) {
+    ssa_runtime_options o = ssa_test::runtime_options(SSA_BACKEND_CUDA);
+    const int32_t list[] = {0, 1};
+    o.devices = list;
+    o.n_devices = 2;
+    ssa_runtime* sharded = nullptr;
+    if (ssa_runtime_create(&o, &sharded) == SSA_OK) {
+      ssa_session* sh = prompted(sharded, L);
+      CHECK(ssa_session_reserve(sh, 8) == SSA_ERR_UNSUPPORTED);
+      ssa_session_destroy(sh);
+      ssa_runtime_destroy(sharded);
+    }
+  } else {
+    MESSAGE("one device: the sharded refusal is not exercised here");
+  }
+  cudaStreamDestroy(st);
+  ssa_runtime_destroy(gpu);
+}
+
+TEST_CASE("gpu graph step: replays past the reservation, after truncate, update_index or destroy do nothing") {
+  SSA_GPU_TEST_OR_SKIP();
+  ssa_runtime* gpu = runtime(SSA_BACKEND_CUDA);
+  const Loop L(2500, 40, 13);
+  cudaStream_t st;
+  REQUIRE(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) == cudaSuccess);
+  const ssa_decode_params p = step_params(SSA_METHOD_SSA, st);
+  const std::vector<uint16_t> untouched(kOut, 0xffff);
+  DevBuf<uint16_t> outs(size_t{L.steps} * kOut);
+
+  SUBCASE("past the reservation: the extra replays are dropped and counted") {
+    ssa_session* s = prompted(gpu, L);
+    REQUIRE(ssa_session_reserve(s, 5) == SSA_OK);
+    StepGraph g(s, p, st);
+    REQUIRE(g.captured == SSA_OK);
+    for (uint32_t i = 0; i < 8; ++i) g.replay(L, L.prompt + i, i, outs.p + size_t{i} * kOut, st);
+    REQUIRE(cudaStreamSynchronize(st) == cudaSuccess);
+    const auto all = outs.download(8 * kOut);
+    for (uint32_t i = 0; i < 8; ++i) CHECK((slice(all, i) == untouched) == (i >= 5));
+    uint64_t dropped = 0;
+    REQUIRE(ssa_session_sync(s, &dropped) == SSA_OK);
+    CHECK(dropped == 3);
+    CHECK(ssa_session_layer_length(s, 0) == L.prompt + 5);
+    ssa_session_destroy(s);
+  }
+  SUBCASE("truncate ends the reservation; reserve and capture again to go on") {
+    ssa_session* s = prompted(gpu, L);
+    ssa_session* ref = prompted(gpu, L);
+    REQUIRE(ssa_session_reserve(s, 30) == SSA_OK);
+    {
+      StepGraph g(s, p, st);
+      REQUIRE(g.captured == SSA_OK);
+      for (uint32_t i = 0; i < 10; ++i) g.replay(L, L.prompt + i, i, outs.p + size_t{i} * kOut, st);
+      REQUIRE(ssa_session_truncate(s, L.prompt + 4) == SSA_OK);  // waits for the replays, then cuts
+      CHECK(ssa_session_layer_length(s, 0) == L.prompt + 4);
+      g.replay(L, L.prompt + 4, 4, outs.p, st);
+      REQUIRE(cudaStreamSynchronize(st) == cudaSuccess);
+      CHECK(outs.download(kOut) == untouched);
+      uint64_t dropped = 0;
+      REQUIRE(ssa_session_sync(s, &dropped) == SSA_OK);
+      CHECK(dropped == 1);
+      CHECK(ssa_session_layer_length(s, 0) == L.prompt + 4);
+    }
+    // Again from token prompt + 4: the outputs of a session that never went
+    // further, reserved the same from there (so the same launch plan: bitwise).
+    REQUIRE(ssa_session_reserve(ref, 30) == SSA_OK);
+    for (uint32_t i = 0; i < 4; ++i) {
+      REQUIRE(ssa_decode_step(ref, 0, L.k_at(L.prompt + i), L.v_at(L.prompt + i), L.q_at(i), outs.p, &p, nullptr) ==
+              SSA_OK);
+    }
+    REQUIRE(ssa_session_reserve(ref, 30) == SSA_OK);
+    REQUIRE(ssa_session_reserve(s, 30) == SSA_OK);
+    StepGraph g2(s, p, st);
+    REQUIRE(g2.captured == SSA_OK);
+    DevBuf<uint16_t> want(size_t{L.steps} * kOut);
+    for (uint32_t i = 4; i < 20; ++i) {
+      g2.replay(L, L.prompt + i, i, outs.p + size_t{i} * kOut, st);
+      REQUIRE(ssa_decode_step(ref, 0, L.k_at(L.prompt + i), L.v_at(L.prompt + i), L.q_at(i),
+                              want.p + size_t{i} * kOut, &p, nullptr) == SSA_OK);
+    }
+    REQUIRE(cudaStreamSynchronize(st) == cudaSuccess);
+    const auto got = outs.download(outs.n), expect = want.download(want.n);
+    for (uint32_t i = 4; i < 20; ++i) CHECK(slice(got, i) == slice(expect, i));
+    ssa_session_destroy(s);
+    ssa_session_destroy(ref);
+  }
+  SUBCASE("update_index ends the reservation (retraining happens between replays)") {
+    ssa_session* s = prompted(gpu, L);
+    REQUIRE(ssa_session_reserve(s, 30) == SSA_OK);
+    StepGraph g(s, p, st);
+    REQUIRE(g.captured == SSA_OK);
+    for (uint32_t i = 0; i < 3; ++i) g.replay(L, L.prompt + i, i, outs.p, st);
+    REQUIRE(ssa_session_update_index(s) == SSA_OK);
+    CHECK(ssa_session_layer_length(s, 0) == L.prompt + 3);
+    g.replay(L, L.prompt + 3, 3, outs.p, st);
+    REQUIRE(cudaStreamSynchronize(st) == cudaSuccess);
+    CHECK(outs.download(kOut) == untouched);
+    uint64_t dropped = 0;
+    REQUIRE(ssa_session_sync(s, &dropped) == SSA_OK);
+    CHECK(dropped == 1);
+    ssa_session_destroy(s);
+  }
+  SUBCASE("destroy: a later replay reads nothing of the session and writes nothing") {
+    ssa_session* s = prompted(gpu, L);
+    REQUIRE(ssa_session_reserve(s, 30) == SSA_OK);
+    StepGraph g(s, p, st);
+    REQUIRE(g.captured == SSA_OK);
+    g.replay(L, L.prompt, 0, outs.p, st);
+    ssa_session_destroy(s);
+    // The memory is reused by a new session, whose decodes must be unharmed.
+    ssa_session* again = prompted(gpu, L);
+    ssa_session* ref = prompted(gpu, L);
+    for (int rep = 0; rep < 3; ++rep) g.replay(L, L.prompt, 0, outs.p, st);
+    REQUIRE(cudaStreamSynchronize(st) == cudaSuccess);  // no fault
+    CHECK(outs.download(kOut) == untouched);
+    const ssa_decode_params pd = params(SSA_METHOD_SSA, 700, 3);
+    CHECK(decode(again, L.d, pd, true) == decode(ref, L.d, pd, true));
+    ssa_session_destroy(again);
+    ssa_session_destroy(ref);
+  }
+  cudaStreamDestroy(st);
+  ssa_runtime_destroy(gpu);
+}
+
+}  // namespace
+}  // namespace ssa::gputest
