@@ -591,7 +591,13 @@ void ssa_decode_stats_init(ssa_decode_stats *st);
    query head): the result does not depend on threads or timing, and the same
    inputs, seed and step give bitwise the same output on the same backend,
    also after a fork or a snapshot round trip.
-   Proxy methods on a layer without a PQ index train one on demand.
+   Proxy methods on a layer without a PQ index train one on demand, but only
+   when they select candidates. Short contexts decode the same way on every
+   backend and with every method: a layer of at most n_sink + n_local tokens, or
+   a budget >= N, is exact dense attention; a budget of at most n_sink + n_local
+   below N (k' = 0; e.g. a short prompt at a high sparsity) reads the sink and
+   local tokens alone (stats' window_only_heads), scores nothing and needs no
+   index, so none is trained (docs/ALGORITHM.md#fixed-tokens).
    Decoding an empty layer gives SSA_ERR_INVALID_ARGUMENT, as does a NaN or
    infinity in a host q (see Conventions). Arguments are checked before anything
    is computed: a call they reject writes nothing to out.
