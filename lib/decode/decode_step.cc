@@ -174,7 +174,10 @@ absl::Status decode_step(const ssa_decode_step_item* items, size_t n_items, uint
     }
   }
   const Backend& backend = *items[0].session->backend;
-  SSA_RETURN_IF_ERROR(backend.check_decode(p));
+  for (size_t i = 0; i < n_items; ++i) {
+    const absl::Status st = check_decode_request(*items[i].session, layer, p);
+    if (!st.ok()) return make_error(status_code(st), absl::StrCat("item ", i, ": ", st.message()));
+  }
   if (p.group_selection != SSA_GROUP_OFF && p.target_error > 0.0f) return unsupported(kGroupNoErrorTarget);
   if (reserved != 0 && reserved != n_items) {
     return invalid_argument("some sessions of the step have a reservation (ssa_session_reserve) and some not: "
