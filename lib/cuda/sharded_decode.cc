@@ -367,6 +367,8 @@ absl::Status decode_jobs(const std::vector<LaunchJob>& jobs, uint32_t layer_inde
     mb.n_items = 1;
     mb.overlap_launches = false;  // after event waits, not after a kernel
     mb.items[0].out = w.out;
+    // Any length but 0: an item of no tokens is idle (item_idle) and writes nothing.
+    mb.items[0].n_tokens = static_cast<uint32_t>(w.job->layer->n_tokens);
     WorkspacePlan mp{};
     mp.n_splits = w.splits;
     Workspace mw{};

@@ -174,10 +174,6 @@ absl::Status decode_step(const ssa_decode_step_item* items, size_t n_items, uint
     }
   }
   const Backend& backend = *items[0].session->backend;
-  for (size_t i = 0; i < n_items; ++i) {
-    const absl::Status st = check_decode_request(*items[i].session, layer, p);
-    if (!st.ok()) return make_error(status_code(st), absl::StrCat("item ", i, ": ", st.message()));
-  }
   if (p.group_selection != SSA_GROUP_OFF && p.target_error > 0.0f) return unsupported(kGroupNoErrorTarget);
   if (reserved != 0 && reserved != n_items) {
     return invalid_argument("some sessions of the step have a reservation (ssa_session_reserve) and some not: "
@@ -186,6 +182,12 @@ absl::Status decode_step(const ssa_decode_step_item* items, size_t n_items, uint
   ssa_decode_stats fresh{};
   if (reserved == 0) {
     SSA_RETURN_IF_ERROR(backend.check_eager_step(p));
+    // Every item's decode checked before the first appends (the device path's
+    // own refusals are decode_steps').
+    for (size_t i = 0; i < n_items; ++i) {
+      const absl::Status st = check_decode_request(*items[i].session, layer, p);
+      if (!st.ok()) return make_error(status_code(st), absl::StrCat("item ", i, ": ", st.message()));
+    }
     for (size_t i = 0; i < n_items; ++i) {
       ssa_decode_stats one{};
       one.struct_size = sizeof one;
