@@ -95,7 +95,8 @@ if want asan; then
   cmake -S . -B build-asan "${common[@]}" -DSSA_SANITIZE=ON -DSSA_TSAN=OFF -DSSA_ENABLE_CUDA=OFF \
     -DSSA_BUILD_BENCH=OFF -DSSA_BUILD_EXAMPLES=OFF >/dev/null
   cmake --build build-asan -j"$jobs"
-  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  # The boundary sweep's every shape ran in "ctest"; here one shape per dtype.
+  SSA_SWEEP_DIAGONAL=1 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     ctest --test-dir build-asan --output-on-failure --no-tests=error
   end
 fi

@@ -40,7 +40,7 @@ TEST_CASE("boundary sweep (CPU): short contexts, windows, index threshold and bu
   const Io io = cpu_io(rt.get());
   Tally total;
   uint64_t seed = 1;
-  for (const Shape& sh : all_shapes()) {
+  for (const Shape& sh : sweep_shapes()) {
     total += run_shape(io, sh, 600, seed++);
 }
   report("cpu", total);

@@ -78,11 +78,7 @@ TEST_CASE("gpu boundary sweep: short contexts, windows, index threshold and budg
     ssa_test::sweep::Tally total;
     uint64_t seed = 1;
     // SSA_SWEEP_DIAGONAL=1: one shape per dtype (the sanitizer's run).
-    std::vector<ssa_test::sweep::Shape> shapes = ssa_test::sweep::all_shapes();
-    if (getenv("SSA_SWEEP_DIAGONAL") != nullptr) {
-      shapes = {{SSA_DTYPE_F16, 64, 8, 8}, {SSA_DTYPE_BF16, 128, 8, 2}, {SSA_DTYPE_F32, 256, 8, 1}};
-    }
-    for (const ssa_test::sweep::Shape& sh : shapes) {
+    for (const ssa_test::sweep::Shape& sh : ssa_test::sweep::sweep_shapes()) {
       total += ssa_test::sweep::run_shape(io, sh, max_len, seed++);
 }
     ssa_test::sweep::report("cuda", total);

@@ -24,6 +24,7 @@
 #include <doctest/doctest.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include <algorithm>
 #include <functional>
@@ -42,6 +43,12 @@ struct Shape {
   ssa_dtype dtype;
   uint32_t head_dim, n_q_heads, n_kv_heads;
 };
+
+// One shape per dtype, each with another head dim and GQA ratio (SSA_SWEEP_DIAGONAL
+// set: the sanitizers' runs).
+inline std::vector<Shape> diagonal_shapes() {
+  return {{SSA_DTYPE_F16, 64, 8, 8}, {SSA_DTYPE_BF16, 128, 8, 2}, {SSA_DTYPE_F32, 256, 8, 1}};
+}
 
 // Every dtype x head dims 64/128/256 x GQA ratios 1/4/8 (8 query heads).
 inline std::vector<Shape> all_shapes() {
@@ -358,6 +365,11 @@ inline Tally run_shape(const Io& io, const Shape& sh, uint32_t max_len, uint64_t
     }
   }
   return tally;
+}
+
+// The shapes a sweep runs: every one, or the diagonal when SSA_SWEEP_DIAGONAL is set.
+inline std::vector<Shape> sweep_shapes() {
+  return getenv("SSA_SWEEP_DIAGONAL") != nullptr ? diagonal_shapes() : all_shapes();
 }
 
 inline void report(const std::string& name, const Tally& t) {
