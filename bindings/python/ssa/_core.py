@@ -573,6 +573,21 @@ class Runtime:
         check(lib.ssa_decode_batch(c_items, len(items), layer, params), "ssa_decode_batch")
         return outs
 
+    def _step_batch_pointers(self, sessions, k: int, v: int, q: int, out: int, kv_stride: int, q_stride: int,
+                             layer: int, params) -> None:
+        """ssa_decode_step_batch of sessions on rows of contiguous [batch, ...] arrays
+        at raw addresses (row b at base + b * stride bytes): for a caller that already
+        checked its arrays (ssa.hf)."""
+        n = len(sessions)
+        items = ffi.new("ssa_decode_step_item[]", n)
+        for b, s in enumerate(sessions):
+            items[b].session = s._handle()
+            items[b].k = ffi.cast("const void *", k + b * kv_stride)
+            items[b].v = ffi.cast("const void *", v + b * kv_stride)
+            items[b].q = ffi.cast("const void *", q + b * q_stride)
+            items[b].out = ffi.cast("void *", out + b * q_stride)
+        check(lib.ssa_decode_step_batch(items, n, layer, params, ffi.NULL), "ssa_decode_step_batch")
+
     def decode_step_batch(self, items: Iterable[Sequence[Any]], layer: int, method: Any = "ssa",
                           sparsity: float = 50.0, budget: Optional[int] = None, heavy_fraction: float = 0.4,
                           n_sink: int = 128, n_local: int = 128, seed: Optional[int] = None, step: int = 0,
@@ -958,6 +973,13 @@ class Session:
         if stats:
             return outr.obj, DecodeStats._from_c(st)
         return outr.obj
+
+    def _step_pointers(self, layer: int, k: int, v: int, q: int, out: int, params, stats) -> None:
+        """ssa_decode_step on raw addresses with a prepared parameter struct: for a
+        caller that already checked its arrays (ssa.hf, once per layer and token)."""
+        check(lib.ssa_decode_step(self._handle(), layer, ffi.cast("const void *", k), ffi.cast("const void *", v),
+                                  ffi.cast("const void *", q), ffi.cast("void *", out), params, stats),
+              "ssa_decode_step")
 
     # -- snapshots
     def save(self, path: PathLike) -> None:

@@ -144,6 +144,7 @@ def test_compiled_generate_on_cuda_equals_eager(method):
     torch._dynamo.utils.counters.clear()
     cache = ssa.hf.SSACache(model, **kw)
     assert cache.is_compileable
+    assert not ssa.hf.SSACache(model, backend="cpu").is_compileable  # its steps copy to the host
     got = _generate(model, cache, ids, 32, compiled=True)
     assert got.tolist() == eager.tolist()
     assert cache.get_seq_length() == eager_cache.get_seq_length() == 1500 + 31

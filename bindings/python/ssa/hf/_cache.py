@@ -345,6 +345,7 @@ class SSACache(Cache):
             raise invalid("reserve_tokens must be an integer >= 1, got %r" % (reserve_tokens,))
         self.reserve_tokens = reserve_tokens
         self.fingerprint = _model.fingerprint(model)
+        self._model_device = next((p.device.type for p in model.parameters()), "cpu")
         self._config_summary = _model.config_summary(model)
         slots = {}
         layers: List[Any] = []
@@ -387,7 +388,16 @@ class SSACache(Cache):
         group, and a group selection the device step supports."""
         if not self._stepping or self.observer is not None or len(self._slots) != self.shape.n_layers:
             return False
+        if self._model_device != "cpu" and self._host_sessions():
+            return False  # each step would copy q, k and v to the host: no graph can hold that
         return self._device_step_fits()
+
+    def _host_sessions(self) -> bool:
+        if self.runtime is not None:
+            return self.runtime.backend == "cpu"
+        if self._given_runtime is not None:
+            return self._given_runtime.backend == "cpu"
+        return self.backend == "cpu"
 
     def _device_step_fits(self) -> bool:
         """Whether ssa_decode_step makes this cache's selection on the device (not the
@@ -443,6 +453,17 @@ class SSACache(Cache):
         self._cap0 = self.sessions[0].layer_length(0) + self.reserve_tokens
         self._new_token()
 
+    def _step_params(self, stream):
+        """The ssa_decode_params of a step (RNG step 0: the library adds the token's
+        position), made once per parameters and stream."""
+        key = (stream.cuda_stream if stream is not None else 0)
+        cached = getattr(self, "_step_params_cache", None)
+        if cached is None or cached[0] is not self.params or cached[1] != key:
+            p = _core._decode_params(**_params.library_kwargs(self.params), step=0, stream=stream)
+            cached = (self.params, key, p)
+            self._step_params_cache = cached
+        return cached[2]
+
     def _drop_prefill_kv(self, layer: Optional[SSALayer] = None) -> None:
         """A decode step ends the prefill: the prompt's K/V tensors kept for a chunked
         prefill's attention are dropped (the sessions hold them)."""
@@ -468,7 +489,8 @@ class SSACache(Cache):
         q [batch, n_q_heads, head_dim], k/v [batch, n_kv_heads, head_dim]."""
         slot = self._slots[layer_idx]
         layer = self.layers[layer_idx]
-        self._drop_prefill_kv(layer)
+        if layer.dense_k is not None:
+            self._drop_prefill_kv(layer)
         cuda = self.runtime.backend == "cuda"
         if cuda and not self._device_step_fits():
             # A selection the device step does not make: the append and the decode
@@ -476,9 +498,8 @@ class SSACache(Cache):
             for b in range(len(self.sessions)):
                 self._append(layer, b, k[b].unsqueeze(1), v[b].unsqueeze(1), None)
             return self._decode(layer, q, layer.seen - 1)
-        kw = _params.library_kwargs(self.params)
+        stream = self._stream() if cuda else None
         if cuda:
-            kw["stream"] = self._stream()
             if not torch.cuda.is_current_stream_capturing():
                 # Run eagerly (no graph, or a graph's warm-up): the host keeps count.
                 if slot == 0 and self._reserved and self._left <= 0:
@@ -492,15 +513,25 @@ class SSACache(Cache):
         out = torch.empty_like(q)
         want_stats = self.observer is not None or (not cuda and len(self.sessions) == 1)
         stats: List[Any] = [None] * len(self.sessions)
+        # q, k, v and out are contiguous [batch, heads, head_dim] tensors of the
+        # sessions' dtype and memory space (attend_step made them so): their rows go to
+        # the library by address, with one parameter struct per parameters and stream.
+        params = self._step_params(stream)
+        kb, qb = k.stride(0) * k.element_size(), q.stride(0) * q.element_size()
         try:
             if want_stats:
                 for b, s in enumerate(self.sessions):
-                    stats[b] = s.decode_step(slot, k[b], v[b], q[b], out=out[b], stats=True, **kw)[1]
+                    st = _core.ffi.new("ssa_decode_stats *")
+                    _core.lib.ssa_decode_stats_init(st)
+                    s._step_pointers(slot, k.data_ptr() + b * kb, v.data_ptr() + b * kb, q.data_ptr() + b * qb,
+                                     out.data_ptr() + b * qb, params, st)
+                    stats[b] = _core.DecodeStats._from_c(st)
             elif len(self.sessions) == 1:
-                self.sessions[0].decode_step(slot, k[0], v[0], q[0], out=out[0], **kw)
+                self.sessions[0]._step_pointers(slot, k.data_ptr(), v.data_ptr(), q.data_ptr(), out.data_ptr(),
+                                                params, _core.ffi.NULL)
             else:
-                self.runtime.decode_step_batch([(s, k[b], v[b], q[b], out[b]) for b, s in enumerate(self.sessions)],
-                                               slot, **kw)
+                self.runtime._step_batch_pointers(self.sessions, k.data_ptr(), v.data_ptr(), q.data_ptr(),
+                                                  out.data_ptr(), kb, qb, slot, params)
         except Error as e:
             raise _relabel(e, "SSACache layer %d (session layer %d), decode step of a query of shape %s"
                            % (layer_idx, slot, tuple(q.shape))) from None
