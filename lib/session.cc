@@ -187,7 +187,9 @@ absl::Status append(ssa_session& s, const AppendCall& a) {
   SSA_RETURN_IF_ERROR(session_settle_locked(s, true));
   // Every size is checked: the caller's n_tokens rows may now be read.
   const bool host = host_buffers(s);
-  if (host) SSA_RETURN_IF_ERROR(check_finite_rows(s, a));
+  // A group's ranks check every row (not only their shard's), so that rows
+  // they were all given refuse on every rank without an exchange.
+  absl::Status st = host ? check_finite_rows(s, a) : absl::OkStatus();
   AppendRows rows;
   rows.layer = a.layer;
   rows.k = a.k;
@@ -200,11 +202,12 @@ absl::Status append(ssa_session& s, const AppendCall& a) {
   rows.async = a.async && !host;
   rows.stream = a.stream;
   LayerTail tail;
-  absl::Status st = s.backend->gather_tail(s, cur, rows.new_n, has_codes, &tail);
+  if (st.ok()) st = s.backend->gather_tail(s, cur, rows.new_n, has_codes, &tail);
   if (st.ok()) st = s.backend->write_rows(s, rows, cur, tail);
   if (rows.trains) {
-    // A group's ranks all reach this training: one that failed above still
-    // takes part in its first exchange, so that the others return its error.
+    // A group's ranks all reach this training: one that failed above (rows
+    // only it was given, its memory) still takes part in its first exchange,
+    // so that the others return its error instead of waiting for it.
     LayerStore next = cur;  // every code is rebuilt: O(layer) anyway
     if (st.ok()) commit_tail(std::move(tail), &next);
     SSA_RETURN_IF_ERROR(train_layer(s, a.layer, next, st));
