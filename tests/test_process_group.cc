@@ -16,6 +16,7 @@
 // torch.distributed (gloo) with real processes is
 // bindings/python/tests/test_distributed.py.
 #include <doctest/doctest.h>
+#include <xxhash.h>
 
 #include <dirent.h>
 #include <math.h>
@@ -33,6 +34,9 @@
 
 #include "session.h"
 #include "shard/shard_map.h"
+#include "snapshot/group_manifest.h"
+#include "status.h"
+#include "snapshot/format.h"
 #include "support/session_helpers.h"
 #include "support/structured_context.h"
 
@@ -549,6 +553,82 @@ TEST_CASE("process group: a damaged, incomplete or mixed set is refused, on ever
   }
   remove_set(path);
   remove_set(older);
+}
+
+TEST_CASE("process group: a manifest is checked value by value, not only by its checksum") {
+  ssa::snap::Manifest m;
+  m.set_id = 0x1234;
+  m.shard_tokens = kShard;
+  for (uint32_t r = 0; r < 3; ++r) {
+    ssa::snap::RankFile f;
+    f.name = ssa::snap::rank_file_name("x.ssa", m.set_id, r);
+    f.file_id = 100 + r;
+    f.generation = 1;
+    f.file_length = 8192 + r;
+    f.table_xxh3 = 7 * r;
+    m.ranks.push_back(f);
+  }
+  const std::string good = ssa::snap::encode_manifest(m);
+  absl::StatusOr<ssa::snap::Manifest> back = ssa::snap::decode_manifest(good, "m");
+  REQUIRE(back.ok());
+  CHECK(back->set_id == m.set_id);
+  CHECK(back->ranks.size() == 3);
+  CHECK(back->ranks[2].name == m.ranks[2].name);
+  CHECK(back->ranks[1].file_length == m.ranks[1].file_length);
+  // The checksum resealed after each change: only the value checks can refuse.
+  auto reseal = [](std::string b) {
+    const size_t n = b.size() - 8;
+    ssa::snap::put_u64(reinterpret_cast<uint8_t*>(b.data()) + n, XXH3_64bits(b.data(), n));
+    return b;
+  };
+  auto code = [&](const std::string& b) {
+    absl::StatusOr<ssa::snap::Manifest> d = ssa::snap::decode_manifest(b, "m");
+    return d.ok() ? SSA_OK : ssa::status_code(d.status());
+  };
+  CHECK(code(reseal(good)) == SSA_OK);
+  auto with_u32 = [&](size_t at, uint32_t v) {
+    std::string b = good;
+    ssa::snap::put_u32(reinterpret_cast<uint8_t*>(b.data()) + at, v);
+    return reseal(b);
+  };
+  auto with_u64 = [&](size_t at, uint64_t v) {
+    std::string b = good;
+    ssa::snap::put_u64(reinterpret_cast<uint8_t*>(b.data()) + at, v);
+    return reseal(b);
+  };
+  CHECK(code(with_u32(8, 2)) == SSA_ERR_VERSION);
+  CHECK(code(with_u32(12, 65)) == SSA_ERR_CORRUPT);   // header size
+  CHECK(code(with_u32(16, 0)) == SSA_ERR_CORRUPT);    // no ranks
+  CHECK(code(with_u32(16, 4)) == SSA_ERR_CORRUPT);    // more ranks than records
+  CHECK(code(with_u32(16, 65)) == SSA_ERR_CORRUPT);
+  CHECK(code(with_u32(20, 64)) == SSA_ERR_CORRUPT);   // record size
+  CHECK(code(with_u64(24, 0)) == SSA_ERR_CORRUPT);    // set id 0
+  CHECK(code(with_u64(32, 8191)) == SSA_ERR_CORRUPT); // shard_tokens
+  CHECK(code(with_u64(32, 0)) == SSA_ERR_CORRUPT);
+  const size_t rec1 = 64 + 320;
+  CHECK(code(with_u64(rec1 + 0, 0)) == SSA_ERR_CORRUPT);     // file id 0
+  CHECK(code(with_u64(rec1 + 8, 0)) == SSA_ERR_CORRUPT);     // generation 0
+  CHECK(code(with_u64(rec1 + 16, 100)) == SSA_ERR_CORRUPT);  // shorter than a header area
+  CHECK(code(with_u32(rec1 + 32, 0)) == SSA_ERR_CORRUPT);    // empty name
+  CHECK(code(with_u32(rec1 + 32, 256)) == SSA_ERR_CORRUPT);  // longer than a file name
+  CHECK(code(with_u32(rec1 + 32, 40)) == SSA_ERR_CORRUPT);   // a NUL inside the name
+  std::string slash = good;
+  slash[rec1 + 40 + 1] = '/';
+  CHECK(code(reseal(slash)) == SSA_ERR_CORRUPT);
+  std::string dots = with_u32(rec1 + 32, 2);
+  for (size_t i = 0; i < 256; ++i) dots[rec1 + 40 + i] = i < 2 ? '.' : '\0';
+  CHECK(code(reseal(dots)) == SSA_ERR_CORRUPT);
+  std::string tail = good;
+  tail[rec1 + 40 + 200] = 'x';  // past the name: padding must be zero
+  CHECK(code(reseal(tail)) == SSA_ERR_CORRUPT);
+  CHECK(code(good.substr(0, good.size() - 1)) == SSA_ERR_CORRUPT);
+  CHECK(code(reseal(good + std::string(320, '\0'))) == SSA_ERR_CORRUPT);
+  // Rank files of other saves to the same name, and nothing else.
+  CHECK(ssa::snap::is_other_rank_file(ssa::snap::rank_file_name("x.ssa", 7, 3), "x.ssa", 8));
+  CHECK_FALSE(ssa::snap::is_other_rank_file(ssa::snap::rank_file_name("x.ssa", 7, 3), "x.ssa", 7));
+  CHECK_FALSE(ssa::snap::is_other_rank_file(ssa::snap::rank_file_name("y.ssa", 7, 3), "x.ssa", 8));
+  CHECK_FALSE(ssa::snap::is_other_rank_file("x.ssa.tmp.host.12.0", "x.ssa", 8));
+  CHECK_FALSE(ssa::snap::is_other_rank_file("x.ssa.00000000000000zz.rank1", "x.ssa", 8));
 }
 
 TEST_CASE("process group: a rank that stops answering gives the others SSA_ERR_IO, not a hang") {
