@@ -3,15 +3,21 @@
 For one document window (eval/plan.py, the same ids as the `proxy-` pieces):
 the cached dense prefill (eval/prefill_store.py), then `--steps` teacher-forced
 decode steps through transformers' sdpa with each layer's query kept. For every
-libssa layer (full-attention layers) and every proxy x PQ shape asked for, a
-one-layer libssa session (float32, the library's shared object through ctypes,
-index trained once at the prefill's length with the default sample and
-iterations) holds the layer's keys and values; its snapshot gives back the
-codebooks, codes and rotation the library ranks by (eval/pq_proxy.py), and:
+libssa layer (full-attention layers) and every proxy spec asked for, a one-layer
+libssa session (float32, the library's shared object through ctypes, index
+trained once at the prefill's length with the default sample and iterations)
+holds the layer's keys and values, and each step's key is appended (encoded
+with the trained codebooks) before its query is decoded:
 
-  recall / mass  as eval/pq_proxy.py: recall of the exact top-k' by the proxy's
-                 top-k' over the candidates between sink and local, and the share
-                 of the candidates' exact softmax mass the proxy's top-k' holds;
+  recall / mass  the library's own proxy top-k': a PQ_TOPK decode of budget
+                 sink + local + k' through ssa_decode_traced lists the rows it
+                 read, so its middle rows are the k' candidates (between sink and
+                 local) the proxy ranks highest, exactly as the decode scores them
+                 (4-bit proxies: from their quantised tables). Recall is the share
+                 of the exact top-k' (float64 q . k of the stored float32 keys)
+                 among them; mass the share of the candidates' exact softmax mass
+                 they hold (oracle: the exact top-k''s share). k' = f x candidates
+                 for f in 2/5/10%.
   error          relative L2 error of libssa's ssa_decode output against its
                  DENSE output for the same query (each step, each query head),
                  for PQ_TOPK, SSA and SSA_ADAPTIVE at 10/20/50x, sink = local =
@@ -21,8 +27,13 @@ This error is of one decode over the dense prefill's K/V, not the accumulated
 teacher-forced error docs/FIDELITY.md's main tables report (there sparse outputs
 feed later layers); it compares proxies on the same inputs.
 
+A proxy spec is NAME:SUBSPACES[:WEIGHT]: NAME one of pq, opq (one-byte codes,
+256 centroids: SUBSPACES bytes per token per KV head), pq4, opq4 (4-bit codes,
+16 centroids: SUBSPACES / 2 bytes); WEIGHT sets pq_parallel_weight (the
+score-aware loss; default 1, plain squared error).
+
 Usage: python eval/proxy_compare.py --model smollm2 --length 8192 \
-          --proxies pq:16 opq:16 [--lib build-cpu/libssa.so] [--out FILE.json]
+          --proxies pq:16 opq:16 pq4:32 pq4:32:8 [--lib build-cpu/libssa.so] [--out FILE.json]
 """
 from __future__ import annotations
 
@@ -32,7 +43,6 @@ import json
 import os
 import struct
 import sys
-import tempfile
 import time
 
 import numpy as np
@@ -44,10 +54,10 @@ sys.path.insert(0, HERE)
 import harness  # noqa: E402
 import models  # noqa: E402
 import plan  # noqa: E402
-import pq_proxy  # noqa: E402
 import prefill_store  # noqa: E402
 
-PROXY = {"pq": 0, "opq": 1}
+PROXY = {"pq": 0, "opq": 1, "pq4": 2, "opq4": 3}
+FOUR_BIT = ("pq4", "opq4")
 METHOD = {"dense": 0, "pq_topk": 2, "ssa": 5, "ssa_adaptive": 6}
 FRACTIONS = [0.02, 0.05, 0.10]
 SPARSITIES = [10.0, 20.0, 50.0]
@@ -56,7 +66,9 @@ SPARSITIES = [10.0, 20.0, 50.0]
 class Lib:
     """The few C entry points used, on opaque buffers sized generously: each
     versioned struct is filled by its *_init and then written at the offsets of
-    ssa.h's declaration order (checked against ctypes' layout below)."""
+    ssa.h's declaration order (checked against ctypes' layout below). A field is
+    written only where the library's struct_size covers it, so a library built
+    before a field existed still serves the specs that leave it alone."""
 
     class Config(ctypes.Structure):
         _fields_ = [("struct_size", ctypes.c_uint32), ("n_layers", ctypes.c_uint32),
@@ -66,7 +78,8 @@ class Lib:
                     ("model_fingerprint", ctypes.c_uint64), ("page_tokens", ctypes.c_uint32),
                     ("flags", ctypes.c_uint32), ("index_min_tokens", ctypes.c_uint32),
                     ("index_regrow_factor", ctypes.c_float), ("index_train_sample", ctypes.c_uint32),
-                    ("index_iterations", ctypes.c_uint32), ("proxy", ctypes.c_uint32)]
+                    ("index_iterations", ctypes.c_uint32), ("proxy", ctypes.c_uint32),
+                    ("pq_parallel_weight", ctypes.c_float)]
 
     class Params(ctypes.Structure):
         _fields_ = [("struct_size", ctypes.c_uint32), ("method", ctypes.c_uint32),
@@ -81,7 +94,8 @@ class Lib:
         for name, args in [("ssa_runtime_create", [v, v]), ("ssa_session_create", [v, v, v]),
                            ("ssa_session_append", [v, ctypes.c_uint32, v, v, ctypes.c_uint64]),
                            ("ssa_session_save", [v, ctypes.c_char_p]),
-                           ("ssa_decode", [v, ctypes.c_uint32, v, v, v, v])]:
+                           ("ssa_decode", [v, ctypes.c_uint32, v, v, v, v]),
+                           ("ssa_decode_traced", [v, ctypes.c_uint32, v, v, v, v, v, v, ctypes.c_uint64, v])]:
             getattr(self.L, name).argtypes = args
             getattr(self.L, name).restype = ctypes.c_int
         self.L.ssa_last_error_message.restype = ctypes.c_char_p
@@ -99,17 +113,20 @@ class Lib:
         buf = (ctypes.c_uint8 * 1024)()
         init(buf)
         size = struct.unpack_from("<I", bytes(buf[:4]))[0]
-        if size < ctypes.sizeof(cls):
-            raise RuntimeError("the library's %s is shorter than this script's" % cls.__name__)
         view = cls.from_buffer(buf)
         for k, val in fields.items():
+            f = getattr(cls, k)
+            if f.offset + f.size > size:
+                raise RuntimeError("the library's %s (struct_size %d) has no field %s" % (cls.__name__, size, k))
             setattr(view, k, val)
         return buf
 
-    def session(self, n_q, n_kv, d, subspaces, proxy, train_at):
+    def session(self, n_q, n_kv, d, subspaces, centroids, proxy, weight, train_at):
+        extra = {} if weight is None else dict(pq_parallel_weight=weight)
         cfg = self._filled(self.L.ssa_session_config_init, self.Config, n_layers=1, n_q_heads=n_q,
                            n_kv_heads=n_kv, head_dim=d, kv_dtype=0, pq_subspaces=subspaces,
-                           index_min_tokens=train_at, index_regrow_factor=0.0, proxy=proxy)
+                           pq_centroids=centroids, index_min_tokens=train_at, index_regrow_factor=0.0,
+                           proxy=proxy, **extra)
         s = ctypes.c_void_p()
         self.check(self.L.ssa_session_create(self.rt, cfg, ctypes.byref(s)), "session_create")
         return s
@@ -119,13 +136,31 @@ class Lib:
         v = np.ascontiguousarray(v, dtype=np.float32)
         self.check(self.L.ssa_session_append(s, 0, k.ctypes.data, v.ctypes.data, k.shape[0]), "append")
 
+    def params(self, method, n_sink, step, sparsity=0.0, budget=0):
+        return self._filled(self.L.ssa_decode_params_init, self.Params, method=method, sparsity=sparsity,
+                            budget=budget, n_sink=n_sink, n_local=n_sink, seed=1234, step=step)
+
     def decode(self, s, q, method, sparsity, n_sink, step):
         q = np.ascontiguousarray(q, dtype=np.float32)
         out = np.zeros_like(q)
-        p = self._filled(self.L.ssa_decode_params_init, self.Params, method=method, sparsity=sparsity,
-                         n_sink=n_sink, n_local=n_sink, seed=1234, step=step)
+        p = self.params(method, n_sink, step, sparsity=sparsity)
         self.check(self.L.ssa_decode(s, 0, q.ctypes.data, out.ctypes.data, p, None), "decode")
         return out
+
+    def proxy_topk(self, s, q, n_sink, k, step):
+        """Per query head, the sorted token indices a PQ_TOPK decode of budget
+        2 n_sink + k reads (sink, local and the proxy's top k candidates)."""
+        q = np.ascontiguousarray(q, dtype=np.float32)
+        n_q = q.shape[0]
+        out = np.zeros_like(q)
+        budget = 2 * n_sink + k
+        p = self.params(METHOD["pq_topk"], n_sink, step, budget=budget)
+        cap = n_q * budget
+        tokens = np.zeros(cap, dtype=np.uint32)
+        offsets = np.zeros(n_q + 1, dtype=np.uint64)
+        self.check(self.L.ssa_decode_traced(s, 0, q.ctypes.data, out.ctypes.data, p, None, tokens.ctypes.data,
+                                            None, cap, offsets.ctypes.data), "decode_traced")
+        return [tokens[offsets[h]:offsets[h + 1]].astype(np.int64) for h in range(n_q)]
 
 
 def capture_queries(m, stored, feed):
@@ -155,23 +190,48 @@ def capture_queries(m, stored, feed):
     return kept, cache
 
 
-def measure_layer(lib, K, V, qs, N, ns, proxy, subspaces, snap_path, errors):
+def parse_spec(spec):
+    """NAME:SUBSPACES[:WEIGHT] -> (name, subspaces, centroids, weight or None)."""
+    parts = spec.split(":")
+    if len(parts) not in (2, 3) or parts[0] not in PROXY:
+        raise SystemExit("bad proxy spec %r (NAME:SUBSPACES[:WEIGHT], NAME in %s)" % (spec, ", ".join(PROXY)))
+    return (parts[0], int(parts[1]), 16 if parts[0] in FOUR_BIT else 256,
+            float(parts[2]) if len(parts) == 3 else None)
+
+
+def measure_layer(lib, K, V, qs, N, ns, spec, errors):
+    name, subspaces, centroids, weight = parse_spec(spec)
     n_kv, n_all, d = K.shape
     n_q = qs[0].shape[0]
     g = n_q // n_kv
-    s = lib.session(n_q, n_kv, d, subspaces, PROXY[proxy], N)
+    K32 = K.astype(np.float32)   # what the session holds; exact scores from these
+    s = lib.session(n_q, n_kv, d, subspaces, centroids, PROXY[name], weight, N)
     try:
         t0 = time.time()
         lib.append(s, K[:, :N].transpose(1, 0, 2), V[:, :N].transpose(1, 0, 2))  # trains at N
         train_s = time.time() - t0
-        out = dict(train_seconds=train_s)
+        out = dict(train_seconds=train_s, bytes_per_token=subspaces // 2 if name in FOUR_BIT else subspaces)
         rows = {f: dict(recall=[], mass_oracle=[], mass_proxy=[]) for f in FRACTIONS}
         err = {}
         for j, q in enumerate(qs):
             n = N + j + 1
             lib.append(s, K[:, n - 1:n].transpose(1, 0, 2), V[:, n - 1:n].transpose(1, 0, 2))
-            if j == len(qs) - 1:
-                lib.check(lib.L.ssa_session_save(s, snap_path.encode()), "save")
+            lo, hi = ns, n - ns
+            for f in FRACTIONS:
+                k = max(1, int(round(f * (hi - lo))))
+                read = lib.proxy_topk(s, q, ns, k, j)
+                for h in range(n_q):
+                    logits = K32[h // g, :n].astype(np.float64) @ q[h].astype(np.float32).astype(np.float64)
+                    p = np.exp((logits - logits.max()) / np.sqrt(d))
+                    pc = p[lo:hi]
+                    mid = read[h][(read[h] >= lo) & (read[h] < hi)] - lo
+                    if len(mid) != k or len(read[h]) != k + 2 * ns:
+                        raise RuntimeError("head %d read %d rows, %d of them candidates; expected %d + %d"
+                                           % (h, len(read[h]), len(mid), k, 2 * ns))
+                    te = np.argpartition(-pc, k - 1)[:k]
+                    rows[f]["recall"].append(len(np.intersect1d(te, mid)) / k)
+                    rows[f]["mass_oracle"].append(float(pc[te].sum() / pc.sum()))
+                    rows[f]["mass_proxy"].append(float(pc[mid].sum() / pc.sum()))
             if errors:
                 dense = lib.decode(s, q, METHOD["dense"], 1.0, ns, j)
                 for meth in ("pq_topk", "ssa", "ssa_adaptive"):
@@ -179,41 +239,11 @@ def measure_layer(lib, K, V, qs, N, ns, proxy, subspaces, snap_path, errors):
                         o = lib.decode(s, q, METHOD[meth], sp, ns, j)
                         e = np.linalg.norm(o - dense, axis=1) / np.linalg.norm(dense, axis=1)
                         err.setdefault("%s@%g" % (meth, sp), []).extend(e.tolist())
-        snap = pq_proxy.Snapshot(snap_path)
-        Ks = snap.keys(0).astype(np.float64)
-        codes = snap.codes(0)
-        books = snap.codebooks(0).astype(np.float64)
-        R = snap.rotation(0)
-        R = None if R is None else R.astype(np.float64)
-        if (R is None) != (proxy == "pq"):
-            raise ValueError("snapshot proxy does not match the session's")
-        sub = d // snap.M
-        for j, q in enumerate(qs):
-            n = N + j + 1
-            lo, hi = ns, n - ns
-            for h in range(n_q):
-                kv = h // g
-                logits = Ks[kv, :n] @ q[h] / np.sqrt(d)
-                p = np.exp(logits - logits.max())
-                p /= p.sum()
-                pc = p[lo:hi]
-                qr = q[h] if R is None else R[kv] @ q[h]
-                lut = np.einsum("ms,mcs->mc", qr.reshape(snap.M, sub), books[kv])
-                prox = lut[np.arange(snap.M)[:, None], codes[kv, :, lo:hi]].sum(axis=0)
-                for f in FRACTIONS:
-                    k = max(1, int(round(f * (hi - lo))))
-                    te = np.argpartition(-pc, k - 1)[:k]
-                    tp = np.argpartition(-prox, k - 1)[:k]
-                    rows[f]["recall"].append(len(np.intersect1d(te, tp)) / k)
-                    rows[f]["mass_oracle"].append(float(pc[te].sum() / pc.sum()))
-                    rows[f]["mass_proxy"].append(float(pc[tp].sum() / pc.sum()))
         out["by_fraction"] = {str(f): {k: float(np.mean(v)) for k, v in r.items()} for f, r in rows.items()}
         out["error"] = {k: float(np.mean(v)) for k, v in err.items()}
         return out
     finally:
         lib.L.ssa_session_destroy(s)
-        if os.path.exists(snap_path):
-            os.remove(snap_path)
 
 
 def main():
@@ -223,7 +253,7 @@ def main():
     ap.add_argument("--length", type=int, required=True)
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--proxies", nargs="+", default=["pq:16", "opq:16"],
-                    help="PROXY:SUBSPACES, 256 centroids each (SUBSPACES bytes per token per KV head)")
+                    help="NAME:SUBSPACES[:WEIGHT] (see the module's doc)")
     ap.add_argument("--layers", type=int, nargs="*", help="model layers (default: every full-attention layer)")
     ap.add_argument("--no-errors", action="store_true")
     ap.add_argument("--lib", default=os.path.join(HERE, "..", "build-cpu", "libssa.so"))
@@ -242,15 +272,13 @@ def main():
     layers = a.layers if a.layers else [i for i, t in enumerate(types) if t == "full_attention"]
     ns = harness.sink_local(N)
     res = dict(model=a.model, doc=a.doc, length=a.length, context=N, steps=a.steps, sink=ns, layers={})
-    snap_path = os.path.join(tempfile.gettempdir(), "proxy-compare-%d.ssa" % os.getpid())
     for layer in layers:
         K = cache.layers[layer].keys[0].double().numpy()
         V = cache.layers[layer].values[0].double().numpy()
         res["layers"][str(layer)] = {}
         for spec in a.proxies:
-            proxy, sub = spec.split(":")
             t0 = time.time()
-            r = measure_layer(lib, K, V, queries[layer], N, ns, proxy, int(sub), snap_path, not a.no_errors)
+            r = measure_layer(lib, K, V, queries[layer], N, ns, spec, not a.no_errors)
             res["layers"][str(layer)][spec] = r
             print("layer %d %s: recall@2%% %.3f mass@2%% %.3f  (%.0fs)" % (
                 layer, spec, r["by_fraction"]["0.02"]["recall"], r["by_fraction"]["0.02"]["mass_proxy"],
