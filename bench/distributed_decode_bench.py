@@ -8,10 +8,7 @@ Every process runs a runtime of `--threads` worker threads, builds the same sess
 (the same rows, from per-chunk seeds; every rank is given every row and keeps its
 shard's) and times `--reps` decodes of each method (median). In the group each rank
 holds and reads its half; the collectives' share is the time spent inside the callbacks
-(waiting for the slower rank included) over the decode time. Each decode's process CPU
-time is reported beside its wall time: on cores shared with other work the wall ratio
-measures the contention as much as the decode, the busiest rank's CPU time against the
-single process's does not (a group on free cores takes about that plus the exchanges). Also reported: each
+(waiting for the slower rank included) over the decode time. Also reported: each
 process's resident memory after building the session (the K/V it holds), and the time
 to build it (appends and the index training, which a group trains on a gathered sample).
 
@@ -19,7 +16,6 @@ usage: distributed_decode_bench.py [--tokens 1048576] [--ranks 2] [--threads 1] 
 """
 import argparse
 import datetime
-import gc
 import json
 import os
 import statistics
@@ -57,24 +53,18 @@ def rss_gib():
 
 
 def time_decodes(s, q, reps, comm=None):
-    # As a long-running server would: the objects made so far (torch's, in a rank)
-    # move out of the collector's reach, so that the collections the exchanges'
-    # small allocations trigger do not rescan them (8% of a rank's decode at 256K).
-    gc.collect()
-    gc.freeze()
     res = {}
     for m, g in METHODS:
         s.decode(0, q, method=m, sparsity=50, group_selection=g)  # warm-up
-        times, cpu, coll = [], [], []
+        times, coll = [], []
         for r in range(reps):
             c0 = comm.seconds if comm else 0.0
-            t0, p0 = time.perf_counter(), time.process_time()
+            t0 = time.perf_counter()
             s.decode(0, q, method=m, sparsity=50, group_selection=g, step=r)
             times.append(time.perf_counter() - t0)
-            cpu.append(time.process_time() - p0)
             coll.append((comm.seconds - c0) if comm else 0.0)
         i = sorted(range(reps), key=lambda j: times[j])[reps // 2]
-        res["%s/%s" % (m, g)] = dict(ms=1e3 * times[i], coll_ms=1e3 * coll[i], cpu_ms=1e3 * sorted(cpu)[reps // 2])
+        res["%s/%s" % (m, g)] = dict(ms=1e3 * times[i], coll_ms=1e3 * coll[i])
     return res
 
 
@@ -143,17 +133,12 @@ def main():
     print("load average after the group: %.2f %.2f %.2f" % os.getloadavg(), flush=True)
     print("\n%d tokens, 16 q / 4 KV heads, d 256, f16, %d thread(s) per process, 50x, median of %d\n"
           % (args.tokens, args.threads, args.reps))
-    print("| method | 1 process (ms) | %d ranks (ms, slowest rank) | ratio | collectives (ms, share) "
-          "| CPU ms: 1 process / busiest rank | CPU ratio |" % args.ranks)
-    print("|---|---|---|---|---|---|---|")
+    print("| method | 1 process (ms) | %d ranks (ms, slowest rank) | ratio | collectives (ms, share) |" % args.ranks)
+    print("|---|---|---|---|---|")
     for key in one:
         g = max(ranks, key=lambda r: r[key]["ms"])[key]
-        busiest = max(r[key]["cpu_ms"] for r in ranks)
-        print("| %s | %.1f | %.1f | %.2fx | %.1f (%.0f%%) | %.1f / %.1f | %.2fx |"
-              % (key, one[key]["ms"], g["ms"], g["ms"] / one[key]["ms"], g["coll_ms"], 100 * g["coll_ms"] / g["ms"],
-                 one[key]["cpu_ms"], busiest, busiest / one[key]["cpu_ms"]))
-    print("\nCPU ms: the process's CPU time over the decode (its worker thread, gloo's threads and "
-          "Python), the median of the reps: what each rank computes, whatever else shares the cores.")
+        print("| %s | %.1f | %.1f | %.2fx | %.1f (%.0f%%) |" % (key, one[key]["ms"], g["ms"], g["ms"] / one[key]["ms"],
+                                                           g["coll_ms"], 100 * g["coll_ms"] / g["ms"]))
     print("\nbuilding the session (appends + index): 1 process %.1f s, %.1f GiB resident; ranks %s"
           % (one_built["build_s"], one_built["rss_gib"],
              ", ".join("%.1f s, %.1f GiB" % (g["built"]["build_s"], g["built"]["rss_gib"]) for g in got)))
