@@ -5,12 +5,9 @@ first the single process, then the group (one after the other, so that they neve
 compete for the cores or the memory). docs/DISTRIBUTED.md.
 
 Every process runs a runtime of `--threads` worker threads, builds the same session
-(the same rows, from per-chunk seeds; every rank is given every row and keeps its
-shard's) and times `--reps` decodes of each method (median). In the group each rank
-holds and reads its half; the collectives' share is the time spent inside the callbacks
-(waiting for the slower rank included) over the decode time. Also reported: each
-process's resident memory after building the session (the K/V it holds), and the time
-to build it (appends and the index training, which a group trains on a gathered sample).
+(the same rows, from per-chunk seeds) and times `--reps` decodes of each method
+(median). In the group each rank reads its half; the collectives' share is the time
+spent inside the callbacks (waiting for the slower rank included) over the decode time.
 
 usage: distributed_decode_bench.py [--tokens 1048576] [--ranks 2] [--threads 1] [--reps 5]
 """
@@ -44,14 +41,6 @@ def build(rt, n):
     return s, q
 
 
-def rss_gib():
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / (1 << 20)
-    return float("nan")
-
-
 def time_decodes(s, q, reps, comm=None):
     res = {}
     for m, g in METHODS:
@@ -72,12 +61,8 @@ def single(args):
     import ssa
 
     with ssa.Runtime(backend="cpu", threads=args.threads) as rt:
-        t0 = time.perf_counter()
         s, q = build(rt, args.tokens)
-        built = dict(build_s=time.perf_counter() - t0, rss_gib=rss_gib())
-        res = time_decodes(s, q, args.reps)
-        s.close()
-        return res, built
+        return time_decodes(s, q, args.reps)
 
 
 def rank_main(args):
@@ -92,13 +77,11 @@ def rank_main(args):
     comm = ssa.distributed.TorchCollective(timeout_ms=600000)
     shard = -(-args.tokens // args.ranks // 8192) * 8192
     rt = ssa.Runtime(backend="cpu", threads=args.threads, shard_tokens=shard, collective=comm)
-    t0 = time.perf_counter()
     s, q = build(rt, args.tokens)
-    built = dict(build_s=time.perf_counter() - t0, rss_gib=rss_gib())
     dist.barrier()
     res = time_decodes(s, q, args.reps, comm)
     with open(args.out, "w") as f:
-        json.dump(dict(decodes=res, built=built), f)
+        json.dump(res, f)
     s.close()
     rt.close()
     dist.destroy_process_group()
@@ -117,7 +100,7 @@ def main():
     if args.rank >= 0:
         return rank_main(args)
     print("load average before: %.2f %.2f %.2f" % os.getloadavg(), flush=True)
-    one, one_built = single(args)
+    one = single(args)
     print("load average after the single process: %.2f %.2f %.2f" % os.getloadavg(), flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         init = os.path.join(tmp, "init")
@@ -128,8 +111,7 @@ def main():
         for p in procs:
             if p.wait() != 0:
                 sys.exit("a rank failed")
-        got = [json.load(open(os.path.join(tmp, "r%d" % r))) for r in range(args.ranks)]
-        ranks = [g["decodes"] for g in got]
+        ranks = [json.load(open(os.path.join(tmp, "r%d" % r))) for r in range(args.ranks)]
     print("load average after the group: %.2f %.2f %.2f" % os.getloadavg(), flush=True)
     print("\n%d tokens, 16 q / 4 KV heads, d 256, f16, %d thread(s) per process, 50x, median of %d\n"
           % (args.tokens, args.threads, args.reps))
@@ -139,9 +121,6 @@ def main():
         g = max(ranks, key=lambda r: r[key]["ms"])[key]
         print("| %s | %.1f | %.1f | %.2fx | %.1f (%.0f%%) |" % (key, one[key]["ms"], g["ms"], g["ms"] / one[key]["ms"],
                                                            g["coll_ms"], 100 * g["coll_ms"] / g["ms"]))
-    print("\nbuilding the session (appends + index): 1 process %.1f s, %.1f GiB resident; ranks %s"
-          % (one_built["build_s"], one_built["rss_gib"],
-             ", ".join("%.1f s, %.1f GiB" % (g["built"]["build_s"], g["built"]["rss_gib"]) for g in got)))
 
 
 if __name__ == "__main__":
