@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "support/session_helpers.h"
-#include "support/structured_context.h"
+#include "support/structured_feed.h"
 
 using namespace ssa_test;
 
@@ -141,40 +141,16 @@ void run_ranks(uint32_t n, const std::function<void(uint32_t, RankLink&)>& body)
   for (std::thread& th : threads) th.join();
 }
 
-ssa_session_config group_config() {
-  ssa_session_config c = make_config(1, 8, 2, 64, SSA_DTYPE_F16);
-  c.pq_centroids = 16;
-  c.page_tokens = 64;
-  c.index_min_tokens = 4096;
-  c.index_train_sample = 2048;
-  c.index_iterations = 3;
-  return c;
-}
-
-struct Feed {
-  StructuredContext ctx;
-  std::vector<uint8_t> k, v, q;
-  explicit Feed(size_t n, uint64_t seed) {
-    StructuredOptions o;
-    o.seed = seed;
-    ctx = make_structured_context(n, 2, 8, 64, o);
-    k = encode(ctx.K, SSA_DTYPE_F16);
-    v = encode(ctx.V, SSA_DTYPE_F16);
-    q = encode(ctx.q, SSA_DTYPE_F16);
-  }
-  void append(ssa_session* s, size_t t0, size_t t1) const {
-    const size_t row = 2 * 64 * 2;
-    SSA_CHECK_OK(ssa_session_append(s, 0, k.data() + t0 * row, v.data() + t0 * row, t1 - t0));
-  }
-};
+// One f16 layer; the ranks' sessions and the unsharded reference are fed alike.
+ssa_session_config group_config() { return quick_index_config(1, SSA_DTYPE_F16); }
 
 // Appends in chunks whose ends fall inside shards and across their boundaries.
-void feed_chunks(const Feed& f, ssa_session* s, size_t n) {
+void feed_chunks(const StructuredFeed& f, ssa_session* s, size_t n) {
   size_t t = 0;
   const size_t chunks[] = {5000, 7000, 9000, 1};
   for (size_t i = 0; t < n; ++i) {
     const size_t e = std::min(n, t + chunks[i % 4]);
-    f.append(s, t, e);
+    f.append({s}, 0, t, e);
     t = e;
   }
 }
@@ -216,11 +192,7 @@ std::vector<Outcome> decode_grid(ssa_session* s, const std::vector<uint8_t>& q) 
 }
 
 bool same(const Outcome& a, const Outcome& b) {
-  const ssa_decode_stats &x = a.stats, &y = b.stats;
-  return a.st == SSA_OK && b.st == SSA_OK && a.out == b.out && x.context_tokens == y.context_tokens &&
-         x.tokens_read == y.tokens_read && x.heavy_tokens == y.heavy_tokens && x.draws == y.draws &&
-         x.unique_samples == y.unique_samples && x.scored_tokens == y.scored_tokens &&
-         memcmp(&x.residual_proxy_mass, &y.residual_proxy_mass, sizeof(double)) == 0;
+  return a.st == SSA_OK && b.st == SSA_OK && a.out == b.out && same_stats(a.stats, b.stats);
 }
 
 void check_same_grid(const std::vector<Outcome>& ref, const std::vector<std::vector<Outcome>>& ranks) {
@@ -242,7 +214,7 @@ std::string temp_path(const char* name) {
 
 TEST_CASE("process group: every method and group mode bitwise the unsharded decode, 1-4 ranks") {
   const size_t n = 29000;  // shards of 8192: 4 ranks hold 8192, 8192, 8192, 4424
-  const Feed f(n, 21);
+  const StructuredFeed f(n, SSA_DTYPE_F16, 21);
   RuntimePtr plain = plain_runtime();
   ssa_session* ref = nullptr;
   const ssa_session_config cfg = group_config();
@@ -272,18 +244,18 @@ TEST_CASE("process group: every method and group mode bitwise the unsharded deco
 
 TEST_CASE("process group: fork, truncate into a shard, regrowth, and a batch") {
   const size_t n = 26000;
-  const Feed f(n, 22);
+  const StructuredFeed f(n, SSA_DTYPE_F16, 22);
   const ssa_session_config cfg = group_config();
   RuntimePtr plain = plain_runtime();
   ssa_session *ref = nullptr, *ref_fork = nullptr;
   SSA_CHECK_OK(ssa_session_create(plain.get(), &cfg, &ref));
   SessionPtr o1(ref);
-  f.append(ref, 0, 20000);
+  f.append({ref}, 0, 0, 20000);
   SSA_CHECK_OK(ssa_session_fork(ref, &ref_fork));
   SessionPtr o2(ref_fork);
   SSA_CHECK_OK(ssa_session_truncate(ref, 9000));  // into the second shard
-  f.append(ref, 9000, n);
-  f.append(ref_fork, 20000, 23000);
+  f.append({ref}, 0, 9000, n);
+  f.append({ref_fork}, 0, 20000, 23000);
   const std::vector<Outcome> want = decode_grid(ref, f.q), want_fork = decode_grid(ref_fork, f.q);
   std::vector<uint8_t> want_batch(2 * f.q.size());
   ssa_decode_item items[2] = {{ref, f.q.data(), want_batch.data()},
@@ -297,12 +269,12 @@ TEST_CASE("process group: fork, truncate into a shard, regrowth, and a batch") {
     ssa_session *s = nullptr, *fork = nullptr;
     SSA_CHECK_OK(ssa_session_create(rt.get(), &cfg, &s));
     SessionPtr a(s);
-    f.append(s, 0, 20000);
+    f.append({s}, 0, 0, 20000);
     SSA_CHECK_OK(ssa_session_fork(s, &fork));
     SessionPtr b(fork);
     SSA_CHECK_OK(ssa_session_truncate(s, 9000));
-    f.append(s, 9000, n);
-    f.append(fork, 20000, 23000);
+    f.append({s}, 0, 9000, n);
+    f.append({fork}, 0, 20000, 23000);
     got[r] = decode_grid(s, f.q);
     got_fork[r] = decode_grid(fork, f.q);
     got_batch[r].assign(2 * f.q.size(), 0);
@@ -317,7 +289,7 @@ TEST_CASE("process group: fork, truncate into a shard, regrowth, and a batch") {
 
 TEST_CASE("process group: a snapshot of one rank loads into one process and into groups of 2 and 4") {
   const size_t n = 25000;
-  const Feed f(n, 23);
+  const StructuredFeed f(n, SSA_DTYPE_F16, 23);
   const ssa_session_config cfg = group_config();
   const std::string path = temp_path("save");
   std::vector<std::vector<Outcome>> saved(3);
@@ -352,7 +324,7 @@ TEST_CASE("process group: a snapshot of one rank loads into one process and into
 }
 
 TEST_CASE("process group: a rank that stops answering gives the others SSA_ERR_IO, not a hang") {
-  const Feed f(12000, 24);
+  const StructuredFeed f(12000, SSA_DTYPE_F16, 24);
   const ssa_session_config cfg = group_config();
   ssa_status first = SSA_OK, second = SSA_OK;
   double waited_ms = 0;
@@ -362,7 +334,7 @@ TEST_CASE("process group: a rank that stops answering gives the others SSA_ERR_I
     ssa_session* s = nullptr;
     SSA_CHECK_OK(ssa_session_create(rt.get(), &cfg, &s));
     SessionPtr a(s);
-    f.append(s, 0, 12000);
+    f.append({s}, 0, 0, 12000);
     if (r == 1) return;  // leaves the group
     const ssa_decode_params p = params(SSA_METHOD_SSA, 0, 20.0f);
     std::vector<uint8_t> out(f.q.size());
@@ -380,7 +352,7 @@ TEST_CASE("process group: a rank that stops answering gives the others SSA_ERR_I
 }
 
 TEST_CASE("process group: ranks that disagree on q or on the layer get an error, and the group goes on") {
-  const Feed f(12000, 25);
+  const StructuredFeed f(12000, SSA_DTYPE_F16, 25);
   const ssa_session_config cfg = group_config();
   std::vector<ssa_status> bad_q(2), bad_len(2), after(2);
   std::vector<std::vector<uint8_t>> outs(2);
@@ -389,14 +361,14 @@ TEST_CASE("process group: ranks that disagree on q or on the layer get an error,
     ssa_session* s = nullptr;
     SSA_CHECK_OK(ssa_session_create(rt.get(), &cfg, &s));
     SessionPtr a(s);
-    f.append(s, 0, 11000);
+    f.append({s}, 0, 0, 11000);
     const ssa_decode_params p = params(SSA_METHOD_SSA, 0, 20.0f);
     std::vector<uint8_t> q = f.q, out(f.q.size());
     if (r == 1) q[3] ^= 1;
     bad_q[r] = ssa_decode(s, 0, q.data(), out.data(), &p, nullptr);
-    if (r == 1) f.append(s, 11000, 11001);
+    if (r == 1) f.append({s}, 0, 11000, 11001);
     bad_len[r] = ssa_decode(s, 0, f.q.data(), out.data(), &p, nullptr);
-    if (r == 0) f.append(s, 11000, 11001);
+    if (r == 0) f.append({s}, 0, 11000, 11001);
     after[r] = ssa_decode(s, 0, f.q.data(), out.data(), &p, nullptr);
     outs[r] = out;
   });

@@ -2,7 +2,6 @@
 // rotations, every loaded rotation is checked (finite, orthogonal, sized for the
 // config), damage to the new bytes is refused or harmless, and version 1 files,
 // which hold no proxy, still load as PQ.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 #include <math.h>
 
