@@ -83,17 +83,56 @@ void store_rotation(const std::vector<double>& r, float* out) {
 
 }  // namespace
 
+uint64_t first_sample_at(uint64_t token, uint64_t n_tokens, uint64_t n) {
+  // sample_token is increasing in i: a binary search.
+  uint64_t lo = 0, hi = n;
+  while (lo < hi) {
+    const uint64_t mid = lo + (hi - lo) / 2;
+    if (sample_token(mid, n_tokens, n) >= token) {
+      hi = mid;
+    } else {
+      lo = mid + 1;
+    }
+  }
+  return lo;
+}
+
+void read_sample_keys(const KvLayout& layout, const LayerStore& layer, uint64_t n, uint64_t i0, uint64_t i1,
+                      ThreadPool& pool, float* keys) {
+  const uint32_t d = layout.head_dim;
+  const uint64_t count = i1 - i0;
+  const auto& kern = simd::kernels();
+  pool.parallel_for(layout.n_kv_heads, [&](size_t h) {
+    for (uint64_t i = i0; i < i1; ++i) {
+      const uint64_t token = sample_token(i, layer.n_tokens, n);  // evenly spread, deterministic
+      kern.to_f32(layout.dtype, key_row(layout, layer.kv_pages, static_cast<uint32_t>(h), token),
+                  keys + (h * count + (i - i0)) * d, d);
+    }
+  });
+}
+
 absl::StatusOr<CodebooksRef> train_codebooks(const KvLayout& layout, const LayerStore& layer,
                                              uint32_t sample, uint32_t iterations, ssa_proxy proxy,
                                              ThreadPool& pool) {
-  const uint64_t n_tokens = layer.n_tokens;
-  if (n_tokens == 0) return invalid_argument("cannot train a PQ index on an empty layer");
+  if (layer.n_tokens == 0) return invalid_argument("cannot train a PQ index on an empty layer");
+  const uint64_t n = sample_count(layer.n_tokens, sample);
+  // The sampled keys of each head as floats, x[h][n][d].
+  std::vector<float> keys(size_t{layout.n_kv_heads} * n * layout.head_dim);
+  read_sample_keys(layout, layer, n, 0, n, pool, keys.data());
+  return train_codebooks_on(layout, keys, n, iterations, proxy, pool);
+}
+
+absl::StatusOr<CodebooksRef> train_codebooks_on(const KvLayout& layout, const std::vector<float>& keys,
+                                                uint64_t n, uint32_t iterations, ssa_proxy proxy, ThreadPool& pool) {
+  if (n == 0) return invalid_argument("cannot train a PQ index on an empty layer");
   if (proxy != SSA_PROXY_PQ && proxy != SSA_PROXY_OPQ) {
     return invalid_argument("unknown proxy ", static_cast<int>(proxy));
   }
-  const uint64_t n = std::min<uint64_t>(n_tokens, sample);
   const uint32_t M = layout.pq_subspaces, K = layout.pq_centroids, dsub = layout.sub_dim();
   const uint32_t d = layout.head_dim, H = layout.n_kv_heads;
+  if (keys.size() != size_t{H} * n * d) {
+    return internal_error("training keys hold ", keys.size(), " floats for ", n, " keys of ", H, " heads");
+  }
 
   auto books = std::make_shared<PqCodebooks>();
   books->n_kv_heads = H;
@@ -102,16 +141,6 @@ absl::StatusOr<CodebooksRef> train_codebooks(const KvLayout& layout, const Layer
   books->sub_dim = dsub;
   books->data.resize(size_t{H} * M * K * dsub);
 
-  // The sampled keys of each head as floats, x[h][n][d].
-  std::vector<float> keys(size_t{H} * n * d);
-  const auto& kern = simd::kernels();
-  pool.parallel_for(H, [&](size_t h) {
-    for (uint64_t i = 0; i < n; ++i) {
-      const uint64_t token = i * n_tokens / n;  // evenly spread, deterministic
-      kern.to_f32(layout.dtype, key_row(layout, layer.kv_pages, static_cast<uint32_t>(h), token),
-                  keys.data() + (h * n + i) * d, d);
-    }
-  });
   const bool opq = proxy == SSA_PROXY_OPQ;
   if (opq) {
     books->rotation.resize(size_t{H} * d * d);
@@ -191,15 +220,21 @@ void PqEncoder::encode(const std::vector<PageRef>& kv_pages, std::vector<PageRef
 
 absl::StatusOr<std::vector<PageRef>> encode_layer(const KvLayout& layout, const CodebooksRef& books,
                                                   const LayerStore& layer, PagePool& code_pool,
-                                                  ThreadPool& pool) {
+                                                  ThreadPool& pool, const HeldRange& held) {
   std::vector<PageRef> pages;
   pages.reserve(layer.kv_pages.size());
   for (size_t i = 0; i < layer.kv_pages.size(); ++i) {
+    if (!held.holds_page(i, layout.page_tokens)) {
+      pages.emplace_back();
+      continue;
+    }
     absl::StatusOr<PageRef> page = code_pool.allocate();
     if (!page.ok()) return page.status();
     pages.push_back(*std::move(page));
   }
-  PqEncoder(layout, books).encode(layer.kv_pages, pages, 0, layer.n_tokens, pool);
+  if (held.lo(0) < held.hi(layer.n_tokens)) {
+    PqEncoder(layout, books).encode(layer.kv_pages, pages, held.lo(0), held.hi(layer.n_tokens), pool);
+  }
   return pages;
 }
 

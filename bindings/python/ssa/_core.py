@@ -512,8 +512,11 @@ class Runtime:
              expect: Optional[dict] = None) -> "Session":
         """Restores a session saved with Session.save/checkpoint onto this runtime.
 
+        On a group's runtime (``ssa.distributed``) a collective call: every rank loads the
+        same snapshot (a group's manifest or one process's file) and keeps its shard's pages.
+
         Args:
-            path: the snapshot file.
+            path: the snapshot file, or the manifest a group saved to.
             verify: verify every checksum up front (default: on read).
             mmap: map the file instead of reading it (CPU sessions).
             expect: the shape the snapshot must have, as create_session's arguments
@@ -983,10 +986,16 @@ class Session:
 
     # -- snapshots
     def save(self, path: PathLike) -> None:
-        """Writes the whole session to path atomically (runs beside decodes)."""
+        """Writes the whole session to path atomically (runs beside decodes).
+
+        On a group's runtime (``ssa.distributed``) a collective call: every rank passes the
+        same path; each writes its shard's file beside it and rank 0 commits the set by
+        writing the manifest at path, which loads into a group of any size or one process.
+        """
         check(lib.ssa_session_save(self._handle(), _path(path)), "ssa_session_save")
 
     def checkpoint(self, path: PathLike) -> None:
         """Appends only what changed since the last save/checkpoint to path, atomically
-        (a full save when path holds no snapshot of this session)."""
+        (a full save when path holds no snapshot of this session; on a group's runtime
+        always a full save of the set, as ``save``)."""
         check(lib.ssa_session_checkpoint(self._handle(), _path(path)), "ssa_session_checkpoint")
