@@ -434,7 +434,7 @@ TEST_CASE("process group: a group's snapshot is a file per rank and a manifest; 
 
 TEST_CASE("process group: a damaged, incomplete or mixed set is refused, on every rank") {
   const size_t n = 20000;
-  const Feed f(n, 26);
+  const StructuredFeed f(n, SSA_DTYPE_F16, 26);
   const ssa_session_config cfg = group_config();
   const std::string path = temp_path("bad"), older = temp_path("older");
   remove_set(path);
@@ -444,9 +444,9 @@ TEST_CASE("process group: a damaged, incomplete or mixed set is refused, on ever
     ssa_session* s = nullptr;
     SSA_CHECK_OK(ssa_session_create(rt.get(), &cfg, &s));
     SessionPtr a(s);
-    f.append(s, 0, 17000);
+    f.append({s}, 0, 0, 17000);
     SSA_CHECK_OK(ssa_session_save(s, older.c_str()));
-    f.append(s, 17000, n);
+    f.append({s}, 0, 17000, n);
     SSA_CHECK_OK(ssa_session_save(s, path.c_str()));
   });
   RuntimePtr plain = plain_runtime();
@@ -632,7 +632,7 @@ TEST_CASE("process group: a rank that stops answering gives the others SSA_ERR_I
 }
 
 TEST_CASE("process group: a rank that leaves before an index training or a save: SSA_ERR_IO, not a hang") {
-  const Feed f(6000, 27);
+  const StructuredFeed f(6000, SSA_DTYPE_F16, 27);
   const ssa_session_config cfg = group_config();  // trains at 4096 tokens
   ssa_status train = SSA_OK, save = SSA_OK;
   uint64_t length = 0;
@@ -643,7 +643,7 @@ TEST_CASE("process group: a rank that leaves before an index training or a save:
     ssa_session* s = nullptr;
     SSA_CHECK_OK(ssa_session_create(rt.get(), &cfg, &s));
     SessionPtr a(s);
-    f.append(s, 0, 3000);
+    f.append({s}, 0, 0, 3000);
     if (r == 1) return;  // leaves the group
     const size_t row = 2 * 64 * 2;
     const auto t0 = std::chrono::steady_clock::now();
@@ -663,13 +663,13 @@ TEST_CASE("process group: a rank that leaves before an index training or a save:
 
 TEST_CASE("process group: rows only one rank was given refuse an append that trains, on every rank at once") {
   const size_t n = 12000;
-  const Feed f(n, 28);
+  const StructuredFeed f(n, SSA_DTYPE_F16, 28);
   const ssa_session_config cfg = group_config();
   RuntimePtr plain = plain_runtime();
   ssa_session* ref = nullptr;
   SSA_CHECK_OK(ssa_session_create(plain.get(), &cfg, &ref));
   SessionPtr o(ref);
-  f.append(ref, 0, n);
+  f.append({ref}, 0, 0, n);
   const std::vector<Outcome> want = decode_grid(ref, f.q);
   std::vector<ssa_status> bad(2);
   std::vector<uint64_t> lengths(2);
@@ -680,7 +680,7 @@ TEST_CASE("process group: rows only one rank was given refuse an append that tra
     ssa_session* s = nullptr;
     SSA_CHECK_OK(ssa_session_create(rt.get(), &cfg, &s));
     SessionPtr a(s);
-    f.append(s, 0, 3000);
+    f.append({s}, 0, 0, 3000);
     const size_t row = 2 * 64 * 2;
     std::vector<uint8_t> k(f.k.begin() + 3000 * row, f.k.begin() + n * row);
     if (r == 1) {  // a NaN in rank 1's copy, in rank 0's shard
@@ -691,7 +691,7 @@ TEST_CASE("process group: rows only one rank was given refuse an append that tra
     bad[r] = ssa_session_append(s, 0, k.data(), f.v.data() + 3000 * row, n - 3000);
     waited[r] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     lengths[r] = ssa_session_length(s);
-    f.append(s, 3000, n);
+    f.append({s}, 0, 3000, n);
     got[r] = decode_grid(s, f.q);
   });
   for (uint32_t r = 0; r < 2; ++r) {
