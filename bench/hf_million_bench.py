@@ -97,6 +97,7 @@ def fill(cache, layers, n, nkv, d, chunk, device, dtype, mem):
             sync(device)
             t0 = time.perf_counter()
             cache._append(work.layer, 0, k[0], v[0], None)
+            work.layer.inflight -= m  # appended here, not by the attention call update() expected
             sync(device)
             spent += time.perf_counter() - t0
             del k, v
