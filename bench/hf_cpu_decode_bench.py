@@ -58,13 +58,10 @@ def random_fill(model, cache, n, seed=7):
     for layer in range(cfg.num_hidden_layers):
         k = torch.randn(1, cfg.num_key_value_heads, n, hd, generator=g)
         v = torch.randn(1, cfg.num_key_value_heads, n, hd, generator=g)
-        cache.update(k, v, layer)
         if isinstance(cache, ssa.hf.SSACache):
-            work = ssa.hf._attention.take_pending(layer)
-            cache._append(work.layer, 0, k[0], v[0], None)
-            work.layer.dense_k = work.layer.dense_v = None
-            work.layer.inflight -= n
-            work.layer.stepping = True
+            cache.append_kv(layer, k, v)
+        else:
+            cache.update(k, v, layer)
     return cache
 
 

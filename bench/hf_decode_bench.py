@@ -62,16 +62,10 @@ def fill(cache, layers, n, batch, seed):
     for layer in range(layers):
         k = torch.randn(batch, KV_HEADS, n, HEAD_DIM, generator=gen, device="cuda", dtype=torch.bfloat16)
         v = torch.randn(batch, KV_HEADS, n, HEAD_DIM, generator=gen, device="cuda", dtype=torch.bfloat16)
-        cache.update(k, v, layer, {"cache_position": torch.arange(n, device="cuda")})
         if isinstance(cache, ssa.hf.SSACache):
-            # What the prefill's attention call would append, without computing the
-            # prefill's attention (the "ssa" attention takes this hand-over).
-            work = ssa.hf._attention.take_pending(layer)
-            for b in range(batch):
-                cache._append(work.layer, b, k[b], v[b], None)
-            work.layer.dense_k = work.layer.dense_v = None
-            work.layer.inflight -= n
-            work.layer.stepping = True
+            cache.append_kv(layer, k, v)  # what the prefill leaves, without its attention
+        else:
+            cache.update(k, v, layer, {"cache_position": torch.arange(n, device="cuda")})
         del k, v
     torch.cuda.synchronize()
     return cache

@@ -91,13 +91,9 @@ def fill(cache, layers, n, nkv, d, chunk, device, dtype, mem):
             m = min(chunk, n - s)
             k = torch.randn(1, nkv, m, d, generator=gen, device=device, dtype=dtype)
             v = torch.randn(1, nkv, m, d, generator=gen, device=device, dtype=dtype)
-            cache.update(k, v, layer, {"cache_position": torch.arange(s, s + m, device=device)})
-            work = ssa.hf._attention.take_pending(layer)
-            cache.layers[layer].dense_k = cache.layers[layer].dense_v = None  # no prefill attention here
             sync(device)
             t0 = time.perf_counter()
-            cache._append(work.layer, 0, k[0], v[0], None)
-            work.layer.inflight -= m  # appended here, not by the attention call update() expected
+            cache.append_kv(layer, k, v)
             sync(device)
             spent += time.perf_counter() - t0
             del k, v

@@ -237,12 +237,7 @@ def fill(cache, layers, n, seed):
             m = min(chunk, n - s)
             k = torch.randn(1, 8, m, 128, generator=gen, device="cuda", dtype=torch.bfloat16)
             v = torch.randn(1, 8, m, 128, generator=gen, device="cuda", dtype=torch.bfloat16)
-            cache.update(k, v, layer, {"cache_position": torch.arange(s, s + m, device="cuda")})
-            work = ssa.hf._attention.take_pending(layer)
-            cache._append(work.layer, 0, k[0], v[0], None)
-            if s + m < n:
-                cache.layers[layer].dense_k = cache.layers[layer].dense_v = None
-        cache.layers[layer].dense_k = cache.layers[layer].dense_v = None
+            cache.append_kv(layer, k, v)
     torch.cuda.synchronize()
 
 

@@ -199,3 +199,66 @@ def test_page_tokens_reach_the_sessions_and_are_checked(tmp_path):
     for bad in (15, 24, 8192, True, "16"):
         with pytest.raises(ssa.InvalidArgument, match="page_tokens"):
             ssa.hf.SSACache(model, page_tokens=bad)
+
+
+def _prefill_kv(model, ids):
+    """Every layer's K/V of a prompt, from transformers' own cache after a forward."""
+    with torch.no_grad():
+        dyn = transformers.DynamicCache(config=model.config)
+        model(ids, past_key_values=dyn)
+    return [(layer.keys, layer.values) for layer in dyn.layers]
+
+
+@pytest.mark.parametrize("n", [1, 7, 300])
+def test_append_kv_continues_like_a_prefill(n):
+    """K/V of n prompt tokens handed over with append_kv, then the model runs on: the
+    logits of every step equal a cache that ran the prefill itself (dense decode, so
+    the comparison is exact up to float rounding), for a batch of two."""
+    model = _llama()
+    ids = _ids(n + 6, batch=2)
+    kv = _prefill_kv(model, ids[:, :n])
+    ref = ssa.hf.SSACache(model, method="dense")
+    want = _logits(model, ref, ids, n)[:, 1:]
+    cache = ssa.hf.SSACache(model, method="dense")
+    for layer, (k, v) in enumerate(kv):
+        cache.append_kv(layer, k, v)
+    assert cache.get_seq_length() == n and len(cache.sessions[1]) == n
+    got = []
+    with torch.no_grad():
+        for t in range(n, ids.shape[1]):
+            got.append(model(ids[:, t:t + 1], past_key_values=cache).logits[:, -1])
+    torch.testing.assert_close(torch.stack(got, dim=1), want, rtol=1e-4, atol=1e-4)
+    assert cache.get_seq_length() == n + 6
+
+
+def test_append_kv_then_generate_sparse_equals_prefilled_cache():
+    """generate on a cache filled by append_kv (all but the prompt's last token) gives
+    the tokens of a cache whose prefill of those tokens ran in the model, SSA 6x, past
+    the index (in both, generate decodes the prompt's last token)."""
+    model = _llama()
+    ids = _ids(700)
+    prefilled = ssa.hf.SSACache(model, **SPARSE)
+    with torch.no_grad():
+        model(ids[:, :-1], past_key_values=prefilled)
+    ref = _generate(model, prefilled, ids, 8)
+    cache = ssa.hf.SSACache(model, **SPARSE)
+    for layer, (k, v) in enumerate(_prefill_kv(model, ids[:, :-1])):
+        cache.append_kv(layer, k, v)
+    got = _generate(model, cache, ids, 8)
+    assert got.tolist() == ref.tolist()
+
+
+def test_append_kv_refusals_change_nothing():
+    model = _llama()
+    cache = ssa.hf.SSACache(model, method="dense")
+    kv = _prefill_kv(model, _ids(5))
+    k, v = kv[0]
+    with pytest.raises(ssa.InvalidArgument, match="expected both"):
+        cache.append_kv(0, k[:, :1], v)
+    with pytest.raises(ssa.InvalidArgument, match="not a layer"):
+        cache.append_kv(2, k, v)
+    cache.append_kv(0, k, v)
+    with pytest.raises(ssa.InvalidArgument, match="batch 2"):
+        cache.append_kv(1, torch.cat([k, k]), torch.cat([v, v]))
+    assert len(cache.sessions) == 1
+    assert (cache.sessions[0].layer_length(0), cache.sessions[0].layer_length(1)) == (5, 0)

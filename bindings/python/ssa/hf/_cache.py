@@ -112,7 +112,8 @@ class SSALayer(CacheLayerMixin):
         idx = indices.tolist() if isinstance(indices, torch.Tensor) else list(indices)
         self.cache._select_rows_from_layer(self, [int(i) for i in idx])
 
-    def update(self, key_states, value_states, *args, **kwargs):
+    def _check_kv(self, key_states, value_states) -> None:
+        """Shapes, dtype and device of a layer's new K/V; opens the sessions at the first."""
         c = self.cache
         shape = c.shape
         if key_states.dim() != 4 or tuple(key_states.shape[1::2]) != (shape.n_kv_heads, shape.head_dim) \
@@ -125,6 +126,9 @@ class SSALayer(CacheLayerMixin):
         if key_states.shape[0] != c.batch_size:
             raise invalid("SSACache layer %d: key_states has batch %d, the cache holds %d sequences"
                           % (self.layer_idx, key_states.shape[0], c.batch_size))
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        self._check_kv(key_states, value_states)
         t = int(key_states.shape[2])
         if t == 1 and self.stepping:
             # The whole token goes to the attention call: append and decode in one
@@ -576,6 +580,26 @@ class SSACache(Cache):
         self.params = _params.check(params, self.params)
         if self.sessions:
             self._new_token()  # a compiled step recorded with the old parameters is not replayed
+
+    def append_kv(self, layer_idx: int, key_states, value_states) -> None:
+        """Appends K/V rows to model layer layer_idx as a prefill leaves them, without
+        attending: key_states and value_states [batch, n_kv_heads, n_tokens, head_dim]
+        (K/V computed elsewhere, say by another engine's prefill). Every layer must be
+        given the same number of tokens before the next forward. Sliding-window layers
+        are refused (they are transformers' own cache)."""
+        slot = self.layer_of(layer_idx)
+        if slot is None:
+            raise invalid("SSACache.append_kv: layer %d is a sliding-window layer (transformers' own cache)"
+                          % layer_idx)
+        layer = self.layers[layer_idx]
+        if layer.inflight:
+            raise invalid("SSACache.append_kv: layer %d has K/V of a forward not attended yet" % layer_idx)
+        layer._check_kv(key_states, value_states)
+        layer.dense_k = layer.dense_v = None  # the prefill's dense pass, if any, ends here
+        for b in range(self.batch_size):
+            self._append(layer, b, key_states[b], value_states[b], None)
+        layer.is_initialized = True
+        layer.stepping = self._stepping  # the next single token is a decode step, as after a prefill
 
     # -- Cache protocol
     def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
