@@ -200,3 +200,25 @@ def test_a_cache_outside_its_reservation_is_detected():
         graph.replay()  # does nothing, counted
         with pytest.raises(RuntimeError, match="did nothing"):
             cache.prepare_step()
+
+
+def test_generate_on_a_tiered_runtime_equals_one_device():
+    # A runtime with a device K/V budget (pages spill to the host) takes no
+    # reservations, so its caches decode eagerly (append, then decode) and are not
+    # compileable; generate's tokens are those of a cache on a plain runtime, whose
+    # compiled steps read the same rows (tiered decodes are bitwise the untiered ones).
+    model = _model("ssa", torch.float32)
+    ids = _ids(3000, 71)
+    kw = dict(method="ssa", sparsity=10, n_sink=16, n_local=64, seed=5)
+    want = _generate(model, ssa.hf.SSACache(model, **kw), ids, 12, compiled=True)
+    # 2 layers x 8 KV heads x 128 x 4 B x 2 (K and V): 16 KiB per token, 47 MiB in
+    # all; a 16 MiB budget holds a third of the pages on the device.
+    rt = ssa.Runtime(backend="cuda", device_kv_budget=16 << 20)
+    cache = ssa.hf.SSACache(model, runtime=rt, **kw)
+    assert not cache.is_compileable
+    got = _generate(model, cache, ids, 12, compiled=True)
+    assert got.tolist() == want.tolist()
+    seen = []
+    cache.observer = lambda layer, q, out, stats, c: seen.append(stats[0].rows_from_host)
+    _generate(model, cache, got, 2, compiled=False)
+    assert seen and sum(seen) > 0  # rows were read from the host tier

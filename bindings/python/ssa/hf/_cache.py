@@ -382,14 +382,25 @@ class SSACache(Cache):
     @property
     def _stepping(self) -> bool:
         """Whether single-token decodes go through ssa_decode_step (not with traces,
-        which record per-row decodes, nor across a process group)."""
-        return not self.traces and self.process_group is None
+        which record per-row decodes, nor across a process group, nor on a CUDA
+        runtime whose sessions take no reservation: tiered or sharded ones)."""
+        return not self.traces and self.process_group is None and self._runtime_steps()
+
+    def _runtime_steps(self) -> bool:
+        """Whether the runtime's sessions take decode steps: CPU ones (eagerly) and
+        CUDA ones holding their pages on one device (ssa_session_reserve refuses
+        tiered and sharded sessions: their pages move or live elsewhere)."""
+        rt = self.runtime if self.runtime is not None else self._given_runtime
+        if rt is None or rt.backend != "cuda":
+            return True
+        return not rt.options["device_kv_budget"] and rt.shards == 1
 
     @property
     def is_compileable(self) -> bool:
         """Whether a compiled forward (torch.compile, CUDA graphs) can run this cache's
         decode steps: every layer full-attention, no observer, no traces, no process
-        group, and a group selection the device step supports."""
+        group, a runtime whose sessions take steps (not tiered or sharded on CUDA),
+        and a group selection the device step supports."""
         if not self._stepping or self.observer is not None or len(self._slots) != self.shape.n_layers:
             return False
         if self._model_device != "cpu" and self._host_sessions():
