@@ -202,23 +202,25 @@ def test_a_cache_outside_its_reservation_is_detected():
             cache.prepare_step()
 
 
-def test_generate_on_a_tiered_runtime_equals_one_device():
+def test_generate_on_a_tiered_runtime_spills_and_equals_the_device_only_tiers():
     # A runtime with a device K/V budget (pages spill to the host) takes no
     # reservations, so its caches decode eagerly (append, then decode) and are not
-    # compileable; generate's tokens are those of a cache on a plain runtime, whose
-    # compiled steps read the same rows (tiered decodes are bitwise the untiered ones).
+    # compileable. With a budget that holds a third of the pages, generate gives the
+    # tokens of a budget that holds them all (tiered decodes are bitwise the same
+    # wherever the rows are), and reads rows from the host where the other reads none.
     model = _model("ssa", torch.float32)
     ids = _ids(3000, 71)
     kw = dict(method="ssa", sparsity=10, n_sink=16, n_local=64, seed=5)
-    want = _generate(model, ssa.hf.SSACache(model, **kw), ids, 12, compiled=True)
-    # 2 layers x 8 KV heads x 128 x 4 B x 2 (K and V): 16 KiB per token, 47 MiB in
-    # all; a 16 MiB budget holds a third of the pages on the device.
-    rt = ssa.Runtime(backend="cuda", device_kv_budget=16 << 20)
-    cache = ssa.hf.SSACache(model, runtime=rt, **kw)
-    assert not cache.is_compileable
-    got = _generate(model, cache, ids, 12, compiled=True)
-    assert got.tolist() == want.tolist()
-    seen = []
-    cache.observer = lambda layer, q, out, stats, c: seen.append(stats[0].rows_from_host)
-    _generate(model, cache, got, 2, compiled=False)
-    assert seen and sum(seen) > 0  # rows were read from the host tier
+    runs = []
+    # 2 layers x 8 KV heads x 128 x 4 B x 2 (K and V): 16 KiB per token, 47 MiB in all.
+    for budget in (1 << 30, 16 << 20):
+        cache = ssa.hf.SSACache(model, runtime=ssa.Runtime(backend="cuda", device_kv_budget=budget), **kw)
+        assert not cache.is_compileable
+        out = _generate(model, cache, ids, 12, compiled=True)  # generate runs it eagerly
+        seen = []
+        cache.observer = lambda layer, q, o, stats, c: seen.append(stats[0].rows_from_host)
+        _generate(model, cache, out, 2, compiled=False)
+        runs.append((out.tolist(), sum(seen)))
+    (all_on_device, none), (spilled, from_host) = runs
+    assert spilled == all_on_device
+    assert none == 0 and from_host > 0
