@@ -86,7 +86,9 @@ def fill(cache, layers, n, nkv, d, chunk, device, dtype, mem):
     spent in the appends (K/V generation excluded)."""
     gen = torch.Generator(device=device).manual_seed(7)
     spent = 0.0
+    per_layer = []
     for layer in range(layers):
+        before = spent
         for s in range(0, n, chunk):
             m = min(chunk, n - s)
             k = torch.randn(1, nkv, m, d, generator=gen, device=device, dtype=dtype)
@@ -98,6 +100,9 @@ def fill(cache, layers, n, nkv, d, chunk, device, dtype, mem):
             spent += time.perf_counter() - t0
             del k, v
         mem.sample()
+        per_layer.append(spent - before)
+    # Layers filled once the budget is spent go to the host tier: their rate apart.
+    print("fill, seconds per layer: " + " ".join("%.2f" % t for t in per_layer), flush=True)
     return spent
 
 
@@ -122,6 +127,8 @@ def main():
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--chunk", type=int, default=65536)
+    ap.add_argument("--group-selection", default=None, choices=["mixture", "mean_query"],
+                    help="rows chosen per KV head for its query heads (default: per query head)")
     ap.add_argument("--dense", action="store_true", help="also time dense decode from the tiers (a few steps)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
@@ -146,11 +153,13 @@ def main():
         print("dense decode would hold %.1f GiB of K/V + %.1f GiB of weights = %.1f GiB on a %.1f GiB device%s"
               % (kv_bytes / 2 ** 30, weights / 2 ** 30, (kv_bytes + weights) / 2 ** 30, total / 2 ** 30,
                  ": it does not fit" if kv_bytes + weights > total else ""))
-    cache = ssa.hf.SSACache(model, runtime=rt, method="ssa", sparsity=a.sparsity, progress_min_tokens=None)
+    extra = dict(group_selection=a.group_selection) if a.group_selection else {}
+    cache = ssa.hf.SSACache(model, runtime=rt, method="ssa", sparsity=a.sparsity, progress_min_tokens=None, **extra)
     n = a.tokens - 1
     t_fill = fill(cache, a.layers, n, nkv, d, a.chunk, device, dtype, mem)
     fill_gbs = kv_bytes * n / a.tokens / t_fill / 1e9
     res = dict(tokens=a.tokens, layers=a.layers, shape=a.shape, budget_gib=a.device_kv_budget_gib,
+               group_selection=a.group_selection,
                fill_s=t_fill, fill_gb_s=fill_gbs)
     line = "fill: %d tokens x %d layers in %.1f s of appends: %.2f GB/s" % (n, a.layers, t_fill, fill_gbs)
     if device.type == "cuda":
