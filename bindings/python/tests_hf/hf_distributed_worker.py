@@ -1,7 +1,11 @@
 """One process of test_hf_distributed.py: greedy generation of a tiny random Llama
 through an SSACache, either alone or as one rank of a torch.distributed (gloo) group.
 
-usage: hf_distributed_worker.py MODE RANK WORLD INIT_FILE OUT_FILE   (MODE: single | group)
+usage: hf_distributed_worker.py MODE RANK WORLD INIT_FILE OUT_FILE [SAVE_DIR]
+  single: generates NEW tokens, then NEW more on the same cache;
+  group:  one rank; generates NEW tokens, then saves the cache to SAVE_DIR (every rank);
+  resume: loads SAVE_DIR in this one process (INIT_FILE: a group rank's OUT_FILE, for
+          its tokens) and generates NEW more.
 """
 import datetime
 import json
@@ -26,6 +30,15 @@ def main(argv):
     model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="ssa").eval()
     ids = torch.randint(0, 97, (1, PROMPT), generator=torch.Generator().manual_seed(1))
     kw = dict(method="ssa", sparsity=20, threads=1, progress_min_tokens=None)
+    if mode == "resume":
+        first = json.load(open(init_file))["tokens"]
+        cache = ssa.hf.SSACache.load(argv[5], model, threads=1)
+        seq = torch.cat([ids, torch.tensor([first])], dim=1)
+        with torch.no_grad():
+            more = model.generate(seq, past_key_values=cache, max_new_tokens=NEW, do_sample=False)
+        with open(out_file, "w") as f:
+            json.dump({"more": more[0, seq.shape[1]:].tolist(), "shards": cache.runtime.shards}, f)
+        return 0
     if mode == "group":
         import torch.distributed as dist
 
@@ -40,6 +53,12 @@ def main(argv):
     result = {"tokens": out.sequences[0, PROMPT:].tolist(),
               "logits": [lg[0].double().tolist() for lg in out.logits],
               "shards": cache.runtime.shards}
+    if mode == "single":
+        with torch.no_grad():
+            more = model.generate(out.sequences, past_key_values=cache, max_new_tokens=NEW, do_sample=False)
+        result["more"] = more[0, out.sequences.shape[1]:].tolist()
+    else:
+        cache.save(argv[5])  # a collective call: each rank writes its shard, rank 0 the set's manifest
     with open(out_file, "w") as f:
         json.dump(result, f)
     if mode == "group":

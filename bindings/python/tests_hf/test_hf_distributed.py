@@ -1,7 +1,8 @@
 """ssa.hf with an SSACache whose runtime is a group of processes (process_group=True,
 torch.distributed gloo): two CPU processes, each holding one shard of an 8400-token
 context of a tiny random Llama, generate greedily the same tokens, with bitwise the
-same logits, as one process alone. The processes run hf_distributed_worker.py."""
+same logits, as one process alone; the group's save loads into one process, which
+generates on as the process alone does. The processes run hf_distributed_worker.py."""
 import json
 import os
 import subprocess
@@ -25,8 +26,24 @@ def test_two_processes_generate_what_one_does(tmp_path):
     worker = os.path.join(HERE, "hf_distributed_worker.py")
     runs = [("single", 0, 1, tmp_path / "single.json")] + [("group", r, 2, tmp_path / ("rank%d.json" % r))
                                                            for r in range(2)]
-    procs = [subprocess.Popen([sys.executable, worker, m, str(r), str(w), str(tmp_path / "init"), str(o)], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for m, r, w, o in runs]
+    saved = str(tmp_path / "group-cache")
+    results = _run(worker, env, [[m, str(r), str(w), str(tmp_path / "init"), str(o), saved] for m, r, w, o in runs])
+    alone, ranks = results[0], results[1:]
+    assert alone["shards"] == 1 and all(g["shards"] == 2 for g in ranks)
+    assert len(alone["tokens"]) == 6
+    for g in ranks:
+        assert g["tokens"] == alone["tokens"]
+        assert g["logits"] == alone["logits"]
+    resumed = _run(worker, env, [["resume", "0", "1", str(tmp_path / "rank0.json"), str(tmp_path / "resumed.json"),
+                                  saved]])[0]
+    assert resumed["shards"] == 1
+    assert resumed["more"] == alone["more"] and len(alone["more"]) == 6
+
+
+def _run(worker, env, arg_lists):
+    """Runs the workers at once; their JSON results, in order."""
+    procs = [subprocess.Popen([sys.executable, worker] + args, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT) for args in arg_lists]
     logs = []
     try:
         for p in procs:
@@ -35,12 +52,6 @@ def test_two_processes_generate_what_one_does(tmp_path):
         for p in procs:
             if p.poll() is None:
                 p.kill()
-    for (m, r, _, _), p, log in zip(runs, procs, logs):
-        assert p.returncode == 0, "%s %d failed:\n%s" % (m, r, log)
-    results = [json.load(open(o)) for _, _, _, o in runs]
-    alone, ranks = results[0], results[1:]
-    assert alone["shards"] == 1 and all(g["shards"] == 2 for g in ranks)
-    assert len(alone["tokens"]) == 6
-    for g in ranks:
-        assert g["tokens"] == alone["tokens"]
-        assert g["logits"] == alone["logits"]
+    for args, p, log in zip(arg_lists, procs, logs):
+        assert p.returncode == 0, "%s %s failed:\n%s" % (args[0], args[1], log)
+    return [json.load(open(args[4])) for args in arg_lists]
