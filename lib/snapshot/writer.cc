@@ -35,6 +35,7 @@ using snap::SectionKind;
 
 constexpr size_t kBufferBytes = size_t{8} << 20;
 constexpr size_t kDirectBytes = size_t{1} << 20;  // pieces this large skip the buffer
+constexpr uint64_t kHolePadBytes = 512;  // padding this long is skipped, not written
 // A checkpoint rewrites the file in full once superseded bytes exceed the live
 // ones (and this floor), so a file never grows beyond about twice its content.
 constexpr uint64_t kCompactFloorBytes = uint64_t{16} << 20;
@@ -88,10 +89,16 @@ class SectionWriter {
   }
   // Bytes outside any section (the table).
   absl::Status write_raw(const void* p, size_t n) { return emit(p, n); }
+  // Padding belongs to no section and is never read: a long one is left as a
+  // hole (it reads as zeros) rather than written, so that a checkpoint writes
+  // about its sections' bytes and not up to 4 KiB more per KV page run.
   absl::Status pad_to(uint64_t alignment) {
     static const uint8_t kZeros[snap::kKvAlign] = {};
     const uint64_t target = snap::align_up(pos_, alignment);
-    return emit(kZeros, static_cast<size_t>(target - pos_));
+    if (target - pos_ < kHolePadBytes) return emit(kZeros, static_cast<size_t>(target - pos_));
+    SSA_RETURN_IF_ERROR(flush());
+    pos_ = target;
+    return absl::OkStatus();
   }
   absl::Status flush() {
     if (len_ == 0) return absl::OkStatus();
