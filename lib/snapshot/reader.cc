@@ -475,13 +475,16 @@ absl::Status parse(const std::string& path, int fd, Parsed* p) {
                      L.trained_at, " tokens");
     }
     const auto [first_held, end_held] = held_pages(p->layout, p->held, L.n_tokens);
-    const uint64_t pages = end_held - first_held;
-    const uint64_t per_page = p->kv_bytes + (L.has_codebooks ? p->code_bytes : 0);
-    if (pages > (area - page_bytes_needed) / per_page) {
+    // Every row below the length is in some section (a page run or a row run):
+    // the rows held bound the page tables allocated for them.
+    const uint32_t P = p->layout.page_tokens;
+    const uint64_t rows = end_held == first_held ? 0 : std::min(L.n_tokens, end_held * P) - first_held * P;
+    const uint64_t per_row = (p->kv_bytes + (L.has_codebooks ? p->code_bytes : 0)) / P;
+    if (rows > (area - page_bytes_needed) / per_row) {
       return corrupt(path, "layer ", l, " claims ", L.n_tokens,
                      " tokens, more than the file can hold");
     }
-    page_bytes_needed += pages * per_page;
+    page_bytes_needed += rows * per_row;
   }
   for (Parsed::Layer& L : p->layers) {
     L.kv_src.assign(p->layout.pages_for(L.n_tokens), kNoSource);
