@@ -63,6 +63,15 @@ int main(int argc, char** argv) {
     check(append_all_layers(*grow, 12, rng));
     check(session_update_index(*grow));
     save(*grow, "valid_checkpointed_" + tag, true);
+    // Many small checkpoints: pages held by row runs on top of page runs, and
+    // pages held by row runs alone.
+    auto rows = make_session(rt.get(), cfg, 70, 5);
+    check(session_update_index(*rows));
+    save(*rows, "valid_row_runs_" + tag, false);
+    for (int t = 0; t < 6; ++t) {
+      check(append_all_layers(*rows, 3 + t * 5, rng));
+      save(*rows, "valid_row_runs_" + tag, true);
+    }
   }
   // Damaged copies of one valid file.
   const std::vector<uint8_t> good = read_file(dir + "/valid_checkpointed_f16");

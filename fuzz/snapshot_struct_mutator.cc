@@ -59,12 +59,14 @@ void mutate_section(SnapshotImage& img, std::mt19937_64& rng) {
     return;
   }
   switch (static_cast<SectionKind>(e.kind)) {
-    case SectionKind::kCodePages: {  // a code byte, often one naming no centroid
+    case SectionKind::kCodePages:
+    case SectionKind::kCodeRows: {  // a code byte, often one naming no centroid
       const uint64_t at = rng() % len;
       b[at] = rng() % 2 ? static_cast<uint8_t>(rng()) : static_cast<uint8_t>(16 + rng() % 240);
       break;
     }
-    case SectionKind::kKvPages: {  // an element (f16/bf16 or f32 by alignment)
+    case SectionKind::kKvPages:
+    case SectionKind::kKvRows: {  // an element (f16/bf16 or f32 by alignment)
       const size_t eb = rng() % 2 ? 2 : 4;
       poison_float(b + (rng() % (len / eb)) * eb, eb, rng);
       break;
@@ -99,7 +101,7 @@ void mutate_entry(SnapshotImage& img, std::mt19937_64& rng) {
   if (img.entries.empty()) return;
   ssa::snap::SectionEntry& e = img.entries[rng() % img.entries.size()];
   switch (rng() % 8) {
-    case 0: e.kind = static_cast<uint32_t>(rng() % 3 ? 1 + rng() % 7 : interesting(rng, e.kind)); break;
+    case 0: e.kind = static_cast<uint32_t>(rng() % 3 ? 1 + rng() % ssa::snap::kLastKnownKind : interesting(rng, e.kind)); break;
     case 1: e.layer = static_cast<uint32_t>(rng() % 2 ? rng() % 4 : interesting(rng, e.layer)); break;
     case 2: e.offset = interesting(rng, e.offset); break;
     case 3: e.length = interesting(rng, e.length); break;

@@ -3,9 +3,9 @@
 Each agent is a conversation with the model (its K/V in an ssa.hf.SSACache, one
 libssa session). The agents take turns round-robin: a user message is appended and
 the model generates a reply (greedy, SSA decode). After every turn the agent is
-checkpointed into its own folder: the cache's checkpoint appends only the pages the
-turn changed (its new tokens; a partial last page is written again whole), so the
-bytes written per checkpoint grow with the turn, not with the session. Killed at any
+checkpointed into its own folder: the cache's checkpoint appends only the rows the
+turn added (the rows that complete a partial page included, not the page again), so
+the bytes written per checkpoint grow with the turn, not with the session. Killed at any
 moment (SIGKILL between or during checkpoints), a rerun with the same --state
 resumes every agent from its last committed turn and produces exactly the tokens a
 run that was never stopped produces.
@@ -347,8 +347,7 @@ def main():
     ap.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--model", default=None, help="a transformers model folder (default: SmolLM2's GGUF)")
     ap.add_argument("--page-tokens", type=int, default=None,
-                    help="K/V page size of the sessions: a checkpoint rewrites a turn's partial last page whole "
-                         "(default 16 on the CPU, 64 for --bench)")
+                    help="K/V page size of the sessions (default 16 on the CPU, 64 for --bench)")
     ap.add_argument("--bench", action="store_true", help="the GPU benchmark")
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--message-tokens", type=int, default=64)

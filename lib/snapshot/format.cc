@@ -15,6 +15,8 @@ const char* section_kind_name(uint32_t kind) {
     case SectionKind::kCodebooks: return "codebooks";
     case SectionKind::kMetadata: return "metadata";
     case SectionKind::kShard: return "shard";
+    case SectionKind::kKvRows: return "kv-rows";
+    case SectionKind::kCodeRows: return "code-rows";
   }
   return "unknown";
 }

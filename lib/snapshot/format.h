@@ -50,8 +50,10 @@ enum class SectionKind : uint32_t {
   kCodebooks = 5,  // the PQ codebooks of one layer (at most one per layer)
   kMetadata = 6,   // user metadata bytes (at most one)
   kShard = 7,      // the file is one rank's part of a group's snapshot (at most one)
+  kKvRows = 8,     // rows [first, first + count) of one layer's KV pages (row_runs.h)
+  kCodeRows = 9,   // rows [first, first + count) of one layer's code pages
 };
-inline constexpr uint32_t kLastKnownKind = 7;
+inline constexpr uint32_t kLastKnownKind = 9;
 const char* section_kind_name(uint32_t kind);
 
 // Section flag: a reader that does not know the section's kind may skip it.

@@ -18,6 +18,7 @@
 #include "snapshot/format.h"
 #include "snapshot/internal.h"
 #include "snapshot/record.h"
+#include "snapshot/row_runs.h"
 #include "shard/shard_map.h"
 #include "shard/shard_options.h"
 #include "decode/fixed_splits.h"
@@ -200,6 +201,8 @@ struct Parsed {
     bool has_codebooks = false;
     int64_t codebooks_entry = -1;
     std::vector<uint32_t> kv_src, code_src;  // winning entry per page
+    std::vector<uint32_t> kv_row_runs, code_row_runs;  // row-run entries, in table order
+    snap::RowPieces kv_rows, code_rows;  // pages that row runs give rows of (row_runs.h)
   };
   std::vector<Layer> layers;
   std::string metadata;
@@ -352,6 +355,8 @@ absl::Status read_table(Parsed* p) {
       }
       const bool per_layer = e.kind == uint32_t(SectionKind::kKvPages) ||
                              e.kind == uint32_t(SectionKind::kCodePages) ||
+                             e.kind == uint32_t(SectionKind::kKvRows) ||
+                             e.kind == uint32_t(SectionKind::kCodeRows) ||
                              e.kind == uint32_t(SectionKind::kCodebooks);
       if (!per_layer && e.layer != snap::kNoLayer) {
         return corrupt(path, describe(e, p->entries.size()), " names a layer");
@@ -470,13 +475,16 @@ absl::Status parse(const std::string& path, int fd, Parsed* p) {
                      L.trained_at, " tokens");
     }
     const auto [first_held, end_held] = held_pages(p->layout, p->held, L.n_tokens);
-    const uint64_t pages = end_held - first_held;
-    const uint64_t per_page = p->kv_bytes + (L.has_codebooks ? p->code_bytes : 0);
-    if (pages > (area - page_bytes_needed) / per_page) {
+    // Every row below the length is in some section (a page run or a row run):
+    // the rows held bound the page tables allocated for them.
+    const uint32_t P = p->layout.page_tokens;
+    const uint64_t rows = end_held == first_held ? 0 : std::min(L.n_tokens, end_held * P) - first_held * P;
+    const uint64_t per_row = (p->kv_bytes + (L.has_codebooks ? p->code_bytes : 0)) / P;
+    if (rows > (area - page_bytes_needed) / per_row) {
       return corrupt(path, "layer ", l, " claims ", L.n_tokens,
                      " tokens, more than the file can hold");
     }
-    page_bytes_needed += pages * per_page;
+    page_bytes_needed += rows * per_row;
   }
   for (Parsed::Layer& L : p->layers) {
     L.kv_src.assign(p->layout.pages_for(L.n_tokens), kNoSource);
@@ -488,7 +496,7 @@ absl::Status parse(const std::string& path, int fd, Parsed* p) {
     const SectionEntry& e = p->entries[i];
     const auto kind = static_cast<SectionKind>(e.kind);
     if (kind != SectionKind::kKvPages && kind != SectionKind::kCodePages &&
-        kind != SectionKind::kCodebooks) {
+        kind != SectionKind::kCodebooks && kind != SectionKind::kKvRows && kind != SectionKind::kCodeRows) {
       continue;
     }
     if (e.layer >= p->cfg.n_layers) {
@@ -500,6 +508,11 @@ absl::Status parse(const std::string& path, int fd, Parsed* p) {
     } else if (kind == SectionKind::kCodePages) {
       if (!L.has_codebooks) return corrupt(path, describe(e, i), " belongs to a layer without codebooks");
       SSA_RETURN_IF_ERROR(add_page_run(*p, i, p->code_bytes, &Parsed::Layer::code_src));
+    } else if (kind == SectionKind::kKvRows || kind == SectionKind::kCodeRows) {
+      const bool kv = kind == SectionKind::kKvRows;
+      if (!kv && !L.has_codebooks) return corrupt(path, describe(e, i), " belongs to a layer without codebooks");
+      SSA_RETURN_IF_ERROR(snap::check_row_run(path, e, i, snap::row_shape(p->layout, kv), p->held));
+      (kv ? L.kv_row_runs : L.code_row_runs).push_back(static_cast<uint32_t>(i));
     } else {
       if (!L.has_codebooks || L.codebooks_entry >= 0) {
         return corrupt(path, describe(e, i), L.has_codebooks ? " is a second one for its layer"
@@ -518,9 +531,18 @@ absl::Status parse(const std::string& path, int fd, Parsed* p) {
       return corrupt(path, "layer ", l, " is marked indexed but has no codebooks section");
     }
     const auto [first_held, end_held] = held_pages(p->layout, p->held, L.n_tokens);
+    Parsed::Layer& Lw = p->layers[l];
+    SSA_RETURN_IF_ERROR(snap::compose_pieces(path, p->entries, L.kv_row_runs, L.kv_src, kNoSource,
+                                             p->layout.page_tokens, L.n_tokens, first_held, end_held, l, true,
+                                             &Lw.kv_rows));
+    SSA_RETURN_IF_ERROR(snap::compose_pieces(path, p->entries, L.code_row_runs, L.code_src, kNoSource,
+                                             p->layout.page_tokens, L.n_tokens, first_held, end_held, l, false,
+                                             &Lw.code_rows));
     for (uint64_t j = first_held; j < end_held; ++j) {
-      if (L.kv_src[j] == kNoSource) return corrupt(path, "layer ", l, " KV page ", j, " is missing");
-      if (!L.code_src.empty() && L.code_src[j] == kNoSource) {
+      if (L.kv_src[j] == kNoSource && !L.kv_rows.count(j)) {
+        return corrupt(path, "layer ", l, " KV page ", j, " is missing");
+      }
+      if (!L.code_src.empty() && L.code_src[j] == kNoSource && !L.code_rows.count(j)) {
         return corrupt(path, "layer ", l, " code page ", j, " is missing");
       }
     }
@@ -601,6 +623,76 @@ absl::Status read_page_run(const Parsed& p, size_t idx, size_t page_bytes, const
     }
   }
   if (XXH3_64bits_digest(hash) != e.xxh3) return run_checksum_error(p.path, e, idx);
+  return absl::OkStatus();
+}
+
+// The pages that row runs give rows of, built in memory: the bytes of the page's
+// winning page run (zeros without one), then its row runs in table order; every
+// row run is hashed whole as it is read. Slots at and beyond the layer's length
+// are zeroed; each page is checked by the content rules before the backend takes
+// it (a mapped load copies these pages too: they are not one piece of the file).
+absl::Status compose_row_pages(const Parsed& p, const ssa_session& s, const HeldRange& want,
+                               std::vector<LayerStore>& layers) {
+  const uint32_t P = p.layout.page_tokens;
+  std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> hash(XXH3_createState(), XXH3_freeState);
+  if (!hash) return make_error(SSA_ERR_OUT_OF_MEMORY, "cannot allocate a hash state");
+  std::unique_ptr<uint8_t[]> scratch;
+  for (const bool kv : {true, false}) {
+    const size_t page_bytes = kv ? p.kv_bytes : p.code_bytes;
+    const snap::RowShape sh = snap::row_shape(p.layout, kv);
+    std::vector<uint8_t> slice(page_bytes);
+    for (uint32_t l = 0; l < p.cfg.n_layers; ++l) {
+      const Parsed::Layer& L = p.layers[l];
+      const snap::RowPieces& pieces = kv ? L.kv_rows : L.code_rows;
+      const std::vector<uint32_t>& src = kv ? L.kv_src : L.code_src;
+      std::map<uint64_t, std::unique_ptr<uint8_t[]>> built;
+      for (const auto& [j, runs] : pieces) {
+        if (!want.holds_page(j, P)) continue;
+        auto buf = std::make_unique<uint8_t[]>(page_bytes);  // zeros
+        if (src[j] != kNoSource) {
+          const SectionEntry& b = p.entries[src[j]];
+          SSA_RETURN_IF_ERROR(snap::pread_exact(p.fd, buf.get(), page_bytes, b.offset + (j - b.first) * page_bytes,
+                                                p.path));
+        }
+        built.emplace(j, std::move(buf));
+      }
+      for (const uint32_t r : kv ? L.kv_row_runs : L.code_row_runs) {
+        const SectionEntry& e = p.entries[r];
+        XXH3_64bits_reset(hash.get());
+        uint64_t off = e.offset;
+        for (uint64_t k = e.first / P; k * P < e.first + e.count; ++k) {
+          const uint32_t a = static_cast<uint32_t>(std::max(e.first, k * P) - k * P);
+          const uint32_t b = static_cast<uint32_t>(std::min(e.first + e.count, (k + 1) * P) - k * P);
+          const size_t n = (b - a) * sh.row_bytes();
+          SSA_RETURN_IF_ERROR(snap::pread_exact(p.fd, slice.data(), n, off, p.path));
+          XXH3_64bits_update(hash.get(), slice.data(), n);
+          off += n;
+          const auto it = built.find(k);
+          if (it == built.end()) continue;
+          const std::vector<uint32_t>& runs = pieces.at(k);
+          if (std::find(runs.begin(), runs.end(), r) != runs.end()) snap::scatter_rows(sh, slice.data(), a, b, it->second.get());
+        }
+        if (XXH3_64bits_digest(hash.get()) != e.xxh3) return corrupt(p.path, describe(e, r), " fails its checksum");
+      }
+      for (auto& [j, buf] : built) {
+        if ((j + 1) * P > L.n_tokens) snap::zero_rows_from(sh, buf.get(), static_cast<uint32_t>(L.n_tokens - j * P));
+        SSA_RETURN_IF_ERROR(check_page(p, l, j, kv, buf.get()));
+        const uint8_t* bytes = buf.get();
+        absl::StatusOr<PageRef> page = s.backend->page_from_host(
+            s, kv, j, page_bytes,
+            [&] {
+              if (!scratch) scratch.reset(new uint8_t[std::max(p.kv_bytes, p.code_bytes)]);
+              return scratch.get();
+            },
+            [&](uint8_t* target) {
+              memcpy(target, bytes, page_bytes);
+              return absl::OkStatus();
+            });
+        if (!page.ok()) return page.status();
+        (kv ? layers[l].kv_pages : layers[l].code_pages)[j] = *std::move(page);
+      }
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -864,6 +956,7 @@ absl::StatusOr<std::unique_ptr<ssa_session>> load(ssa_runtime* rt, const char* p
     }
   });
   for (const absl::Status& st : run_status) SSA_RETURN_IF_ERROR(st);  // first in file order
+  for (const auto& f : files) SSA_RETURN_IF_ERROR(compose_row_pages(f->p, s, want, layers));
 
   for (const std::shared_ptr<MappedSnapshot>& mapping : mappings) {
     std::sort(mapping->sections.begin(), mapping->sections.end(),
@@ -899,6 +992,8 @@ absl::StatusOr<std::unique_ptr<ssa_session>> load(ssa_runtime* rt, const char* p
       rl.code = layers[l].code_pages;
       rl.kv_entry = p0.layers[l].kv_src;
       rl.code_entry = p0.layers[l].code_src;
+      rl.kv_rows = p0.layers[l].kv_rows;
+      rl.code_rows = p0.layers[l].code_rows;
       rl.codebooks = layers[l].codebooks;
       rl.codebooks_entry = p0.layers[l].codebooks_entry;
     }

@@ -9,6 +9,7 @@
 #include <sys/types.h>
 
 #include <atomic>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -54,7 +55,9 @@ struct SnapshotRecord {
   struct Layer {
     uint64_t n_tokens = 0, trained_at_tokens = 0;
     std::vector<PageRef> kv, code;            // pages as written, by index
-    std::vector<uint32_t> kv_entry, code_entry;  // table entry holding page i
+    std::vector<uint32_t> kv_entry, code_entry;  // page run holding page i (UINT32_MAX: none)
+    // Row runs (in table order) that give rows of page i on top of its page run.
+    std::map<uint64_t, std::vector<uint32_t>> kv_rows, code_rows;
     CodebooksRef codebooks;
     int64_t codebooks_entry = -1;
   };

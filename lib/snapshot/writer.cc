@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <map>
 #include <random>
 
 #include "decode/decode_step.h"
@@ -21,6 +22,7 @@
 #include "snapshot/group_snapshot.h"
 #include "snapshot/internal.h"
 #include "snapshot/record.h"
+#include "snapshot/row_runs.h"
 #include "snapshot/save_path.h"
 #include "snapshot/snapshot.h"
 #include "status.h"
@@ -33,6 +35,7 @@ using snap::SectionKind;
 
 constexpr size_t kBufferBytes = size_t{8} << 20;
 constexpr size_t kDirectBytes = size_t{1} << 20;  // pieces this large skip the buffer
+constexpr uint64_t kHolePadBytes = 512;  // padding this long is skipped, not written
 // A checkpoint rewrites the file in full once superseded bytes exceed the live
 // ones (and this floor), so a file never grows beyond about twice its content.
 constexpr uint64_t kCompactFloorBytes = uint64_t{16} << 20;
@@ -86,10 +89,16 @@ class SectionWriter {
   }
   // Bytes outside any section (the table).
   absl::Status write_raw(const void* p, size_t n) { return emit(p, n); }
+  // Padding belongs to no section and is never read: a long one is left as a
+  // hole (it reads as zeros) rather than written, so that a checkpoint writes
+  // about its sections' bytes and not up to 4 KiB more per KV page run.
   absl::Status pad_to(uint64_t alignment) {
     static const uint8_t kZeros[snap::kKvAlign] = {};
     const uint64_t target = snap::align_up(pos_, alignment);
-    return emit(kZeros, static_cast<size_t>(target - pos_));
+    if (target - pos_ < kHolePadBytes) return emit(kZeros, static_cast<size_t>(target - pos_));
+    SSA_RETURN_IF_ERROR(flush());
+    pos_ = target;
+    return absl::OkStatus();
   }
   absl::Status flush() {
     if (len_ == 0) return absl::OkStatus();
@@ -220,51 +229,66 @@ absl::Status write_body(const ssa_session& s, const SnapshotState& st, const Sna
   }
 
   // Refs are int64 while writing; remapped to final table indices below.
+  // rows_refs: per page, the row runs that give rows of it on top of its page run.
+  using RowRefs = std::map<uint64_t, std::vector<int64_t>>;
   std::vector<std::vector<int64_t>> kv_refs(s.layers.size()), code_refs(s.layers.size());
+  std::vector<RowRefs> kv_row_refs(s.layers.size()), code_row_refs(s.layers.size());
   std::vector<int64_t> cb_refs(s.layers.size(), kNone);
   rec->layers.resize(s.layers.size());
 
-  // Writes the pages of `pages` in [0, needed) that are held and that prev does
-  // not hold, as runs of consecutive indices.
-  std::unique_ptr<uint8_t[]> partial;  // the masked copy of a partial last page
-  std::unique_ptr<uint8_t[]> staging;  // host copy of a page the backend keeps elsewhere
-  auto write_pages = [&](uint32_t layer, SectionKind kind, const std::vector<PageRef>& pages,
-                         uint64_t n_tokens, size_t page_bytes, const std::vector<PageRef>* old,
-                         const std::vector<uint32_t>* old_entry,
-                         std::vector<int64_t>& refs) -> absl::Status {
+  std::unique_ptr<uint8_t[]> partial;   // the masked copy of a partial last page, or a run's rows
+  std::unique_ptr<uint8_t[]> staging;   // host copy of a page the backend keeps elsewhere
+  std::unique_ptr<uint8_t[]> staging2;  // the same, for a second page at once
+  auto host_bytes = [&](uint32_t layer, SectionKind kind, const Page* page, uint64_t k, size_t page_bytes,
+                        std::unique_ptr<uint8_t[]>& buf) -> absl::StatusOr<const uint8_t*> {
+    if (page == nullptr || page->bytes() < page_bytes) {
+      return make_error(SSA_ERR_INTERNAL,
+                        absl::StrCat("layer ", layer, " ", snap::section_kind_name(static_cast<uint32_t>(kind)),
+                                     " page ", k, " is missing or short"));
+    }
+    return s.backend->page_to_host(s, *page, page_bytes, [&] {
+      if (!buf) buf.reset(new uint8_t[std::max(kv_bytes, code_bytes)]);
+      return buf.get();
+    });
+  };
+
+  // Writes the pages of `pages` in [0, needed) that are held and that prev (pl)
+  // does not hold. A full save writes whole pages only (readable by every reader
+  // of this format version). A checkpoint writes, of each run of changed pages,
+  // the rows the file lacks as row runs: the rows appended to the page that was
+  // partial at the last commit (when its earlier rows are unchanged) and the rows
+  // of a new partial last page; the whole pages between them (KV) as a page run,
+  // which a mapped load maps.
+  auto write_pages = [&](uint32_t layer, bool kv, const std::vector<PageRef>& pages, uint64_t n_tokens,
+                         const SnapshotRecord::Layer* pl, std::vector<int64_t>& refs,
+                         RowRefs& row_refs) -> absl::Status {
+    const SectionKind kind = kv ? SectionKind::kKvPages : SectionKind::kCodePages;
+    const size_t page_bytes = kv ? kv_bytes : code_bytes;
+    const uint32_t P = lay.page_tokens;
+    const std::vector<PageRef>* old = pl ? (kv ? &pl->kv : &pl->code) : nullptr;
+    const std::vector<uint32_t>* old_entry = pl ? (kv ? &pl->kv_entry : &pl->code_entry) : nullptr;
+    const std::map<uint64_t, std::vector<uint32_t>>* old_rows = pl ? (kv ? &pl->kv_rows : &pl->code_rows) : nullptr;
+    const snap::RowShape sh = snap::row_shape(lay, kv);
     const uint64_t needed = lay.pages_for(n_tokens);
-    const uint32_t tail = static_cast<uint32_t>(n_tokens % lay.page_tokens);
+    const uint32_t tail = static_cast<uint32_t>(n_tokens % P);
     refs.assign(needed, kNone);
-    uint64_t i = 0;
-    while (i < needed) {
-      auto unchanged = [&](uint64_t j) {
-        return old != nullptr && j < old->size() && (*old)[j].get() == pages[j].get();
-      };
-      if (!held.holds_page(i, lay.page_tokens)) {
-        ++i;
-        continue;
-      }
-      if (unchanged(i)) {
-        refs[i] = (*old_entry)[i];
-        ++i;
-        continue;
-      }
-      uint64_t j = i;
-      while (j < needed && !unchanged(j) && held.holds_page(j, lay.page_tokens)) ++j;
-      const uint32_t align = kind == SectionKind::kKvPages ? snap::kKvAlign : snap::kSectionAlign;
+    row_refs.clear();
+    auto unchanged = [&](uint64_t j) {
+      return old != nullptr && j < old->size() && (*old)[j].get() == pages[j].get();
+    };
+    // Page j as the file holds it now: its page run and row runs.
+    auto keep_old = [&](uint64_t j) {
+      const uint32_t e = (*old_entry)[j];
+      refs[j] = e == UINT32_MAX ? kNone : int64_t{e};
+      const auto it = old_rows->find(j);
+      if (it != old_rows->end()) row_refs[j].assign(it->second.begin(), it->second.end());
+    };
+    auto page_run = [&](uint64_t a, uint64_t b) -> absl::Status {
+      const uint32_t align = kv ? snap::kKvAlign : snap::kSectionAlign;
       const int64_t ref = new_ref();
-      SSA_RETURN_IF_ERROR(w.begin(kind, layer, align, i, j - i));
-      for (uint64_t k = i; k < j; ++k) {
-        const Page* page = pages[k].get();
-        if (page == nullptr || page->bytes() < page_bytes) {
-          return make_error(SSA_ERR_INTERNAL,
-                            absl::StrCat("layer ", layer, " ", snap::section_kind_name(
-                                static_cast<uint32_t>(kind)), " page ", k, " is missing or short"));
-        }
-        absl::StatusOr<const uint8_t*> host = s.backend->page_to_host(s, *page, page_bytes, [&] {
-          if (!staging) staging.reset(new uint8_t[std::max(kv_bytes, code_bytes)]);
-          return staging.get();
-        });
+      SSA_RETURN_IF_ERROR(w.begin(kind, layer, align, a, b - a));
+      for (uint64_t k = a; k < b; ++k) {
+        absl::StatusOr<const uint8_t*> host = host_bytes(layer, kind, pages[k].get(), k, page_bytes, staging);
         if (!host.ok()) return host.status();
         const uint8_t* bytes = *host;
         SSA_RETURN_IF_ERROR(snap::verify_mapped_page(st, bytes));
@@ -278,6 +302,77 @@ absl::Status write_body(const ssa_session& s, const SnapshotState& st, const Sna
         refs[k] = ref;
       }
       w.end();
+      return absl::OkStatus();
+    };
+    // Rows [a, b) as one row run; `delta_page`: the page whose earlier rows the
+    // file keeps (UINT64_MAX: none).
+    auto row_run = [&](uint64_t a, uint64_t b, uint64_t delta_page) -> absl::Status {
+      const int64_t ref = new_ref();
+      SSA_RETURN_IF_ERROR(w.begin(kv ? SectionKind::kKvRows : SectionKind::kCodeRows, layer, snap::kSectionAlign,
+                                  a, b - a));
+      if (!partial) partial.reset(new uint8_t[std::max(kv_bytes, code_bytes)]);
+      for (uint64_t k = a / P; k * P < b; ++k) {
+        absl::StatusOr<const uint8_t*> host = host_bytes(layer, kind, pages[k].get(), k, page_bytes, staging);
+        if (!host.ok()) return host.status();
+        SSA_RETURN_IF_ERROR(snap::verify_mapped_page(st, *host));
+        const uint32_t sa = static_cast<uint32_t>(std::max(a, k * P) - k * P);
+        const uint32_t sb = static_cast<uint32_t>(std::min(b, (k + 1) * P) - k * P);
+        snap::gather_rows(sh, *host, sa, sb, partial.get());
+        SSA_RETURN_IF_ERROR(w.write(partial.get(), (sb - sa) * sh.row_bytes()));
+        if (k == delta_page) {
+          keep_old(k);
+        } else {
+          refs[k] = kNone;
+          row_refs.erase(k);
+        }
+        row_refs[k].push_back(ref);
+      }
+      w.end();
+      return absl::OkStatus();
+    };
+    // Whether the page partial at the last commit keeps its committed rows.
+    auto extends_old_partial = [&](uint64_t i) -> absl::StatusOr<bool> {
+      if (pl == nullptr || pl->n_tokens % P == 0 || i != pl->n_tokens / P || n_tokens <= pl->n_tokens ||
+          i >= old->size()) {
+        return false;
+      }
+      absl::StatusOr<const uint8_t*> was = host_bytes(layer, kind, (*old)[i].get(), i, page_bytes, staging2);
+      if (!was.ok()) return was.status();
+      absl::StatusOr<const uint8_t*> now = host_bytes(layer, kind, pages[i].get(), i, page_bytes, staging);
+      if (!now.ok()) return now.status();
+      return snap::rows_equal(sh, *was, *now, 0, static_cast<uint32_t>(pl->n_tokens % P));
+    };
+
+    uint64_t i = 0;
+    while (i < needed) {
+      if (!held.holds_page(i, P)) {
+        ++i;
+        continue;
+      }
+      if (unchanged(i)) {
+        keep_old(i);
+        ++i;
+        continue;
+      }
+      uint64_t j = i;
+      while (j < needed && !unchanged(j) && held.holds_page(j, P)) ++j;
+      absl::StatusOr<bool> delta = extends_old_partial(i);
+      if (!delta.ok()) return delta.status();
+      const bool partial_end = j == needed && tail != 0;
+      if (prev == nullptr || (!*delta && !partial_end)) {
+        SSA_RETURN_IF_ERROR(page_run(i, j));
+      } else {
+        const uint64_t start = *delta ? pl->n_tokens : i * P, end = partial_end ? n_tokens : j * P;
+        const uint64_t whole_begin = *delta ? i + 1 : i, whole_end = partial_end ? j - 1 : j;
+        const uint64_t delta_page = *delta ? i : UINT64_MAX;
+        if (kv && whole_begin < whole_end) {
+          if (*delta) SSA_RETURN_IF_ERROR(row_run(start, whole_begin * P, delta_page));
+          SSA_RETURN_IF_ERROR(page_run(whole_begin, whole_end));
+          if (partial_end) SSA_RETURN_IF_ERROR(row_run(whole_end * P, end, UINT64_MAX));
+        } else {
+          SSA_RETURN_IF_ERROR(row_run(start, end, delta_page));
+        }
+      }
       i = j;
     }
     return absl::OkStatus();
@@ -330,14 +425,10 @@ absl::Status write_body(const ssa_session& s, const SnapshotState& st, const Sna
       }
     }
     rl.kv.assign(L.kv_pages.begin(), L.kv_pages.begin() + needed);
-    SSA_RETURN_IF_ERROR(write_pages(l, SectionKind::kKvPages, L.kv_pages, L.n_tokens, kv_bytes,
-                                    pl ? &pl->kv : nullptr, pl ? &pl->kv_entry : nullptr,
-                                    kv_refs[l]));
+    SSA_RETURN_IF_ERROR(write_pages(l, true, L.kv_pages, L.n_tokens, pl, kv_refs[l], kv_row_refs[l]));
     if (L.codebooks) {
       rl.code.assign(L.code_pages.begin(), L.code_pages.begin() + needed);
-      SSA_RETURN_IF_ERROR(write_pages(l, SectionKind::kCodePages, L.code_pages, L.n_tokens,
-                                      code_bytes, pl ? &pl->code : nullptr,
-                                      pl ? &pl->code_entry : nullptr, code_refs[l]));
+      SSA_RETURN_IF_ERROR(write_pages(l, false, L.code_pages, L.n_tokens, pl, code_refs[l], code_row_refs[l]));
     }
   }
 
@@ -353,6 +444,11 @@ absl::Status write_body(const ssa_session& s, const SnapshotState& st, const Sna
     mark(cb_refs[l]);
     for (int64_t r : kv_refs[l]) mark(r);
     for (int64_t r : code_refs[l]) mark(r);
+    for (const RowRefs* rr : {&kv_row_refs[l], &code_row_refs[l]}) {
+      for (const auto& [page, runs] : *rr) {
+        for (int64_t r : runs) mark(r);
+      }
+    }
   }
   std::vector<SectionEntry>& table = out->table;
   table.clear();
@@ -379,6 +475,12 @@ absl::Status write_body(const ssa_session& s, const SnapshotState& st, const Sna
     rl.code_entry.resize(code_refs[l].size());
     for (size_t i = 0; i < code_refs[l].size(); ++i)
       rl.code_entry[i] = static_cast<uint32_t>(remap(code_refs[l][i]));
+    for (const auto& [page, runs] : kv_row_refs[l]) {
+      for (int64_t r : runs) rl.kv_rows[page].push_back(static_cast<uint32_t>(remap(r)));
+    }
+    for (const auto& [page, runs] : code_row_refs[l]) {
+      for (int64_t r : runs) rl.code_rows[page].push_back(static_cast<uint32_t>(remap(r)));
+    }
   }
   rec->sections = table;
   out->record = std::move(rec);

@@ -287,8 +287,8 @@ class SSACache(Cache):
             model's tensors. A runtime whose backend or device does not fit the
             cache or the model is refused, naming the option.
         page_tokens: tokens per K/V page of the sessions (a power of two, 16..4096;
-            None: the library's 256). A checkpoint writes the pages a turn changed,
-            so smaller pages write closer to the turn's own bytes.
+            None: the library's 256). A checkpoint writes the rows a turn added
+            (not the partial pages they fall in again).
         process_group: this process is one rank of a group of processes sharing the
             cache's sessions (docs/DISTRIBUTED.md; CPU only): a torch.distributed process
             group, or True for the default group. Every rank runs the same model on the
