@@ -913,7 +913,8 @@ void ssa_snapshot_info_init(ssa_snapshot_info *info);
    section table and the config, layer and metadata sections, verifying their
    checksums (KV pages, codes and codebooks are not read). For a group's
    manifest: every rank file is checked as a load checks it; the fields are rank
-   0's file's, file_bytes, live_bytes and n_sections summed over the files. info: its struct_size
+   0's file's, file_bytes, live_bytes and n_sections summed over the files; one
+   rank's file alone is SSA_ERR_INVALID_ARGUMENT. info: its struct_size
    must be set (ssa_snapshot_info_init); fields beyond it are not written; the
    rest is written only on success. Thread-safe.
    Returns SSA_OK, SSA_ERR_INVALID_ARGUMENT (NULL path/info, struct_size too
