@@ -18,6 +18,10 @@ with the trained codebooks) before its query is decoded:
                  among them; mass the share of the candidates' exact softmax mass
                  they hold (oracle: the exact top-k''s share). k' = f x candidates
                  for f in 2/5/10%.
+  recall_float   the same recall for the float table (sum_m q_m . centroid of the
+                 codes and codebooks the session's snapshot holds, in float64): for
+                 the 4-bit proxies, the recall without the 8-bit table's rounding;
+                 for the others, a check (it matches `recall` up to ties).
   error          relative L2 error of libssa's ssa_decode output against its
                  DENSE output for the same query (each step, each query head),
                  for PQ_TOPK, SSA and SSA_ADAPTIVE at 10/20/50x, sink = local =
@@ -43,6 +47,7 @@ import json
 import os
 import struct
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -54,6 +59,7 @@ sys.path.insert(0, HERE)
 import harness  # noqa: E402
 import models  # noqa: E402
 import plan  # noqa: E402
+import pq_proxy  # noqa: E402
 import prefill_store  # noqa: E402
 
 PROXY = {"pq": 0, "opq": 1, "pq4": 2, "opq4": 3}
@@ -199,6 +205,19 @@ def parse_spec(spec):
             float(parts[2]) if len(parts) == 3 else None)
 
 
+def float_table_topk(snap, q, kv, lo, hi, k):
+    """The top k candidates in [lo, hi) by the float64 table of the snapshot's
+    codebooks (after its rotation), as offsets from lo."""
+    sub = snap.d // snap.M
+    R = snap.rotation(0)
+    qr = q.astype(np.float64) if R is None else R[kv].astype(np.float64) @ q.astype(np.float64)
+    books = snap.codebooks(0)[kv].astype(np.float64)
+    lut = np.einsum("ms,mcs->mc", qr.reshape(snap.M, sub), books)
+    codes = snap.codes(0)[kv, :, lo:hi]
+    prox = lut[np.arange(snap.M)[:, None], codes].sum(axis=0)
+    return np.argpartition(-prox, k - 1)[:k]
+
+
 def measure_layer(lib, K, V, qs, N, ns, spec, errors):
     name, subspaces, centroids, weight = parse_spec(spec)
     n_kv, n_all, d = K.shape
@@ -211,11 +230,15 @@ def measure_layer(lib, K, V, qs, N, ns, spec, errors):
         lib.append(s, K[:, :N].transpose(1, 0, 2), V[:, :N].transpose(1, 0, 2))  # trains at N
         train_s = time.time() - t0
         out = dict(train_seconds=train_s, bytes_per_token=subspaces // 2 if name in FOUR_BIT else subspaces)
-        rows = {f: dict(recall=[], mass_oracle=[], mass_proxy=[]) for f in FRACTIONS}
+        rows = {f: dict(recall=[], mass_oracle=[], mass_proxy=[], recall_float=[]) for f in FRACTIONS}
         err = {}
+        snap_path = os.path.join(tempfile.gettempdir(), "proxy-compare-%d.ssa" % os.getpid())
         for j, q in enumerate(qs):
             n = N + j + 1
             lib.append(s, K[:, n - 1:n].transpose(1, 0, 2), V[:, n - 1:n].transpose(1, 0, 2))
+            lib.check(lib.L.ssa_session_save(s, snap_path.encode()), "save")
+            snap = pq_proxy.Snapshot(snap_path)
+            os.remove(snap_path)
             lo, hi = ns, n - ns
             for f in FRACTIONS:
                 k = max(1, int(round(f * (hi - lo))))
@@ -232,6 +255,8 @@ def measure_layer(lib, K, V, qs, N, ns, spec, errors):
                     rows[f]["recall"].append(len(np.intersect1d(te, mid)) / k)
                     rows[f]["mass_oracle"].append(float(pc[te].sum() / pc.sum()))
                     rows[f]["mass_proxy"].append(float(pc[mid].sum() / pc.sum()))
+                    tf = float_table_topk(snap, q[h].astype(np.float32), h // g, lo, hi, k)
+                    rows[f]["recall_float"].append(len(np.intersect1d(te, tf)) / k)
             if errors:
                 dense = lib.decode(s, q, METHOD["dense"], 1.0, ns, j)
                 for meth in ("pq_topk", "ssa", "ssa_adaptive"):
@@ -280,9 +305,9 @@ def main():
             t0 = time.time()
             r = measure_layer(lib, K, V, queries[layer], N, ns, spec, not a.no_errors)
             res["layers"][str(layer)][spec] = r
-            print("layer %d %s: recall@2%% %.3f mass@2%% %.3f  (%.0fs)" % (
-                layer, spec, r["by_fraction"]["0.02"]["recall"], r["by_fraction"]["0.02"]["mass_proxy"],
-                time.time() - t0), flush=True)
+            print("layer %d %s: recall@2%% %.3f (float table %.3f) mass@2%% %.3f  (%.0fs)" % (
+                layer, spec, r["by_fraction"]["0.02"]["recall"], r["by_fraction"]["0.02"]["recall_float"],
+                r["by_fraction"]["0.02"]["mass_proxy"], time.time() - t0), flush=True)
     summary = {}
     for spec in a.proxies:
         per = [res["layers"][str(l)][spec] for l in layers]
@@ -292,6 +317,8 @@ def main():
                            for f in FRACTIONS},
             "mass_oracle": {f: float(np.mean([p["by_fraction"][str(f)]["mass_oracle"] for p in per]))
                             for f in FRACTIONS},
+            "recall_float": {f: float(np.mean([p["by_fraction"][str(f)]["recall_float"] for p in per]))
+                             for f in FRACTIONS},
             "error": {k: float(np.mean([p["error"][k] for p in per])) for k in per[0]["error"]},
             "train_seconds": float(np.sum([p["train_seconds"] for p in per])),
         }

@@ -221,6 +221,7 @@ void ssa_session_config_init(ssa_session_config* c) {
   c->index_train_sample = 16384;
   c->index_iterations = 8;
   c->proxy = SSA_PROXY_PQ;
+  c->pq_parallel_weight = 1.0f;
 }
 
 ssa_status ssa_session_create(ssa_runtime* rt, const ssa_session_config* cfg, ssa_session** out) {

@@ -8,6 +8,7 @@
 #include "cpu/finite_check.h"
 #include "decode/decode_step.h"
 #include "index/pq_index.h"
+#include "index/proxy_kind.h"
 #include "status.h"
 #include "versioned_struct.h"
 #include "store/layer_tail.h"
@@ -66,8 +67,23 @@ absl::Status validate_session_config(const ssa_session_config& c, KvLayout* layo
   if (c.index_iterations > 1000) {
     return invalid_argument("index_iterations ", c.index_iterations, " must be <= 1000");
   }
-  if (enum_value(c.proxy) > SSA_PROXY_OPQ) {
-    return invalid_argument("unknown proxy ", enum_value(c.proxy), " (SSA_PROXY_PQ or SSA_PROXY_OPQ)");
+  if (enum_value(c.proxy) > SSA_PROXY_OPQ4) {
+    return invalid_argument("unknown proxy ", enum_value(c.proxy),
+                            " (SSA_PROXY_PQ, SSA_PROXY_OPQ, SSA_PROXY_PQ4 or SSA_PROXY_OPQ4)");
+  }
+  if (proxy_has_4bit_codes(c.proxy)) {
+    if (c.pq_centroids > 16) {
+      return invalid_argument("pq_centroids ", c.pq_centroids, " must be in 2..16 for a 4-bit proxy (proxy ",
+                              enum_value(c.proxy), "); 32 subspaces x 16 centroids cost PQ's 16 bytes per token");
+    }
+    if (c.pq_subspaces % 2 != 0 || c.pq_subspaces > kMax4BitSubspaces) {
+      return invalid_argument("pq_subspaces ", c.pq_subspaces, " must be even and at most ", kMax4BitSubspaces,
+                              " for a 4-bit proxy (two codes per byte; 8-bit table sums stay below 2^16)");
+    }
+  }
+  if (!(c.pq_parallel_weight == 0.0f || (c.pq_parallel_weight >= 1.0f && c.pq_parallel_weight <= 1000.0f))) {
+    return invalid_argument("pq_parallel_weight ", c.pq_parallel_weight,
+                            " must be 0 or in [1, 1000] (0 and 1: squared error)");
   }
   layout->n_layers = c.n_layers;
   layout->n_q_heads = c.n_q_heads;
@@ -76,6 +92,7 @@ absl::Status validate_session_config(const ssa_session_config& c, KvLayout* layo
   layout->dtype = static_cast<DType>(c.kv_dtype);
   layout->pq_subspaces = c.pq_subspaces;
   layout->pq_centroids = c.pq_centroids;
+  layout->code_bits = proxy_has_4bit_codes(c.proxy) ? 4 : 8;
   layout->page_tokens = c.page_tokens;
   return absl::OkStatus();
 }

@@ -63,7 +63,8 @@ class CpuBackend final : public Backend {
     // The layer's encoder, built again only when its codebooks change.
     if (s.encoders.size() < L.n_layers) s.encoders.resize(L.n_layers);
     std::shared_ptr<const PqEncoder>& enc = s.encoders[rows.layer];
-    if (enc == nullptr || enc->books() != layer.codebooks.get()) enc = std::make_shared<PqEncoder>(L, layer.codebooks);
+    if (enc == nullptr || enc->books() != layer.codebooks.get())
+      enc = std::make_shared<PqEncoder>(L, layer.codebooks, s.config.pq_parallel_weight);
     enc->encode(tail.kv, tail.code, rows.old_n - base, rows.new_n - base, *s.rt->pool);
     return absl::OkStatus();
   }
@@ -71,9 +72,10 @@ class CpuBackend final : public Backend {
   absl::Status train_index(ssa_session& s, LayerStore& layer) const override {
     absl::StatusOr<CodebooksRef> books =
         train_codebooks(s.layout, layer, s.config.index_train_sample, s.config.index_iterations,
-                        s.config.proxy, *s.rt->pool);
+                        s.config.proxy, s.config.pq_parallel_weight, *s.rt->pool);
     if (!books.ok()) return books.status();
-    absl::StatusOr<std::vector<PageRef>> codes = encode_layer(s.layout, *books, layer, *s.code_pool, *s.rt->pool);
+    absl::StatusOr<std::vector<PageRef>> codes =
+        encode_layer(s.layout, *books, s.config.pq_parallel_weight, layer, *s.code_pool, *s.rt->pool);
     if (!codes.ok()) return codes.status();
     layer.codebooks = *std::move(books);
     layer.code_pages = *std::move(codes);

@@ -7,7 +7,9 @@
 #include "cpu/simd.h"
 #include "kmeans.h"
 #include "kmeans_rng.h"
+#include "proxy_kind.h"
 #include "rotation.h"
+#include "score_aware.h"
 #include "status.h"
 
 namespace ssa {
@@ -85,11 +87,14 @@ void store_rotation(const std::vector<double>& r, float* out) {
 
 absl::StatusOr<CodebooksRef> train_codebooks(const KvLayout& layout, const LayerStore& layer,
                                              uint32_t sample, uint32_t iterations, ssa_proxy proxy,
-                                             ThreadPool& pool) {
+                                             float parallel_weight, ThreadPool& pool) {
   const uint64_t n_tokens = layer.n_tokens;
   if (n_tokens == 0) return invalid_argument("cannot train a PQ index on an empty layer");
-  if (proxy != SSA_PROXY_PQ && proxy != SSA_PROXY_OPQ) {
-    return invalid_argument("unknown proxy ", static_cast<int>(proxy));
+  if (!proxy_is_known(proxy)) return invalid_argument("unknown proxy ", static_cast<int>(proxy));
+  if (proxy_has_4bit_codes(proxy) != (layout.code_bits == 4) ||
+      layout.pq_centroids > (layout.code_bits == 4 ? 16u : 256u)) {
+    return invalid_argument("proxy ", static_cast<int>(proxy), " does not fit codes of ", layout.code_bits,
+                            " bits and ", layout.pq_centroids, " centroids");
   }
   const uint64_t n = std::min<uint64_t>(n_tokens, sample);
   const uint32_t M = layout.pq_subspaces, K = layout.pq_centroids, dsub = layout.sub_dim();
@@ -112,7 +117,7 @@ absl::StatusOr<CodebooksRef> train_codebooks(const KvLayout& layout, const Layer
                   keys.data() + (h * n + i) * d, d);
     }
   });
-  const bool opq = proxy == SSA_PROXY_OPQ;
+  const bool opq = proxy_has_rotation(proxy);
   if (opq) {
     books->rotation.resize(size_t{H} * d * d);
     pool.parallel_for(H, [&](size_t h) {
@@ -140,14 +145,34 @@ absl::StatusOr<CodebooksRef> train_codebooks(const KvLayout& layout, const Layer
       store_rotation(refit_rotation(keys.data() + h * n * d, n, r, *books, static_cast<uint32_t>(h)), r);
     });
   }
+  // The score-aware loss refines the last k-means codebooks (of the rotated keys).
+  if (is_score_aware(parallel_weight)) {
+    pool.parallel_for(H, [&](size_t h) {
+      const float* x = keys.data() + h * n * d;
+      std::vector<float> rotated;
+      if (opq) {
+        rotated.resize(size_t{n} * d);
+        const float* r = books->rotation_of(static_cast<uint32_t>(h));
+        for (uint64_t i = 0; i < n; ++i) rotate(r, x + i * d, d, rotated.data() + i * d);
+        x = rotated.data();
+      }
+      score_aware_refine(x, n, M, K, dsub, parallel_weight, books->mutable_centroid(static_cast<uint32_t>(h), 0, 0));
+    });
+  }
   return CodebooksRef(std::move(books));
 }
 
-PqEncoder::PqEncoder(const KvLayout& layout, CodebooksRef books) : layout_(layout), books_(std::move(books)) {
+PqEncoder::PqEncoder(const KvLayout& layout, CodebooksRef books, float parallel_weight)
+    : layout_(layout), books_(std::move(books)) {
   const uint32_t M = layout.pq_subspaces, dsub = layout.sub_dim();
   searches_.reserve(size_t{layout.n_kv_heads} * M);
   for (uint32_t h = 0; h < layout.n_kv_heads; ++h) {
     for (uint32_t m = 0; m < M; ++m) searches_.emplace_back(books_->centroid(h, m, 0), books_->centroids, dsub);
+  }
+  if (is_score_aware(parallel_weight)) {
+    score_aware_.reserve(layout.n_kv_heads);
+    for (uint32_t h = 0; h < layout.n_kv_heads; ++h)
+      score_aware_.emplace_back(books_->centroid(h, 0, 0), M, books_->centroids, dsub, parallel_weight);
   }
 }
 
@@ -165,6 +190,7 @@ void PqEncoder::encode(const std::vector<PageRef>& kv_pages, std::vector<PageRef
     const Page& kv = *kv_pages[p];
     uint8_t* codes = code_pages[p]->mutable_data();
     std::vector<float> row(d), rotated(d);
+    std::vector<uint32_t> code(M);
     for (uint32_t h = 0; h < layout.n_kv_heads; ++h) {
       for (uint64_t t = t0; t < t1; ++t) {
         const uint32_t slot = static_cast<uint32_t>(t - p * P);
@@ -174,10 +200,9 @@ void PqEncoder::encode(const std::vector<PageRef>& kv_pages, std::vector<PageRef
           rotate(books_->rotation_of(h), row.data(), d, rotated.data());
           key = rotated.data();
         }
-        for (uint32_t m = 0; m < M; ++m) {
-          codes[layout.code_offset(h, m) + slot] =
-              static_cast<uint8_t>(searches_[size_t{h} * M + m].nearest(key + m * dsub));
-        }
+        for (uint32_t m = 0; m < M; ++m) code[m] = searches_[size_t{h} * M + m].nearest(key + m * dsub);
+        if (!score_aware_.empty()) score_aware_[h].assign(key, code.data());
+        for (uint32_t m = 0; m < M; ++m) layout.set_code(codes, h, m, slot, code[m]);
       }
     }
   };
@@ -190,8 +215,8 @@ void PqEncoder::encode(const std::vector<PageRef>& kv_pages, std::vector<PageRef
 }
 
 absl::StatusOr<std::vector<PageRef>> encode_layer(const KvLayout& layout, const CodebooksRef& books,
-                                                  const LayerStore& layer, PagePool& code_pool,
-                                                  ThreadPool& pool) {
+                                                  float parallel_weight, const LayerStore& layer,
+                                                  PagePool& code_pool, ThreadPool& pool) {
   std::vector<PageRef> pages;
   pages.reserve(layer.kv_pages.size());
   for (size_t i = 0; i < layer.kv_pages.size(); ++i) {
@@ -199,7 +224,7 @@ absl::StatusOr<std::vector<PageRef>> encode_layer(const KvLayout& layout, const 
     if (!page.ok()) return page.status();
     pages.push_back(*std::move(page));
   }
-  PqEncoder(layout, books).encode(layer.kv_pages, pages, 0, layer.n_tokens, pool);
+  PqEncoder(layout, books, parallel_weight).encode(layer.kv_pages, pages, 0, layer.n_tokens, pool);
   return pages;
 }
 

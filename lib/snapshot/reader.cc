@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "backend.h"
+#include "index/proxy_kind.h"
 #include "snapshot/content_check.h"
 #include "snapshot/file_io.h"
 #include "snapshot/format.h"
@@ -667,7 +668,7 @@ absl::StatusOr<std::unique_ptr<ssa_session>> load(ssa_runtime* rt, const char* p
       // The length was checked against the config when the table was read.
       cb->data.resize(size_t{cb->n_kv_heads} * cb->subspaces * cb->centroids * cb->sub_dim);
       memcpy(cb->data.data(), b + snap::kCodebooksHeaderBytes, cb->data.size() * sizeof(float));
-      if (p.cfg.proxy == SSA_PROXY_OPQ) {
+      if (proxy_has_rotation(p.cfg.proxy)) {
         cb->rotation.resize(size_t{cb->n_kv_heads} * cb->head_dim() * cb->head_dim());
         memcpy(cb->rotation.data(), b + snap::kCodebooksHeaderBytes + cb->data.size() * sizeof(float),
                cb->rotation.size() * sizeof(float));

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "backend.h"
 #include "caller_buffers.h"
+#include "index/proxy_kind.h"
 #include "snapshot/file_io.h"
 #include "snapshot/format.h"
 #include "snapshot/internal.h"
@@ -134,8 +135,8 @@ void copy_visible(const KvLayout& lay, SectionKind kind, const uint8_t* src, uin
   } else {
     memset(dst, 0, lay.code_page_bytes());
     for (uint32_t h = 0; h < lay.n_kv_heads; ++h) {
-      for (uint32_t m = 0; m < lay.pq_subspaces; ++m) {
-        memcpy(dst + lay.code_offset(h, m), src + lay.code_offset(h, m), valid);
+      for (uint32_t r = 0; r < lay.code_rows(); ++r) {
+        memcpy(dst + lay.code_offset(h, r), src + lay.code_offset(h, r), valid);
       }
     }
   }
@@ -287,7 +288,7 @@ absl::Status write_body(const ssa_session& s, const SnapshotState& st, const Sna
         const size_t floats =
             size_t{cb.n_kv_heads} * cb.subspaces * cb.centroids * cb.sub_dim;
         const size_t rotation_floats =
-            s.config.proxy == SSA_PROXY_OPQ ? size_t{cb.n_kv_heads} * cb.head_dim() * cb.head_dim() : 0;
+            proxy_has_rotation(s.config.proxy) ? size_t{cb.n_kv_heads} * cb.head_dim() * cb.head_dim() : 0;
         if (cb.rotation.size() != rotation_floats) {
           return make_error(SSA_ERR_INTERNAL, absl::StrCat("layer ", l, " codebooks hold ", cb.rotation.size(),
                                                            " rotation floats, the proxy needs ", rotation_floats));

@@ -1,7 +1,9 @@
-// The proxy in snapshots (format version 2): an OPQ session round-trips with its
-// rotations, every loaded rotation is checked (finite, orthogonal, sized for the
-// config), damage to the new bytes is refused or harmless, and version 1 files,
-// which hold no proxy, still load as PQ.
+// The proxy in snapshots (format versions 2 and 3): OPQ and 4-bit sessions
+// round-trip with their rotations, packed codes and score-aware weight, every
+// loaded rotation, code nibble and weight is checked, damage to the new bytes is
+// refused or harmless, and older files still load: version 1 files, which hold
+// no proxy, as PQ; version 2 files (written by the version 2 library and kept in
+// tests/snapshot/data) as PQ or OPQ with squared-error codebooks.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 #include <math.h>
@@ -79,7 +81,7 @@ TEST_CASE("an OPQ session round-trips: rotations, codes and decodes identical") 
   ssa_snapshot_info info{};
   info.struct_size = sizeof info;
   REQUIRE(snapshot_inspect(path.c_str(), &info).ok());
-  CHECK(info.format_version == 2);
+  CHECK(info.format_version == snap::kFormatVersion);
 }
 
 TEST_CASE("a rotation that is not finite or not orthogonal is refused by every load") {
@@ -149,7 +151,7 @@ TEST_CASE("the proxy word: unknown values, and values that disagree with the cod
     const int cfg = base.find(snap::SectionKind::kConfig);
     REQUIRE(cfg >= 0);
     CHECK(snap::get_u32(base.body(cfg) + snap::kConfigProxyOff) == uint32_t(saved));
-    for (uint32_t v : {0u, 1u, 2u, 7u, 0x7fffffffu, 0x80000000u, 0xffffffffu}) {
+    for (uint32_t v : {0u, 1u, 2u, 3u, 4u, 7u, 0x7fffffffu, 0x80000000u, 0xffffffffu}) {
       CAPTURE(saved);
       CAPTURE(v);
       SnapshotImage img = base;
@@ -163,10 +165,12 @@ TEST_CASE("the proxy word: unknown values, and values that disagree with the cod
           CHECK(r.ok());
           continue;
         }
-        // Another known proxy changes the codebooks' length; others are unknown.
+        // Another one-byte proxy changes the codebooks' length, a 4-bit one the
+        // code pages' size; others are unknown.
         REQUIRE(!r.ok());
         CHECK(status_code(r.status()) == SSA_ERR_CORRUPT);
-        CHECK(std::string(r.status().message()).find(v <= 1 ? "codebooks" : "proxy") != std::string::npos);
+        CHECK(std::string(r.status().message()).find(v <= 1 ? "codebooks" : v <= 3 ? "pages" : "proxy") !=
+              std::string::npos);
       }
     }
   }
@@ -242,8 +246,8 @@ TEST_CASE("version 1 files load as PQ whatever their reserved config word holds,
     CHECK((*r)->config.proxy == SSA_PROXY_PQ);
     CHECK(store_diff(*s, **r) == "");
   }
-  // A checkpoint of the loaded session must not leave a version 2 superblock
-  // over the version 1 config: it rewrites the file whole.
+  // A checkpoint of the loaded session must not leave a newer superblock over
+  // the version 1 config: it rewrites the file whole.
   absl::StatusOr<std::unique_ptr<ssa_session>> r = snapshot_load(rt.get(), path.c_str(), 0);
   REQUIRE(r.ok());
   std::mt19937_64 rng(11);
@@ -252,7 +256,7 @@ TEST_CASE("version 1 files load as PQ whatever their reserved config word holds,
   ssa_snapshot_info info{};
   info.struct_size = sizeof info;
   REQUIRE(snapshot_inspect(path.c_str(), &info).ok());
-  CHECK(info.format_version == 2);
+  CHECK(info.format_version == snap::kFormatVersion);
   absl::StatusOr<std::unique_ptr<ssa_session>> again = snapshot_load(rt.get(), path.c_str(), 0);
   REQUIRE(again.ok());
   CHECK(store_diff(**r, **again) == "");
@@ -276,4 +280,216 @@ TEST_CASE("the committed version 1 corpus files still load, as PQ sessions") {
     ++loaded;
   }
   CHECK(loaded >= 4);
+}
+
+namespace {
+
+ssa_session_config four_bit_config(ssa_proxy proxy, uint32_t centroids, float weight) {
+  ssa_session_config c = small_config(0x4B17u);
+  c.head_dim = 32;
+  c.pq_subspaces = 16;
+  c.pq_centroids = centroids;
+  c.index_min_tokens = 48;
+  c.proxy = proxy;
+  c.pq_parallel_weight = weight;
+  return c;
+}
+
+// A file after a save of `c` (every page live: no checkpoint).
+SnapshotImage saved_image(ssa_runtime* rt, const ssa_session_config& c, const std::string& path) {
+  auto s = make_session(rt, c, 70, 31);
+  REQUIRE(s);
+  REQUIRE(snapshot_save(*s, path.c_str()).ok());
+  SnapshotImage img;
+  img.bytes = read_file(path);
+  REQUIRE(img.parse());
+  return img;
+}
+
+absl::Status load_edited(ssa_runtime* rt, SnapshotImage& img, const std::string& bad, uint32_t flags) {
+  img.seal();
+  REQUIRE(write_file(bad, img.bytes.data(), img.bytes.size()));
+  return snapshot_load(rt, bad.c_str(), flags).status();
+}
+
+}  // namespace
+
+TEST_CASE("4-bit and score-aware sessions round-trip: packed codes, rotations, weight and decodes identical") {
+  auto rt = make_runtime();
+  const std::string dir = temp_dir(), path = dir + "/q4.snap";
+  for (ssa_proxy proxy : {SSA_PROXY_PQ4, SSA_PROXY_OPQ4}) {
+    for (float weight : {1.0f, 3.5f}) {
+      CAPTURE(proxy);
+      CAPTURE(weight);
+      const ssa_session_config c = four_bit_config(proxy, 16, weight);
+      auto s = make_session(rt.get(), c, 60, 21);
+      REQUIRE(s);
+      REQUIRE(snapshot_save(*s, path.c_str()).ok());
+      std::mt19937_64 rng(22);
+      REQUIRE(append_all_layers(*s, 250, rng).ok());  // retrained: a second codebooks section
+      REQUIRE(snapshot_checkpoint(*s, path.c_str()).ok());
+      for (uint32_t flags : kAllFlags) {
+        CAPTURE(flags);
+        absl::StatusOr<std::unique_ptr<ssa_session>> r = snapshot_load(rt.get(), path.c_str(), flags);
+        REQUIRE(r.ok());
+        CHECK((*r)->config.proxy == proxy);
+        CHECK((*r)->config.pq_parallel_weight == weight);
+        CHECK((*r)->layout.code_bits == 4);
+        CHECK(store_diff(*s, **r) == "");
+        CHECK(decode_fingerprint(*s, 5) == decode_fingerprint(**r, 5));
+        // Appends after the load encode as the saved session's do.
+        std::mt19937_64 a(23), b(23);
+        REQUIRE(append_all_layers(*s, 9, a).ok());
+        REQUIRE(append_all_layers(**r, 9, b).ok());
+        CHECK(store_diff(*s, **r) == "");
+        REQUIRE(session_truncate(*s, session_length(*s) - 9).ok());
+      }
+      ssa_snapshot_info info{};
+      info.struct_size = sizeof info;
+      REQUIRE(snapshot_inspect(path.c_str(), &info).ok());
+      CHECK(info.format_version == 3);
+    }
+  }
+}
+
+TEST_CASE("a 4-bit code page whose nibble names no centroid is refused, low or high nibble") {
+  auto rt = make_runtime();
+  const std::string dir = temp_dir(), path = dir + "/n.snap", bad = dir + "/bad.snap";
+  const ssa_session_config c = four_bit_config(SSA_PROXY_PQ4, 12, 1.0f);
+  const SnapshotImage base = saved_image(rt.get(), c, path);
+  int code_runs = 0;
+  for (size_t i = 0; i < base.entries.size(); ++i) {
+    if (base.entries[i].kind != uint32_t(snap::SectionKind::kCodePages)) continue;
+    ++code_runs;
+    for (int high = 0; high < 2; ++high) {
+      for (uint8_t nibble : {uint8_t{12}, uint8_t{15}}) {
+        CAPTURE(i);
+        CAPTURE(high);
+        CAPTURE(int(nibble));
+        SnapshotImage img = base;
+        // The run's first page, head 0, code row 1 (subspaces 2 and 3), slot 9:
+        // rows of page_tokens = 16 bytes.
+        uint8_t* b = img.body(i) + 1 * 16 + 9;
+        *b = high ? static_cast<uint8_t>((*b & 0x0f) | (nibble << 4)) : static_cast<uint8_t>((*b & 0xf0) | nibble);
+        img.rehash(i);
+        for (uint32_t flags : kAllFlags) {
+          const absl::Status st = load_edited(rt.get(), img, bad, flags);
+          REQUIRE(!st.ok());
+          CHECK(status_code(st) == SSA_ERR_CORRUPT);
+          CHECK(std::string(st.message()).find("holds code " + std::to_string(nibble)) != std::string::npos);
+          CHECK(std::string(st.message()).find(high ? "subspace 3" : "subspace 2") != std::string::npos);
+        }
+      }
+    }
+  }
+  CHECK(code_runs >= 2);
+  // Every nibble below 12 is fine: the unedited file loads.
+  CHECK(snapshot_load(rt.get(), path.c_str(), SSA_LOAD_VERIFY).ok());
+}
+
+TEST_CASE("the weight word (version 3): out of range or not a number is corrupt, 0 reads as squared error") {
+  auto rt = make_runtime();
+  const std::string dir = temp_dir(), path = dir + "/w3.snap", bad = dir + "/bad.snap";
+  const SnapshotImage base = saved_image(rt.get(), four_bit_config(SSA_PROXY_OPQ4, 16, 2.0f), path);
+  const int cfg = base.find(snap::SectionKind::kConfig);
+  REQUIRE(cfg >= 0);
+  for (float w : {0.5f, -1.0f, 1000.5f, NAN, INFINITY, 0.0f, 1.0f, 1000.0f}) {
+    CAPTURE(w);
+    SnapshotImage img = base;
+    memcpy(img.body(cfg) + snap::kConfigWeightOff, &w, 4);
+    img.rehash(cfg);
+    const absl::Status st = load_edited(rt.get(), img, bad, 0);
+    const bool fine = w == 0.0f || (w >= 1.0f && w <= 1000.0f);
+    CHECK(st.ok() == fine);
+    if (!fine) {
+      CHECK(status_code(st) == SSA_ERR_CORRUPT);
+      CHECK(std::string(st.message()).find("pq_parallel_weight") != std::string::npos);
+    }
+  }
+}
+
+TEST_CASE("version 2 files: the word at 80 is reserved (any value loads as weight 1), 4-bit proxies are corrupt") {
+  auto rt = make_runtime();
+  const std::string dir = temp_dir(), path = dir + "/v2.snap", bad = dir + "/bad.snap";
+  ssa_session_config c = four_bit_config(SSA_PROXY_OPQ, 16, 1.0f);
+  c.pq_subspaces = 8;
+  const SnapshotImage base = saved_image(rt.get(), c, path);
+  const int cfg = base.find(snap::SectionKind::kConfig);
+  {
+    SnapshotImage img = base;
+    img.sb.format_version = 2;
+    const uint32_t junk = 0xdeadbeefu;
+    memcpy(img.body(cfg) + snap::kConfigWeightOff, &junk, 4);
+    img.rehash(cfg);
+    img.seal();
+    REQUIRE(write_file(bad, img.bytes.data(), img.bytes.size()));
+    for (uint32_t flags : kAllFlags) {
+      absl::StatusOr<std::unique_ptr<ssa_session>> r = snapshot_load(rt.get(), bad.c_str(), flags);
+      REQUIRE(r.ok());
+      CHECK((*r)->config.proxy == SSA_PROXY_OPQ);
+      CHECK((*r)->config.pq_parallel_weight == 1.0f);
+    }
+  }
+  for (uint32_t proxy : {2u, 3u}) {
+    CAPTURE(proxy);
+    SnapshotImage img = base;
+    img.sb.format_version = 2;
+    snap::put_u32(img.body(cfg) + snap::kConfigProxyOff, proxy);
+    img.rehash(cfg);
+    const absl::Status st = load_edited(rt.get(), img, bad, 0);
+    REQUIRE(!st.ok());
+    CHECK(status_code(st) == SSA_ERR_CORRUPT);
+    CHECK(std::string(st.message()).find("unknown proxy " + std::to_string(proxy) + " in a version 2 file") !=
+          std::string::npos);
+  }
+}
+
+TEST_CASE("files written by the version 2 library load (PQ, OPQ), decode, and a checkpoint rewrites them as version 3") {
+  auto rt = make_runtime();
+  const std::string dir = temp_dir();
+  int loaded = 0;
+  for (const char* name : {"v2_pq_f16.ssa", "v2_opq_f16.ssa"}) {
+    CAPTURE(name);
+    const std::string src = std::string(SSA_SNAPSHOT_DATA_DIR) + "/" + name, path = dir + "/" + name;
+    const std::vector<uint8_t> bytes = read_file(src);
+    REQUIRE(!bytes.empty());
+    REQUIRE(write_file(path, bytes.data(), bytes.size()));
+    SnapshotImage img;
+    img.bytes = bytes;
+    REQUIRE(img.parse());
+    CHECK(img.sb.format_version == 2);
+    const bool rotated = std::string(name).find("opq") != std::string::npos;
+    for (uint32_t flags : kAllFlags) {
+      absl::StatusOr<std::unique_ptr<ssa_session>> r = snapshot_load(rt.get(), path.c_str(), flags);
+      REQUIRE(r.ok());
+      ssa_session& s = **r;
+      CHECK(s.config.proxy == (rotated ? SSA_PROXY_OPQ : SSA_PROXY_PQ));
+      CHECK(s.config.pq_parallel_weight == 1.0f);
+      CHECK(s.config.model_fingerprint == 0x0B0B0002ull);
+      CHECK(session_length(s) == 57);
+      {
+        std::shared_lock lock(s.mu);
+        for (const LayerStore& L : s.layers) {
+          REQUIRE(L.codebooks != nullptr);
+          CHECK(L.codebooks->rotated() == rotated);
+        }
+      }
+      CHECK(check_loaded_session(s, flags != SSA_LOAD_MMAP) == "");
+      ++loaded;
+    }
+    absl::StatusOr<std::unique_ptr<ssa_session>> r = snapshot_load(rt.get(), path.c_str(), 0);
+    REQUIRE(r.ok());
+    std::mt19937_64 rng(41);
+    REQUIRE(append_all_layers(**r, 5, rng).ok());
+    REQUIRE(snapshot_checkpoint(**r, path.c_str()).ok());
+    ssa_snapshot_info info{};
+    info.struct_size = sizeof info;
+    REQUIRE(snapshot_inspect(path.c_str(), &info).ok());
+    CHECK(info.format_version == 3);
+    absl::StatusOr<std::unique_ptr<ssa_session>> again = snapshot_load(rt.get(), path.c_str(), SSA_LOAD_VERIFY);
+    REQUIRE(again.ok());
+    CHECK(store_diff(**r, **again) == "");
+    CHECK(decode_fingerprint(**r, 6) == decode_fingerprint(**again, 6));
+  }
+  CHECK(loaded == 8);
 }
