@@ -285,6 +285,13 @@ ssa_status ssa_session_update_index(ssa_session* s) {
   });
 }
 
+ssa_status ssa_session_observe_queries(ssa_session* s, uint32_t layer, const void* q, uint64_t n) {
+  return guarded([&]() -> absl::Status {
+    if (s == nullptr) return ssa::invalid_argument("session is NULL");
+    return ssa::session_observe_queries(*s, layer, q, n);
+  });
+}
+
 ssa_status ssa_session_truncate(ssa_session* s, uint64_t n_tokens) {
   return guarded([&]() -> absl::Status {
     if (s == nullptr) return ssa::invalid_argument("session is NULL");

@@ -6,9 +6,11 @@
 
 #include "backend.h"
 #include "cpu/finite_check.h"
+#include "cpu/simd.h"
 #include "decode/decode_step.h"
 #include "index/pq_index.h"
 #include "index/proxy_kind.h"
+#include "index/query_transform.h"
 #include "status.h"
 #include "versioned_struct.h"
 #include "store/layer_tail.h"
@@ -67,9 +69,8 @@ absl::Status validate_session_config(const ssa_session_config& c, KvLayout* layo
   if (c.index_iterations > 1000) {
     return invalid_argument("index_iterations ", c.index_iterations, " must be <= 1000");
   }
-  if (enum_value(c.proxy) > SSA_PROXY_OPQ4) {
-    return invalid_argument("unknown proxy ", enum_value(c.proxy),
-                            " (SSA_PROXY_PQ, SSA_PROXY_OPQ, SSA_PROXY_PQ4 or SSA_PROXY_OPQ4)");
+  if (!proxy_is_known(enum_value(c.proxy))) {
+    return invalid_argument("unknown proxy ", enum_value(c.proxy), " (SSA_PROXY_PQ, _OPQ, _PQ4, _OPQ4, _QPQ or _QPQ4)");
   }
   if (proxy_has_4bit_codes(c.proxy)) {
     if (c.pq_centroids > 16) {
@@ -238,6 +239,31 @@ absl::Status session_update_index(ssa_session& s) {
     SSA_RETURN_IF_ERROR(s.backend->train_index(s, layer));
   }
   s.layers.swap(next);
+  return absl::OkStatus();
+}
+
+absl::Status session_observe_queries(ssa_session& s, uint32_t layer, const void* q, uint64_t n) {
+  if (n == 0) return absl::OkStatus();
+  const KvLayout& L = s.layout;
+  if (q == nullptr) return invalid_argument("q must not be NULL");
+  if (layer >= L.n_layers) return invalid_argument("layer ", layer, " >= n_layers ", L.n_layers);
+  if (!proxy_is_query_aware(s.config.proxy)) {
+    return invalid_argument("proxy ", enum_value(s.config.proxy),
+                            " learns nothing from queries (SSA_PROXY_QPQ and _QPQ4 do)");
+  }
+  if (n > kMaxObservedQueryValues / (uint64_t{L.n_q_heads} * L.head_dim)) {
+    return invalid_argument(n, " queries of ", L.n_q_heads, " x ", L.head_dim, " values in one call exceed ",
+                            kMaxObservedQueryValues, " values");
+  }
+  SSA_RETURN_IF_ERROR(s.backend->check_buffer(s, q, "q"));
+  const size_t count = static_cast<size_t>(n) * L.n_q_heads * L.head_dim;
+  std::vector<float> qf(count);
+  simd::kernels().to_f32(L.dtype, q, qf.data(), count);
+  const size_t bad = first_non_finite(DType::kF32, qf.data(), count);
+  if (bad != count) return invalid_argument("q[", bad, "] is NaN or infinite");
+  std::unique_lock lock(s.mu);
+  LayerStore& cur = s.layers[layer];
+  cur.query_moments = add_query_moments(cur.query_moments.get(), L.n_kv_heads, L.n_q_heads, L.head_dim, qf.data(), n);
   return absl::OkStatus();
 }
 

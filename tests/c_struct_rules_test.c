@@ -230,7 +230,7 @@ static void test_session_config(ssa_runtime *rt, const char *path) {
   c = shape();
   c.proxy = (ssa_proxy)0xFFFFFFFFu;
   EXPECT_STATUS(ssa_session_create(rt, &c, &s), SSA_ERR_INVALID_ARGUMENT);
-  c.proxy = (ssa_proxy)4;
+  c.proxy = (ssa_proxy)6;
   EXPECT_STATUS(ssa_session_create(rt, &c, &s), SSA_ERR_INVALID_ARGUMENT);
   EXPECT(s == NULL);
   /* pq_parallel_weight: 0 or [1, 1000]. */

@@ -420,7 +420,7 @@ TEST_CASE("4-bit configs that cannot hold their codes are refused at create, nam
   const Bad bad[] = {
       {SSA_PROXY_PQ4, 64, 32, 17, "2..16"},   {SSA_PROXY_OPQ4, 64, 32, 256, "2..16"},
       {SSA_PROXY_PQ4, 96, 3, 16, "even"},     {SSA_PROXY_PQ4, 512, 512, 16, "at most 256"},
-      {(ssa_proxy)4, 64, 32, 16, "unknown proxy"},
+      {SSA_PROXY_QPQ4, 64, 32, 32, "2..16"},  {(ssa_proxy)6, 64, 32, 16, "unknown proxy"},
   };
   for (const Bad& b : bad) {
     CAPTURE(b.says);

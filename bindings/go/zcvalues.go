@@ -29,6 +29,8 @@ func cValues() map[string]uint64 {
 		"SSA_PROXY_OPQ":             uint64(C.SSA_PROXY_OPQ),
 		"SSA_PROXY_PQ4":             uint64(C.SSA_PROXY_PQ4),
 		"SSA_PROXY_OPQ4":            uint64(C.SSA_PROXY_OPQ4),
+		"SSA_PROXY_QPQ":             uint64(C.SSA_PROXY_QPQ),
+		"SSA_PROXY_QPQ4":            uint64(C.SSA_PROXY_QPQ4),
 		"SSA_METHOD_DENSE":          uint64(C.SSA_METHOD_DENSE),
 		"SSA_METHOD_ORACLE_TOPK":    uint64(C.SSA_METHOD_ORACLE_TOPK),
 		"SSA_METHOD_PQ_TOPK":        uint64(C.SSA_METHOD_PQ_TOPK),

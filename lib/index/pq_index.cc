@@ -8,6 +8,7 @@
 #include "kmeans.h"
 #include "kmeans_rng.h"
 #include "proxy_kind.h"
+#include "query_transform.h"
 #include "rotation.h"
 #include "score_aware.h"
 #include "status.h"
@@ -117,12 +118,27 @@ absl::StatusOr<CodebooksRef> train_codebooks(const KvLayout& layout, const Layer
                   keys.data() + (h * n + i) * d, d);
     }
   });
-  const bool opq = proxy_has_rotation(proxy);
+  const bool opq = proxy_has_rotation(proxy), transformed = proxy_has_transform(proxy);
   if (opq) {
     books->rotation.resize(size_t{H} * d * d);
     pool.parallel_for(H, [&](size_t h) {
       store_rotation(balanced_pca_rotation(keys.data() + h * n * d, n, d, M),
                      books->rotation.data() + h * d * d);
+    });
+  } else if (proxy_is_query_aware(proxy)) {
+    const QueryMoments* qm = layer.query_moments.get();
+    if (qm != nullptr && (qm->n_kv_heads != H || qm->head_dim != d)) {
+      return invalid_argument("query moments of ", qm->n_kv_heads, " heads x ", qm->head_dim,
+                              " dimensions do not fit the layer");
+    }
+    books->rotation.resize(size_t{H} * d * d);
+    books->query_transform.resize(size_t{H} * d * d);
+    books->trained_moments = layer.query_moments;
+    pool.parallel_for(H, [&](size_t h) {
+      const uint32_t kv = static_cast<uint32_t>(h);
+      query_aware_transform(keys.data() + h * n * d, n, d, M, qm != nullptr ? qm->sum_of(kv) : nullptr,
+                            qm != nullptr ? qm->count[kv] : 0, books->rotation.data() + h * d * d,
+                            books->query_transform.data() + h * d * d);
     });
   }
   // Subspace-major, so every (head, subspace) k-means reads one contiguous
@@ -131,7 +147,8 @@ absl::StatusOr<CodebooksRef> train_codebooks(const KvLayout& layout, const Layer
   const uint32_t rounds = opq ? kOpqRounds : 1;
   for (uint32_t round = 0; round < rounds; ++round) {
     pool.parallel_for(H, [&](size_t h) {
-      scatter_points(keys.data() + h * n * d, n, opq ? books->rotation_of(static_cast<uint32_t>(h)) : nullptr,
+      scatter_points(keys.data() + h * n * d, n,
+                     transformed ? books->rotation_of(static_cast<uint32_t>(h)) : nullptr,
                      static_cast<uint32_t>(h), d, M, points.data());
     });
     pool.parallel_for(size_t{H} * M, [&](size_t hm) {
@@ -145,12 +162,12 @@ absl::StatusOr<CodebooksRef> train_codebooks(const KvLayout& layout, const Layer
       store_rotation(refit_rotation(keys.data() + h * n * d, n, r, *books, static_cast<uint32_t>(h)), r);
     });
   }
-  // The score-aware loss refines the last k-means codebooks (of the rotated keys).
+  // The score-aware loss refines the last k-means codebooks (of the transformed keys).
   if (is_score_aware(parallel_weight)) {
     pool.parallel_for(H, [&](size_t h) {
       const float* x = keys.data() + h * n * d;
       std::vector<float> rotated;
-      if (opq) {
+      if (transformed) {
         rotated.resize(size_t{n} * d);
         const float* r = books->rotation_of(static_cast<uint32_t>(h));
         for (uint64_t i = 0; i < n; ++i) rotate(r, x + i * d, d, rotated.data() + i * d);
@@ -230,7 +247,7 @@ absl::StatusOr<std::vector<PageRef>> encode_layer(const KvLayout& layout, const 
 
 const float* rotate_query(const PqCodebooks& books, uint32_t head, const float* q, float* scratch) {
   if (!books.rotated()) return q;
-  rotate(books.rotation_of(head), q, books.head_dim(), scratch);
+  rotate(books.query_transform_of(head), q, books.head_dim(), scratch);
   return scratch;
 }
 

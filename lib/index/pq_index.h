@@ -23,8 +23,11 @@ namespace ssa {
 // (docs/ALGORITHM.md, section 4): from a variance-balanced PCA, kOpqRounds rounds
 // of k-means on the rotated keys alternating with a Procrustes fit of the
 // rotation to their reconstructions; the codebooks returned are those of the
-// last rotation. A parallel_weight above 1 then refines them for the
-// score-aware loss (score_aware.h). The layout's code_bits must be the proxy's.
+// last rotation. The query-aware proxies (SSA_PROXY_QPQ, _QPQ4) learn each
+// head's key and query transforms from the layer's observed queries
+// (query_transform.h) and keep those moments with the codebooks. A
+// parallel_weight above 1 then refines the codebooks for the score-aware loss
+// (score_aware.h). The layout's code_bits must be the proxy's.
 absl::StatusOr<CodebooksRef> train_codebooks(const KvLayout& layout, const LayerStore& layer,
                                              uint32_t sample, uint32_t iterations, ssa_proxy proxy,
                                              float parallel_weight, ThreadPool& pool);
@@ -52,7 +55,8 @@ class PqEncoder {
   std::vector<ScoreAwareSearch> score_aware_;  // [n_kv_heads], empty for squared error
 };
 
-// q' = R q for a rotated codebook set's head (d floats each); q itself otherwise.
+// q' = R q (OPQ) or T^-T q (QPQ) for a transformed codebook set's head (d floats
+// each); q itself otherwise.
 const float* rotate_query(const PqCodebooks& books, uint32_t head, const float* q, float* scratch);
 
 // Builds a full set of fresh code pages for all tokens of `layer` with `books`.

@@ -2,8 +2,11 @@
 
 #include <string.h>
 
+#include <cmath>
+
 #include "absl/strings/str_cat.h"
 #include "cpu/finite_check.h"
+#include "index/query_transform.h"
 #include "index/rotation.h"
 #include "status.h"
 
@@ -141,9 +144,23 @@ absl::Status check_codebooks(const PqCodebooks& cb, const std::string& path, uin
                                    " of ", n, ")"));
   }
   if (!cb.rotated()) return absl::OkStatus();
+  const uint32_t d = cb.head_dim();
+  if (!cb.query_transform.empty()) {
+    // A query side that is not the key transform's inverse transpose would make
+    // the proxy score something other than q . k.
+    for (uint32_t h = 0; h < cb.n_kv_heads; ++h) {
+      const double err = inverse_transpose_error(cb.rotation_of(h), cb.query_transform_of(h), d);
+      if (!(err <= kTransformTolerance)) {
+        return make_error(SSA_ERR_CORRUPT,
+                          absl::StrCat("snapshot '", path, "': layer ", layer, " KV head ", h,
+                                       " query transform is not the key transform's inverse transpose (max |T^T Q - I| = ",
+                                       err, ", tolerance ", kTransformTolerance, ")"));
+      }
+    }
+    return absl::OkStatus();
+  }
   // A rotation that is not orthogonal would make the proxy score something
   // other than q . k; a non-finite one every score NaN.
-  const uint32_t d = cb.head_dim();
   for (uint32_t h = 0; h < cb.n_kv_heads; ++h) {
     const double err = orthogonality_error(cb.rotation_of(h), d);
     if (!(err <= kRotationTolerance)) {
@@ -151,6 +168,27 @@ absl::Status check_codebooks(const PqCodebooks& cb, const std::string& path, uin
                         absl::StrCat("snapshot '", path, "': layer ", layer, " KV head ", h,
                                      " rotation is not orthogonal (max |R R^T - I| = ", err,
                                      ", tolerance ", kRotationTolerance, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status check_query_moments(const QueryMoments& qm, const std::string& path, uint32_t layer) {
+  const uint32_t d = qm.head_dim;
+  for (uint32_t h = 0; h < qm.n_kv_heads; ++h) {
+    const double* s = qm.sum_of(h);
+    for (uint32_t i = 0; i < d; ++i) {
+      for (uint32_t j = 0; j < d; ++j) {
+        const double v = s[size_t{i} * d + j];
+        const bool bad = !std::isfinite(v) || v != s[size_t{j} * d + i] || (i == j && v < 0.0) ||
+                         (qm.count[h] == 0 && v != 0.0);
+        if (bad) {
+          return make_error(SSA_ERR_CORRUPT,
+                            absl::StrCat("snapshot '", path, "': layer ", layer, " KV head ", h,
+                                         " query moments are not those of observed queries (entry ", i, ", ", j,
+                                         " = ", v, ", count ", qm.count[h], ")"));
+        }
+      }
     }
   }
   return absl::OkStatus();

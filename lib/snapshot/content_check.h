@@ -25,7 +25,14 @@ absl::Status check_kv_page(const KvLayout& lay, const uint8_t* page, const std::
 absl::Status check_code_page(const KvLayout& lay, const uint8_t* page, const std::string& path,
                              uint32_t layer, uint64_t page_index);
 
-// SSA_ERR_CORRUPT unless every centroid coordinate is finite.
+// SSA_ERR_CORRUPT unless every centroid coordinate is finite, every rotation
+// (OPQ) finite and orthogonal, every key transform's query side (QPQ) finite and
+// its inverse transpose, within tolerance.
 absl::Status check_codebooks(const PqCodebooks& cb, const std::string& path, uint32_t layer);
+
+// SSA_ERR_CORRUPT unless the query moments are what observing queries makes:
+// every sum finite and symmetric with a non-negative diagonal, and all zero for
+// a head of count 0.
+absl::Status check_query_moments(const QueryMoments& qm, const std::string& path, uint32_t layer);
 
 }  // namespace ssa::snap

@@ -124,9 +124,11 @@ absl::Status decode_config(const uint8_t in[kConfigBytes], uint32_t format_versi
 
 uint64_t codebooks_section_bytes(const ssa_session_config& cfg) {
   const uint64_t floats = uint64_t{cfg.n_kv_heads} * cfg.pq_centroids * cfg.head_dim;
-  const uint64_t rotation =
-      proxy_has_rotation(cfg.proxy) ? uint64_t{cfg.n_kv_heads} * cfg.head_dim * cfg.head_dim : 0;
-  return kCodebooksHeaderBytes + (floats + rotation) * sizeof(float);
+  const uint64_t square = uint64_t{cfg.n_kv_heads} * cfg.head_dim * cfg.head_dim;
+  const uint64_t transforms = proxy_is_query_aware(cfg.proxy) ? 2 * square : proxy_has_rotation(cfg.proxy) ? square : 0;
+  const uint64_t moments =
+      proxy_is_query_aware(cfg.proxy) ? uint64_t{cfg.n_kv_heads} * sizeof(uint64_t) + square * sizeof(double) : 0;
+  return kCodebooksHeaderBytes + (floats + transforms) * sizeof(float) + moments;
 }
 
 SectionEntry decode_entry(const uint8_t* p) {

@@ -205,7 +205,7 @@ TEST_CASE("gpu backend: a proxy other than PQ is refused at create and at load, 
   ssa_runtime_destroy(cpu);
 }
 
-TEST_CASE("gpu backend: 4-bit proxies and score-aware weights are refused at create and load, CPU files still load there") {
+TEST_CASE("gpu backend: 4-bit and query-aware proxies and score-aware weights are refused at create and load, CPU files still load there") {
   SSA_GPU_TEST_OR_SKIP();
   ssa_runtime* cpu = runtime(SSA_BACKEND_CPU);
   ssa_runtime* gpu = runtime(SSA_BACKEND_CUDA);
@@ -217,6 +217,8 @@ TEST_CASE("gpu backend: 4-bit proxies and score-aware weights are refused at cre
   };
   const Case cases[] = {{SSA_PROXY_PQ4, 32, 16, 1.0f, "proxy"},
                         {SSA_PROXY_OPQ4, 32, 16, 1.0f, "proxy"},
+                        {SSA_PROXY_QPQ, 16, 256, 1.0f, "proxy"},
+                        {SSA_PROXY_QPQ4, 32, 16, 1.0f, "proxy"},
                         {SSA_PROXY_PQ, 16, 256, 4.0f, "pq_parallel_weight"}};
   const Data d = make_data(3000, 42);
   for (const Case& k : cases) {

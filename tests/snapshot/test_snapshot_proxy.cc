@@ -151,7 +151,7 @@ TEST_CASE("the proxy word: unknown values, and values that disagree with the cod
     const int cfg = base.find(snap::SectionKind::kConfig);
     REQUIRE(cfg >= 0);
     CHECK(snap::get_u32(base.body(cfg) + snap::kConfigProxyOff) == uint32_t(saved));
-    for (uint32_t v : {0u, 1u, 2u, 3u, 4u, 7u, 0x7fffffffu, 0x80000000u, 0xffffffffu}) {
+    for (uint32_t v : {0u, 1u, 2u, 3u, 4u, 5u, 6u, 7u, 0x7fffffffu, 0x80000000u, 0xffffffffu}) {
       CAPTURE(saved);
       CAPTURE(v);
       SnapshotImage img = base;
@@ -169,8 +169,8 @@ TEST_CASE("the proxy word: unknown values, and values that disagree with the cod
         // code pages' size; others are unknown.
         REQUIRE(!r.ok());
         CHECK(status_code(r.status()) == SSA_ERR_CORRUPT);
-        CHECK(std::string(r.status().message()).find(v <= 1 ? "codebooks" : v <= 3 ? "pages" : "proxy") !=
-              std::string::npos);
+        const char* says = v <= 1 || v == 4 ? "codebooks" : v <= 5 ? "pages" : "proxy";
+        CHECK(std::string(r.status().message()).find(says) != std::string::npos);
       }
     }
   }
@@ -408,7 +408,7 @@ TEST_CASE("the weight word (version 3): out of range or not a number is corrupt,
   }
 }
 
-TEST_CASE("version 2 files: the word at 80 is reserved (any value loads as weight 1), 4-bit proxies are corrupt") {
+TEST_CASE("version 2 files: the word at 80 is reserved (any value loads as weight 1), newer proxies are corrupt") {
   auto rt = make_runtime();
   const std::string dir = temp_dir(), path = dir + "/v2.snap", bad = dir + "/bad.snap";
   ssa_session_config c = four_bit_config(SSA_PROXY_OPQ, 16, 1.0f);
@@ -430,7 +430,7 @@ TEST_CASE("version 2 files: the word at 80 is reserved (any value loads as weigh
       CHECK((*r)->config.pq_parallel_weight == 1.0f);
     }
   }
-  for (uint32_t proxy : {2u, 3u}) {
+  for (uint32_t proxy : {2u, 3u, 4u, 5u}) {
     CAPTURE(proxy);
     SnapshotImage img = base;
     img.sb.format_version = 2;
@@ -492,4 +492,137 @@ TEST_CASE("files written by the version 2 library load (PQ, OPQ), decode, and a 
     CHECK(decode_fingerprint(**r, 6) == decode_fingerprint(**again, 6));
   }
   CHECK(loaded == 8);
+}
+
+namespace {
+
+ssa_session_config qpq_file_config(ssa_proxy proxy) {
+  ssa_session_config c = four_bit_config(proxy, 16, 1.0f);
+  c.pq_subspaces = proxy == SSA_PROXY_QPQ4 ? 16 : 8;
+  return c;
+}
+
+// Queries [n][n_q_heads][head_dim] in the session's dtype.
+std::vector<uint8_t> random_queries(const ssa_session& s, uint64_t n, std::mt19937_64& rng) {
+  const KvLayout& L = s.layout;
+  std::vector<uint8_t> out(n * L.n_q_heads * L.head_dim * L.elem_bytes());
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (size_t i = 0; i < n * L.n_q_heads * L.head_dim; ++i)
+    store_from_f32(out.data(), L.dtype, i, nd(rng) * (i % L.head_dim < 4 ? 3.0f : 0.5f));
+  return out;
+}
+
+// A query-aware session shown queries before its layers train, saved.
+std::unique_ptr<ssa_session> qpq_session(ssa_runtime* rt, ssa_proxy proxy, const std::string& path) {
+  auto s = make_session(rt, qpq_file_config(proxy), 0, 51);
+  REQUIRE(s);
+  std::mt19937_64 rng(52);
+  for (uint32_t l = 0; l < s->layout.n_layers; ++l) {
+    const std::vector<uint8_t> q = random_queries(*s, 20 + l, rng);
+    REQUIRE(session_observe_queries(*s, l, q.data(), 20 + l).ok());
+  }
+  REQUIRE(append_all_layers(*s, 70, rng).ok());
+  REQUIRE(snapshot_save(*s, path.c_str()).ok());
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("a query-aware session round-trips its transforms and query moments; loaded, it retrains as the saved one") {
+  auto rt = make_runtime();
+  const std::string dir = temp_dir(), path = dir + "/qpq.snap";
+  for (ssa_proxy proxy : {SSA_PROXY_QPQ, SSA_PROXY_QPQ4}) {
+    CAPTURE(proxy);
+    auto s = qpq_session(rt.get(), proxy, path);
+    for (uint32_t flags : kAllFlags) {
+      CAPTURE(flags);
+      absl::StatusOr<std::unique_ptr<ssa_session>> r = snapshot_load(rt.get(), path.c_str(), flags);
+      REQUIRE(r.ok());
+      CHECK(store_diff(*s, **r) == "");
+      CHECK(decode_fingerprint(*s, 5) == decode_fingerprint(**r, 5));
+      std::shared_lock la(s->mu), lb((*r)->mu);
+      for (uint32_t l = 0; l < s->layout.n_layers; ++l) {
+        const PqCodebooks& a = *s->layers[l].codebooks;
+        const PqCodebooks& b = *(*r)->layers[l].codebooks;
+        CHECK(a.rotation == b.rotation);
+        CHECK(a.query_transform == b.query_transform);
+        REQUIRE(b.trained_moments != nullptr);
+        CHECK(a.trained_moments->count == b.trained_moments->count);
+        CHECK(a.trained_moments->sum == b.trained_moments->sum);
+        CHECK((*r)->layers[l].query_moments == b.trained_moments);
+      }
+    }
+    // Shown the same new queries and retrained, both learn the same index.
+    absl::StatusOr<std::unique_ptr<ssa_session>> r = snapshot_load(rt.get(), path.c_str(), 0);
+    REQUIRE(r.ok());
+    std::mt19937_64 rng(53);
+    const std::vector<uint8_t> q = random_queries(*s, 7, rng);
+    for (ssa_session* x : {s.get(), r->get()}) {
+      REQUIRE(session_observe_queries(*x, 1, q.data(), 7).ok());
+      REQUIRE(session_update_index(*x).ok());
+    }
+    CHECK(store_diff(*s, **r) == "");
+    std::shared_lock la(s->mu), lb((*r)->mu);
+    CHECK(s->layers[1].codebooks->query_transform == (*r)->layers[1].codebooks->query_transform);
+    CHECK(s->layers[1].codebooks->trained_moments->count[0] == 2 * (21 + 7));
+  }
+}
+
+TEST_CASE("damaged query transforms or query moments are refused by every load") {
+  auto rt = make_runtime();
+  const std::string dir = temp_dir(), path = dir + "/qd.snap", bad = dir + "/bad.snap";
+  qpq_session(rt.get(), SSA_PROXY_QPQ, path);
+  SnapshotImage base;
+  base.bytes = read_file(path);
+  REQUIRE(base.parse());
+  const ssa_session_config c = qpq_file_config(SSA_PROXY_QPQ);
+  const size_t square = size_t{c.n_kv_heads} * c.head_dim * c.head_dim;
+  const size_t q_off = rotation_offset(c) + square * sizeof(float);  // the query transforms
+  const size_t count_off = q_off + square * sizeof(float);
+  const size_t sum_off = count_off + c.n_kv_heads * sizeof(uint64_t);
+  const uint32_t d = c.head_dim;
+  struct Edit {
+    const char* what;
+    size_t at;
+    int kind;  // 0: float at `at` += 0.05, 1: double at `at` := NaN, 2: double += 1 (breaks symmetry),
+               // 3: double := -1 (negative diagonal), 4: count := 0 (sums stay)
+    const char* says;
+  };
+  const Edit edits[] = {
+      {"query transform entry", q_off + 4 * (d + 3), 0, "inverse transpose"},
+      {"moment NaN", sum_off + 8 * 5, 1, "query moments"},
+      {"moment asymmetric", sum_off + 8 * (2 * d + 1), 2, "query moments"},
+      {"negative diagonal", sum_off + 8 * (d * d + 3 * d + 3), 3, "query moments"},
+      {"count 0, sums kept", count_off + 8, 4, "query moments"},
+  };
+  for (uint32_t layer = 0; layer < 2; ++layer) {
+    const int cb = live_codebooks(base, layer);
+    REQUIRE(cb >= 0);
+    for (const Edit& e : edits) {
+      CAPTURE(layer);
+      CAPTURE(e.what);
+      SnapshotImage img = base;
+      uint8_t* p = img.body(cb) + e.at;
+      if (e.kind == 0) {
+        float v;
+        memcpy(&v, p, 4);
+        v += 0.05f;
+        memcpy(p, &v, 4);
+      } else if (e.kind == 4) {
+        snap::put_u64(p, 0);
+      } else {
+        double v;
+        memcpy(&v, p, 8);
+        v = e.kind == 1 ? NAN : e.kind == 2 ? v + 1.0 : -1.0;
+        memcpy(p, &v, 8);
+      }
+      img.rehash(cb);
+      for (uint32_t flags : kAllFlags) {
+        const absl::Status st = load_edited(rt.get(), img, bad, flags);
+        REQUIRE(!st.ok());
+        CHECK(status_code(st) == SSA_ERR_CORRUPT);
+        CHECK(std::string(st.message()).find(e.says) != std::string::npos);
+      }
+    }
+  }
 }

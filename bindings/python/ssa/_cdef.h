@@ -154,6 +154,16 @@ typedef enum ssa_dtype {
          decode ranks and samples by is that table's score, within
          pq_subspaces / 2 table steps of the float one (docs/ALGORITHM.md).
    OPQ4: OPQ's rotation with PQ4's codes and scoring.
+   QPQ:  query-aware: keys are transformed before product quantisation by a
+         matrix T learned from the queries the layer was shown
+         (ssa_session_observe_queries), so that the squared error of the
+         quantised keys is the expected squared error of the scores q . k over
+         those queries: T whitens the queries' second moment, then a
+         variance-balanced rotation spreads the transformed keys over the
+         subspaces. The query scores as T^-T q (once per decode step), so
+         (T^-T q) . (T k) = q . k. A layer trained before any query was observed
+         uses the identity in place of the whitening. One-byte codes.
+   QPQ4: QPQ's transform with PQ4's codes and scoring.
    The CUDA backend supports PQ only: a session with another proxy is refused
    there with SSA_ERR_UNSUPPORTED (at ssa_session_create and at load). */
 typedef enum ssa_proxy {
@@ -161,6 +171,8 @@ typedef enum ssa_proxy {
   SSA_PROXY_OPQ = 1,
   SSA_PROXY_PQ4 = 2,
   SSA_PROXY_OPQ4 = 3,
+  SSA_PROXY_QPQ = 4,
+  SSA_PROXY_QPQ4 = 5,
   SSA_PROXY_FORCE_32BIT = 0x7fffffff
 } ssa_proxy;
 
@@ -352,7 +364,7 @@ typedef struct ssa_session_config {
   ssa_dtype kv_dtype;    /* dtype of K, V, q and out; default F16              */
   uint32_t pq_subspaces; /* M, default 16; must divide head_dim                */
   uint32_t pq_centroids; /* K, default 256; 2..256 (one-byte codes), 2..16 for
-                            the 4-bit proxies (SSA_PROXY_PQ4, _OPQ4)           */
+                            the 4-bit proxies (SSA_PROXY_PQ4, _OPQ4, _QPQ4)    */
   uint64_t model_fingerprint; /* opaque to the library; checked on load; default 0 */
   /* ---- core: the fields above; struct_size may end here or at a later field ---- */
   uint32_t page_tokens;  /* tokens per KV page, default 256; power of two 16..4096;
@@ -459,6 +471,23 @@ ssa_status ssa_session_append_async(ssa_session *s, uint32_t layer, const void *
    Returns SSA_OK, SSA_ERR_INVALID_ARGUMENT (s NULL), SSA_ERR_OUT_OF_MEMORY,
    SSA_ERR_DEVICE. */
 ssa_status ssa_session_update_index(ssa_session *s);
+
+/* Shows a layer queries for the query-aware proxies (SSA_PROXY_QPQ, _QPQ4) to
+   learn their transform from: the queries the model attends the layer with, in
+   the shape of a decode's q, n of them: q [n][n_q_heads][head_dim] in the
+   session's dtype (host memory for CPU sessions), borrowed. Per KV head the
+   second moment of its query heads' queries is accumulated (head_dim^2
+   multiply-adds per query head: a few hundred queries per layer are plenty, a
+   prefill's last ones or the first decode steps'). Nothing is retrained here:
+   the layer's next training uses every query observed so far (the automatic
+   policy, or ssa_session_update_index). The moments a layer's index was trained
+   from are saved with it in snapshots, and a loaded session keeps observing
+   from them; queries observed after a layer's last training are not saved.
+   n 0 does nothing. Takes the session exclusively.
+   Returns SSA_OK, SSA_ERR_INVALID_ARGUMENT (s NULL, q NULL with n > 0,
+   layer >= n_layers, a proxy that is not query-aware, NaN or infinity in q,
+   more than 2^28 values in q), SSA_ERR_OUT_OF_MEMORY. */
+ssa_status ssa_session_observe_queries(ssa_session *s, uint32_t layer, const void *q, uint64_t n);
 
 /* Keeps the first n_tokens tokens of every layer (agent rollback). n_tokens may
    not exceed ssa_session_length (the shortest layer), so every layer ends up

@@ -51,6 +51,8 @@ class Proxy(enum.IntEnum):
     OPQ = lib.SSA_PROXY_OPQ
     PQ4 = lib.SSA_PROXY_PQ4
     OPQ4 = lib.SSA_PROXY_OPQ4
+    QPQ = lib.SSA_PROXY_QPQ
+    QPQ4 = lib.SSA_PROXY_QPQ4
 
 
 class Method(enum.IntEnum):
@@ -303,13 +305,15 @@ def _session_config(n_layers: int, n_q_heads: int, n_kv_heads: int, head_dim: in
     if index_iterations is not None:
         cfg.index_iterations = _int("index_iterations", index_iterations, 0, _U32)
     if proxy is not None:
-        names = {"pq": Proxy.PQ, "opq": Proxy.OPQ, "pq4": Proxy.PQ4, "opq4": Proxy.OPQ4}
+        names = {"pq": Proxy.PQ, "opq": Proxy.OPQ, "pq4": Proxy.PQ4, "opq4": Proxy.OPQ4, "qpq": Proxy.QPQ,
+                 "qpq4": Proxy.QPQ4}
         if isinstance(proxy, str) and proxy.lower() in names:
             cfg.proxy = names[proxy.lower()]
         elif isinstance(proxy, Proxy):
             cfg.proxy = int(proxy)
         else:
-            raise invalid("proxy must be 'pq', 'opq', 'pq4' or 'opq4' (or an ssa.Proxy), got %r" % (proxy,))
+            raise invalid("proxy must be 'pq', 'opq', 'pq4', 'opq4', 'qpq' or 'qpq4' (or an ssa.Proxy), got %r"
+                          % (proxy,))
     if pq_parallel_weight is not None:
         cfg.pq_parallel_weight = _float("pq_parallel_weight", pq_parallel_weight)
     return cfg
@@ -504,8 +508,10 @@ class Runtime:
             index_*: PQ index policy (see ssa_session_config in ssa.h).
             proxy: "pq" (default), "opq" (a learned rotation before PQ), "pq4"
                 (4-bit codes: pq_centroids <= 16, an even pq_subspaces; 32 x 16
-                costs PQ's 16 bytes) or "opq4" (both). All but "pq": CPU runtimes
-                only, a CUDA runtime raises ssa.Unsupported.
+                costs PQ's 16 bytes), "opq4" (both), "qpq" (a transform learned
+                from the queries shown with Session.observe_queries) or "qpq4".
+                All but "pq": CPU runtimes only, a CUDA runtime raises
+                ssa.Unsupported.
             pq_parallel_weight: the score-aware loss's weight (1: squared error,
                 the default; > 1 weighs each key's quantisation error along the key
                 that much more; CPU runtimes only above 1).
@@ -740,6 +746,23 @@ class Session:
             return
         check(lib.ssa_session_append_async(self._handle(), layer, kr.ptr, vr.ptr, n, st),
               "ssa_session_append_async")
+
+    def observe_queries(self, layer: int, q: Any) -> None:
+        """Shows a layer queries for the query-aware proxies ("qpq", "qpq4") to learn
+        their transform from (ssa_session_observe_queries); the layer's next index
+        training uses every query observed so far.
+
+        Args:
+            layer: 0 <= layer < n_layers.
+            q: [n, n_q_heads, head_dim] in the session's dtype, C-contiguous.
+        """
+        c = self._config
+        layer = self._check_layer(layer)
+        qr = self._array("q", q, (None, c.n_q_heads, c.head_dim), False)
+        n = int(qr.obj.shape[0])
+        if n == 0:
+            return
+        check(lib.ssa_session_observe_queries(self._handle(), layer, qr.ptr, n), "ssa_session_observe_queries")
 
     def update_index(self) -> None:
         """(Re)trains the PQ codebooks of every non-empty layer and re-encodes all codes."""

@@ -48,6 +48,8 @@ pub const SSA_PROXY_PQ: ssa_proxy = 0;
 pub const SSA_PROXY_OPQ: ssa_proxy = 1;
 pub const SSA_PROXY_PQ4: ssa_proxy = 2;
 pub const SSA_PROXY_OPQ4: ssa_proxy = 3;
+pub const SSA_PROXY_QPQ: ssa_proxy = 4;
+pub const SSA_PROXY_QPQ4: ssa_proxy = 5;
 pub const SSA_PROXY_FORCE_32BIT: ssa_proxy = 2147483647;
 pub type ssa_proxy = ::std::os::raw::c_uint;
 pub const SSA_METHOD_DENSE: ssa_method = 0;
@@ -883,6 +885,14 @@ extern "C" {
 }
 extern "C" {
     pub fn ssa_session_update_index(s: *mut ssa_session) -> ssa_status;
+}
+extern "C" {
+    pub fn ssa_session_observe_queries(
+        s: *mut ssa_session,
+        layer: u32,
+        q: *const ::std::os::raw::c_void,
+        n: u64,
+    ) -> ssa_status;
 }
 extern "C" {
     pub fn ssa_session_truncate(s: *mut ssa_session, n_tokens: u64) -> ssa_status;
