@@ -8,27 +8,30 @@ dim 128, MLP 14336, bf16) with random weights and --layers layers (32: the whole
 model). Per (context N, batch B):
   sdpa-default    transformers' DynamicCache (eager);
   sdpa-static     transformers' StaticCache, which generate compiles (CUDA graphs);
-  ssa-eager       ssa.hf.SSACache at --sparsity;
-  ssa-compiled    SSACache on generate's compiled path, where SSACache is
-                  compileable (else "n/a");
+  ssa-eager       ssa.hf.SSACache at --sparsity, generate(disable_compile=True);
+  ssa-compiled    SSACache on generate's compiled path (CUDA graphs; libssa's step
+                  enters them as the custom op torch.ops.ssa.decode_step);
 and, once per batch, the non-attention floor (sdpa-static at a --floor-context
 context). The cache holds N - 1 random keys and values per layer (what a prefill
 leaves; the decode's cost does not depend on how they got there; an SSACache is
 filled once and forked for every run), then generate() gets an N-token prompt:
-it processes the last prompt token and M new ones. Time per token is
-(time for M + 1 steps - time for 1 step) / M, median of --reps.
+it processes the last prompt token and M new ones. Time per token is the median
+time between consecutive tokens after the first 4 of each call (a new cache records
+new CUDA graphs there), over --reps calls.
 Kernel times per step: libssa's (its kernels' device time over generate's steps,
 from the torch profiler), and the best dense decode attention (torch SDPA with
 GQA on one [B, 32, 1, 128] query over N keys, CUDA events) times the layers; an
 ideal dense engine is the floor plus that.
 Time to first token (--ttft contexts, batch 1): generate(max_new_tokens=1) on an
-N-token prompt from an empty cache, prefill included (SSACache: its appends and
-index training too).
+N-token prompt from an empty cache, prefill included (SSACache: its appends; its
+index is trained at the first decode step, so the time to the second token is
+reported beside it).
 
   python3 bench/hf_decode_bench.py [--contexts 32768,131072,524288] [--batches 1,4] [--layers 32]
       [--paths sdpa-default,sdpa-static,ssa-eager,ssa-compiled] [--ttft 32768,131072] [--json out.json]
 """
 import argparse
+import gc
 import json
 import statistics
 import sys
@@ -67,36 +70,57 @@ def fill(cache, layers, n, batch, seed):
             for b in range(batch):
                 cache._append(work.layer, b, k[b], v[b], None)
             work.layer.dense_k = work.layer.dense_v = None
+            work.layer.inflight -= n
+            work.layer.stepping = True
         del k, v
     torch.cuda.synchronize()
     return cache
 
 
-def timed_generate(model, ids, cache, steps):
+class StepClock(transformers.StoppingCriteria):
+    """The time at which each step's token is known (generate waits for it anyway)."""
+
+    def __init__(self):
+        self.times = []
+
+    def __call__(self, input_ids, scores, **kwargs):
+        torch.cuda.synchronize()
+        self.times.append(time.perf_counter())
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+
+def timed_generate(model, ids, cache, steps, compiled):
+    """Seconds of generate(steps tokens), and the times at which each token came."""
+    clock = StepClock()
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     model.generate(ids, past_key_values=cache, max_new_tokens=steps, min_new_tokens=steps, do_sample=False,
-                   pad_token_id=0)
+                   pad_token_id=0, disable_compile=not compiled, stopping_criteria=[clock])
     torch.cuda.synchronize()
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, [t - t0 for t in clock.times]
 
 
-def per_token_ms(model, ids, make_cache, steps, reps):
-    timed_generate(model, ids, make_cache(), 2)  # warm-up (and compilation)
+WARM_STEPS = 4  # the first steps of a generate call (a new cache: a CUDA graph recorded for it)
+
+
+def per_token_ms(model, ids, make_cache, steps, reps, compiled):
+    """Median ms between consecutive tokens, over the steps after the first
+    WARM_STEPS of each of reps generate calls, each on a new cache."""
+    timed_generate(model, ids, make_cache(), WARM_STEPS + 2, compiled)  # warm-up (and compilation)
     per = []
     for _ in range(reps):
-        t_many = timed_generate(model, ids, make_cache(), steps + 1)
-        t_one = timed_generate(model, ids, make_cache(), 1)
-        per.append((t_many - t_one) / steps * 1e3)
+        _, times = timed_generate(model, ids, make_cache(), WARM_STEPS + steps + 1, compiled)
+        per += [(b - a) * 1e3 for a, b in zip(times[WARM_STEPS:], times[WARM_STEPS + 1:])]
     return statistics.median(per)
 
 
 def libssa_kernel_ms(model, ids, make_cache, steps):
-    """libssa's kernels' device time per generated token (torch profiler / CUPTI)."""
+    """libssa's kernels' device time per generated token (torch profiler / CUPTI),
+    from the eager path, which runs the same kernels as the compiled one."""
     cache = make_cache()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         model.generate(ids, past_key_values=cache, max_new_tokens=steps + 1, min_new_tokens=steps + 1,
-                       do_sample=False, pad_token_id=0)
+                       do_sample=False, pad_token_id=0, disable_compile=True)
         torch.cuda.synchronize()
     ours = 0.0
     for e in prof.events():
@@ -126,9 +150,11 @@ def dense_kernel_ms(n, batch, layers, reps=20):
     return statistics.median(times) * layers
 
 
-def ttft_s(model, ids, make_cache):
+def ttft_s(model, ids, make_cache, compiled):
+    """Seconds to the first and to the second token from an empty cache."""
     cache = make_cache()
-    return timed_generate(model, ids, cache, 1)
+    _, times = timed_generate(model, ids, cache, 2, compiled)
+    return times[0], times[1]
 
 
 def main():
@@ -144,6 +170,8 @@ def main():
     ap.add_argument("--ttft", default="32768,131072", help="contexts for time to first token ('' = none)")
     ap.add_argument("--max-default-tokens", type=int, default=1 << 18,
                     help="sdpa-default only up to this many tokens x batch (its cache copies itself per step)")
+    ap.add_argument("--max-tokens", type=int, default=1 << 20,
+                    help="(context x batch) above this is skipped: its K/V would not fit beside the model")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     paths = a.paths.split(",")
@@ -151,46 +179,63 @@ def main():
     print("# generate on %s, torch %s, transformers %s, libssa %s; Llama-3.1-8B shape, %d layers, bf16, SSA %gx" %
           (torch.cuda.get_device_name(), torch.__version__, transformers.__version__,
            ".".join(map(str, ssa.version())), L, a.sparsity))
-    models = {"sdpa": make_model("sdpa", L), "ssa": make_model("ssa", L)}
-    compileable = getattr(ssa.hf.SSACache, "is_compileable", False)
+    # One model: its attention switched between transformers' sdpa and "ssa".
+    model = make_model("ssa", L)
+
+    def use(attn):
+        model.set_attn_implementation(attn)
+        return model
+
     rows = []
 
     def static_cache(n, batch, steps):
-        c = transformers.StaticCache(config=models["sdpa"].config, max_cache_len=n + steps + 2)
+        c = transformers.StaticCache(config=model.config, max_cache_len=n + steps + WARM_STEPS + 4)
         return fill(c, L, n - 1, batch, 7)
+
+    def ssa_cache():
+        return ssa.hf.SSACache(use("ssa"), method="ssa", sparsity=a.sparsity)
 
     floors = {}
     for batch in [int(x) for x in a.batches.split(",")]:
         n = a.floor_context
         ids = torch.randint(1, 32000, (batch, n), device="cuda")
-        floors[batch] = per_token_ms(models["sdpa"], ids, lambda: static_cache(n, batch, a.steps), a.steps, a.reps)
+        floors[batch] = per_token_ms(use("sdpa"), ids, lambda: static_cache(n, batch, a.steps), a.steps, a.reps,
+                                     True)
         print("# non-attention floor, batch %d (sdpa-static at %d tokens): %.2f ms/token" % (batch, n, floors[batch]))
+        torch.cuda.empty_cache()
     print()
     print("| N | batch | sdpa-default | sdpa-static | ssa-eager | ssa-compiled | floor | libssa kernels | "
-          "dense kernel x L | ideal dense | ssa-eager vs sdpa-static | vs ideal dense |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "dense kernel x L | ideal dense | ssa-compiled vs sdpa-static | vs ideal dense | vs floor+kernels |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for n in [int(x) for x in a.contexts.split(",")]:
         for batch in [int(x) for x in a.batches.split(",")]:
+            if n * batch > a.max_tokens:
+                print("| %d | %d | (K/V of %d tokens: skipped, --max-tokens %d) |" % (n, batch, n * batch,
+                                                                                      a.max_tokens))
+                continue
             ids = torch.randint(1, 32000, (batch, n), device="cuda")
             res = {}
-            if "sdpa-default" in paths and n * batch <= a.max_default_tokens:
-                res["sdpa-default"] = per_token_ms(models["sdpa"], ids,
-                                                   lambda: fill(transformers.DynamicCache(), L, n - 1, batch, 7),
-                                                   a.steps, a.reps)
-                torch.cuda.empty_cache()
-            if "sdpa-static" in paths:
-                res["sdpa-static"] = per_token_ms(models["sdpa"], ids, lambda: static_cache(n, batch, a.steps),
-                                                  a.steps, a.reps)
-                torch.cuda.empty_cache()
             kern = None
             if "ssa-eager" in paths or "ssa-compiled" in paths:
-                base = fill(ssa.hf.SSACache(models["ssa"], method="ssa", sparsity=a.sparsity), L, n - 1, batch, 7)
+                base = fill(ssa_cache(), L, n - 1, batch, 7)
+                base.prepare_step()  # trains the index once (a prefill's first decode would), shared by the forks
                 if "ssa-eager" in paths:
-                    res["ssa-eager"] = per_token_ms(models["ssa"], ids, base.fork, a.steps, a.reps)
-                    kern = libssa_kernel_ms(models["ssa"], ids, base.fork, 8)
-                if "ssa-compiled" in paths and compileable:
-                    res["ssa-compiled"] = per_token_ms(models["ssa"], ids, base.fork, a.steps, a.reps)
+                    res["ssa-eager"] = per_token_ms(use("ssa"), ids, base.fork, a.steps, a.reps, False)
+                kern = libssa_kernel_ms(use("ssa"), ids, base.fork, 8)
+                if "ssa-compiled" in paths:
+                    res["ssa-compiled"] = per_token_ms(use("ssa"), ids, base.fork, a.steps, a.reps, True)
                 del base
+                gc.collect()  # caches and their layers refer to each other: freed by the collector
+                torch.cuda.empty_cache()
+            if "sdpa-default" in paths and n * batch <= a.max_default_tokens:
+                res["sdpa-default"] = per_token_ms(use("sdpa"), ids,
+                                                   lambda: fill(transformers.DynamicCache(), L, n - 1, batch, 7),
+                                                   a.steps, a.reps, False)
+                torch.cuda.empty_cache()
+            if "sdpa-static" in paths:
+                res["sdpa-static"] = per_token_ms(use("sdpa"), ids, lambda: static_cache(n, batch, a.steps),
+                                                  a.steps, a.reps, True)
+                gc.collect()
                 torch.cuda.empty_cache()
             dense = dense_kernel_ms(n, batch, L)
             ideal = floors[batch] + dense
@@ -205,22 +250,26 @@ def main():
 
             vs_static = "%.2fx" % (res["sdpa-static"] / ssa_ms) if ssa_ms and "sdpa-static" in res else "n/a"
             vs_ideal = "%.2fx" % (ideal / ssa_ms) if ssa_ms else "n/a"
-            print("| %d | %d | %s | %s | %s | %s | %.2f | %s | %.2f | %.2f | %s | %s |" % (
+            overhead = "%.2fx" % (ssa_ms / (floors[batch] + kern)) if ssa_ms and kern is not None else "n/a"
+            print("| %d | %d | %s | %s | %s | %s | %.2f | %s | %.2f | %.2f | %s | %s | %s |" % (
                 n, batch, f("sdpa-default"), f("sdpa-static"), f("ssa-eager"), f("ssa-compiled"), floors[batch],
-                "%.2f" % kern if kern is not None else "n/a", dense, ideal, vs_static, vs_ideal))
+                "%.2f" % kern if kern is not None else "n/a", dense, ideal, vs_static, vs_ideal, overhead))
             sys.stdout.flush()
     if a.ttft:
-        print("\n| N | TTFT sdpa s | TTFT SSACache s | ratio |\n|---|---|---|---|")
+        print("\n| N | TTFT sdpa s | TTFT SSACache s | ratio | 2nd token sdpa s | 2nd token SSACache s |")
+        print("|---|---|---|---|---|---|")
         for n in [int(x) for x in a.ttft.split(",")]:
             ids = torch.randint(1, 32000, (1, n), device="cuda")
-            ttft_s(models["sdpa"], ids[:, :1024], transformers.DynamicCache)  # warm-up
-            t_sdpa = ttft_s(models["sdpa"], ids, transformers.DynamicCache)
+            ttft_s(use("sdpa"), ids[:, :1024], transformers.DynamicCache, False)  # warm-up
+            t_sdpa = ttft_s(use("sdpa"), ids, transformers.DynamicCache, False)
             torch.cuda.empty_cache()
-            t_ssa = ttft_s(models["ssa"], ids, lambda: ssa.hf.SSACache(models["ssa"], method="ssa",
-                                                                        sparsity=a.sparsity))
+            ttft_s(use("ssa"), ids[:, :1024], ssa_cache, True)  # warm-up
+            t_ssa = ttft_s(use("ssa"), ids, ssa_cache, True)
             torch.cuda.empty_cache()
-            rows.append(dict(n=n, ttft_sdpa_s=t_sdpa, ttft_ssa_s=t_ssa))
-            print("| %d | %.2f | %.2f | %.2fx |" % (n, t_sdpa, t_ssa, t_ssa / t_sdpa))
+            rows.append(dict(n=n, ttft_sdpa_s=t_sdpa[0], ttft_ssa_s=t_ssa[0], second_sdpa_s=t_sdpa[1],
+                             second_ssa_s=t_ssa[1]))
+            print("| %d | %.2f | %.2f | %.2fx | %.2f | %.2f |" % (n, t_sdpa[0], t_ssa[0], t_ssa[0] / t_sdpa[0],
+                                                               t_sdpa[1], t_ssa[1]))
             sys.stdout.flush()
     if a.json:
         with open(a.json, "w") as fh:

@@ -240,7 +240,18 @@ typedef struct ssa_runtime ssa_runtime;
    (SSA_ERR_IO), never a hang. After a failed collective the group is out of
    step: every later collective call of the runtime returns SSA_ERR_IO at once
    (destroy it and build a new group). Results must be bitwise the same on
-   every rank (integer sums and float maxima are exact in any order). */
+   every rank (integer sums and float maxima are exact in any order).
+   The collective calls of a group's runtime: ssa_runtime_create, decodes
+   (ssa_decode, ssa_decode_batch, ssa_decode_step), index training (an append
+   that reaches the index policy's threshold, ssa_session_update_index, a
+   decode that trains on demand), ssa_session_save / _checkpoint and
+   ssa_session_load(_checked). Every rank makes them in the same order with the
+   same arguments. Each opens with one exchange of a summary of the call, so
+   that ranks making another call, or the same call with other arguments,
+   return SSA_ERR_INVALID_ARGUMENT there, and a rank that failed before it
+   (rows only it was given, its memory, a path it cannot use) gives its peers
+   its status at once; training and save end with an exchange of every rank's
+   result, so that they change every rank or none (docs/DISTRIBUTED.md). */
 typedef struct ssa_collective {
   uint32_t struct_size;
   uint32_t rank;       /* this process, 0..size-1 */
@@ -323,7 +334,9 @@ typedef struct ssa_runtime_options {
      transport is the caller's (an MPI communicator, a torch.distributed process
      group, ...), reached through the callbacks of ssa_collective. Every session
      of the runtime is sharded by position over the group as over `devices`
-     (shard_tokens per shard, rank i holds shard i) and every decode is a
+     (shard_tokens per shard, rank i holds shard i): each rank keeps only its
+     shard's K/V pages and PQ codes (every rank keeps the layer lengths and
+     the codebooks, trained identically everywhere), and every decode is a
      collective call. Borrowed for the call: the runtime copies the table (the
      table's `user` must outlive the runtime). Default NULL. CPU backend only
      (a CUDA runtime gives SSA_ERR_UNSUPPORTED), not with a devices list. */
@@ -452,9 +465,14 @@ SSA_API ssa_status ssa_session_get_config(const ssa_session *s, ssa_session_conf
    A layer holds at most 2^32 - 1 tokens.
    Sharded sessions (ssa_runtime_options.devices): the tokens go to the last
    shard in use until it holds shard_tokens, then to the next shard.
+   A group's runtime (ssa_runtime_options.collective): every rank appends the
+   same rows (all n_tokens of them); each checks them all and keeps those that
+   fall in its shard. An append that (re)trains the index is a collective call
+   (see ssa_session_update_index); others exchange nothing.
    Returns SSA_OK, SSA_ERR_INVALID_ARGUMENT (NULL s/k/v, layer >= n_layers, size
    overflow, the layer limit exceeded, NaN or infinity in k/v),
-   SSA_ERR_OUT_OF_MEMORY, SSA_ERR_DEVICE. */
+   SSA_ERR_OUT_OF_MEMORY, SSA_ERR_DEVICE; on a group's runtime, when it trains,
+   SSA_ERR_IO (a collective failed) and a peer's failure. */
 SSA_API ssa_status ssa_session_append(ssa_session *s, uint32_t layer, const void *k,
                                       const void *v, uint64_t n_tokens);
 
@@ -488,8 +506,12 @@ SSA_API ssa_status ssa_session_append_async(ssa_session *s, uint32_t layer, cons
 /* (Re)trains the PQ codebooks of every layer that holds at least one token from
    its current keys and re-encodes all codes. Also runs automatically (see
    ssa_session_config). Takes the session exclusively.
+   A group's runtime: a collective call per layer; the training sample (the
+   keys an unsharded session samples) is gathered over the group, every rank
+   trains the same codebooks (bitwise an unsharded session's) and encodes its
+   own keys.
    Returns SSA_OK, SSA_ERR_INVALID_ARGUMENT (s NULL), SSA_ERR_OUT_OF_MEMORY,
-   SSA_ERR_DEVICE. */
+   SSA_ERR_DEVICE; on a group's runtime SSA_ERR_IO (a collective failed). */
 SSA_API ssa_status ssa_session_update_index(ssa_session *s);
 
 /* Shows a layer queries for the query-aware proxies (SSA_PROXY_QPQ, _QPQ4) to
@@ -513,6 +535,7 @@ SSA_API ssa_status ssa_session_observe_queries(ssa_session *s, uint32_t layer, c
    not exceed ssa_session_length (the shortest layer), so every layer ends up
    exactly n_tokens long. Codebooks are kept. Sharded sessions: the shards past
    n_tokens are emptied (whole shards drop), the next append refills them.
+   A group's runtime: every rank truncates (no exchange), each its own pages.
    Takes the session exclusively.
    Returns SSA_OK, SSA_ERR_INVALID_ARGUMENT (s NULL, n_tokens > ssa_session_length). */
 SSA_API ssa_status ssa_session_truncate(ssa_session *s, uint64_t n_tokens);
@@ -520,7 +543,8 @@ SSA_API ssa_status ssa_session_truncate(ssa_session *s, uint64_t n_tokens);
 /* Makes an independent copy of the session. Pages, codes and codebooks are shared
    copy-on-write, so forking costs O(pages), not O(bytes). out: receives the
    new session, owned by the caller. The source may be decoded meanwhile.
-   A fork of a sharded session is sharded the same way (the same runtime).
+   A fork of a sharded session is sharded the same way (the same runtime); on a
+   group's runtime every rank forks (no exchange), each sharing its own pages.
    Returns SSA_OK, SSA_ERR_INVALID_ARGUMENT, SSA_ERR_OUT_OF_MEMORY. */
 SSA_API ssa_status ssa_session_fork(ssa_session *s, ssa_session **out);
 
@@ -853,6 +877,13 @@ SSA_API ssa_status ssa_session_sync(ssa_session *s, uint64_t *dropped_steps);
    A sharded session saves to one snapshot of the same format, with the same
    sections as an unsharded session of the same content: it loads on a runtime
    of any shard count, one included.
+   A group's runtime (ssa_runtime_options.collective): a collective call, the
+   same path on every rank. Each rank writes its shard's pages to its own file
+   beside path ("<path's name>.<set id>.rank<i>"), then rank 0 commits the set
+   by writing a manifest at path atomically; the rank files of earlier saves to
+   path are then removed. On failure every rank returns an error and path keeps
+   the previous set (docs/SNAPSHOT_FORMAT.md, "Group snapshots"). The set loads
+   into a group of any size or into one process (ssa_session_load of path).
    Returns SSA_OK, SSA_ERR_INVALID_ARGUMENT, SSA_ERR_IO, SSA_ERR_OUT_OF_MEMORY,
    SSA_ERR_DEVICE (a CUDA copy failed). */
 SSA_API ssa_status ssa_session_save(ssa_session *s, const char *path);
@@ -864,7 +895,8 @@ SSA_API ssa_status ssa_session_save(ssa_session *s, const char *path);
    moment path holds the previous or the new state. Falls back to a full save
    when path holds no snapshot of this session (another session saved there, the
    file was replaced) or when superseded bytes outweigh live ones. Locking as
-   ssa_session_save. Statuses as ssa_session_save. */
+   ssa_session_save. Statuses as ssa_session_save. A group's runtime: a full
+   save of the set, as ssa_session_save. */
 SSA_API ssa_status ssa_session_checkpoint(ssa_session *s, const char *path);
 
 #define SSA_LOAD_VERIFY 1u /* verify every checksum up front (default: on read) */
@@ -881,6 +913,13 @@ SSA_API ssa_status ssa_session_checkpoint(ssa_session *s, const char *path);
    SSA_SESSION_HOST_POINTERS included, are those it was saved with). On a
    sharded runtime the session is sharded by that runtime's devices and
    shard_tokens, whatever runtime saved it.
+   path may be the manifest a group saved (ssa_session_save on a group's
+   runtime): the set is checked whole (every rank file is the one the manifest
+   pins, all parts of one session) and loads into one process, or into a group
+   of any size. One rank's file alone is SSA_ERR_INVALID_ARGUMENT. On a group's
+   runtime a load is a collective call, the same path on every rank: each rank
+   reads only its shard's pages (from a set, or from one process's snapshot),
+   and every rank fails unless all of them loaded the same session.
    What is verified (docs/SNAPSHOT_FORMAT.md has the details): the superblocks,
    section table, config, layer and metadata sections always; every section that
    is read is checked against its XXH3-64 as it is read, so a plain load (flags 0)
@@ -896,7 +935,8 @@ SSA_API ssa_status ssa_session_checkpoint(ssa_session *s, const char *path);
    Thread-safe; several loads may run at once.
    Returns SSA_OK, SSA_ERR_INVALID_ARGUMENT, SSA_ERR_IO, SSA_ERR_CORRUPT,
    SSA_ERR_VERSION, SSA_ERR_MISMATCH, SSA_ERR_OUT_OF_MEMORY (host or device memory),
-   SSA_ERR_DEVICE, SSA_ERR_UNSUPPORTED (a shape or proxy the CUDA backend does not take). */
+   SSA_ERR_DEVICE, SSA_ERR_UNSUPPORTED (a shape or proxy the CUDA backend does not take);
+   on a group's runtime SSA_ERR_IO (a collective failed) and a peer's failure. */
 SSA_API ssa_status ssa_session_load(ssa_runtime *rt, const char *path, uint32_t flags,
                                     ssa_session **out);
 
@@ -944,7 +984,10 @@ SSA_API void ssa_snapshot_info_init(ssa_snapshot_info *info);
 
 /* Describes the snapshot at path without loading it: reads the superblocks, the
    section table and the config, layer and metadata sections, verifying their
-   checksums (KV pages, codes and codebooks are not read). info: its struct_size
+   checksums (KV pages, codes and codebooks are not read). For a group's
+   manifest: every rank file is checked as a load checks it; the fields are rank
+   0's file's, file_bytes, live_bytes and n_sections summed over the files; one
+   rank's file alone is SSA_ERR_INVALID_ARGUMENT. info: its struct_size
    must be set (ssa_snapshot_info_init); fields beyond it are not written; the
    rest is written only on success. Thread-safe.
    Returns SSA_OK, SSA_ERR_INVALID_ARGUMENT (NULL path/info, struct_size too

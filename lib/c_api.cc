@@ -16,6 +16,7 @@
 #include "runtime.h"
 #include "session.h"
 #include "shard/callback_collective.h"
+#include "shard/shard_map.h"
 #include "shard/shard_options.h"
 #include "snapshot/snapshot.h"
 #include "ssa.h"
@@ -169,6 +170,7 @@ ssa_status ssa_runtime_create(const ssa_runtime_options* opts, ssa_runtime** out
     rt->budget = std::make_shared<ssa::DeviceBudget>(o.device_kv_budget, cache);
     if (group != nullptr) {
       SSA_RETURN_IF_ERROR(ssa::check_group_agreement(*group, rt->shard_tokens));
+      rt->held = ssa::held_tokens(group->rank(), group->size(), rt->shard_tokens);
       rt->group = std::move(group);
     }
     *out = rt.release();

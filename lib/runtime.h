@@ -10,6 +10,7 @@
 #include "cpu/thread_pool.h"
 #include "ssa.h"
 #include "store/device_budget.h"
+#include "store/held_range.h"
 
 namespace ssa {
 class ProcessGroup;  // lib/shard/callback_collective.h
@@ -26,6 +27,9 @@ struct ssa_runtime {
   // A runtime that is one rank of a group of processes (ssa_runtime_options.collective):
   // the group's collectives; its sessions' shards are the group's ranks. Null otherwise.
   std::shared_ptr<ssa::ProcessGroup> group;
+  // The tokens its sessions keep in this process: a group's rank, its shard's
+  // (lib/shard/shard_map.h, held_tokens); every other runtime, all of them.
+  ssa::HeldRange held;
   uint64_t seed = 0x5EED;
   std::unique_ptr<ssa::ThreadPool> pool;
   // The device memory its CUDA sessions' K/V pages may use (never null; unlimited

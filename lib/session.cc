@@ -11,6 +11,8 @@
 #include "index/pq_index.h"
 #include "index/proxy_kind.h"
 #include "index/query_transform.h"
+#include "shard/callback_collective.h"
+#include "shard/group_index.h"
 #include "status.h"
 #include "versioned_struct.h"
 #include "store/layer_tail.h"
@@ -138,6 +140,19 @@ void session_destroy(ssa_session* s) {
 
 namespace {
 
+// Trains one layer's index. On a group's runtime it is a collective call every
+// rank makes (lib/shard/group_index.h); `before` is this rank's failure of the
+// work that led to it (an append's copy), which its peers then also return.
+absl::Status train_layer(ssa_session& s, uint32_t layer_index, LayerStore& layer,
+                         const absl::Status& before = absl::OkStatus()) {
+  if (s.rt->group == nullptr) {
+    SSA_RETURN_IF_ERROR(before);
+    return s.backend->train_index(s, layer);
+  }
+  return group_train(*s.rt->group, layer_index, layer, s.config, before,
+                     [&] { return s.backend->train_index(s, layer); });
+}
+
 struct AppendCall {
   uint32_t layer;
   const void* k;
@@ -190,7 +205,9 @@ absl::Status append(ssa_session& s, const AppendCall& a) {
   SSA_RETURN_IF_ERROR(session_settle_locked(s, true));
   // Every size is checked: the caller's n_tokens rows may now be read.
   const bool host = host_buffers(s);
-  if (host) SSA_RETURN_IF_ERROR(check_finite_rows(s, a));
+  // A group's ranks check every row (not only their shard's), so that rows
+  // they were all given refuse on every rank without an exchange.
+  absl::Status st = host ? check_finite_rows(s, a) : absl::OkStatus();
   AppendRows rows;
   rows.layer = a.layer;
   rows.k = a.k;
@@ -203,15 +220,19 @@ absl::Status append(ssa_session& s, const AppendCall& a) {
   rows.async = a.async && !host;
   rows.stream = a.stream;
   LayerTail tail;
-  SSA_RETURN_IF_ERROR(s.backend->gather_tail(s, cur, rows.new_n, has_codes, &tail));
-  SSA_RETURN_IF_ERROR(s.backend->write_rows(s, rows, cur, tail));
+  if (st.ok()) st = s.backend->gather_tail(s, cur, rows.new_n, has_codes, &tail);
+  if (st.ok()) st = s.backend->write_rows(s, rows, cur, tail);
   if (rows.trains) {
+    // A group's ranks all reach this training: one that failed above (rows
+    // only it was given, its memory) still takes part in its first exchange,
+    // so that the others return its error instead of waiting for it.
     LayerStore next = cur;  // every code is rebuilt: O(layer) anyway
-    commit_tail(std::move(tail), &next);
-    SSA_RETURN_IF_ERROR(s.backend->train_index(s, next));
+    if (st.ok()) commit_tail(std::move(tail), &next);
+    SSA_RETURN_IF_ERROR(train_layer(s, a.layer, next, st));
     cur = std::move(next);
     return absl::OkStatus();
   }
+  SSA_RETURN_IF_ERROR(st);
   commit_tail(std::move(tail), &cur);
   return absl::OkStatus();
 }
@@ -234,9 +255,9 @@ absl::Status session_update_index(ssa_session& s) {
   // with the old ones, so it ends here.
   SSA_RETURN_IF_ERROR(session_settle_locked(s, true));
   std::vector<LayerStore> next = s.layers;
-  for (LayerStore& layer : next) {
-    if (layer.n_tokens == 0) continue;
-    SSA_RETURN_IF_ERROR(s.backend->train_index(s, layer));
+  for (uint32_t l = 0; l < next.size(); ++l) {
+    if (next[l].n_tokens == 0) continue;
+    SSA_RETURN_IF_ERROR(train_layer(s, l, next[l]));
   }
   s.layers.swap(next);
   return absl::OkStatus();
@@ -263,6 +284,11 @@ absl::Status session_observe_queries(ssa_session& s, uint32_t layer, const void*
   if (bad != count) return invalid_argument("q[", bad, "] is NaN or infinite");
   std::unique_lock lock(s.mu);
   LayerStore& cur = s.layers[layer];
+  const uint64_t seen = cur.query_moments != nullptr ? cur.query_moments->count[0] : 0;
+  if (n * (L.n_q_heads / L.n_kv_heads) > kMaxQueryCount - seen) {
+    return invalid_argument("layer ", layer, " would have observed more than ", kMaxQueryCount,
+                            " queries per KV head");
+  }
   cur.query_moments = add_query_moments(cur.query_moments.get(), L.n_kv_heads, L.n_q_heads, L.head_dim, qf.data(), n);
   return absl::OkStatus();
 }
@@ -271,7 +297,7 @@ absl::Status session_ensure_index(ssa_session& s, uint32_t layer_index) {
   std::unique_lock lock(s.mu);
   LayerStore next = s.layers[layer_index];
   if (next.codebooks != nullptr || next.n_tokens == 0) return absl::OkStatus();
-  SSA_RETURN_IF_ERROR(s.backend->train_index(s, next));
+  SSA_RETURN_IF_ERROR(train_layer(s, layer_index, next));
   s.layers[layer_index] = std::move(next);
   return absl::OkStatus();
 }

@@ -2,19 +2,28 @@
 // docs/DISTRIBUTED.md), through the public C API: the ranks run here as threads,
 // each with a runtime of its own whose collective callbacks go through a shared
 // in-memory transport (with a real timeout), as a process's would go through MPI
-// or gloo. Every method and group_selection mode decodes bitwise as an unsharded
-// runtime does, with 1 to 4 ranks, after appends that cross shard boundaries,
-// fork, truncate, and snapshots loaded into groups of another size; a batch is
-// the unsharded batch; a rank that stops answering gives the others SSA_ERR_IO
-// within the timeout and leaves the group refusing further calls; ranks that
-// disagree on q or on the layer get SSA_ERR_INVALID_ARGUMENT; bad tables are
-// refused. The same over torch.distributed (gloo) with real processes is
+// or gloo. Each rank keeps exactly its shard's pages and the unsharded session's
+// codebooks; every method and group_selection mode decodes bitwise as an
+// unsharded runtime does, with 1 to 4 ranks, after appends that cross shard
+// boundaries, fork, truncate; a group's snapshot (a file per rank and a
+// manifest) loads into groups of 1 to 4 ranks and into one process, and one
+// process's snapshot into groups; damaged or incomplete sets are refused on
+// every rank; a batch is the unsharded batch; a rank that stops answering gives
+// the others SSA_ERR_IO within the timeout (decode, index training, save) and
+// leaves the group refusing further calls; ranks that disagree on q, on the
+// layer, on the rows of an append that trains, or on what they load get an
+// error without waiting; bad tables are refused. The same over
+// torch.distributed (gloo) with real processes is
 // bindings/python/tests/test_distributed.py.
 #include <doctest/doctest.h>
+#include <xxhash.h>
 
+#include <dirent.h>
+#include <math.h>
 #include <string.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <functional>
@@ -23,8 +32,13 @@
 #include <thread>
 #include <vector>
 
+#include "session.h"
+#include "shard/shard_map.h"
+#include "snapshot/group_manifest.h"
+#include "status.h"
+#include "snapshot/format.h"
 #include "support/session_helpers.h"
-#include "support/structured_context.h"
+#include "support/structured_feed.h"
 
 using namespace ssa_test;
 
@@ -141,40 +155,16 @@ void run_ranks(uint32_t n, const std::function<void(uint32_t, RankLink&)>& body)
   for (std::thread& th : threads) th.join();
 }
 
-ssa_session_config group_config() {
-  ssa_session_config c = make_config(1, 8, 2, 64, SSA_DTYPE_F16);
-  c.pq_centroids = 16;
-  c.page_tokens = 64;
-  c.index_min_tokens = 4096;
-  c.index_train_sample = 2048;
-  c.index_iterations = 3;
-  return c;
-}
-
-struct Feed {
-  StructuredContext ctx;
-  std::vector<uint8_t> k, v, q;
-  explicit Feed(size_t n, uint64_t seed) {
-    StructuredOptions o;
-    o.seed = seed;
-    ctx = make_structured_context(n, 2, 8, 64, o);
-    k = encode(ctx.K, SSA_DTYPE_F16);
-    v = encode(ctx.V, SSA_DTYPE_F16);
-    q = encode(ctx.q, SSA_DTYPE_F16);
-  }
-  void append(ssa_session* s, size_t t0, size_t t1) const {
-    const size_t row = 2 * 64 * 2;
-    SSA_CHECK_OK(ssa_session_append(s, 0, k.data() + t0 * row, v.data() + t0 * row, t1 - t0));
-  }
-};
+// One f16 layer; the ranks' sessions and the unsharded reference are fed alike.
+ssa_session_config group_config() { return quick_index_config(1, SSA_DTYPE_F16); }
 
 // Appends in chunks whose ends fall inside shards and across their boundaries.
-void feed_chunks(const Feed& f, ssa_session* s, size_t n) {
+void feed_chunks(const StructuredFeed& f, ssa_session* s, size_t n) {
   size_t t = 0;
   const size_t chunks[] = {5000, 7000, 9000, 1};
   for (size_t i = 0; t < n; ++i) {
     const size_t e = std::min(n, t + chunks[i % 4]);
-    f.append(s, t, e);
+    f.append({s}, 0, t, e);
     t = e;
   }
 }
@@ -216,11 +206,7 @@ std::vector<Outcome> decode_grid(ssa_session* s, const std::vector<uint8_t>& q) 
 }
 
 bool same(const Outcome& a, const Outcome& b) {
-  const ssa_decode_stats &x = a.stats, &y = b.stats;
-  return a.st == SSA_OK && b.st == SSA_OK && a.out == b.out && x.context_tokens == y.context_tokens &&
-         x.tokens_read == y.tokens_read && x.heavy_tokens == y.heavy_tokens && x.draws == y.draws &&
-         x.unique_samples == y.unique_samples && x.scored_tokens == y.scored_tokens &&
-         memcmp(&x.residual_proxy_mass, &y.residual_proxy_mass, sizeof(double)) == 0;
+  return a.st == SSA_OK && b.st == SSA_OK && a.out == b.out && same_stats(a.stats, b.stats);
 }
 
 void check_same_grid(const std::vector<Outcome>& ref, const std::vector<std::vector<Outcome>>& ranks) {
@@ -238,11 +224,48 @@ std::string temp_path(const char* name) {
   return std::string("/tmp/ssa_group_") + std::to_string(getpid()) + "_" + name + ".ssa";
 }
 
+// The files of /tmp whose names start with the base name of `path` and a dot
+// (a group's rank files beside its manifest).
+std::vector<std::string> rank_files(const std::string& path) {
+  const std::string base = path.substr(path.find_last_of('/') + 1) + ".";
+  std::vector<std::string> out;
+  DIR* d = opendir("/tmp");
+  while (const dirent* e = d != nullptr ? readdir(d) : nullptr) {
+    const std::string name = e->d_name;
+    if (name.compare(0, base.size(), base) == 0 && name.find(".rank") != std::string::npos) {
+      out.push_back("/tmp/" + name);
+    }
+  }
+  if (d != nullptr) closedir(d);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+void remove_set(const std::string& path) {
+  for (const std::string& f : rank_files(path)) unlink(f.c_str());
+  unlink(path.c_str());
+}
+
+// Rank `rank` of `ranks` keeps exactly the KV and code pages of its shard.
+void check_holds_only_its_shard(const ssa_session* s, uint32_t rank, uint32_t ranks) {
+  const ssa::HeldRange held = ssa::held_tokens(rank, ranks, kShard);
+  for (const ssa::LayerStore& l : s->layers) {
+    const uint64_t pages = s->layout.pages_for(l.n_tokens);
+    REQUIRE(l.kv_pages.size() >= pages);
+    for (uint64_t j = 0; j < pages; ++j) {
+      CAPTURE(j);
+      const bool mine = held.holds_page(j, s->layout.page_tokens);
+      CHECK((l.kv_pages[j] != nullptr) == mine);
+      if (l.codebooks != nullptr) CHECK((l.code_pages[j] != nullptr) == mine);
+    }
+  }
+}
+
 }  // namespace
 
 TEST_CASE("process group: every method and group mode bitwise the unsharded decode, 1-4 ranks") {
   const size_t n = 29000;  // shards of 8192: 4 ranks hold 8192, 8192, 8192, 4424
-  const Feed f(n, 21);
+  const StructuredFeed f(n, SSA_DTYPE_F16, 21);
   RuntimePtr plain = plain_runtime();
   ssa_session* ref = nullptr;
   const ssa_session_config cfg = group_config();
@@ -265,6 +288,11 @@ TEST_CASE("process group: every method and group mode bitwise the unsharded deco
       feed_chunks(f, s, n);
       got[r] = decode_grid(s, f.q);
       CHECK(link.calls > 0);
+      check_holds_only_its_shard(s, r, ranks);
+      // Trained on the sample gathered over the group: the unsharded codebooks, bitwise.
+      REQUIRE(s->layers[0].codebooks != nullptr);
+      CHECK(s->layers[0].codebooks->data == ref->layers[0].codebooks->data);
+      CHECK(s->layers[0].trained_at_tokens == ref->layers[0].trained_at_tokens);
     });
     check_same_grid(want, got);
   }
@@ -272,18 +300,18 @@ TEST_CASE("process group: every method and group mode bitwise the unsharded deco
 
 TEST_CASE("process group: fork, truncate into a shard, regrowth, and a batch") {
   const size_t n = 26000;
-  const Feed f(n, 22);
+  const StructuredFeed f(n, SSA_DTYPE_F16, 22);
   const ssa_session_config cfg = group_config();
   RuntimePtr plain = plain_runtime();
   ssa_session *ref = nullptr, *ref_fork = nullptr;
   SSA_CHECK_OK(ssa_session_create(plain.get(), &cfg, &ref));
   SessionPtr o1(ref);
-  f.append(ref, 0, 20000);
+  f.append({ref}, 0, 0, 20000);
   SSA_CHECK_OK(ssa_session_fork(ref, &ref_fork));
   SessionPtr o2(ref_fork);
   SSA_CHECK_OK(ssa_session_truncate(ref, 9000));  // into the second shard
-  f.append(ref, 9000, n);
-  f.append(ref_fork, 20000, 23000);
+  f.append({ref}, 0, 9000, n);
+  f.append({ref_fork}, 0, 20000, 23000);
   const std::vector<Outcome> want = decode_grid(ref, f.q), want_fork = decode_grid(ref_fork, f.q);
   std::vector<uint8_t> want_batch(2 * f.q.size());
   ssa_decode_item items[2] = {{ref, f.q.data(), want_batch.data()},
@@ -297,14 +325,16 @@ TEST_CASE("process group: fork, truncate into a shard, regrowth, and a batch") {
     ssa_session *s = nullptr, *fork = nullptr;
     SSA_CHECK_OK(ssa_session_create(rt.get(), &cfg, &s));
     SessionPtr a(s);
-    f.append(s, 0, 20000);
+    f.append({s}, 0, 0, 20000);
     SSA_CHECK_OK(ssa_session_fork(s, &fork));
     SessionPtr b(fork);
     SSA_CHECK_OK(ssa_session_truncate(s, 9000));
-    f.append(s, 9000, n);
-    f.append(fork, 20000, 23000);
+    f.append({s}, 0, 9000, n);
+    f.append({fork}, 0, 20000, 23000);
     got[r] = decode_grid(s, f.q);
     got_fork[r] = decode_grid(fork, f.q);
+    check_holds_only_its_shard(s, r, 3);
+    check_holds_only_its_shard(fork, r, 3);
     got_batch[r].assign(2 * f.q.size(), 0);
     ssa_decode_item it[2] = {{s, f.q.data(), got_batch[r].data()},
                              {fork, f.q.data(), got_batch[r].data() + f.q.size()}};
@@ -315,11 +345,12 @@ TEST_CASE("process group: fork, truncate into a shard, regrowth, and a batch") {
   for (uint32_t r = 0; r < 3; ++r) CHECK(got_batch[r] == want_batch);
 }
 
-TEST_CASE("process group: a snapshot of one rank loads into one process and into groups of 2 and 4") {
+TEST_CASE("process group: a group's snapshot is a file per rank and a manifest; it loads into 1-4 ranks and one process") {
   const size_t n = 25000;
-  const Feed f(n, 23);
+  const StructuredFeed f(n, SSA_DTYPE_F16, 23);
   const ssa_session_config cfg = group_config();
   const std::string path = temp_path("save");
+  remove_set(path);
   std::vector<std::vector<Outcome>> saved(3);
   run_ranks(3, [&](uint32_t r, RankLink& link) {
     RuntimePtr rt = group_runtime(&link);
@@ -328,31 +359,252 @@ TEST_CASE("process group: a snapshot of one rank loads into one process and into
     SessionPtr a(s);
     feed_chunks(f, s, n);
     SSA_CHECK_OK(ssa_session_update_index(s));
-    if (r == 0) SSA_CHECK_OK(ssa_session_save(s, path.c_str()));
+    const char meta[] = "agent 7";
+    SSA_CHECK_OK(ssa_session_set_metadata(s, meta, sizeof meta));
+    SSA_CHECK_OK(ssa_session_save(s, path.c_str()));  // collective: every rank
     saved[r] = decode_grid(s, f.q);
   });
+  const std::vector<std::string> first_set = rank_files(path);
+  CHECK(first_set.size() == 3);
+  ssa_snapshot_info info;
+  ssa_snapshot_info_init(&info);
+  SSA_CHECK_OK(ssa_snapshot_inspect(path.c_str(), &info));
+  CHECK(info.length == n);
+  CHECK(info.indexed_layers == 1);
+  // A rank file alone is a part, not a session.
   RuntimePtr plain = plain_runtime();
+  ssa_session* part = nullptr;
+  CHECK(ssa_session_load(plain.get(), first_set[1].c_str(), 0, &part) == SSA_ERR_INVALID_ARGUMENT);
+  CHECK(part == nullptr);
   ssa_session* one = nullptr;
-  SSA_CHECK_OK(ssa_session_load(plain.get(), path.c_str(), 0, &one));
+  SSA_CHECK_OK(ssa_session_load(plain.get(), path.c_str(), SSA_LOAD_VERIFY, &one));
   SessionPtr o(one);
   const std::vector<Outcome> want = decode_grid(one, f.q);
   check_same_grid(want, saved);
+  size_t meta_n = 0;
+  SSA_CHECK_OK(ssa_session_get_metadata(one, nullptr, 0, &meta_n));
+  CHECK(meta_n == sizeof "agent 7");
+  for (uint32_t ranks = 1; ranks <= 4; ++ranks) {
+    CAPTURE(ranks);
+    for (uint32_t flags : {0u, unsigned{SSA_LOAD_MMAP}}) {
+      CAPTURE(flags);
+      std::vector<std::vector<Outcome>> got(ranks);
+      run_ranks(ranks, [&](uint32_t r, RankLink& link) {
+        RuntimePtr rt = group_runtime(&link);
+        ssa_session* s = nullptr;
+        SSA_CHECK_OK(ssa_session_load(rt.get(), path.c_str(), flags, &s));
+        SessionPtr a(s);
+        check_holds_only_its_shard(s, r, ranks);
+        got[r] = decode_grid(s, f.q);
+        if (ranks == 2 && flags == 0) {
+          // Saved again by a group of another size (checkpoint: a full save
+          // for a group): the earlier set's rank files are removed.
+          SSA_CHECK_OK(ssa_session_checkpoint(s, path.c_str()));
+        }
+      });
+      check_same_grid(want, got);
+    }
+  }
+  const std::vector<std::string> second_set = rank_files(path);
+  CHECK(second_set.size() == 2);
+  for (const std::string& old : first_set) CHECK(access(old.c_str(), F_OK) != 0);
+  ssa_session* again = nullptr;
+  SSA_CHECK_OK(ssa_session_load(plain.get(), path.c_str(), 0, &again));
+  SessionPtr o2(again);
+  check_same_grid(want, {decode_grid(again, f.q)});
+
+  // One process's snapshot loads into groups, each rank reading its shard.
+  const std::string single = temp_path("single");
+  SSA_CHECK_OK(ssa_session_save(one, single.c_str()));
   for (uint32_t ranks : {2u, 4u}) {
     std::vector<std::vector<Outcome>> got(ranks);
     run_ranks(ranks, [&](uint32_t r, RankLink& link) {
       RuntimePtr rt = group_runtime(&link);
       ssa_session* s = nullptr;
-      SSA_CHECK_OK(ssa_session_load(rt.get(), path.c_str(), 0, &s));
+      SSA_CHECK_OK(ssa_session_load(rt.get(), single.c_str(), 0, &s));
       SessionPtr a(s);
+      check_holds_only_its_shard(s, r, ranks);
       got[r] = decode_grid(s, f.q);
     });
     check_same_grid(want, got);
   }
-  unlink(path.c_str());
+  unlink(single.c_str());
+  remove_set(path);
+}
+
+TEST_CASE("process group: a damaged, incomplete or mixed set is refused, on every rank") {
+  const size_t n = 20000;
+  const StructuredFeed f(n, SSA_DTYPE_F16, 26);
+  const ssa_session_config cfg = group_config();
+  const std::string path = temp_path("bad"), older = temp_path("older");
+  remove_set(path);
+  remove_set(older);
+  run_ranks(2, [&](uint32_t, RankLink& link) {
+    RuntimePtr rt = group_runtime(&link);
+    ssa_session* s = nullptr;
+    SSA_CHECK_OK(ssa_session_create(rt.get(), &cfg, &s));
+    SessionPtr a(s);
+    f.append({s}, 0, 0, 17000);
+    SSA_CHECK_OK(ssa_session_save(s, older.c_str()));
+    f.append({s}, 0, 17000, n);
+    SSA_CHECK_OK(ssa_session_save(s, path.c_str()));
+  });
+  RuntimePtr plain = plain_runtime();
+  auto load_plain = [&]() {
+    ssa_session* s = nullptr;
+    const ssa_status st = ssa_session_load(plain.get(), path.c_str(), 0, &s);
+    ssa_session_destroy(s);
+    return st;
+  };
+  auto load_group = [&](const std::string& p0, const std::string& p1) {
+    std::vector<ssa_status> st(2);
+    run_ranks(2, [&](uint32_t r, RankLink& link) {
+      RuntimePtr rt = group_runtime(&link, 5000);
+      ssa_session* s = nullptr;
+      st[r] = ssa_session_load(rt.get(), (r == 0 ? p0 : p1).c_str(), 0, &s);
+      CHECK((s != nullptr) == (st[r] == SSA_OK));
+      ssa_session_destroy(s);
+    });
+    return st;
+  };
+  SSA_CHECK_OK(load_plain());
+  const std::vector<std::string> files = rank_files(path), old_files = rank_files(older);
+  REQUIRE(files.size() == 2);
+  REQUIRE(old_files.size() == 2);
+  auto copy = [](const std::string& from, const std::string& to) {
+    FILE* a = fopen(from.c_str(), "rb");
+    FILE* b = fopen(to.c_str(), "wb");
+    REQUIRE(a != nullptr);
+    REQUIRE(b != nullptr);
+    char buf[65536];
+    size_t k;
+    while ((k = fread(buf, 1, sizeof buf, a)) > 0) fwrite(buf, 1, k, b);
+    fclose(a);
+    fclose(b);
+  };
+  const std::string keep = files[1] + ".keep";
+  copy(files[1], keep);
+  // Rank 1's file of another save in its place: refused (the manifest pins each file).
+  copy(old_files[1], files[1]);
+  CHECK(load_plain() == SSA_ERR_CORRUPT);
+  std::vector<ssa_status> st = load_group(path, path);
+  CHECK(st[0] == SSA_ERR_CORRUPT);
+  CHECK(st[1] == SSA_ERR_CORRUPT);
+  // Missing: refused.
+  unlink(files[1].c_str());
+  CHECK(load_plain() == SSA_ERR_IO);
+  copy(keep, files[1]);
+  unlink(keep.c_str());
+  SSA_CHECK_OK(load_plain());
+  // Ranks that load different snapshots, or one that cannot load its path: every rank gets an error.
+  st = load_group(path, older);
+  CHECK(st[0] == SSA_ERR_INVALID_ARGUMENT);
+  CHECK(st[1] == SSA_ERR_INVALID_ARGUMENT);
+  st = load_group(path, path + ".missing");
+  CHECK(st[0] == SSA_ERR_IO);
+  CHECK(st[1] == SSA_ERR_IO);
+  st = load_group(path, path);
+  CHECK(st[0] == SSA_OK);
+  CHECK(st[1] == SSA_OK);
+  // A flipped byte anywhere in the manifest: refused.
+  FILE* m = fopen(path.c_str(), "rb");
+  REQUIRE(m != nullptr);
+  std::vector<unsigned char> bytes(1 << 16);
+  bytes.resize(fread(bytes.data(), 1, bytes.size(), m));
+  fclose(m);
+  REQUIRE(bytes.size() > 64);
+  for (size_t at : {size_t{9}, size_t{30}, size_t{70}, bytes.size() / 2, bytes.size() - 1}) {
+    CAPTURE(at);
+    std::vector<unsigned char> bad = bytes;
+    bad[at] ^= 0x10;
+    FILE* w = fopen(path.c_str(), "wb");
+    fwrite(bad.data(), 1, bad.size(), w);
+    fclose(w);
+    const ssa_status s1 = load_plain();
+    CHECK((s1 == SSA_ERR_CORRUPT || s1 == SSA_ERR_VERSION));
+  }
+  remove_set(path);
+  remove_set(older);
+}
+
+TEST_CASE("process group: a manifest is checked value by value, not only by its checksum") {
+  ssa::snap::Manifest m;
+  m.set_id = 0x1234;
+  m.shard_tokens = kShard;
+  for (uint32_t r = 0; r < 3; ++r) {
+    ssa::snap::RankFile f;
+    f.name = ssa::snap::rank_file_name("x.ssa", m.set_id, r);
+    f.file_id = 100 + r;
+    f.generation = 1;
+    f.file_length = 8192 + r;
+    f.table_xxh3 = 7 * r;
+    m.ranks.push_back(f);
+  }
+  const std::string good = ssa::snap::encode_manifest(m);
+  absl::StatusOr<ssa::snap::Manifest> back = ssa::snap::decode_manifest(good, "m");
+  REQUIRE(back.ok());
+  CHECK(back->set_id == m.set_id);
+  CHECK(back->ranks.size() == 3);
+  CHECK(back->ranks[2].name == m.ranks[2].name);
+  CHECK(back->ranks[1].file_length == m.ranks[1].file_length);
+  // The checksum resealed after each change: only the value checks can refuse.
+  auto reseal = [](std::string b) {
+    const size_t n = b.size() - 8;
+    ssa::snap::put_u64(reinterpret_cast<uint8_t*>(b.data()) + n, XXH3_64bits(b.data(), n));
+    return b;
+  };
+  auto code = [&](const std::string& b) {
+    absl::StatusOr<ssa::snap::Manifest> d = ssa::snap::decode_manifest(b, "m");
+    return d.ok() ? SSA_OK : ssa::status_code(d.status());
+  };
+  CHECK(code(reseal(good)) == SSA_OK);
+  auto with_u32 = [&](size_t at, uint32_t v) {
+    std::string b = good;
+    ssa::snap::put_u32(reinterpret_cast<uint8_t*>(b.data()) + at, v);
+    return reseal(b);
+  };
+  auto with_u64 = [&](size_t at, uint64_t v) {
+    std::string b = good;
+    ssa::snap::put_u64(reinterpret_cast<uint8_t*>(b.data()) + at, v);
+    return reseal(b);
+  };
+  CHECK(code(with_u32(8, 2)) == SSA_ERR_VERSION);
+  CHECK(code(with_u32(12, 65)) == SSA_ERR_CORRUPT);   // header size
+  CHECK(code(with_u32(16, 0)) == SSA_ERR_CORRUPT);    // no ranks
+  CHECK(code(with_u32(16, 4)) == SSA_ERR_CORRUPT);    // more ranks than records
+  CHECK(code(with_u32(16, 65)) == SSA_ERR_CORRUPT);
+  CHECK(code(with_u32(20, 64)) == SSA_ERR_CORRUPT);   // record size
+  CHECK(code(with_u64(24, 0)) == SSA_ERR_CORRUPT);    // set id 0
+  CHECK(code(with_u64(32, 8191)) == SSA_ERR_CORRUPT); // shard_tokens
+  CHECK(code(with_u64(32, 0)) == SSA_ERR_CORRUPT);
+  const size_t rec1 = 64 + 320;
+  CHECK(code(with_u64(rec1 + 0, 0)) == SSA_ERR_CORRUPT);     // file id 0
+  CHECK(code(with_u64(rec1 + 8, 0)) == SSA_ERR_CORRUPT);     // generation 0
+  CHECK(code(with_u64(rec1 + 16, 100)) == SSA_ERR_CORRUPT);  // shorter than a header area
+  CHECK(code(with_u32(rec1 + 32, 0)) == SSA_ERR_CORRUPT);    // empty name
+  CHECK(code(with_u32(rec1 + 32, 256)) == SSA_ERR_CORRUPT);  // longer than a file name
+  CHECK(code(with_u32(rec1 + 32, 40)) == SSA_ERR_CORRUPT);   // a NUL inside the name
+  std::string slash = good;
+  slash[rec1 + 40 + 1] = '/';
+  CHECK(code(reseal(slash)) == SSA_ERR_CORRUPT);
+  std::string dots = with_u32(rec1 + 32, 2);
+  for (size_t i = 0; i < 256; ++i) dots[rec1 + 40 + i] = i < 2 ? '.' : '\0';
+  CHECK(code(reseal(dots)) == SSA_ERR_CORRUPT);
+  std::string tail = good;
+  tail[rec1 + 40 + 200] = 'x';  // past the name: padding must be zero
+  CHECK(code(reseal(tail)) == SSA_ERR_CORRUPT);
+  CHECK(code(good.substr(0, good.size() - 1)) == SSA_ERR_CORRUPT);
+  CHECK(code(reseal(good + std::string(320, '\0'))) == SSA_ERR_CORRUPT);
+  // Rank files of other saves to the same name, and nothing else.
+  CHECK(ssa::snap::is_other_rank_file(ssa::snap::rank_file_name("x.ssa", 7, 3), "x.ssa", 8));
+  CHECK_FALSE(ssa::snap::is_other_rank_file(ssa::snap::rank_file_name("x.ssa", 7, 3), "x.ssa", 7));
+  CHECK_FALSE(ssa::snap::is_other_rank_file(ssa::snap::rank_file_name("y.ssa", 7, 3), "x.ssa", 8));
+  CHECK_FALSE(ssa::snap::is_other_rank_file("x.ssa.tmp.host.12.0", "x.ssa", 8));
+  CHECK_FALSE(ssa::snap::is_other_rank_file("x.ssa.00000000000000zz.rank1", "x.ssa", 8));
 }
 
 TEST_CASE("process group: a rank that stops answering gives the others SSA_ERR_IO, not a hang") {
-  const Feed f(12000, 24);
+  const StructuredFeed f(12000, SSA_DTYPE_F16, 24);
   const ssa_session_config cfg = group_config();
   ssa_status first = SSA_OK, second = SSA_OK;
   double waited_ms = 0;
@@ -362,7 +614,7 @@ TEST_CASE("process group: a rank that stops answering gives the others SSA_ERR_I
     ssa_session* s = nullptr;
     SSA_CHECK_OK(ssa_session_create(rt.get(), &cfg, &s));
     SessionPtr a(s);
-    f.append(s, 0, 12000);
+    f.append({s}, 0, 0, 12000);
     if (r == 1) return;  // leaves the group
     const ssa_decode_params p = params(SSA_METHOD_SSA, 0, 20.0f);
     std::vector<uint8_t> out(f.q.size());
@@ -379,8 +631,80 @@ TEST_CASE("process group: a rank that stops answering gives the others SSA_ERR_I
   CHECK(waited_ms < 20000);
 }
 
+TEST_CASE("process group: a rank that leaves before an index training or a save: SSA_ERR_IO, not a hang") {
+  const StructuredFeed f(6000, SSA_DTYPE_F16, 27);
+  const ssa_session_config cfg = group_config();  // trains at 4096 tokens
+  ssa_status train = SSA_OK, save = SSA_OK;
+  uint64_t length = 0;
+  double waited_ms = 0;
+  const std::string path = temp_path("left");
+  run_ranks(2, [&](uint32_t r, RankLink& link) {
+    RuntimePtr rt = group_runtime(&link, 300);
+    ssa_session* s = nullptr;
+    SSA_CHECK_OK(ssa_session_create(rt.get(), &cfg, &s));
+    SessionPtr a(s);
+    f.append({s}, 0, 0, 3000);
+    if (r == 1) return;  // leaves the group
+    const size_t row = 2 * 64 * 2;
+    const auto t0 = std::chrono::steady_clock::now();
+    train = ssa_session_append(s, 0, f.k.data() + 3000 * row, f.v.data() + 3000 * row, 3000);
+    waited_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    length = ssa_session_length(s);
+    save = ssa_session_save(s, path.c_str());  // out of step: refused at once
+  });
+  CHECK(train == SSA_ERR_IO);
+  CHECK(length == 3000);  // the append that trains changed nothing
+  CHECK(waited_ms >= 250);
+  CHECK(waited_ms < 20000);
+  CHECK(save == SSA_ERR_IO);
+  CHECK(access(path.c_str(), F_OK) != 0);
+  CHECK(rank_files(path).empty());
+}
+
+TEST_CASE("process group: rows only one rank was given refuse an append that trains, on every rank at once") {
+  const size_t n = 12000;
+  const StructuredFeed f(n, SSA_DTYPE_F16, 28);
+  const ssa_session_config cfg = group_config();
+  RuntimePtr plain = plain_runtime();
+  ssa_session* ref = nullptr;
+  SSA_CHECK_OK(ssa_session_create(plain.get(), &cfg, &ref));
+  SessionPtr o(ref);
+  f.append({ref}, 0, 0, n);
+  const std::vector<Outcome> want = decode_grid(ref, f.q);
+  std::vector<ssa_status> bad(2);
+  std::vector<uint64_t> lengths(2);
+  std::vector<double> waited(2);
+  std::vector<std::vector<Outcome>> got(2);
+  run_ranks(2, [&](uint32_t r, RankLink& link) {
+    RuntimePtr rt = group_runtime(&link, 20000);
+    ssa_session* s = nullptr;
+    SSA_CHECK_OK(ssa_session_create(rt.get(), &cfg, &s));
+    SessionPtr a(s);
+    f.append({s}, 0, 0, 3000);
+    const size_t row = 2 * 64 * 2;
+    std::vector<uint8_t> k(f.k.begin() + 3000 * row, f.k.begin() + n * row);
+    if (r == 1) {  // a NaN in rank 1's copy, in rank 0's shard
+      k[100] = 0x00;
+      k[101] = 0x7E;
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    bad[r] = ssa_session_append(s, 0, k.data(), f.v.data() + 3000 * row, n - 3000);
+    waited[r] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    lengths[r] = ssa_session_length(s);
+    f.append({s}, 0, 3000, n);
+    got[r] = decode_grid(s, f.q);
+  });
+  for (uint32_t r = 0; r < 2; ++r) {
+    CAPTURE(r);
+    CHECK(bad[r] == SSA_ERR_INVALID_ARGUMENT);
+    CHECK(lengths[r] == 3000);
+    CHECK(waited[r] < 10000);  // at the first exchange, not at the timeout
+  }
+  check_same_grid(want, got);
+}
+
 TEST_CASE("process group: ranks that disagree on q or on the layer get an error, and the group goes on") {
-  const Feed f(12000, 25);
+  const StructuredFeed f(12000, SSA_DTYPE_F16, 25);
   const ssa_session_config cfg = group_config();
   std::vector<ssa_status> bad_q(2), bad_len(2), after(2);
   std::vector<std::vector<uint8_t>> outs(2);
@@ -389,14 +713,14 @@ TEST_CASE("process group: ranks that disagree on q or on the layer get an error,
     ssa_session* s = nullptr;
     SSA_CHECK_OK(ssa_session_create(rt.get(), &cfg, &s));
     SessionPtr a(s);
-    f.append(s, 0, 11000);
+    f.append({s}, 0, 0, 11000);
     const ssa_decode_params p = params(SSA_METHOD_SSA, 0, 20.0f);
     std::vector<uint8_t> q = f.q, out(f.q.size());
     if (r == 1) q[3] ^= 1;
     bad_q[r] = ssa_decode(s, 0, q.data(), out.data(), &p, nullptr);
-    if (r == 1) f.append(s, 11000, 11001);
+    if (r == 1) f.append({s}, 0, 11000, 11001);
     bad_len[r] = ssa_decode(s, 0, f.q.data(), out.data(), &p, nullptr);
-    if (r == 0) f.append(s, 11000, 11001);
+    if (r == 0) f.append({s}, 0, 11000, 11001);
     after[r] = ssa_decode(s, 0, f.q.data(), out.data(), &p, nullptr);
     outs[r] = out;
   });
@@ -470,4 +794,54 @@ TEST_CASE("process group: bad tables and combinations are refused") {
   });
   CHECK(st[0] == SSA_ERR_INVALID_ARGUMENT);
   CHECK(st[1] == SSA_ERR_INVALID_ARGUMENT);
+}
+
+TEST_CASE("process group: a query-aware proxy trains as unsharded; ranks that observed other queries are refused") {
+  const size_t n = 12000;
+  const StructuredFeed f(n, SSA_DTYPE_F16, 29);
+  ssa_session_config cfg = group_config();
+  cfg.proxy = SSA_PROXY_QPQ;
+  // Two observed queries (the feed's, twice); rank 1's other ones differ in one
+  // mantissa bit of one value.
+  std::vector<uint8_t> shown = f.q, other;
+  shown.insert(shown.end(), f.q.begin(), f.q.end());
+  other = shown;
+  other[f.q.size() + 5] ^= 1;
+  RuntimePtr plain = plain_runtime();
+  ssa_session* ref = nullptr;
+  SSA_CHECK_OK(ssa_session_create(plain.get(), &cfg, &ref));
+  SessionPtr o(ref);
+  SSA_CHECK_OK(ssa_session_observe_queries(ref, 0, shown.data(), 2));
+  f.append({ref}, 0, 0, n);
+  const std::vector<Outcome> want = decode_grid(ref, f.q);
+  std::vector<std::vector<Outcome>> got(2);
+  std::vector<ssa_status> differ(2);
+  std::vector<uint64_t> lengths(2);
+  std::vector<std::string> said(2);
+  run_ranks(2, [&](uint32_t r, RankLink& link) {
+    RuntimePtr rt = group_runtime(&link);
+    ssa_session* s = nullptr;
+    SSA_CHECK_OK(ssa_session_create(rt.get(), &cfg, &s));
+    SessionPtr a(s);
+    SSA_CHECK_OK(ssa_session_observe_queries(s, 0, shown.data(), 2));
+    f.append({s}, 0, 0, n);  // trains: the same observed queries on both ranks
+    got[r] = decode_grid(s, f.q);
+    // A second session whose ranks observed different queries: its training append is refused.
+    ssa_session* t = nullptr;
+    SSA_CHECK_OK(ssa_session_create(rt.get(), &cfg, &t));
+    SessionPtr b(t);
+    SSA_CHECK_OK(ssa_session_observe_queries(t, 0, r == 1 ? other.data() : shown.data(), 2));
+    f.append({t}, 0, 0, 3000);
+    const size_t row = size_t{2} * 64 * 2;
+    differ[r] = ssa_session_append(t, 0, f.k.data() + 3000 * row, f.v.data() + 3000 * row, n - 3000);
+    said[r] = ssa_last_error_message();
+    lengths[r] = ssa_session_length(t);
+  });
+  check_same_grid(want, got);
+  for (uint32_t r = 0; r < 2; ++r) {
+    CAPTURE(r);
+    CHECK(differ[r] == SSA_ERR_INVALID_ARGUMENT);
+    CHECK(said[r].find("observed queries") != std::string::npos);
+    CHECK(lengths[r] == 3000);
+  }
 }

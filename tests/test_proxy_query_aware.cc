@@ -256,10 +256,10 @@ TEST_CASE("on queries that read few directions, the query-aware proxy ranks far 
   auto rt = make_runtime(2);
   const uint32_t d = 64, n_kv = 1, n_q = 2, n = 4000;
   const Workload w = make_workload(n, n_kv, n_q, d, 6, 400, 16, 75);
-  double recall[3] = {0, 0, 0};
-  const ssa_proxy proxies[3] = {SSA_PROXY_PQ, SSA_PROXY_OPQ, SSA_PROXY_QPQ};
+  double recall[5] = {0, 0, 0, 0, 0};
+  const ssa_proxy proxies[5] = {SSA_PROXY_PQ, SSA_PROXY_OPQ, SSA_PROXY_QPQ, SSA_PROXY_PQ4, SSA_PROXY_QPQ4};
   std::vector<float> lut, exact(n), got(n);
-  for (int p = 0; p < 3; ++p) {
+  for (int p = 0; p < 5; ++p) {
     SessionPtr s = trained(rt.get(), w, proxies[p]);
     std::shared_lock lock(s->mu);
     for (size_t i = 0; i < w.q_test.size() / d; ++i) {
@@ -269,9 +269,11 @@ TEST_CASE("on queries that read few directions, the query-aware proxy ranks far 
       recall[p] += recall_at(exact, got, n / 50) / (w.q_test.size() / d);
     }
   }
-  MESSAGE("top-2% recall: PQ " << recall[0] << ", OPQ " << recall[1] << ", QPQ " << recall[2]);
+  MESSAGE("top-2% recall: PQ " << recall[0] << ", OPQ " << recall[1] << ", QPQ " << recall[2] << ", PQ4 "
+                                << recall[3] << ", QPQ4 " << recall[4]);
   CHECK(recall[2] > recall[1] + 0.15);
   CHECK(recall[2] > recall[0] + 0.15);
+  CHECK(recall[4] > recall[3] + 0.15);
 }
 
 TEST_CASE("observe_queries refuses what it cannot use and changes nothing; a layer shown none trains as OPQ starts") {
@@ -295,6 +297,26 @@ TEST_CASE("observe_queries refuses what it cannot use and changes nothing; a lay
   {
     std::shared_lock lock(s->mu);
     CHECK(s->layers[0].query_moments == nullptr);
+  }
+  // Refusals after queries were observed keep the moments as they were.
+  {
+    SessionPtr seen = make_session(rt.get(), qpq_config(w, SSA_PROXY_QPQ));
+    SSA_CHECK_OK(ssa_session_observe_queries(seen.get(), 0, w.q_train.data(), 3));
+    ssa::QueryMomentsRef before;
+    {
+      std::shared_lock lock(seen->mu);
+      before = seen->layers[0].query_moments;
+    }
+    REQUIRE(before != nullptr);
+    const std::vector<double> sum = before->sum;
+    CHECK(ssa_session_observe_queries(seen.get(), 0, nan_q.data(), 10) == SSA_ERR_INVALID_ARGUMENT);
+    CHECK(ssa_session_observe_queries(seen.get(), 0, w.q_train.data(), uint64_t{1} << 40) ==
+          SSA_ERR_INVALID_ARGUMENT);
+    CHECK(ssa_session_observe_queries(seen.get(), 3, w.q_train.data(), 1) == SSA_ERR_INVALID_ARGUMENT);
+    std::shared_lock lock(seen->mu);
+    CHECK(seen->layers[0].query_moments == before);
+    CHECK(before->sum == sum);
+    CHECK(before->count[0] == 3 * 2);
   }
   // Trained with no queries: T = Q, orthogonal.
   append_f32(s.get(), 0, w.k, w.v, w.n, SSA_DTYPE_F32);

@@ -30,7 +30,7 @@
 #include "status.h"
 #include "support/reference_attention.h"
 #include "support/session_helpers.h"
-#include "support/structured_context.h"
+#include "support/structured_feed.h"
 
 using namespace ssa_test;
 
@@ -55,36 +55,8 @@ RuntimePtr sharded_runtime(uint32_t n_shards, uint64_t shard_tokens, int threads
   return RuntimePtr(rt);
 }
 
-ssa_session_config shard_config(ssa_dtype t) {
-  ssa_session_config c = make_config(2, 8, 2, 64, t);
-  c.pq_centroids = 16;
-  c.page_tokens = 64;
-  c.index_min_tokens = 4096;
-  c.index_train_sample = 2048;
-  c.index_iterations = 3;
-  return c;
-}
-
-// The same K/V fed to several sessions in the same chunks.
-struct Feed {
-  StructuredContext ctx;
-  ssa_dtype t;
-  std::vector<uint8_t> k, v;
-  Feed(size_t n, ssa_dtype dt, uint64_t seed) : t(dt) {
-    StructuredOptions o;
-    o.seed = seed;
-    ctx = make_structured_context(n, 2, 8, 64, o);
-    k = encode(ctx.K, t);
-    v = encode(ctx.V, t);
-  }
-  // Tokens [t0, t1) of the context into layer `layer` of each session.
-  void append(const std::vector<ssa_session*>& ss, uint32_t layer, size_t t0, size_t t1) const {
-    const size_t row = 2 * 64 * (t == SSA_DTYPE_F32 ? 4 : 2);
-    for (ssa_session* s : ss) {
-      SSA_CHECK_OK(ssa_session_append(s, layer, k.data() + t0 * row, v.data() + t0 * row, t1 - t0));
-    }
-  }
-};
+// Two layers: layer 1 is filled to other lengths than layer 0.
+ssa_session_config shard_config(ssa_dtype t) { return quick_index_config(2, t); }
 
 struct Outcome {
   std::vector<uint8_t> out;
@@ -97,13 +69,6 @@ Outcome decode_raw(ssa_session* s, uint32_t layer, const std::vector<uint8_t>& q
   ssa_decode_stats_init(&o.stats);
   SSA_CHECK_OK(ssa_decode(s, layer, q.data(), o.out.data(), &p, &o.stats));
   return o;
-}
-
-bool same_stats(const ssa_decode_stats& a, const ssa_decode_stats& b) {
-  return a.context_tokens == b.context_tokens && a.tokens_read == b.tokens_read &&
-         a.heavy_tokens == b.heavy_tokens && a.draws == b.draws && a.unique_samples == b.unique_samples &&
-         memcmp(&a.residual_proxy_mass, &b.residual_proxy_mass, sizeof(double)) == 0 &&
-         a.scored_tokens == b.scored_tokens && a.window_only_heads == b.window_only_heads;
 }
 
 // Decode parameter sets that cover every method and group mode, sink and local
@@ -137,9 +102,9 @@ std::vector<ssa_decode_params> param_grid() {
 }
 
 // Every parameter set on every layer: bitwise the same output and statistics.
-void check_same_decodes(ssa_session* ref, ssa_session* sharded, const Feed& f, const char* what) {
+void check_same_decodes(ssa_session* ref, ssa_session* sharded, const StructuredFeed& f, const char* what) {
   CAPTURE(what);
-  const std::vector<uint8_t> q = encode(f.ctx.q, f.t);
+  const std::vector<uint8_t>& q = f.q;
   size_t compared = 0;
   for (uint32_t layer = 0; layer < 2; ++layer) {
     REQUIRE(ssa_session_layer_length(ref, layer) == ssa_session_layer_length(sharded, layer));
@@ -236,7 +201,7 @@ TEST_CASE("sharding: the shard map never overflows: any shard_tokens up to 2^64 
 TEST_CASE("sharding: huge shard_tokens decode as unsharded (every token in the first shard)") {
   auto ref_rt = make_runtime(2);
   const ssa_dtype t = SSA_DTYPE_F16;
-  const Feed f(kShard + 700, t, 9);
+  const StructuredFeed f(kShard + 700, t, 9);
   auto ref = make_session(ref_rt.get(), shard_config(t));
   f.append({ref.get()}, 0, 0, f.ctx.n);
   const struct {
@@ -378,7 +343,7 @@ TEST_CASE("sharding: every method, group mode and dtype decodes bitwise as unsha
   auto ref_rt = make_runtime(2);
   for (ssa_dtype t : kDtypes) {
     CAPTURE(t);
-    const Feed f(3 * kShard + 2900, t, 100 + static_cast<uint64_t>(t));
+    const StructuredFeed f(3 * kShard + 2900, t, 100 + static_cast<uint64_t>(t));
     auto ref = make_session(ref_rt.get(), shard_config(t));
     std::vector<RuntimePtr> rts;
     std::vector<SessionPtr> sh;
@@ -401,7 +366,7 @@ TEST_CASE("sharding: forks, truncations that drop shards and appends across boun
   auto ref_rt = make_runtime(2);
   auto sh_rt = sharded_runtime(4, kShard);
   const ssa_dtype t = SSA_DTYPE_BF16;
-  const Feed f(4 * kShard + 3000, t, 41);
+  const StructuredFeed f(4 * kShard + 3000, t, 41);
   auto ref = make_session(ref_rt.get(), shard_config(t));
   auto sh = make_session(sh_rt.get(), shard_config(t));
   f.append({ref.get(), sh.get()}, 0, 0, 3 * kShard + 500);
@@ -434,7 +399,7 @@ TEST_CASE("sharding: one snapshot, the same file, loads on any shard count") {
   auto ref_rt = make_runtime(2);
   auto four = sharded_runtime(4, kShard);
   const ssa_dtype t = SSA_DTYPE_F16;
-  const Feed f(3 * kShard + 1234, t, 77);
+  const StructuredFeed f(3 * kShard + 1234, t, 77);
   auto ref = make_session(ref_rt.get(), shard_config(t));
   auto sh = make_session(four.get(), shard_config(t));
   f.append({ref.get(), sh.get()}, 0, 0, f.ctx.n);
@@ -479,12 +444,12 @@ TEST_CASE("sharding: batch decode of sharded sessions equals the unsharded batch
   auto ref_rt = make_runtime(2);
   auto sh_rt = sharded_runtime(3, kShard);
   const ssa_dtype t = SSA_DTYPE_F16;
-  const Feed f(2 * kShard + 4000, t, 5);
+  const StructuredFeed f(2 * kShard + 4000, t, 5);
   auto r1 = make_session(ref_rt.get(), shard_config(t)), r2 = make_session(ref_rt.get(), shard_config(t));
   auto s1 = make_session(sh_rt.get(), shard_config(t)), s2 = make_session(sh_rt.get(), shard_config(t));
   f.append({r1.get(), s1.get()}, 0, 0, f.ctx.n);
   f.append({r2.get(), s2.get()}, 0, 0, kShard + 10);
-  const std::vector<uint8_t> q = encode(f.ctx.q, t);
+  const std::vector<uint8_t>& q = f.q;
   for (ssa_method m : kAllMethods) {
     CAPTURE(m);
     ssa_decode_params p = params(m, 0, 25.0f);
@@ -505,7 +470,7 @@ TEST_CASE("sharding: batch decode of sharded sessions equals the unsharded batch
 TEST_CASE("sharding: a sharded decode is the estimator (dense against float64)") {
   auto sh_rt = sharded_runtime(3, kShard);
   const ssa_dtype t = SSA_DTYPE_F32;
-  const Feed f(2 * kShard + 999, t, 8);
+  const StructuredFeed f(2 * kShard + 999, t, 8);
   auto s = make_session(sh_rt.get(), shard_config(t));
   f.append({s.get()}, 0, 0, f.ctx.n);
   const auto out = run_decode(s.get(), 0, f.ctx.q, t, params(SSA_METHOD_DENSE));
@@ -524,10 +489,10 @@ TEST_CASE("sharding: a sharded decode is the estimator (dense against float64)")
 TEST_CASE("sharding: traced decodes of sharded sessions list the unsharded rows, log_pi and output bitwise") {
   auto ref_rt = make_runtime(2);
   const ssa_dtype t = SSA_DTYPE_F32;
-  const Feed f(2 * kShard + 1500, t, 23);
+  const StructuredFeed f(2 * kShard + 1500, t, 23);
   auto ref = make_session(ref_rt.get(), shard_config(t));
   f.append({ref.get()}, 0, 0, f.ctx.n);
-  const std::vector<uint8_t> q = encode(f.ctx.q, t);
+  const std::vector<uint8_t>& q = f.q;
   const uint32_t nq = 8;
   const uint64_t cap = uint64_t{nq} * f.ctx.n;
   struct Trace {
@@ -579,12 +544,12 @@ TEST_CASE("sharding: traced decodes of sharded sessions list the unsharded rows,
 TEST_CASE("sharding: error-targeted decode of a sharded session is UNSUPPORTED, out untouched") {
   auto sh_rt = sharded_runtime(2, kShard);
   const ssa_dtype t = SSA_DTYPE_F16;
-  const Feed f(kShard + 3000, t, 3);
+  const StructuredFeed f(kShard + 3000, t, 3);
   auto s = make_session(sh_rt.get(), shard_config(t));
   f.append({s.get()}, 0, 0, f.ctx.n);
   ssa_decode_params p = params(SSA_METHOD_SSA);
   p.target_error = 0.05f;
-  const std::vector<uint8_t> q = encode(f.ctx.q, t);
+  const std::vector<uint8_t>& q = f.q;
   std::vector<uint8_t> out(q.size(), 0x5A);
   CHECK(ssa_decode(s.get(), 0, q.data(), out.data(), &p, nullptr) == SSA_ERR_UNSUPPORTED);
   CHECK(std::string(ssa_last_error_message()).find("sharded session") != std::string::npos);
@@ -690,9 +655,25 @@ TEST_CASE("sharding: small heads, small pages, groups of two") {
   }
 }
 
-TEST_CASE("sharding: 4-bit, query-aware, score-aware proxies decode bitwise as unsharded") {
+TEST_CASE("sharding: 4-bit score-aware proxies decode bitwise as unsharded") {
   auto ref_rt = make_runtime(2);
-  const Feed f(2 * kShard + 1500, SSA_DTYPE_F32, 170);
+  const StructuredFeed f(2 * kShard + 1500, SSA_DTYPE_F32, 170);
+  ssa_session_config c = shard_config(SSA_DTYPE_F32);
+  c.proxy = SSA_PROXY_OPQ4;
+  c.pq_subspaces = 32;
+  c.pq_parallel_weight = 4.0f;
+  auto ref = make_session(ref_rt.get(), c);
+  auto rt = sharded_runtime(2, kShard);
+  auto sh = make_session(rt.get(), c);
+  f.append({ref.get(), sh.get()}, 0, 0, 7001);
+  f.append({ref.get(), sh.get()}, 0, 7001, f.ctx.n);
+  f.append({ref.get(), sh.get()}, 1, 0, 9100);
+  check_same_decodes(ref.get(), sh.get(), f, "opq4, weight 4");
+}
+
+TEST_CASE("sharding: a query-aware 4-bit score-aware proxy decodes bitwise as unsharded") {
+  auto ref_rt = make_runtime(2);
+  const StructuredFeed f(2 * kShard + 1500, SSA_DTYPE_F32, 170);
   ssa_session_config c = shard_config(SSA_DTYPE_F32);
   c.proxy = SSA_PROXY_QPQ4;
   c.pq_subspaces = 32;

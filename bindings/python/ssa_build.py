@@ -35,7 +35,17 @@ def main(argv):
         return 2
     lib_dir = os.path.abspath(os.environ.get("SSA_LIB_DIR") or os.path.join(HERE, "..", "..", "build"))
     inc_dir = os.path.abspath(os.environ.get("SSA_INCLUDE_DIR") or os.path.join(HERE, "..", "..", "include"))
-    builder(inc_dir, lib_dir).compile(tmpdir=HERE, verbose=True)
+    # Built in a scratch folder (setuptools refuses a folder holding several
+    # packages), then put beside the package's sources.
+    import glob
+    import shutil
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        built = builder(inc_dir, lib_dir).compile(tmpdir=tmp, verbose=True)
+        for old in glob.glob(os.path.join(HERE, "ssa", "_ssa_cffi*.so")):
+            os.remove(old)
+        shutil.copy(built, os.path.join(HERE, "ssa", os.path.basename(built)))
     return 0
 
 

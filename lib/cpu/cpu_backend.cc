@@ -13,6 +13,8 @@
 #include "decode/decode.h"
 #include "index/pq_index.h"
 #include "session.h"
+#include "shard/callback_collective.h"
+#include "shard/group_index.h"
 #include "status.h"
 #include "store/layer_tail.h"
 
@@ -38,18 +40,22 @@ class CpuBackend final : public Backend {
 
   absl::Status gather_tail(ssa_session& s, LayerStore& layer, uint64_t new_n, bool codes,
                            LayerTail* tail) const override {
-    return ssa::gather_tail(layer, s.layout, new_n, *s.kv_pool, codes ? s.code_pool.get() : nullptr, tail);
+    return ssa::gather_tail(layer, s.layout, new_n, *s.kv_pool, codes ? s.code_pool.get() : nullptr, tail,
+                            s.rt->held);
   }
 
   absl::Status write_rows(ssa_session& s, const AppendRows& rows, const LayerStore& layer,
                           LayerTail& tail) const override {
-    // Input is token-major [n][n_kv_heads][head_dim], pages head-major.
+    // Input is token-major [n][n_kv_heads][head_dim], pages head-major. A rank
+    // of a group keeps the rows of its shard only (the tail holds no other page).
     const KvLayout& L = s.layout;
     const uint32_t P = L.page_tokens;
     const size_t row = L.row_bytes();
     const uint8_t* kb = static_cast<const uint8_t*>(rows.k);
     const uint8_t* vb = static_cast<const uint8_t*>(rows.v);
-    for (uint64_t t = rows.old_n; t < rows.new_n; ++t) {
+    const HeldRange& held = s.rt->held;
+    const uint64_t lo = held.lo(rows.old_n), hi = held.hi(rows.new_n);
+    for (uint64_t t = lo; t < hi; ++t) {
       const uint64_t i = t - rows.old_n;
       uint8_t* page = tail.kv_page(t / P).mutable_data();
       const uint32_t slot = static_cast<uint32_t>(t % P);
@@ -58,24 +64,36 @@ class CpuBackend final : public Backend {
         memcpy(page + L.v_offset(h, slot), vb + (i * L.n_kv_heads + h) * row, row);
       }
     }
-    if (!rows.encode) return absl::OkStatus();
+    if (!rows.encode || lo >= hi) return absl::OkStatus();
     const uint64_t base = tail.first_page * P;  // the tail's pages start at this token
     // The layer's encoder, built again only when its codebooks change.
     if (s.encoders.size() < L.n_layers) s.encoders.resize(L.n_layers);
     std::shared_ptr<const PqEncoder>& enc = s.encoders[rows.layer];
     if (enc == nullptr || enc->books() != layer.codebooks.get())
       enc = std::make_shared<PqEncoder>(L, layer.codebooks, s.config.pq_parallel_weight);
-    enc->encode(tail.kv, tail.code, rows.old_n - base, rows.new_n - base, *s.rt->pool);
+    enc->encode(tail.kv, tail.code, lo - base, hi - base, *s.rt->pool);
     return absl::OkStatus();
   }
 
+  // A rank of a group trains on the sample gathered over the group
+  // (lib/shard/group_index.h) and encodes its own keys.
   absl::Status train_index(ssa_session& s, LayerStore& layer) const override {
+    if (layer.n_tokens == 0) return invalid_argument("cannot train a PQ index on an empty layer");
+    const uint64_t n = sample_count(layer.n_tokens, s.config.index_train_sample);
+    std::vector<float> keys;
+    if (s.rt->group != nullptr) {
+      SSA_RETURN_IF_ERROR(
+          gather_sample_keys(*s.rt->group, s.layout, layer, s.rt->shard_tokens, n, *s.rt->pool, &keys));
+    } else {
+      keys.resize(size_t{s.layout.n_kv_heads} * n * s.layout.head_dim);
+      read_sample_keys(s.layout, layer, n, 0, n, *s.rt->pool, keys.data());
+    }
     absl::StatusOr<CodebooksRef> books =
-        train_codebooks(s.layout, layer, s.config.index_train_sample, s.config.index_iterations,
-                        s.config.proxy, s.config.pq_parallel_weight, *s.rt->pool);
+        train_codebooks_on(s.layout, keys, n, s.config.index_iterations, s.config.proxy,
+                           s.config.pq_parallel_weight, layer.query_moments, *s.rt->pool);
     if (!books.ok()) return books.status();
-    absl::StatusOr<std::vector<PageRef>> codes =
-        encode_layer(s.layout, *books, s.config.pq_parallel_weight, layer, *s.code_pool, *s.rt->pool);
+    absl::StatusOr<std::vector<PageRef>> codes = encode_layer(s.layout, *books, s.config.pq_parallel_weight, layer,
+                                                              *s.code_pool, *s.rt->pool, s.rt->held);
     if (!codes.ok()) return codes.status();
     layer.codebooks = *std::move(books);
     layer.code_pages = *std::move(codes);

@@ -51,6 +51,9 @@ absl::Status locked_decode(ssa_session& s, uint32_t layer, const void* q, void* 
       if (!needs_index || l.codebooks != nullptr) {
         return s.backend->decode_layer(s, l, layer, q, out, p, seed, stats, traces, profile);
       }
+      // A group trains collectively: its ranks first check that they are all
+      // making this decode (the decode itself checks again).
+      if (s.rt->group != nullptr) SSA_RETURN_IF_ERROR(check_group_decode(s, l, layer, q, p, seed));
       if (trained != nullptr) {
         *trained = l;
         SSA_RETURN_IF_ERROR(s.backend->train_index(s, *trained));
@@ -93,6 +96,7 @@ absl::Status decode(ssa_session& s, uint32_t layer, const void* q, void* out,
       {q_buffer(s, q), out_buffer(s, out), CallerBuffer{stats, stats != nullptr ? struct_size_of(stats) : 0,
                                                         "stats", true}}));
   SSA_RETURN_IF_ERROR(check_decode_request(s, layer, p));
+  if (traces != nullptr && s.rt->group != nullptr) return unsupported(kGroupTracesUnsupported);
   if (stats != nullptr) {
     ssa_decode_stats fresh{};
     SSA_RETURN_IF_ERROR(locked_decode(s, layer, q, out, p, resolve_seed(s, p), &fresh, traces, profile, trained));

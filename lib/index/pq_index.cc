@@ -86,20 +86,61 @@ void store_rotation(const std::vector<double>& r, float* out) {
 
 }  // namespace
 
+uint64_t first_sample_at(uint64_t token, uint64_t n_tokens, uint64_t n) {
+  // sample_token is increasing in i: a binary search.
+  uint64_t lo = 0, hi = n;
+  while (lo < hi) {
+    const uint64_t mid = lo + (hi - lo) / 2;
+    if (sample_token(mid, n_tokens, n) >= token) {
+      hi = mid;
+    } else {
+      lo = mid + 1;
+    }
+  }
+  return lo;
+}
+
+void read_sample_keys(const KvLayout& layout, const LayerStore& layer, uint64_t n, uint64_t i0, uint64_t i1,
+                      ThreadPool& pool, float* keys) {
+  const uint32_t d = layout.head_dim;
+  const uint64_t count = i1 - i0;
+  const auto& kern = simd::kernels();
+  pool.parallel_for(layout.n_kv_heads, [&](size_t h) {
+    for (uint64_t i = i0; i < i1; ++i) {
+      const uint64_t token = sample_token(i, layer.n_tokens, n);  // evenly spread, deterministic
+      kern.to_f32(layout.dtype, key_row(layout, layer.kv_pages, static_cast<uint32_t>(h), token),
+                  keys + (h * count + (i - i0)) * d, d);
+    }
+  });
+}
+
 absl::StatusOr<CodebooksRef> train_codebooks(const KvLayout& layout, const LayerStore& layer,
                                              uint32_t sample, uint32_t iterations, ssa_proxy proxy,
                                              float parallel_weight, ThreadPool& pool) {
-  const uint64_t n_tokens = layer.n_tokens;
-  if (n_tokens == 0) return invalid_argument("cannot train a PQ index on an empty layer");
+  if (layer.n_tokens == 0) return invalid_argument("cannot train a PQ index on an empty layer");
+  const uint64_t n = sample_count(layer.n_tokens, sample);
+  // The sampled keys of each head as floats, x[h][n][d].
+  std::vector<float> keys(size_t{layout.n_kv_heads} * n * layout.head_dim);
+  read_sample_keys(layout, layer, n, 0, n, pool, keys.data());
+  return train_codebooks_on(layout, keys, n, iterations, proxy, parallel_weight, layer.query_moments, pool);
+}
+
+absl::StatusOr<CodebooksRef> train_codebooks_on(const KvLayout& layout, const std::vector<float>& keys,
+                                                uint64_t n, uint32_t iterations, ssa_proxy proxy,
+                                                float parallel_weight, const QueryMomentsRef& moments,
+                                                ThreadPool& pool) {
+  if (n == 0) return invalid_argument("cannot train a PQ index on an empty layer");
   if (!proxy_is_known(proxy)) return invalid_argument("unknown proxy ", static_cast<int>(proxy));
   if (proxy_has_4bit_codes(proxy) != (layout.code_bits == 4) ||
       layout.pq_centroids > (layout.code_bits == 4 ? 16u : 256u)) {
     return invalid_argument("proxy ", static_cast<int>(proxy), " does not fit codes of ", layout.code_bits,
                             " bits and ", layout.pq_centroids, " centroids");
   }
-  const uint64_t n = std::min<uint64_t>(n_tokens, sample);
   const uint32_t M = layout.pq_subspaces, K = layout.pq_centroids, dsub = layout.sub_dim();
   const uint32_t d = layout.head_dim, H = layout.n_kv_heads;
+  if (keys.size() != size_t{H} * n * d) {
+    return internal_error("training keys hold ", keys.size(), " floats for ", n, " keys of ", H, " heads");
+  }
 
   auto books = std::make_shared<PqCodebooks>();
   books->n_kv_heads = H;
@@ -108,16 +149,6 @@ absl::StatusOr<CodebooksRef> train_codebooks(const KvLayout& layout, const Layer
   books->sub_dim = dsub;
   books->data.resize(size_t{H} * M * K * dsub);
 
-  // The sampled keys of each head as floats, x[h][n][d].
-  std::vector<float> keys(size_t{H} * n * d);
-  const auto& kern = simd::kernels();
-  pool.parallel_for(H, [&](size_t h) {
-    for (uint64_t i = 0; i < n; ++i) {
-      const uint64_t token = i * n_tokens / n;  // evenly spread, deterministic
-      kern.to_f32(layout.dtype, key_row(layout, layer.kv_pages, static_cast<uint32_t>(h), token),
-                  keys.data() + (h * n + i) * d, d);
-    }
-  });
   const bool opq = proxy_has_rotation(proxy), transformed = proxy_has_transform(proxy);
   if (opq) {
     books->rotation.resize(size_t{H} * d * d);
@@ -126,14 +157,14 @@ absl::StatusOr<CodebooksRef> train_codebooks(const KvLayout& layout, const Layer
                      books->rotation.data() + h * d * d);
     });
   } else if (proxy_is_query_aware(proxy)) {
-    const QueryMoments* qm = layer.query_moments.get();
+    const QueryMoments* qm = moments.get();
     if (qm != nullptr && (qm->n_kv_heads != H || qm->head_dim != d)) {
       return invalid_argument("query moments of ", qm->n_kv_heads, " heads x ", qm->head_dim,
                               " dimensions do not fit the layer");
     }
     books->rotation.resize(size_t{H} * d * d);
     books->query_transform.resize(size_t{H} * d * d);
-    books->trained_moments = layer.query_moments;
+    books->trained_moments = moments;
     pool.parallel_for(H, [&](size_t h) {
       const uint32_t kv = static_cast<uint32_t>(h);
       query_aware_transform(keys.data() + h * n * d, n, d, M, qm != nullptr ? qm->sum_of(kv) : nullptr,
@@ -233,15 +264,21 @@ void PqEncoder::encode(const std::vector<PageRef>& kv_pages, std::vector<PageRef
 
 absl::StatusOr<std::vector<PageRef>> encode_layer(const KvLayout& layout, const CodebooksRef& books,
                                                   float parallel_weight, const LayerStore& layer,
-                                                  PagePool& code_pool, ThreadPool& pool) {
+                                                  PagePool& code_pool, ThreadPool& pool, const HeldRange& held) {
   std::vector<PageRef> pages;
   pages.reserve(layer.kv_pages.size());
   for (size_t i = 0; i < layer.kv_pages.size(); ++i) {
+    if (!held.holds_page(i, layout.page_tokens)) {
+      pages.emplace_back();
+      continue;
+    }
     absl::StatusOr<PageRef> page = code_pool.allocate();
     if (!page.ok()) return page.status();
     pages.push_back(*std::move(page));
   }
-  PqEncoder(layout, books, parallel_weight).encode(layer.kv_pages, pages, 0, layer.n_tokens, pool);
+  if (held.lo(0) < held.hi(layer.n_tokens)) {
+    PqEncoder(layout, books, parallel_weight).encode(layer.kv_pages, pages, held.lo(0), held.hi(layer.n_tokens), pool);
+  }
   return pages;
 }
 

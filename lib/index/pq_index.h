@@ -11,6 +11,7 @@
 #include "index/kmeans.h"
 #include "index/score_aware.h"
 #include "ssa.h"
+#include "store/held_range.h"
 #include "store/kv_layout.h"
 #include "store/layer_store.h"
 #include "store/page_pool.h"
@@ -32,6 +33,26 @@ absl::StatusOr<CodebooksRef> train_codebooks(const KvLayout& layout, const Layer
                                              uint32_t sample, uint32_t iterations, ssa_proxy proxy,
                                              float parallel_weight, ThreadPool& pool);
 inline constexpr uint32_t kOpqRounds = 4;
+
+// The sample train_codebooks takes: n = min(n_tokens, sample) keys per head,
+// key i that of token sample_token(i) (increasing in i), so that a group of
+// processes whose ranks hold parts of the layer gathers exactly these keys.
+inline uint64_t sample_count(uint64_t n_tokens, uint32_t sample) { return n_tokens < sample ? n_tokens : sample; }
+// n_tokens < 2^32 and i < n <= 2^32: the product fits.
+inline uint64_t sample_token(uint64_t i, uint64_t n_tokens, uint64_t n) { return i * n_tokens / n; }
+// The first i whose sample_token is >= token (n when none is).
+uint64_t first_sample_at(uint64_t token, uint64_t n_tokens, uint64_t n);
+// Key i of head h as floats into keys[h][i - i0][d] for the sample's i in
+// [i0, i1), from the layer's pages (which must hold those tokens). keys has
+// room for [n_kv_heads][i1 - i0][head_dim].
+void read_sample_keys(const KvLayout& layout, const LayerStore& layer, uint64_t n, uint64_t i0, uint64_t i1,
+                      ThreadPool& pool, float* keys);
+// Trains from the sampled keys x[h][n][d] (n >= 1) and, for the query-aware
+// proxies, the layer's observed query moments (null: none), as train_codebooks does.
+absl::StatusOr<CodebooksRef> train_codebooks_on(const KvLayout& layout, const std::vector<float>& keys,
+                                                uint64_t n, uint32_t iterations, ssa_proxy proxy,
+                                                float parallel_weight, const QueryMomentsRef& moments,
+                                                ThreadPool& pool);
 
 // The nearest-centroid searches of every codebook of one layer, built once per
 // codebooks: building them (a transposed copy and the norms of every centroid)
@@ -59,10 +80,12 @@ class PqEncoder {
 // each); q itself otherwise.
 const float* rotate_query(const PqCodebooks& books, uint32_t head, const float* q, float* scratch);
 
-// Builds a full set of fresh code pages for all tokens of `layer` with `books`.
+// Builds a full set of fresh code pages for all tokens of `layer` with `books`:
+// a code page for every KV page held (`held`), none (null) for the others.
 absl::StatusOr<std::vector<PageRef>> encode_layer(const KvLayout& layout, const CodebooksRef& books,
                                                   float parallel_weight, const LayerStore& layer,
-                                                  PagePool& code_pool, ThreadPool& pool);
+                                                  PagePool& code_pool, ThreadPool& pool,
+                                                  const HeldRange& held = HeldRange{});
 
 // The automatic policy: train once the layer holds index_min_tokens tokens, and
 // again when it has grown by index_regrow_factor since the last training.

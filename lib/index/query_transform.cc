@@ -1,6 +1,7 @@
 #include "query_transform.h"
 
 #include <math.h>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <limits>
@@ -83,6 +84,13 @@ std::shared_ptr<QueryMoments> add_query_moments(const QueryMoments* prev, uint32
     m->count[h] += n * g;
   }
   return m;
+}
+
+uint64_t query_moments_hash(const QueryMoments* m) {
+  if (m == nullptr) return 0;
+  const uint64_t seed = XXH3_64bits(m->count.data(), m->count.size() * sizeof(uint64_t));
+  const uint64_t h = XXH3_64bits_withSeed(m->sum.data(), m->sum.size() * sizeof(double), seed);
+  return h == 0 ? 1 : h;
 }
 
 double inverse_transpose_error(const float* t, const float* q, uint32_t d) {

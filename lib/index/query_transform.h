@@ -39,6 +39,10 @@ void query_aware_transform(const float* x, size_t n, uint32_t d, uint32_t subspa
 std::shared_ptr<QueryMoments> add_query_moments(const QueryMoments* prev, uint32_t n_kv, uint32_t n_q, uint32_t d,
                                                 const float* q, uint64_t n);
 
+// A hash of the counts and sums (0 for null: no query observed), so that
+// processes that must have observed the same queries can compare them.
+uint64_t query_moments_hash(const QueryMoments* m);
+
 // Largest |(T^T Q - I)[i][j]| of two row-major d x d float matrices (infinity
 // if any entry is not finite).
 double inverse_transpose_error(const float* t, const float* q, uint32_t d);

@@ -43,6 +43,7 @@ class ProcessGroup final : public Collective {
   // exchanges): its peers are waiting for exchanges it will not make, so the
   // group refuses every later call, as after a failed callback.
   void mark_out_of_step() { broken_.store(true); }
+  bool out_of_step() const { return broken_.load(); }
 
  private:
   explicit ProcessGroup(const ssa_collective& t) : t_(t) {}

@@ -10,10 +10,6 @@
 namespace ssa {
 namespace {
 
-struct CallSummary {
-  uint64_t layer_index, n_tokens, trained_at_tokens, q_hash, params_hash, seed, step, pad;
-};
-
 // The parameters that decide the selection and the output (not the stream, a
 // pointer of this process).
 uint64_t params_hash(const ssa_decode_params& p) {
@@ -38,42 +34,85 @@ uint64_t params_hash(const ssa_decode_params& p) {
 
 }  // namespace
 
-absl::Status check_same_call(ProcessGroup& g, const KvLayout& layout, const LayerStore& layer,
-                             uint32_t layer_index, const void* q, const ssa_decode_params& p, uint64_t seed) {
-  const CallSummary mine{layer_index,
-                         layer.n_tokens,
-                         layer.codebooks != nullptr ? layer.trained_at_tokens : 0,
-                         XXH3_64bits(q, size_t{layout.n_q_heads} * layout.head_dim * layout.elem_bytes()),
-                         params_hash(p),
-                         seed,
-                         p.step,
-                         0};
+const char* group_call_name(uint64_t kind) {
+  switch (static_cast<GroupCall>(kind)) {
+    case GroupCall::kDecode:
+      return "a decode";
+    case GroupCall::kTrain:
+      return "an index training";
+    case GroupCall::kSave:
+      return "a save";
+    case GroupCall::kLoad:
+      return "a load";
+  }
+  return "an unknown call";
+}
+
+absl::Status begin_call(ProcessGroup& g, const CallSummary& mine_in, absl::Status local,
+                        const char* const* names) {
+  CallSummary mine = mine_in;
+  mine.status = local.ok() ? 0 : static_cast<uint64_t>(status_code(local));
   std::vector<CallSummary> all(g.size());
   SSA_RETURN_IF_ERROR(g.all_gather(&mine, sizeof mine, all.data()));
+  if (!local.ok()) return local;
   for (uint32_t r = 0; r < g.size(); ++r) {
     const CallSummary& c = all[r];
-    const char* what = nullptr;
-    if (c.layer_index != mine.layer_index) {
-      what = "layer";
-    } else if (c.n_tokens != mine.n_tokens) {
-      what = "layer length (every rank must append the same rows)";
-    } else if (c.trained_at_tokens != mine.trained_at_tokens) {
-      what = "PQ index (trained at another length)";
-    } else if (c.q_hash != mine.q_hash) {
-      what = "q";
-    } else if (c.params_hash != mine.params_hash || c.step != mine.step) {
-      what = "decode parameters";
-    } else if (c.seed != mine.seed) {
-      what = "seed";
+    if (c.kind != mine.kind) {
+      return invalid_argument("rank ", r, " of the group is in ", group_call_name(c.kind), " where rank ", g.rank(),
+                              " is in ", group_call_name(mine.kind),
+                              ": every rank must make the same calls in the same order");
     }
-    if (what != nullptr) {
-      return invalid_argument("decode of a group: rank ", r, " and rank ", g.rank(), " differ in ", what,
-                              " (rank ", r, ": layer ", c.layer_index, " of ", c.n_tokens, " tokens; rank ",
-                              g.rank(), ": layer ", mine.layer_index, " of ", mine.n_tokens,
-                              " tokens); every rank must make the same calls with the same arguments");
+  }
+  for (uint32_t r = 0; r < g.size(); ++r) {
+    if (all[r].status != 0) {
+      return make_error(static_cast<ssa_status>(all[r].status),
+                        absl::StrCat(group_call_name(mine.kind), " of a group: rank ", r, " failed (",
+                                     ssa_status_string(static_cast<ssa_status>(all[r].status)),
+                                     ", its message is on that rank); nothing changed on any rank"));
+    }
+  }
+  for (uint32_t r = 0; r < g.size(); ++r) {
+    for (int f = 0; f < kSummaryFields; ++f) {
+      if (all[r].field[f] == mine.field[f]) continue;
+      return invalid_argument(group_call_name(mine.kind), " of a group: rank ", r, " and rank ", g.rank(),
+                              " differ in ", names[f] != nullptr ? names[f] : "an argument", " (rank ", r, ": ",
+                              all[r].field[f], ", rank ", g.rank(), ": ", mine.field[f],
+                              "); every rank must make the same calls with the same arguments");
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status agree(ProcessGroup& g, const absl::Status& local, const char* what) {
+  const uint64_t mine = local.ok() ? 0 : static_cast<uint64_t>(status_code(local));
+  std::vector<uint64_t> all(g.size());
+  SSA_RETURN_IF_ERROR(g.all_gather(&mine, sizeof mine, all.data()));
+  if (!local.ok()) return local;
+  for (uint32_t r = 0; r < g.size(); ++r) {
+    if (all[r] == 0) continue;
+    return make_error(static_cast<ssa_status>(all[r]),
+                      absl::StrCat(what, " of a group: rank ", r, " failed (",
+                                   ssa_status_string(static_cast<ssa_status>(all[r])),
+                                   ", its message is on that rank); nothing changed on any rank"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status check_same_call(ProcessGroup& g, const KvLayout& layout, const LayerStore& layer,
+                             uint32_t layer_index, const void* q, const ssa_decode_params& p, uint64_t seed) {
+  static const char* const kNames[kSummaryFields] = {
+      "layer", "layer length (every rank must append the same rows)", "PQ index (trained at another length)",
+      "q", "decode parameters", "seed", "decode parameters (step)", nullptr};
+  CallSummary mine;
+  mine.kind = static_cast<uint64_t>(GroupCall::kDecode);
+  mine.field[0] = layer_index;
+  mine.field[1] = layer.n_tokens;
+  mine.field[2] = layer.codebooks != nullptr ? layer.trained_at_tokens : 0;
+  mine.field[3] = XXH3_64bits(q, size_t{layout.n_q_heads} * layout.head_dim * layout.elem_bytes());
+  mine.field[4] = params_hash(p);
+  mine.field[5] = seed;
+  mine.field[6] = p.step;
+  return begin_call(g, mine, absl::OkStatus(), kNames);
 }
 
 }  // namespace ssa

@@ -12,6 +12,16 @@ uint64_t shard_begin(uint32_t shard, uint64_t shard_tokens, uint64_t n_tokens) {
   return uint64_t{shard} * shard_tokens;
 }
 
+HeldRange held_tokens(uint32_t shard, uint32_t n_shards, uint64_t shard_tokens) {
+  auto bound = [&](uint64_t i) {
+    return shard_tokens != 0 && i > UINT64_MAX / shard_tokens ? UINT64_MAX : i * shard_tokens;
+  };
+  HeldRange h;
+  h.begin = bound(shard);
+  h.end = shard + 1 >= n_shards ? UINT64_MAX : bound(uint64_t{shard} + 1);
+  return h;
+}
+
 std::vector<ShardRange> shard_ranges(uint64_t n_tokens, uint32_t n_shards, uint64_t shard_tokens) {
   std::vector<ShardRange> r(n_shards);
   for (uint32_t i = 0; i < n_shards; ++i) {

@@ -14,6 +14,7 @@
 
 #include <vector>
 
+#include "store/held_range.h"
 #include "store/kv_layout.h"
 #include "store/layer_store.h"
 
@@ -27,6 +28,11 @@ struct ShardRange {
 // min(n_tokens, shard * shard_tokens), the first token of shard `shard` (or
 // n_tokens when it holds none), without overflow for any shard_tokens >= 1.
 uint64_t shard_begin(uint32_t shard, uint64_t shard_tokens, uint64_t n_tokens);
+
+// The tokens shard `shard` of n_shards takes, whatever the layer's length:
+// [shard B, (shard + 1) B), the last shard [shard B, no end); a bound past
+// 2^64 is no bound. What a rank of a group of processes keeps (HeldRange).
+HeldRange held_tokens(uint32_t shard, uint32_t n_shards, uint64_t shard_tokens);
 
 // The ranges of the n_shards shards of a layer of n_tokens tokens (some may be empty).
 std::vector<ShardRange> shard_ranges(uint64_t n_tokens, uint32_t n_shards, uint64_t shard_tokens);

@@ -403,6 +403,13 @@ void sharded_traces(const Shared& sh, std::vector<HeadTrace>* traces) {
 
 }  // namespace
 
+absl::Status check_group_decode(const ssa_session& s, const LayerStore& layer, uint32_t layer_index, const void* q,
+                                const ssa_decode_params& p, uint64_t seed) {
+  ProcessGroup& g = *s.rt->group;
+  std::lock_guard<std::mutex> lock(g.call_mutex());
+  return check_same_call(g, s.layout, layer, layer_index, q, p, seed);
+}
+
 absl::Status sharded_decode_layer(const ssa_session& s, const LayerStore& layer, uint32_t layer_index,
                                   const void* q_in, void* out, const ssa_decode_params& p, uint64_t seed,
                                   ssa_decode_stats* stats, std::vector<HeadTrace>* traces) {
@@ -426,7 +433,7 @@ absl::Status sharded_decode_layer(const ssa_session& s, const LayerStore& layer,
   if (traces != nullptr) {
     // A process group's rank sees its own shard's selection alone.
     if (process_group != nullptr) {
-      return unsupported("per-head traces of a decode over a group of processes are not recorded");
+      return unsupported(kGroupTracesUnsupported);
     }
     rank_sels.resize(n_shards);
     sh.rank_sels = &rank_sels;

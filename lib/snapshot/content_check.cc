@@ -176,12 +176,20 @@ absl::Status check_codebooks(const PqCodebooks& cb, const std::string& path, uin
 absl::Status check_query_moments(const QueryMoments& qm, const std::string& path, uint32_t layer) {
   const uint32_t d = qm.head_dim;
   for (uint32_t h = 0; h < qm.n_kv_heads; ++h) {
+    if (qm.count[h] > kMaxQueryCount) {
+      return make_error(SSA_ERR_CORRUPT, absl::StrCat("snapshot '", path, "': layer ", layer, " KV head ", h,
+                                                      " query moments count ", qm.count[h], " queries, more than ",
+                                                      kMaxQueryCount));
+    }
     const double* s = qm.sum_of(h);
     for (uint32_t i = 0; i < d; ++i) {
       for (uint32_t j = 0; j < d; ++j) {
         const double v = s[size_t{i} * d + j];
+        // A sum of q q^T is symmetric with |s_ij| <= sqrt(s_ii s_jj) (Cauchy-Schwarz;
+        // a little slack for the rounding of the sums).
+        const double bound = std::sqrt(std::fabs(s[size_t{i} * d + i]) * std::fabs(s[size_t{j} * d + j])) * (1 + 1e-6);
         const bool bad = !std::isfinite(v) || v != s[size_t{j} * d + i] || (i == j && v < 0.0) ||
-                         (qm.count[h] == 0 && v != 0.0);
+                         (qm.count[h] == 0 && v != 0.0) || !(std::fabs(v) <= bound);
         if (bad) {
           return make_error(SSA_ERR_CORRUPT,
                             absl::StrCat("snapshot '", path, "': layer ", layer, " KV head ", h,

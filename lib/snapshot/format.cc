@@ -15,6 +15,7 @@ const char* section_kind_name(uint32_t kind) {
     case SectionKind::kCodePages: return "code-pages";
     case SectionKind::kCodebooks: return "codebooks";
     case SectionKind::kMetadata: return "metadata";
+    case SectionKind::kShard: return "shard";
   }
   return "unknown";
 }
@@ -33,6 +34,23 @@ void encode_superblock(const Superblock& sb, uint8_t out[kSuperblockBytes]) {
   put_u64(out + kSbFileLengthOff, sb.file_length);
   put_u64(out + kSbFileIdOff, sb.file_id);
   put_u64(out + kSuperblockBytes - 8, XXH3_64bits(out, kSuperblockBytes - 8));
+}
+
+void encode_shard(const ShardInfo& s, uint8_t out[kShardBytes]) {
+  memset(out, 0, kShardBytes);
+  put_u64(out, s.set_id);
+  put_u32(out + 8, s.rank);
+  put_u32(out + 12, s.n_ranks);
+  put_u64(out + 16, s.shard_tokens);
+}
+
+ShardInfo decode_shard(const uint8_t in[kShardBytes]) {
+  ShardInfo s;
+  s.set_id = get_u64(in);
+  s.rank = get_u32(in + 8);
+  s.n_ranks = get_u32(in + 12);
+  s.shard_tokens = get_u64(in + 16);
+  return s;
 }
 
 std::string encode_table(const std::vector<SectionEntry>& entries, uint64_t generation,

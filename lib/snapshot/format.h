@@ -52,7 +52,9 @@ enum class SectionKind : uint32_t {
   kCodePages = 4,  // a run of whole PQ code pages of one layer
   kCodebooks = 5,  // the PQ codebooks of one layer (at most one per layer)
   kMetadata = 6,   // user metadata bytes (at most one)
+  kShard = 7,      // the file is one rank's part of a group's snapshot (at most one)
 };
+inline constexpr uint32_t kLastKnownKind = 7;
 const char* section_kind_name(uint32_t kind);
 
 // Section flag: a reader that does not know the section's kind may skip it.
@@ -130,6 +132,20 @@ absl::Status decode_config(const uint8_t in[kConfigBytes], uint32_t format_versi
                            uint64_t* code_page_bytes);
 // Bytes of a codebooks section for cfg (head_dim = pq_subspaces * sub_dim).
 uint64_t codebooks_section_bytes(const ssa_session_config& cfg);
+
+// Shard section (64 bytes): u64 set_id, u32 rank, u32 n_ranks, u64
+// shard_tokens, 40 reserved zero bytes. The file holds the pages of the tokens
+// rank `rank` of n_ranks keeps (lib/shard/shard_map.h, held_tokens) and no others;
+// its layers section gives the whole session's lengths. set_id names the save
+// the file belongs to, as its manifest does (lib/snapshot/group_manifest.h).
+inline constexpr uint32_t kShardBytes = 64;
+struct ShardInfo {
+  uint64_t set_id = 0;
+  uint32_t rank = 0, n_ranks = 0;
+  uint64_t shard_tokens = 0;
+};
+void encode_shard(const ShardInfo& s, uint8_t out[kShardBytes]);
+ShardInfo decode_shard(const uint8_t in[kShardBytes]);
 
 inline void put_u32(uint8_t* p, uint32_t v) { memcpy(p, &v, 4); }
 inline void put_u64(uint8_t* p, uint64_t v) { memcpy(p, &v, 8); }

@@ -19,6 +19,12 @@
 #include "snapshot/format.h"
 #include "snapshot/internal.h"
 #include "snapshot/record.h"
+#include "shard/shard_map.h"
+#include "shard/shard_options.h"
+#include "decode/fixed_splits.h"
+#include "snapshot/group_manifest.h"
+#include "snapshot/group_snapshot.h"
+#include "snapshot/save_path.h"
 #include "snapshot/snapshot.h"
 #include "status.h"
 #include "versioned_struct.h"
@@ -198,9 +204,22 @@ struct Parsed {
   };
   std::vector<Layer> layers;
   std::string metadata;
-  int64_t config_entry = -1, layers_entry = -1, metadata_entry = -1;
+  int64_t config_entry = -1, layers_entry = -1, metadata_entry = -1, shard_entry = -1;
   uint64_t live_bytes = 0;
+  // One rank's file of a group's snapshot (a shard section): which rank, and
+  // the tokens whose pages it holds (all of them in any other file).
+  bool has_shard = false;
+  snap::ShardInfo shard;
+  HeldRange held;
 };
+
+// The pages of a layer of n_tokens that `held` holds: [first, end).
+std::pair<uint64_t, uint64_t> held_pages(const KvLayout& lay, const HeldRange& held, uint64_t n_tokens) {
+  const uint64_t pages = lay.pages_for(n_tokens);
+  const uint64_t first = std::min(pages, held.begin / lay.page_tokens);
+  const uint64_t end = held.end == UINT64_MAX ? pages : std::min(pages, held.end / lay.page_tokens);
+  return {first, std::max(first, end)};
+}
 
 std::string describe(const SectionEntry& e, size_t idx) {
   std::string s = absl::StrCat(snap::section_kind_name(e.kind), " section #", idx);
@@ -267,7 +286,13 @@ absl::Status add_page_run(Parsed& p, size_t idx, size_t page_bytes,
   }
   std::vector<uint32_t>& dst = p.layers[e.layer].*src;
   const uint64_t end = std::min<uint64_t>(e.first + e.count, dst.size());
-  for (uint64_t j = e.first; j < end; ++j) dst[j] = static_cast<uint32_t>(idx);
+  for (uint64_t j = e.first; j < end; ++j) {
+    if (!p.held.holds_page(j, p.layout.page_tokens)) {
+      return corrupt(p.path, describe(e, idx), " holds page ", j, ", outside the shard of rank ", p.shard.rank,
+                     " of ", p.shard.n_ranks, " this file is part of");
+    }
+    dst[j] = static_cast<uint32_t>(idx);
+  }
   return absl::OkStatus();
 }
 
@@ -320,7 +345,7 @@ absl::Status read_table(Parsed* p) {
                        ") at offset ", e.offset, " length ", e.length, " alignment ", e.alignment,
                        " lies outside the section area or is empty");
       }
-      if (e.kind > static_cast<uint32_t>(SectionKind::kMetadata)) {
+      if (e.kind > snap::kLastKnownKind) {
         // Unknown: optional ones are skipped; a required one is reported once the
         // table is known to be intact (a damaged kind is corruption, not a version).
         if (!(e.flags & snap::kSectionOptional) && unknown_kind == 0) unknown_kind = e.kind;
@@ -374,6 +399,7 @@ absl::Status parse(const std::string& path, int fd, Parsed* p) {
     int64_t* slot = k == uint32_t(SectionKind::kConfig)     ? &p->config_entry
                     : k == uint32_t(SectionKind::kLayers)   ? &p->layers_entry
                     : k == uint32_t(SectionKind::kMetadata) ? &p->metadata_entry
+                    : k == uint32_t(SectionKind::kShard)    ? &p->shard_entry
                                                             : nullptr;
     if (slot == nullptr) continue;
     if (*slot >= 0) return corrupt(path, "more than one ", snap::section_kind_name(k), " section");
@@ -404,6 +430,22 @@ absl::Status parse(const std::string& path, int fd, Parsed* p) {
     return corrupt(path, "layers section has ", le.length, " bytes for ", p->cfg.n_layers,
                    " layers");
   }
+  if (p->shard_entry >= 0) {
+    std::string sb_body;
+    if (p->entries[p->shard_entry].length != snap::kShardBytes) {
+      return corrupt(path, "shard section has ", p->entries[p->shard_entry].length, " bytes, not ", snap::kShardBytes);
+    }
+    SSA_RETURN_IF_ERROR(read_section(*p, static_cast<size_t>(p->shard_entry), &sb_body));
+    const snap::ShardInfo sh = snap::decode_shard(reinterpret_cast<const uint8_t*>(sb_body.data()));
+    if (sh.set_id == 0 || sh.n_ranks == 0 || sh.n_ranks > kMaxShards || sh.rank >= sh.n_ranks ||
+        sh.shard_tokens == 0 || sh.shard_tokens % kSplitTokens != 0) {
+      return corrupt(path, "shard section says rank ", sh.rank, " of ", sh.n_ranks, ", shard_tokens ",
+                     sh.shard_tokens, ", set ", sh.set_id, ": no group writes that");
+    }
+    p->has_shard = true;
+    p->shard = sh;
+    p->held = held_tokens(sh.rank, sh.n_ranks, sh.shard_tokens);
+  }
   SSA_RETURN_IF_ERROR(read_section(*p, static_cast<size_t>(p->layers_entry), &body));
   p->layers.resize(p->cfg.n_layers);
   // Every page of every layer lies in its own bytes of the section area, which
@@ -428,7 +470,8 @@ absl::Status parse(const std::string& path, int fd, Parsed* p) {
       return corrupt(path, "layer ", l, " has no index but says it was trained at ",
                      L.trained_at, " tokens");
     }
-    const uint64_t pages = p->layout.pages_for(L.n_tokens);
+    const auto [first_held, end_held] = held_pages(p->layout, p->held, L.n_tokens);
+    const uint64_t pages = end_held - first_held;
     const uint64_t per_page = p->kv_bytes + (L.has_codebooks ? p->code_bytes : 0);
     if (pages > (area - page_bytes_needed) / per_page) {
       return corrupt(path, "layer ", l, " claims ", L.n_tokens,
@@ -475,11 +518,12 @@ absl::Status parse(const std::string& path, int fd, Parsed* p) {
     if (L.has_codebooks && L.codebooks_entry < 0) {
       return corrupt(path, "layer ", l, " is marked indexed but has no codebooks section");
     }
-    for (size_t j = 0; j < L.kv_src.size(); ++j) {
+    const auto [first_held, end_held] = held_pages(p->layout, p->held, L.n_tokens);
+    for (uint64_t j = first_held; j < end_held; ++j) {
       if (L.kv_src[j] == kNoSource) return corrupt(path, "layer ", l, " KV page ", j, " is missing");
-    }
-    for (size_t j = 0; j < L.code_src.size(); ++j) {
-      if (L.code_src[j] == kNoSource) return corrupt(path, "layer ", l, " code page ", j, " is missing");
+      if (!L.code_src.empty() && L.code_src[j] == kNoSource) {
+        return corrupt(path, "layer ", l, " code page ", j, " is missing");
+      }
     }
   }
 
@@ -523,13 +567,13 @@ absl::Status check_page(const Parsed& p, uint32_t layer, uint64_t j, bool kv, co
             : snap::check_code_page(p.layout, page, p.path, layer, j);
 }
 
-// Reads the pages of one run section: the ones that win are read into new pages
-// of the session, the rest only hashed. Checks the section's hash.
-// The session's backend takes each page through host memory (the page itself,
-// or scratch then uploaded).
+// Reads the pages of one run section: the ones that win and that the session
+// keeps (`want`) are read into new pages of the session, the rest only hashed.
+// Checks the section's hash. The session's backend takes each page through
+// host memory (the page itself, or scratch then uploaded).
 absl::Status read_page_run(const Parsed& p, size_t idx, size_t page_bytes, const ssa_session& s,
                            bool kv, const std::vector<uint32_t>& src, std::vector<PageRef>& dst,
-                           XXH3_state_t* hash, std::unique_ptr<uint8_t[]>& scratch) {
+                           const HeldRange& want, XXH3_state_t* hash, std::unique_ptr<uint8_t[]>& scratch) {
   const SectionEntry& e = p.entries[idx];
   XXH3_64bits_reset(hash);
   auto staging = [&] {
@@ -549,7 +593,7 @@ absl::Status read_page_run(const Parsed& p, size_t idx, size_t page_bytes, const
       SSA_RETURN_IF_ERROR(read(target));
       return check_page(p, e.layer, j, kv, target);
     };
-    if (j < src.size() && src[j] == idx) {
+    if (j < src.size() && src[j] == idx && want.holds_page(j, p.layout.page_tokens)) {
       absl::StatusOr<PageRef> page = s.backend->page_from_host(s, kv, j, page_bytes, staging, read_checked);
       if (!page.ok()) return page.status();
       dst[j] = *std::move(page);
@@ -558,6 +602,113 @@ absl::Status read_page_run(const Parsed& p, size_t idx, size_t page_bytes, const
     }
   }
   if (XXH3_64bits_digest(hash) != e.xxh3) return run_checksum_error(p.path, e, idx);
+  return absl::OkStatus();
+}
+
+// Whether any page of the run is one the session keeps.
+bool run_wanted(const Parsed& p, const SectionEntry& e, const std::vector<uint32_t>& src, size_t idx,
+                const HeldRange& want) {
+  const uint64_t end = std::min<uint64_t>(e.first + e.count, src.size());
+  for (uint64_t j = e.first; j < end; ++j) {
+    if (src[j] == idx && want.holds_page(j, p.layout.page_tokens)) return true;
+  }
+  return false;
+}
+
+// One snapshot file, open and parsed.
+struct OpenFile {
+  snap::FdGuard guard;
+  Parsed p;
+};
+
+absl::Status open_parsed(const std::string& path, OpenFile* f) {
+  absl::StatusOr<int> fd = open_snapshot(path);
+  if (!fd.ok()) return fd.status();
+  f->guard.reset(*fd);
+  return parse(path, *fd, &f->p);
+}
+
+// The rank files of a group's snapshot must be the files its manifest names,
+// parts of the same session: the same config, lengths, index, codebooks and
+// metadata in each, each holding its own rank's shard of the manifest's group.
+absl::Status check_rank_file(const snap::Manifest& m, uint32_t r, const Parsed& p, const Parsed& first,
+                             const std::string& manifest_path) {
+  const snap::RankFile& want = m.ranks[r];
+  auto bad = [&](const auto&... what) {
+    return make_error(SSA_ERR_CORRUPT, absl::StrCat("group snapshot '", manifest_path, "': rank ", r, "'s file '",
+                                                    p.path, "' ", what...));
+  };
+  if (p.sb.file_id != want.file_id || p.sb.generation != want.generation || p.sb.file_length != want.file_length ||
+      p.sb.table_xxh3 != want.table_xxh3) {
+    return bad("is not the file the manifest names (another save's, or changed since: file id ", p.sb.file_id,
+               " generation ", p.sb.generation, ", the manifest says ", want.file_id, " generation ",
+               want.generation, ")");
+  }
+  if (!p.has_shard || p.shard.set_id != m.set_id || p.shard.rank != r ||
+      p.shard.n_ranks != m.ranks.size() || p.shard.shard_tokens != m.shard_tokens) {
+    return bad("is not rank ", r, " of ", m.ranks.size(), " of this save (its shard section says rank ", p.shard.rank,
+               " of ", p.shard.n_ranks, ")");
+  }
+  if (&p == &first) return absl::OkStatus();
+  uint8_t a[snap::kConfigBytes], b[snap::kConfigBytes];
+  snap::encode_config(p.cfg, p.kv_bytes, p.code_bytes, a);
+  snap::encode_config(first.cfg, first.kv_bytes, first.code_bytes, b);
+  if (memcmp(a, b, sizeof a) != 0) return bad("has another session config than rank 0's");
+  if (p.metadata != first.metadata) return bad("has other metadata than rank 0's");
+  for (size_t l = 0; l < p.layers.size(); ++l) {
+    const Parsed::Layer &x = p.layers[l], &y = first.layers[l];
+    if (x.n_tokens != y.n_tokens || x.trained_at != y.trained_at || x.has_codebooks != y.has_codebooks) {
+      return bad("says layer ", l, " holds ", x.n_tokens, " tokens (index at ", x.trained_at, "), rank 0's ",
+                 y.n_tokens, " (index at ", y.trained_at, ")");
+    }
+    if (x.has_codebooks && (p.entries[x.codebooks_entry].xxh3 != first.entries[y.codebooks_entry].xxh3 ||
+                            p.entries[x.codebooks_entry].length != first.entries[y.codebooks_entry].length)) {
+      return bad("holds other codebooks for layer ", l, " than rank 0's");
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Opens `path`: one snapshot file, or a group's manifest and then every rank
+// file it names (checked against it and each other). *is_set: a manifest.
+absl::Status open_files(const std::string& path, std::vector<std::unique_ptr<OpenFile>>* files, bool* is_set) {
+  absl::StatusOr<int> fd = open_snapshot(path);
+  if (!fd.ok()) return fd.status();
+  snap::FdGuard guard(*fd);
+  uint8_t head[8] = {};
+  size_t got = 0;
+  SSA_RETURN_IF_ERROR(snap::pread_upto(*fd, head, sizeof head, 0, path, &got));
+  *is_set = snap::is_manifest(head, got);
+  if (!*is_set) {
+    auto f = std::make_unique<OpenFile>();
+    f->guard.reset(guard.release());
+    SSA_RETURN_IF_ERROR(parse(path, f->guard.get(), &f->p));
+    if (f->p.has_shard) {
+      return invalid_argument("snapshot '", path, "' is rank ", f->p.shard.rank, "'s part of the snapshot of a group of ",
+                              f->p.shard.n_ranks, " processes: load the group's manifest (the path the group saved to)");
+    }
+    files->push_back(std::move(f));
+    return absl::OkStatus();
+  }
+  struct stat st;
+  if (snap::file_io().fstat(*fd, &st) != 0) return snap::io_error("cannot stat", path, errno);
+  if (static_cast<uint64_t>(st.st_size) > snap::kMaxManifestBytes) {
+    return corrupt(path, "a group manifest of ", st.st_size, " bytes (at most ", snap::kMaxManifestBytes, ")");
+  }
+  std::string bytes(static_cast<size_t>(st.st_size), '\0');
+  SSA_RETURN_IF_ERROR(snap::pread_exact(*fd, bytes.data(), bytes.size(), 0, path));
+  absl::StatusOr<snap::Manifest> m = snap::decode_manifest(bytes, path);
+  if (!m.ok()) return m.status();
+  // The rank files lie beside the manifest itself (beside a link's target).
+  absl::StatusOr<std::string> target = snap::resolve_save_target(path);
+  if (!target.ok()) return target.status();
+  const std::string dir = snap::parent_dir(*target);
+  for (uint32_t r = 0; r < m->ranks.size(); ++r) {
+    auto f = std::make_unique<OpenFile>();
+    SSA_RETURN_IF_ERROR(open_parsed(dir + "/" + m->ranks[r].name, f.get()));
+    files->push_back(std::move(f));
+    SSA_RETURN_IF_ERROR(check_rank_file(*m, r, files->back()->p, (*files)[0]->p, path));
+  }
   return absl::OkStatus();
 }
 
@@ -576,132 +727,146 @@ absl::StatusOr<std::unique_ptr<ssa_session>> load(ssa_runtime* rt, const char* p
   const bool verify_all = flags & SSA_LOAD_VERIFY;
   const std::string path(path_c);
   const snap::FileIo& io = snap::file_io();
-  absl::StatusOr<int> fd = open_snapshot(path);
-  if (!fd.ok()) return fd.status();
-  snap::FdGuard guard(*fd);
-  Parsed p;
-  SSA_RETURN_IF_ERROR(parse(path, *fd, &p));
-  if (expected != nullptr) SSA_RETURN_IF_ERROR(check_expected(p, *expected));
+  std::vector<std::unique_ptr<OpenFile>> files;
+  bool is_set = false;
+  SSA_RETURN_IF_ERROR(open_files(path, &files, &is_set));
+  const Parsed& p0 = files[0]->p;
+  if (expected != nullptr) SSA_RETURN_IF_ERROR(check_expected(p0, *expected));
 
-  absl::StatusOr<std::unique_ptr<ssa_session>> made = create_session(rt, p.cfg);
+  absl::StatusOr<std::unique_ptr<ssa_session>> made = create_session(rt, p0.cfg);
   if (!made.ok()) return made.status();
   ssa_session& s = **made;
-  if (s.layout.kv_page_bytes() != p.kv_bytes || s.layout.code_page_bytes() != p.code_bytes) {
+  if (s.layout.kv_page_bytes() != p0.kv_bytes || s.layout.code_page_bytes() != p0.code_bytes) {
     return make_error(SSA_ERR_INTERNAL, "session created from a snapshot config has another layout");
   }
+  // The pages this runtime's sessions keep: a rank of a group its shard's.
+  const HeldRange want = rt->held;
 
-  std::shared_ptr<MappedSnapshot> mapping;
-  if (mmap_kv) {
-    // The committed bytes only: the file may grow beyond them meanwhile.
-    const size_t bytes = static_cast<size_t>(p.sb.file_length);
-    void* base = io.mmap(nullptr, bytes, PROT_READ, MAP_SHARED, *fd, 0);
-    if (base == MAP_FAILED) return snap::io_error("cannot map snapshot", path, errno);
-    mapping = std::make_shared<MappedSnapshot>();
-    mapping->path = path;
-    mapping->base = static_cast<uint8_t*>(base);
-    mapping->bytes = bytes;
-    // Sparse decodes touch scattered rows: fault in only the OS pages they read,
-    // no readahead around them, so the resident set follows the rows read.
-    madvise(base, bytes, MADV_RANDOM);
-  }
-
-  std::vector<LayerStore> layers(p.cfg.n_layers);
-  for (uint32_t l = 0; l < p.cfg.n_layers; ++l) {
-    layers[l].n_tokens = p.layers[l].n_tokens;
-    layers[l].trained_at_tokens = p.layers[l].trained_at;
-    layers[l].kv_pages.resize(p.layers[l].kv_src.size());
-    layers[l].code_pages.resize(p.layers[l].code_src.size());
+  std::vector<LayerStore> layers(p0.cfg.n_layers);
+  for (uint32_t l = 0; l < p0.cfg.n_layers; ++l) {
+    layers[l].n_tokens = p0.layers[l].n_tokens;
+    layers[l].trained_at_tokens = p0.layers[l].trained_at;
+    layers[l].kv_pages.resize(p0.layers[l].kv_src.size());
+    layers[l].code_pages.resize(p0.layers[l].code_src.size());
   }
   // Page runs that are read (not mapped) are read and hashed on the runtime's
-  // threads, one run per task; the rest is done here.
-  std::vector<size_t> runs;
+  // threads, one run per task; the rest is done here. The codebooks come from
+  // the first file (a group's files hold the same, checked by their hashes).
+  std::vector<std::pair<size_t, size_t>> runs;  // (file, entry)
+  std::vector<std::shared_ptr<MappedSnapshot>> mappings;
   std::string body;
-  for (size_t i = 0; i < p.entries.size(); ++i) {
-    const SectionEntry& e = p.entries[i];
-    const auto kind = static_cast<SectionKind>(e.kind);
-    if (kind == SectionKind::kKvPages && mapping) {
-      mapping->sections.emplace_back();
-      MappedSnapshot::Section& ms = mapping->sections.back();
-      ms.offset = e.offset;
-      ms.length = e.length;
-      ms.xxh3 = e.xxh3;
-      if (verify_all) {
-        const uint8_t* base = mapping->base + e.offset;
-        if (XXH3_64bits(base, e.length) != e.xxh3) return run_checksum_error(path, e, i);
-        ms.verified.store(true);
-        // While the pages are resident: the content rule of a read load.
+  for (size_t fi = 0; fi < files.size(); ++fi) {
+    const Parsed& p = files[fi]->p;
+    const int fd = files[fi]->guard.get();
+    std::shared_ptr<MappedSnapshot> mapping;
+    if (mmap_kv && p.held.overlaps(want.begin, want.end)) {
+      // The committed bytes only: the file may grow beyond them meanwhile.
+      const size_t bytes = static_cast<size_t>(p.sb.file_length);
+      void* base = io.mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd, 0);
+      if (base == MAP_FAILED) return snap::io_error("cannot map snapshot", p.path, errno);
+      mapping = std::make_shared<MappedSnapshot>();
+      mapping->path = p.path;
+      mapping->base = static_cast<uint8_t*>(base);
+      mapping->bytes = bytes;
+      // Sparse decodes touch scattered rows: fault in only the OS pages they read,
+      // no readahead around them, so the resident set follows the rows read.
+      madvise(base, bytes, MADV_RANDOM);
+      mappings.push_back(mapping);
+    }
+    for (size_t i = 0; i < p.entries.size(); ++i) {
+      const SectionEntry& e = p.entries[i];
+      const auto kind = static_cast<SectionKind>(e.kind);
+      if ((kind == SectionKind::kKvPages || kind == SectionKind::kCodePages) && !want.all() &&
+          !run_wanted(p, e, kind == SectionKind::kKvPages ? p.layers[e.layer].kv_src : p.layers[e.layer].code_src,
+                      i, want)) {
+        continue;  // a rank of a group keeps no page of it: not read
+      }
+      if (kind == SectionKind::kKvPages && mapping) {
+        mapping->sections.emplace_back();
+        MappedSnapshot::Section& ms = mapping->sections.back();
+        ms.offset = e.offset;
+        ms.length = e.length;
+        ms.xxh3 = e.xxh3;
+        if (verify_all) {
+          const uint8_t* base = mapping->base + e.offset;
+          if (XXH3_64bits(base, e.length) != e.xxh3) return run_checksum_error(p.path, e, i);
+          ms.verified.store(true);
+          // While the pages are resident: the content rule of a read load.
+          const std::vector<uint32_t>& src = p.layers[e.layer].kv_src;
+          for (uint64_t k = 0; k < e.count; ++k) {
+            const uint64_t j = e.first + k;
+            if (j >= src.size() || src[j] != i || !want.holds_page(j, p.layout.page_tokens)) continue;
+            SSA_RETURN_IF_ERROR(snap::check_kv_page(p.layout, base + k * p.kv_bytes, p.path, e.layer, j));
+          }
+          // The hash read the pages in; give them back so verifying costs no RSS.
+          const uint64_t os_page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+          madvise(mapping->base + e.offset / os_page * os_page,
+                  static_cast<size_t>(e.offset % os_page + e.length), MADV_DONTNEED);
+        }
         const std::vector<uint32_t>& src = p.layers[e.layer].kv_src;
+        std::vector<PageRef>& dst = layers[e.layer].kv_pages;
+        const std::shared_ptr<void> keeper = mapping;
         for (uint64_t k = 0; k < e.count; ++k) {
           const uint64_t j = e.first + k;
-          if (j >= src.size() || src[j] != i) continue;
-          SSA_RETURN_IF_ERROR(snap::check_kv_page(p.layout, base + k * p.kv_bytes, path, e.layer, j));
+          if (j >= src.size() || src[j] != i || !want.holds_page(j, p.layout.page_tokens)) continue;
+          dst[j] = std::make_shared<Page>(mapping->base + e.offset + k * p.kv_bytes, p.kv_bytes,
+                                          false, keeper, PageTier::kFile);
         }
-        // The hash read the pages in; give them back so verifying costs no RSS.
-        const uint64_t os_page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
-        madvise(mapping->base + e.offset / os_page * os_page,
-                static_cast<size_t>(e.offset % os_page + e.length), MADV_DONTNEED);
+      } else if (kind == SectionKind::kKvPages || kind == SectionKind::kCodePages) {
+        runs.emplace_back(fi, i);
+      } else if (kind == SectionKind::kCodebooks && fi == 0) {
+        SSA_RETURN_IF_ERROR(read_section(p, i, &body));
+        const uint8_t* b = reinterpret_cast<const uint8_t*>(body.data());
+        auto cb = std::make_shared<PqCodebooks>();
+        cb->n_kv_heads = snap::get_u32(b);
+        cb->subspaces = snap::get_u32(b + 4);
+        cb->centroids = snap::get_u32(b + 8);
+        cb->sub_dim = snap::get_u32(b + 12);
+        if (cb->n_kv_heads != p.cfg.n_kv_heads || cb->subspaces != p.cfg.pq_subspaces ||
+            cb->centroids != p.cfg.pq_centroids || cb->sub_dim != p.layout.sub_dim()) {
+          return corrupt(p.path, describe(e, i), " has shape ", cb->n_kv_heads, "x", cb->subspaces,
+                         "x", cb->centroids, "x", cb->sub_dim, " that does not fit the config");
+        }
+        // The length was checked against the config when the table was read.
+        cb->data.resize(size_t{cb->n_kv_heads} * cb->subspaces * cb->centroids * cb->sub_dim);
+        memcpy(cb->data.data(), b + snap::kCodebooksHeaderBytes, cb->data.size() * sizeof(float));
+        const uint8_t* at = b + snap::kCodebooksHeaderBytes + cb->data.size() * sizeof(float);
+        const size_t square = size_t{cb->n_kv_heads} * cb->head_dim() * cb->head_dim();
+        if (proxy_has_transform(p.cfg.proxy)) {
+          cb->rotation.resize(square);
+          memcpy(cb->rotation.data(), at, square * sizeof(float));
+          at += square * sizeof(float);
+        }
+        if (proxy_is_query_aware(p.cfg.proxy)) {
+          cb->query_transform.resize(square);
+          memcpy(cb->query_transform.data(), at, square * sizeof(float));
+          at += square * sizeof(float);
+          auto qm = std::make_shared<QueryMoments>();
+          qm->n_kv_heads = cb->n_kv_heads;
+          qm->head_dim = cb->head_dim();
+          qm->count.resize(cb->n_kv_heads);
+          memcpy(qm->count.data(), at, qm->count.size() * sizeof(uint64_t));
+          at += qm->count.size() * sizeof(uint64_t);
+          qm->sum.resize(square);
+          memcpy(qm->sum.data(), at, square * sizeof(double));
+          SSA_RETURN_IF_ERROR(snap::check_query_moments(*qm, p.path, e.layer));
+          // No queries observed: none to train from (a layer shown none has no moments).
+          bool any = false;
+          for (const uint64_t c : qm->count) any |= c > 0;
+          if (any) cb->trained_moments = std::move(qm);
+          layers[e.layer].query_moments = cb->trained_moments;
+        }
+        SSA_RETURN_IF_ERROR(snap::check_codebooks(*cb, p.path, e.layer));
+        layers[e.layer].codebooks = std::move(cb);
       }
-      const std::vector<uint32_t>& src = p.layers[e.layer].kv_src;
-      std::vector<PageRef>& dst = layers[e.layer].kv_pages;
-      const std::shared_ptr<void> keeper = mapping;
-      for (uint64_t k = 0; k < e.count; ++k) {
-        const uint64_t j = e.first + k;
-        if (j >= src.size() || src[j] != i) continue;
-        dst[j] = std::make_shared<Page>(mapping->base + e.offset + k * p.kv_bytes, p.kv_bytes,
-                                        false, keeper, PageTier::kFile);
-      }
-    } else if (kind == SectionKind::kKvPages || kind == SectionKind::kCodePages) {
-      runs.push_back(i);
-    } else if (kind == SectionKind::kCodebooks) {
-      SSA_RETURN_IF_ERROR(read_section(p, i, &body));
-      const uint8_t* b = reinterpret_cast<const uint8_t*>(body.data());
-      auto cb = std::make_shared<PqCodebooks>();
-      cb->n_kv_heads = snap::get_u32(b);
-      cb->subspaces = snap::get_u32(b + 4);
-      cb->centroids = snap::get_u32(b + 8);
-      cb->sub_dim = snap::get_u32(b + 12);
-      if (cb->n_kv_heads != p.cfg.n_kv_heads || cb->subspaces != p.cfg.pq_subspaces ||
-          cb->centroids != p.cfg.pq_centroids || cb->sub_dim != p.layout.sub_dim()) {
-        return corrupt(path, describe(e, i), " has shape ", cb->n_kv_heads, "x", cb->subspaces,
-                       "x", cb->centroids, "x", cb->sub_dim, " that does not fit the config");
-      }
-      // The length was checked against the config when the table was read.
-      cb->data.resize(size_t{cb->n_kv_heads} * cb->subspaces * cb->centroids * cb->sub_dim);
-      memcpy(cb->data.data(), b + snap::kCodebooksHeaderBytes, cb->data.size() * sizeof(float));
-      const uint8_t* at = b + snap::kCodebooksHeaderBytes + cb->data.size() * sizeof(float);
-      const size_t square = size_t{cb->n_kv_heads} * cb->head_dim() * cb->head_dim();
-      if (proxy_has_transform(p.cfg.proxy)) {
-        cb->rotation.resize(square);
-        memcpy(cb->rotation.data(), at, square * sizeof(float));
-        at += square * sizeof(float);
-      }
-      if (proxy_is_query_aware(p.cfg.proxy)) {
-        cb->query_transform.resize(square);
-        memcpy(cb->query_transform.data(), at, square * sizeof(float));
-        at += square * sizeof(float);
-        auto qm = std::make_shared<QueryMoments>();
-        qm->n_kv_heads = cb->n_kv_heads;
-        qm->head_dim = cb->head_dim();
-        qm->count.resize(cb->n_kv_heads);
-        memcpy(qm->count.data(), at, qm->count.size() * sizeof(uint64_t));
-        at += qm->count.size() * sizeof(uint64_t);
-        qm->sum.resize(square);
-        memcpy(qm->sum.data(), at, square * sizeof(double));
-        SSA_RETURN_IF_ERROR(snap::check_query_moments(*qm, path, e.layer));
-        // No queries observed: none to train from (a layer shown none has no moments).
-        bool any = false;
-        for (const uint64_t c : qm->count) any |= c > 0;
-        if (any) cb->trained_moments = std::move(qm);
-        layers[e.layer].query_moments = cb->trained_moments;
-      }
-      SSA_RETURN_IF_ERROR(snap::check_codebooks(*cb, path, e.layer));
-      layers[e.layer].codebooks = std::move(cb);
     }
   }
-  // Each task writes only the page slots its run wins, so tasks never share a slot.
+  // Each task writes only the page slots its run wins, so tasks never share a
+  // slot (a group's files hold disjoint pages).
   std::vector<absl::Status> run_status(runs.size());
   rt->pool->parallel_for(runs.size(), [&](size_t t) {
-    const size_t i = runs[t];
+    const Parsed& p = files[runs[t].first]->p;
+    const size_t i = runs[t].second;
     const SectionEntry& e = p.entries[i];
     const bool kv = e.kind == static_cast<uint32_t>(SectionKind::kKvPages);
     try {
@@ -714,7 +879,7 @@ absl::StatusOr<std::unique_ptr<ssa_session>> load(ssa_runtime* rt, const char* p
       std::unique_ptr<uint8_t[]> scratch;
       run_status[t] = read_page_run(p, i, kv ? p.kv_bytes : p.code_bytes, s, kv,
                                     kv ? p.layers[e.layer].kv_src : p.layers[e.layer].code_src,
-                                    kv ? layers[e.layer].kv_pages : layers[e.layer].code_pages,
+                                    kv ? layers[e.layer].kv_pages : layers[e.layer].code_pages, want,
                                     hash.get(), scratch);
     } catch (const std::bad_alloc&) {
       run_status[t] = make_error(SSA_ERR_OUT_OF_MEMORY, "out of host memory reading a page run");
@@ -722,7 +887,7 @@ absl::StatusOr<std::unique_ptr<ssa_session>> load(ssa_runtime* rt, const char* p
   });
   for (const absl::Status& st : run_status) SSA_RETURN_IF_ERROR(st);  // first in file order
 
-  if (mapping) {
+  for (const std::shared_ptr<MappedSnapshot>& mapping : mappings) {
     std::sort(mapping->sections.begin(), mapping->sections.end(),
               [](const MappedSnapshot::Section& a, const MappedSnapshot::Section& b) {
                 return a.offset < b.offset;
@@ -730,39 +895,44 @@ absl::StatusOr<std::unique_ptr<ssa_session>> load(ssa_runtime* rt, const char* p
   }
 
   // The record: the session's pages are exactly what the file holds, so a
-  // checkpoint to the same path can append to it.
-  auto rec = std::make_shared<SnapshotRecord>();
-  rec->path = path;
-  rec->dev = p.dev;
-  rec->ino = p.ino;
-  rec->file_id = p.sb.file_id;
-  rec->generation = p.sb.generation;
-  rec->file_length = p.sb.file_length;
-  rec->sections = p.entries;
-  rec->config_entry = p.config_entry;
-  rec->layers_entry = p.layers_entry;
-  rec->metadata_entry = p.metadata_entry;
-  rec->metadata = p.metadata;
-  rec->layers.resize(p.cfg.n_layers);
-  for (uint32_t l = 0; l < p.cfg.n_layers; ++l) {
-    SnapshotRecord::Layer& rl = rec->layers[l];
-    rl.n_tokens = layers[l].n_tokens;
-    rl.trained_at_tokens = layers[l].trained_at_tokens;
-    rl.kv = layers[l].kv_pages;
-    rl.code = layers[l].code_pages;
-    rl.kv_entry = p.layers[l].kv_src;
-    rl.code_entry = p.layers[l].code_src;
-    rl.codebooks = layers[l].codebooks;
-    rl.codebooks_entry = p.layers[l].codebooks_entry;
+  // checkpoint to the same path can append to it. Not for a group's set of
+  // files, nor for a session that keeps part of the file (a group's rank):
+  // their checkpoints are full saves.
+  std::shared_ptr<SnapshotRecord> rec;
+  if (!is_set && want.all()) {
+    rec = std::make_shared<SnapshotRecord>();
+    rec->path = path;
+    rec->dev = p0.dev;
+    rec->ino = p0.ino;
+    rec->file_id = p0.sb.file_id;
+    rec->generation = p0.sb.generation;
+    rec->file_length = p0.sb.file_length;
+    rec->sections = p0.entries;
+    rec->config_entry = p0.config_entry;
+    rec->layers_entry = p0.layers_entry;
+    rec->metadata_entry = p0.metadata_entry;
+    rec->metadata = p0.metadata;
+    rec->layers.resize(p0.cfg.n_layers);
+    for (uint32_t l = 0; l < p0.cfg.n_layers; ++l) {
+      SnapshotRecord::Layer& rl = rec->layers[l];
+      rl.n_tokens = layers[l].n_tokens;
+      rl.trained_at_tokens = layers[l].trained_at_tokens;
+      rl.kv = layers[l].kv_pages;
+      rl.code = layers[l].code_pages;
+      rl.kv_entry = p0.layers[l].kv_src;
+      rl.code_entry = p0.layers[l].code_src;
+      rl.codebooks = layers[l].codebooks;
+      rl.codebooks_entry = p0.layers[l].codebooks_entry;
+    }
   }
   {
     std::lock_guard snap_lock(s.snapshot_mu);
     s.snapshot = std::make_shared<SnapshotState>();
     s.snapshot->record = std::move(rec);
-    if (mapping) s.snapshot->mappings.push_back(std::move(mapping));
+    s.snapshot->mappings = std::move(mappings);
     std::unique_lock lock(s.mu);
     s.layers = std::move(layers);
-    s.metadata = std::move(p.metadata);
+    s.metadata = p0.metadata;
   }
   return made;
 }
@@ -771,11 +941,21 @@ absl::StatusOr<std::unique_ptr<ssa_session>> load(ssa_runtime* rt, const char* p
 
 absl::StatusOr<std::unique_ptr<ssa_session>> snapshot_load(ssa_runtime* rt, const char* path,
                                                            uint32_t flags) {
-  return load(rt, path, flags, nullptr);
+  return snapshot_load_checked(rt, path, flags, nullptr);
 }
 
 absl::StatusOr<std::unique_ptr<ssa_session>> snapshot_load_checked(
     ssa_runtime* rt, const char* path, uint32_t flags, const ssa_session_config* expected) {
+  // A group's rank: a collective call (lib/snapshot/group_snapshot.h).
+  if (rt != nullptr && rt->group != nullptr) {
+    absl::StatusOr<std::unique_ptr<ssa_session>> local = make_error(SSA_ERR_OUT_OF_MEMORY, "out of memory loading");
+    try {
+      local = load(rt, path, flags, expected);
+    } catch (const std::bad_alloc&) {
+      // Its peers still get this rank's failure at the load's exchange.
+    }
+    return finish_group_load(*rt, std::move(local));
+  }
   return load(rt, path, flags, expected);
 }
 
@@ -784,18 +964,20 @@ absl::Status snapshot_inspect(const char* path_c, ssa_snapshot_info* info) {
   if (info == nullptr) return invalid_argument("info is NULL");
   SSA_RETURN_IF_ERROR(check_output_struct(info));
   const std::string path(path_c);
-  absl::StatusOr<int> fd = open_snapshot(path);
-  if (!fd.ok()) return fd.status();
-  snap::FdGuard guard(*fd);
-  Parsed p;
-  SSA_RETURN_IF_ERROR(parse(path, *fd, &p));
+  std::vector<std::unique_ptr<OpenFile>> files;
+  bool is_set = false;
+  SSA_RETURN_IF_ERROR(open_files(path, &files, &is_set));
+  const Parsed& p = files[0]->p;
 
+  // A group's snapshot: rank 0's file, with the sizes of all its files.
   ssa_snapshot_info full{};
   full.format_version = p.sb.format_version;
   full.generation = p.sb.generation;
-  full.file_bytes = p.sb.file_length;
-  full.live_bytes = p.live_bytes;
-  full.n_sections = static_cast<uint32_t>(p.entries.size());
+  for (const auto& f : files) {
+    full.file_bytes += f->p.sb.file_length;
+    full.live_bytes += f->p.live_bytes;
+    full.n_sections += static_cast<uint32_t>(f->p.entries.size());
+  }
   full.n_layers = p.cfg.n_layers;
   full.n_q_heads = p.cfg.n_q_heads;
   full.n_kv_heads = p.cfg.n_kv_heads;

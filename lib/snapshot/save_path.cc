@@ -31,11 +31,6 @@ std::string host_tag() {
   return h;
 }
 
-std::string base_name(const std::string& path) {
-  const size_t slash = path.find_last_of('/');
-  return slash == std::string::npos ? path : path.substr(slash + 1);
-}
-
 bool all_digits(const std::string& s) {
   if (s.empty() || s.size() > 19) return false;
   for (char c : s)
@@ -71,6 +66,11 @@ absl::StatusOr<std::string> resolve_save_target(const std::string& path) {
     }
     cur = std::move(target);
   }
+}
+
+std::string base_name(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
 }
 
 std::string temp_name(const std::string& target, uint64_t n) {

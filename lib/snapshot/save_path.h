@@ -18,6 +18,9 @@ namespace ssa::snap {
 // not exist; SSA_ERR_IO when it exists and is not a regular file, or on a loop.
 absl::StatusOr<std::string> resolve_save_target(const std::string& path);
 
+// The last component of a path.
+std::string base_name(const std::string& path);
+
 // "<target>.tmp.<host>.<pid>.<n>": the writer's host and process are in the name
 // so that a later save can tell a dead writer's file from a live one's.
 std::string temp_name(const std::string& target, uint64_t n);

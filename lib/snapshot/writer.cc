@@ -19,6 +19,7 @@
 #include "index/proxy_kind.h"
 #include "snapshot/file_io.h"
 #include "snapshot/format.h"
+#include "snapshot/group_snapshot.h"
 #include "snapshot/internal.h"
 #include "snapshot/record.h"
 #include "snapshot/save_path.h"
@@ -37,7 +38,9 @@ constexpr size_t kDirectBytes = size_t{1} << 20;  // pieces this large skip the 
 // ones (and this floor), so a file never grows beyond about twice its content.
 constexpr uint64_t kCompactFloorBytes = uint64_t{16} << 20;
 
-uint64_t random_u64() {
+}  // namespace
+
+uint64_t snap::random_id() {
   static std::atomic<uint64_t> counter{0};
   std::random_device rd;
   uint64_t x = (uint64_t{rd()} << 32) ^ rd();
@@ -45,6 +48,8 @@ uint64_t random_u64() {
   x ^= counter.fetch_add(0x9E3779B97F4A7C15ull) + static_cast<uint64_t>(getpid());
   return x == 0 ? 1 : x;
 }
+
+namespace {
 
 // Writes sections one after another from a start offset, hashing each section
 // and batching small pieces into few large writes.
@@ -156,8 +161,11 @@ struct BodyResult {
   std::shared_ptr<SnapshotRecord> record;
 };
 
+// held: the pages written (a rank of a group writes its shard's; the layers
+// section still gives the whole lengths); shard: the file's shard section.
 absl::Status write_body(const ssa_session& s, const SnapshotState& st, const SnapshotRecord* prev,
-                        SectionWriter& w, BodyResult* out) {
+                        SectionWriter& w, BodyResult* out, const HeldRange& held = HeldRange{},
+                        const snap::ShardInfo* shard = nullptr) {
   const KvLayout& lay = s.layout;
   const size_t kv_bytes = lay.kv_page_bytes(), code_bytes = lay.code_page_bytes();
   auto rec = std::make_shared<SnapshotRecord>();
@@ -192,6 +200,13 @@ absl::Status write_body(const ssa_session& s, const SnapshotState& st, const Sna
     SSA_RETURN_IF_ERROR(w.write(body.data(), body.size()));
     w.end();
   }
+  if (shard != nullptr) {
+    uint8_t b[snap::kShardBytes];
+    snap::encode_shard(*shard, b);
+    SSA_RETURN_IF_ERROR(w.begin(SectionKind::kShard, snap::kNoLayer, snap::kSectionAlign));
+    SSA_RETURN_IF_ERROR(w.write(b, sizeof b));
+    w.end();
+  }
 
   rec->metadata = s.metadata;
   if (!s.metadata.empty()) {
@@ -210,8 +225,8 @@ absl::Status write_body(const ssa_session& s, const SnapshotState& st, const Sna
   std::vector<int64_t> cb_refs(s.layers.size(), kNone);
   rec->layers.resize(s.layers.size());
 
-  // Writes the pages of `pages` in [0, needed) that prev does not hold, as runs of
-  // consecutive indices.
+  // Writes the pages of `pages` in [0, needed) that are held and that prev does
+  // not hold, as runs of consecutive indices.
   std::unique_ptr<uint8_t[]> partial;  // the masked copy of a partial last page
   std::unique_ptr<uint8_t[]> staging;  // host copy of a page the backend keeps elsewhere
   auto write_pages = [&](uint32_t layer, SectionKind kind, const std::vector<PageRef>& pages,
@@ -220,19 +235,23 @@ absl::Status write_body(const ssa_session& s, const SnapshotState& st, const Sna
                          std::vector<int64_t>& refs) -> absl::Status {
     const uint64_t needed = lay.pages_for(n_tokens);
     const uint32_t tail = static_cast<uint32_t>(n_tokens % lay.page_tokens);
-    refs.assign(needed, 0);
+    refs.assign(needed, kNone);
     uint64_t i = 0;
     while (i < needed) {
       auto unchanged = [&](uint64_t j) {
         return old != nullptr && j < old->size() && (*old)[j].get() == pages[j].get();
       };
+      if (!held.holds_page(i, lay.page_tokens)) {
+        ++i;
+        continue;
+      }
       if (unchanged(i)) {
         refs[i] = (*old_entry)[i];
         ++i;
         continue;
       }
       uint64_t j = i;
-      while (j < needed && !unchanged(j)) ++j;
+      while (j < needed && !unchanged(j) && held.holds_page(j, lay.page_tokens)) ++j;
       const uint32_t align = kind == SectionKind::kKvPages ? snap::kKvAlign : snap::kSectionAlign;
       const int64_t ref = new_ref();
       SSA_RETURN_IF_ERROR(w.begin(kind, layer, align, i, j - i));
@@ -401,17 +420,21 @@ absl::Status finish_file(SectionWriter& w, const std::vector<SectionEntry>& tabl
   return absl::OkStatus();
 }
 
-// Callers hold s.snapshot_mu and s.mu (shared).
-// A save through a symbolic link replaces the link's target (the link stays);
-// the temporary file lies beside the target so the rename stays in one directory.
-absl::Status save_locked(ssa_session& s, const std::string& path) {
+// A full file written to a temporary beside `target` ("<temp_base>.tmp...":
+// the name a later save cleans dead writers' temporaries by), fsynced, renamed
+// over target, the directory fsynced.
+struct FullFile {
+  snap::Superblock sb;
+  BodyResult body;
+  struct stat stbuf;
+};
+
+absl::Status write_full_file(ssa_session& s, const std::string& target, const std::string& temp_base,
+                             const HeldRange& held, const snap::ShardInfo* shard, FullFile* out) {
   static std::atomic<uint64_t> tmp_counter{0};
   const snap::FileIo& io = snap::file_io();
   SnapshotState& st = state_of(s);
-  absl::StatusOr<std::string> resolved = snap::resolve_save_target(path);
-  if (!resolved.ok()) return resolved.status();
-  const std::string& target = *resolved;
-  const std::string tmp = snap::temp_name(target, tmp_counter.fetch_add(1));
+  const std::string tmp = snap::temp_name(temp_base, tmp_counter.fetch_add(1));
   const int fd = io.open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0) return snap::io_error("cannot create temporary snapshot file", tmp, errno);
   snap::FdGuard guard(fd);
@@ -428,20 +451,17 @@ absl::Status save_locked(ssa_session& s, const std::string& path) {
     }
   } unlinker{tmp, renamed, guard};
 
-  struct stat stbuf;
-  if (io.fstat(fd, &stbuf) != 0) return snap::io_error("cannot stat", tmp, errno);
+  if (io.fstat(fd, &out->stbuf) != 0) return snap::io_error("cannot stat", tmp, errno);
 
   SectionWriter w(fd, tmp, snap::kHeaderAreaBytes);
   if (!w.ok()) return make_error(SSA_ERR_OUT_OF_MEMORY, "cannot allocate a hash state");
-  BodyResult body;
-  SSA_RETURN_IF_ERROR(write_body(s, st, nullptr, w, &body));
-  snap::Superblock sb;
-  const uint64_t file_id = random_u64();
-  SSA_RETURN_IF_ERROR(finish_file(w, body.table, 1, file_id, &sb));
+  SSA_RETURN_IF_ERROR(write_body(s, st, nullptr, w, &out->body, held, shard));
+  const uint64_t file_id = snap::random_id();
+  SSA_RETURN_IF_ERROR(finish_file(w, out->body.table, 1, file_id, &out->sb));
   // Header area: slot 0 holds generation 1; slot 1 stays zero (invalid) until
   // the first checkpoint.
   std::unique_ptr<uint8_t[]> header(new uint8_t[snap::kHeaderAreaBytes]());
-  snap::encode_superblock(sb, header.get() + snap::kSlotOffset[0]);
+  snap::encode_superblock(out->sb, header.get() + snap::kSlotOffset[0]);
   SSA_RETURN_IF_ERROR(snap::pwrite_all(fd, header.get(), snap::kHeaderAreaBytes, 0, tmp));
   SSA_RETURN_IF_ERROR(snap::fsync_fd(fd, tmp));
   guard.reset();
@@ -450,19 +470,29 @@ absl::Status save_locked(ssa_session& s, const std::string& path) {
                                                "': ", strerror(errno)));
   }
   renamed = true;
-  // From here path holds the new snapshot; only its durability is in question.
+  // From here target holds the new file; only its durability is in question.
   SSA_RETURN_IF_ERROR(snap::fsync_parent_dir(target));
   // Temporary files of writers killed mid-save are removed here, by the next save.
-  (void)snap::remove_stale_temps(target);
+  (void)snap::remove_stale_temps(temp_base);
+  return absl::OkStatus();
+}
 
-  SnapshotRecord& rec = *body.record;
+// Callers hold s.snapshot_mu and s.mu (shared).
+// A save through a symbolic link replaces the link's target (the link stays);
+// the temporary file lies beside the target so the rename stays in one directory.
+absl::Status save_locked(ssa_session& s, const std::string& path) {
+  absl::StatusOr<std::string> resolved = snap::resolve_save_target(path);
+  if (!resolved.ok()) return resolved.status();
+  FullFile f;
+  SSA_RETURN_IF_ERROR(write_full_file(s, *resolved, *resolved, HeldRange{}, nullptr, &f));
+  SnapshotRecord& rec = *f.body.record;
   rec.path = path;
-  rec.dev = stbuf.st_dev;
-  rec.ino = stbuf.st_ino;
-  rec.file_id = file_id;
+  rec.dev = f.stbuf.st_dev;
+  rec.ino = f.stbuf.st_ino;
+  rec.file_id = f.sb.file_id;
   rec.generation = 1;
-  rec.file_length = sb.file_length;
-  st.record = std::move(body.record);
+  rec.file_length = f.sb.file_length;
+  state_of(s).record = std::move(f.body.record);
   return absl::OkStatus();
 }
 
@@ -546,7 +576,19 @@ absl::Status checkpoint_locked(ssa_session& s, const std::string& path) {
 
 }  // namespace
 
+absl::Status write_rank_file(ssa_session& s, const std::string& target, const std::string& temp_base,
+                             const snap::ShardInfo& shard, const HeldRange& held, snap::RankFile* out) {
+  FullFile f;
+  SSA_RETURN_IF_ERROR(write_full_file(s, target, temp_base, held, &shard, &f));
+  out->file_id = f.sb.file_id;
+  out->generation = f.sb.generation;
+  out->file_length = f.sb.file_length;
+  out->table_xxh3 = f.sb.table_xxh3;
+  return absl::OkStatus();
+}
+
 absl::Status snapshot_save(ssa_session& s, const char* path) {
+  if (s.rt->group != nullptr) return group_save(s, path);
   SSA_RETURN_IF_ERROR(snap::check_path(path));
   // The file records the pages it holds by identity (record.h); a reservation's
   // steps write into its last page in place: it ends here.
@@ -557,6 +599,8 @@ absl::Status snapshot_save(ssa_session& s, const char* path) {
 }
 
 absl::Status snapshot_checkpoint(ssa_session& s, const char* path) {
+  // A group's snapshot is a set of files under one manifest: saved whole.
+  if (s.rt->group != nullptr) return group_save(s, path);
   SSA_RETURN_IF_ERROR(snap::check_path(path));
   // The file records the pages it holds by identity (record.h); a reservation's
   // steps write into its last page in place: it ends here.

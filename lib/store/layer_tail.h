@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "copy_on_write.h"
+#include "held_range.h"
 #include "kv_layout.h"
 #include "layer_store.h"
 #include "status.h"
@@ -30,10 +31,12 @@ struct LayerTail {
 
 // The tail of `layer` growing to new_n tokens. code_pool: null when the layer has
 // no codes. Also reserves room in the layer's page lists (geometrically), so that
-// commit_tail cannot fail; that changes no content.
+// commit_tail cannot fail; that changes no content. Pages outside `held` are
+// neither allocated nor copied: their slots stay null (a rank of a group keeps
+// its shard only).
 template <typename KvPool, typename CodePool>
 absl::Status gather_tail(LayerStore& layer, const KvLayout& L, uint64_t new_n, KvPool& kv_pool,
-                         CodePool* code_pool, LayerTail* t) {
+                         CodePool* code_pool, LayerTail* t, const HeldRange& held = HeldRange{}) {
   const uint32_t P = L.page_tokens;
   const uint64_t old_n = layer.n_tokens, need = L.pages_for(new_n);
   auto reserve = [&](std::vector<PageRef>& v) {
@@ -45,7 +48,10 @@ absl::Status gather_tail(LayerStore& layer, const KvLayout& L, uint64_t new_n, K
   t->new_n = new_n;
   t->kv.reserve(need - t->first_page);
   if (code_pool != nullptr) t->code.reserve(need - t->first_page);
-  if (old_n % P != 0) {
+  if (old_n % P != 0 && !held.holds_page(t->first_page, P)) {
+    t->kv.emplace_back();
+    if (code_pool != nullptr) t->code.emplace_back();
+  } else if (old_n % P != 0) {
     // Rows go into the last page beyond the visible length: it must be ours
     // alone (the layer and the tail hold the two expected references).
     t->kv.push_back(layer.kv_pages.back());
@@ -56,11 +62,19 @@ absl::Status gather_tail(LayerStore& layer, const KvLayout& L, uint64_t new_n, K
     }
   }
   while (t->first_page + t->kv.size() < need) {
+    if (!held.holds_page(t->first_page + t->kv.size(), P)) {
+      t->kv.emplace_back();
+      continue;
+    }
     auto page = kv_pool.allocate();
     if (!page.ok()) return page.status();
     t->kv.push_back(*std::move(page));
   }
   while (code_pool != nullptr && t->first_page + t->code.size() < need) {
+    if (!held.holds_page(t->first_page + t->code.size(), P)) {
+      t->code.emplace_back();
+      continue;
+    }
     auto page = code_pool->allocate();
     if (!page.ok()) return page.status();
     t->code.push_back(*std::move(page));

@@ -12,6 +12,10 @@
 
 namespace ssa {
 
+// Query heads' queries one KV head may have observed in all: far above any
+// real session's, and low enough that counts never wrap.
+inline constexpr uint64_t kMaxQueryCount = uint64_t{1} << 48;
+
 struct QueryMoments {
   uint32_t n_kv_heads = 0, head_dim = 0;
   std::vector<uint64_t> count;  // [n_kv_heads]

@@ -55,32 +55,45 @@ ssa_session* prompted(ssa_runtime* rt, const Loop& L, float regrow = 0.0f) {
   return s;
 }
 
+// One call captured on a stream (nothing runs), with its status and message;
+// the graph is instantiated when the call accepted the capture.
+struct CapturedGraph {
+  cudaGraphExec_t exec = nullptr;
+  ssa_status status = SSA_OK;
+  std::string message;
+
+  template <typename Call>
+  CapturedGraph(cudaStream_t st, Call&& call) {
+    cudaGraph_t graph;
+    REQUIRE(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal) == cudaSuccess);
+    status = call();
+    message = ssa_last_error_message();
+    REQUIRE(cudaStreamEndCapture(st, &graph) == cudaSuccess);
+    if (status == SSA_OK) REQUIRE(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
+    cudaGraphDestroy(graph);
+  }
+  CapturedGraph(const CapturedGraph&) = delete;
+  CapturedGraph& operator=(const CapturedGraph&) = delete;
+  ~CapturedGraph() {
+    if (exec != nullptr) cudaGraphExecDestroy(exec);
+  }
+  void launch(cudaStream_t st) const { REQUIRE(cudaGraphLaunch(exec, st) == cudaSuccess); }
+};
+
 // The graph of one step of `s` over static buffers (captured, not run).
 struct StepGraph {
   DevBuf<uint16_t> k{kRow}, v{kRow}, q{kOut}, out{kOut};
-  cudaGraphExec_t exec = nullptr;
-  ssa_status captured = SSA_OK;
-  std::string message;
+  CapturedGraph graph;
 
-  StepGraph(ssa_session* s, const ssa_decode_params& p, cudaStream_t st) {
-    cudaGraph_t graph;
-    REQUIRE(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal) == cudaSuccess);
-    captured = ssa_decode_step(s, 0, k.p, v.p, q.p, out.p, &p, nullptr);
-    message = ssa_last_error_message();
-    REQUIRE(cudaStreamEndCapture(st, &graph) == cudaSuccess);
-    if (captured == SSA_OK) REQUIRE(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
-    cudaGraphDestroy(graph);
-  }
-  ~StepGraph() {
-    if (exec != nullptr) cudaGraphExecDestroy(exec);
-  }
+  StepGraph(ssa_session* s, const ssa_decode_params& p, cudaStream_t st)
+      : graph(st, [&] { return ssa_decode_step(s, 0, k.p, v.p, q.p, out.p, &p, nullptr); }) {}
   // Token t of the loop (step `step`), its output into outs (device, kOut each).
   void replay(const Loop& L, uint32_t t, uint32_t step, uint16_t* outs, cudaStream_t st) {
     REQUIRE(cudaMemcpyAsync(k.p, L.k_at(t), kRow * 2, cudaMemcpyDeviceToDevice, st) == cudaSuccess);
     REQUIRE(cudaMemcpyAsync(v.p, L.v_at(t), kRow * 2, cudaMemcpyDeviceToDevice, st) == cudaSuccess);
     REQUIRE(cudaMemcpyAsync(q.p, L.q_at(step), kOut * 2, cudaMemcpyDeviceToDevice, st) == cudaSuccess);
     REQUIRE(cudaMemsetAsync(out.p, 0xff, kOut * 2, st) == cudaSuccess);
-    REQUIRE(cudaGraphLaunch(exec, st) == cudaSuccess);
+    graph.launch(st);
     REQUIRE(cudaMemcpyAsync(outs, out.p, kOut * 2, cudaMemcpyDeviceToDevice, st) == cudaSuccess);
   }
 };
@@ -115,8 +128,8 @@ TEST_CASE("gpu graph step: 1000 replayed steps equal the eager steps bitwise and
     REQUIRE(ssa_session_reserve(eager, L.steps) == SSA_OK);
     REQUIRE(ssa_session_reserve(graphed, L.steps) == SSA_OK);
     StepGraph g(graphed, p, st);
-    INFO(g.message);
-    REQUIRE(g.captured == SSA_OK);
+    INFO(g.graph.message);
+    REQUIRE(g.graph.status == SSA_OK);
     CHECK(ssa_session_layer_length(graphed, 0) == L.prompt);  // capture ran nothing
     DevBuf<uint16_t> out_eager(size_t{L.steps} * kOut), out_graph(size_t{L.steps} * kOut),
         out_plain(size_t{L.steps} * kOut);
@@ -230,15 +243,9 @@ TEST_CASE("gpu graph step: a batch over sessions of different lengths, captured 
     ob.emplace_back(kOut);
   }
   for (uint32_t i = 0; i < 3; ++i) items.push_back({graphed[i], kb[i].p, vb[i].p, qb[i].p, ob[i].p});
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  REQUIRE(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal) == cudaSuccess);
-  const ssa_status captured = ssa_decode_step_batch(items.data(), items.size(), 0, &p, nullptr);
-  const std::string msg = ssa_last_error_message();
-  REQUIRE(cudaStreamEndCapture(st, &graph) == cudaSuccess);
-  INFO(msg);
-  REQUIRE(captured == SSA_OK);
-  REQUIRE(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
+  const CapturedGraph batch(st, [&] { return ssa_decode_step_batch(items.data(), items.size(), 0, &p, nullptr); });
+  INFO(batch.message);
+  REQUIRE(batch.status == SSA_OK);
   DevBuf<uint16_t> out_g(3 * size_t{steps} * kOut), out_e(out_g.n), out_s(out_g.n);
   for (uint32_t j = 0; j < steps; ++j) {
     std::vector<ssa_decode_step_item> now;
@@ -250,7 +257,7 @@ TEST_CASE("gpu graph step: a batch over sessions of different lengths, captured 
       REQUIRE(cudaMemcpyAsync(qb[i].p, L.q_at(j), kOut * 2, cudaMemcpyDeviceToDevice, st) == cudaSuccess);
       now.push_back({eager[i], L.k_at(t), L.v_at(t), L.q_at(j), out_e.p + (size_t{j} * 3 + i) * kOut});
     }
-    REQUIRE(cudaGraphLaunch(exec, st) == cudaSuccess);
+    batch.launch(st);
     for (uint32_t i = 0; i < 3; ++i) {
       REQUIRE(cudaMemcpyAsync(out_g.p + (size_t{j} * 3 + i) * kOut, ob[i].p, kOut * 2, cudaMemcpyDeviceToDevice, st) ==
               cudaSuccess);
@@ -284,8 +291,6 @@ TEST_CASE("gpu graph step: a batch over sessions of different lengths, captured 
     REQUIRE(ssa_session_sync(graphed[i], nullptr) == SSA_OK);
     CHECK(ssa_session_layer_length(graphed[i], 0) == prompts[i] + steps);
   }
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
   for (auto* s : graphed) ssa_session_destroy(s);
   for (auto* s : eager) ssa_session_destroy(s);
   for (auto* s : single) ssa_session_destroy(s);
@@ -303,15 +308,12 @@ TEST_CASE("gpu graph step: what a graph cannot hold is refused at capture, with 
     DevBuf<uint16_t> out(kOut);
     ssa_decode_stats sd;
     ssa_decode_stats_init(&sd);
-    cudaGraph_t graph;
-    REQUIRE(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal) == cudaSuccess);
-    const ssa_status r = ssa_decode_step(s, 0, L.k_at(0), L.v_at(0), L.q_at(0), out.p, &p, stats ? &sd : nullptr);
-    const std::string msg = ssa_last_error_message();
-    REQUIRE(cudaStreamEndCapture(st, &graph) == cudaSuccess);
-    cudaGraphDestroy(graph);
-    INFO(msg);
-    CHECK(r == want);
-    CHECK(!msg.empty());
+    const CapturedGraph g(st, [&] {
+      return ssa_decode_step(s, 0, L.k_at(0), L.v_at(0), L.q_at(0), out.p, &p, stats ? &sd : nullptr);
+    });
+    INFO(g.message);
+    CHECK(g.status == want);
+    CHECK(!g.message.empty());
     CHECK(ssa_session_layer_length(s, 0) == L.prompt);
   };
   ssa_session* s = prompted(gpu, L, 4.0f);
@@ -404,7 +406,7 @@ TEST_CASE("gpu graph step: replays past the reservation, after truncate, update_
     ssa_session* s = prompted(gpu, L);
     REQUIRE(ssa_session_reserve(s, 5) == SSA_OK);
     StepGraph g(s, p, st);
-    REQUIRE(g.captured == SSA_OK);
+    REQUIRE(g.graph.status == SSA_OK);
     for (uint32_t i = 0; i < 8; ++i) g.replay(L, L.prompt + i, i, outs.p + size_t{i} * kOut, st);
     REQUIRE(cudaStreamSynchronize(st) == cudaSuccess);
     const auto all = outs.download(8 * kOut);
@@ -421,7 +423,7 @@ TEST_CASE("gpu graph step: replays past the reservation, after truncate, update_
     REQUIRE(ssa_session_reserve(s, 30) == SSA_OK);
     {
       StepGraph g(s, p, st);
-      REQUIRE(g.captured == SSA_OK);
+      REQUIRE(g.graph.status == SSA_OK);
       for (uint32_t i = 0; i < 10; ++i) g.replay(L, L.prompt + i, i, outs.p + size_t{i} * kOut, st);
       REQUIRE(ssa_session_truncate(s, L.prompt + 4) == SSA_OK);  // waits for the replays, then cuts
       CHECK(ssa_session_layer_length(s, 0) == L.prompt + 4);
@@ -443,7 +445,7 @@ TEST_CASE("gpu graph step: replays past the reservation, after truncate, update_
     REQUIRE(ssa_session_reserve(ref, 30) == SSA_OK);
     REQUIRE(ssa_session_reserve(s, 30) == SSA_OK);
     StepGraph g2(s, p, st);
-    REQUIRE(g2.captured == SSA_OK);
+    REQUIRE(g2.graph.status == SSA_OK);
     DevBuf<uint16_t> want(size_t{L.steps} * kOut);
     for (uint32_t i = 4; i < 20; ++i) {
       g2.replay(L, L.prompt + i, i, outs.p + size_t{i} * kOut, st);
@@ -460,7 +462,7 @@ TEST_CASE("gpu graph step: replays past the reservation, after truncate, update_
     ssa_session* s = prompted(gpu, L);
     REQUIRE(ssa_session_reserve(s, 30) == SSA_OK);
     StepGraph g(s, p, st);
-    REQUIRE(g.captured == SSA_OK);
+    REQUIRE(g.graph.status == SSA_OK);
     for (uint32_t i = 0; i < 3; ++i) g.replay(L, L.prompt + i, i, outs.p, st);
     REQUIRE(ssa_session_update_index(s) == SSA_OK);
     CHECK(ssa_session_layer_length(s, 0) == L.prompt + 3);
@@ -476,7 +478,7 @@ TEST_CASE("gpu graph step: replays past the reservation, after truncate, update_
     ssa_session* s = prompted(gpu, L);
     REQUIRE(ssa_session_reserve(s, 30) == SSA_OK);
     StepGraph g(s, p, st);
-    REQUIRE(g.captured == SSA_OK);
+    REQUIRE(g.graph.status == SSA_OK);
     g.replay(L, L.prompt, 0, outs.p, st);
     ssa_session_destroy(s);
     // The memory is reused by a new session, whose decodes must be unharmed.

@@ -153,16 +153,6 @@ std::vector<float> per_head_output(const GroupDecode& r, const TestLayer& t, Dev
   return decode_out(t.L.dtype, out.download(count * t.L.elem_bytes()), count);
 }
 
-double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (!std::isfinite(a[i]) || !std::isfinite(b[i])) return INFINITY;
-    num += double(a[i] - b[i]) * (a[i] - b[i]);
-    den += double(b[i]) * b[i];
-  }
-  return sqrt(num / den);
-}
-
 struct Shape {
   uint32_t nq, nkv, d;
   DType dt;
@@ -203,7 +193,7 @@ TEST_CASE("gpu group attention: every q head's estimator over its group's rows m
         // The per-head kernel on the same rows: the same estimator, to rounding.
         DevBuf<uint8_t> other(r.out.n);
         const auto per_head = per_head_output(r, t, other);
-        const double diff = rel_diff(got, per_head);
+        const double diff = ssa_test::rel_l2(got.data(), per_head.data(), per_head.size());
         INFO("relative difference to the per-head kernel ", diff);
         CHECK(diff <= 2 * tolerance(sh.dt));
       }

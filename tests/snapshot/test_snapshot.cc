@@ -1,6 +1,5 @@
 // Snapshot save/checkpoint/load: exact round trips, incremental checkpoints,
 // crash safety (SIGKILLed writers), injected I/O failures, and bad files.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 #include <dirent.h>
 #include <errno.h>

@@ -2,7 +2,6 @@
 // from a file is checked before it is trusted. A load either fails with a status,
 // a message and no session, or yields a session that decodes in bounds with
 // finite outputs.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 #include <fcntl.h>
 #include <xxhash.h>

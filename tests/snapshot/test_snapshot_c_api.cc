@@ -1,6 +1,5 @@
 // The snapshot entry points through the public header and shared library only:
 // statuses, messages, metadata semantics, inspect, the expected-shape check.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 #include <stdlib.h>
 #include <string.h>

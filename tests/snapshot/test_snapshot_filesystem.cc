@@ -2,7 +2,6 @@
 // hang), a reader racing another process's checkpoints (never a spurious
 // error), a mapping refused for lack of memory, saves killed mid-write (their
 // temporary files removed by the next save), saves through symbolic links.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 #include <dirent.h>
 #include <errno.h>

@@ -4,7 +4,6 @@
 // refused or harmless, and older files still load: version 1 files, which hold
 // no proxy, as PQ; version 2 files (written by the version 2 library and kept in
 // tests/snapshot/data) as PQ or OPQ with squared-error codebooks.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 #include <math.h>
 
@@ -585,7 +584,8 @@ TEST_CASE("damaged query transforms or query moments are refused by every load")
     const char* what;
     size_t at;
     int kind;  // 0: float at `at` += 0.05, 1: double at `at` := NaN, 2: double += 1 (breaks symmetry),
-               // 3: double := -1 (negative diagonal), 4: count := 0 (sums stay)
+               // 3: double := -1 (negative diagonal), 4: count := 0 (sums stay), 5: count := 2^48 + 1,
+               // 6: an off-diagonal pair := 1e6 (symmetric, beyond Cauchy-Schwarz)
     const char* says;
   };
   const Edit edits[] = {
@@ -594,6 +594,8 @@ TEST_CASE("damaged query transforms or query moments are refused by every load")
       {"moment asymmetric", sum_off + 8 * (2 * d + 1), 2, "query moments"},
       {"negative diagonal", sum_off + 8 * (d * d + 3 * d + 3), 3, "query moments"},
       {"count 0, sums kept", count_off + 8, 4, "query moments"},
+      {"count too large", count_off, 5, "more than"},
+      {"off-diagonal beyond |s_ij| <= sqrt(s_ii s_jj)", sum_off + 8 * (d * d + 2 * d + 7), 6, "query moments"},
   };
   for (uint32_t layer = 0; layer < 2; ++layer) {
     const int cb = live_codebooks(base, layer);
@@ -610,6 +612,13 @@ TEST_CASE("damaged query transforms or query moments are refused by every load")
         memcpy(p, &v, 4);
       } else if (e.kind == 4) {
         snap::put_u64(p, 0);
+      } else if (e.kind == 5) {
+        snap::put_u64(p, (uint64_t{1} << 48) + 1);
+      } else if (e.kind == 6) {
+        // Entry (2, 7) of head 1 and its mirror (7, 2), so the sums stay symmetric.
+        const double big = 1e6;
+        memcpy(p, &big, 8);
+        memcpy(img.body(cb) + sum_off + 8 * (d * d + 7 * d + 2), &big, 8);
       } else {
         double v;
         memcpy(&v, p, 8);

@@ -189,15 +189,6 @@ inline std::vector<uint32_t> oracle_tokens(const Data& d, const Expect& e, uint3
   return t;
 }
 
-inline double rel_to(const std::vector<float>& out, const std::vector<double>& ref) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    num += (out[i] - ref[i]) * (out[i] - ref[i]);
-    den += ref[i] * ref[i];
-  }
-  return sqrt(num / std::max(den, 1e-300));
-}
-
 inline bool all_finite(const std::vector<float>& x) {
   return std::all_of(x.begin(), x.end(), [](float f) { return std::isfinite(f); });
 }
@@ -263,7 +254,7 @@ inline void check_decode(const Io& io, ssa_session* s, const Data& d, uint32_t n
         ref.insert(ref.end(), r.begin(), r.end());
       }
     }
-    CHECK(rel_to(out, ref) < tol);
+    CHECK(rel_l2(out.data(), ref.data(), ref.size()) < tol);
     const uint64_t per_head = e.dense ? n : e.window_only ? e.sink_end + (n - e.local_begin)
                                                            : e.sink_end + (n - e.local_begin) + e.kprime;
     CHECK(st.tokens_read == per_head * nq);
@@ -296,7 +287,7 @@ inline void check_decode(const Io& io, ssa_session* s, const Data& d, uint32_t n
     const std::vector<double> r = head_reference(d, n, h, t, lp);
     ref.insert(ref.end(), r.begin(), r.end());
   }
-  CHECK(rel_to(out, ref) < tol);
+  CHECK(rel_l2(out.data(), ref.data(), ref.size()) < tol);
   tally->traced++;
 }
 
@@ -354,7 +345,7 @@ inline Tally run_shape(const Io& io, const Shape& sh, uint32_t max_len, uint64_t
             if (io.batch_bitwise) return a == b;
             const std::vector<float> fa = decode_bytes(a, sh.dtype, d.q.size());
             const std::vector<float> fb = decode_bytes(b, sh.dtype, d.q.size());
-            return all_finite(fa) && rel_to(fa, std::vector<double>(fb.begin(), fb.end())) < tolerance(sh.dtype);
+            return all_finite(fa) && rel_l2(fa.data(), fb.data(), fb.size()) < tolerance(sh.dtype);
           };
           CHECK(same(outs[0], ob));
           CHECK(same(outs[1], alone));

@@ -16,6 +16,7 @@
 #include "common/dtype.h"
 #include "common/inclusion_probability.h"
 #include "kernels/cuda_decode.h"
+#include "reference_attention.h"
 #include "store/kv_layout.h"
 
 namespace ssa::gputest {
@@ -300,15 +301,9 @@ inline std::vector<float> decode_out(DType dt, const std::vector<uint8_t>& raw, 
   return o;
 }
 
+// The relative L2 error of the head at `off` of a flat output against its reference.
 inline double rel_err(const std::vector<float>& got, const std::vector<double>& ref, size_t off) {
-  double num = 0, den = 0;
-  for (size_t j = 0; j < ref.size(); ++j) {
-    const double g = got[off + j];
-    if (!std::isfinite(g)) return INFINITY;
-    num += (g - ref[j]) * (g - ref[j]);
-    den += ref[j] * ref[j];
-  }
-  return sqrt(num / den);
+  return ssa_test::rel_l2(got.data() + off, ref.data(), ref.size());
 }
 
 // Runs one launch set on the default stream with a fresh workspace.

@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <cmath>
 #include <vector>
 
 namespace ssa_test {
@@ -57,12 +58,19 @@ inline std::vector<double> ht_attention_f64(const double* q, const double* K, co
   return o;
 }
 
-inline double rel_l2(const double* a, const double* ref, size_t n) {
+// Relative L2 error ||a - ref|| / ||ref|| over n values (either array float or
+// double), in double: infinite when either holds a non-finite value or when ref
+// is all zeros and a is not (0 when both are).
+template <typename A, typename R>
+inline double rel_l2(const A* a, const R* ref, size_t n) {
   double num = 0.0, den = 0.0;
   for (size_t i = 0; i < n; ++i) {
-    num += (a[i] - ref[i]) * (a[i] - ref[i]);
-    den += ref[i] * ref[i];
+    const double x = a[i], r = ref[i];
+    if (!std::isfinite(x) || !std::isfinite(r)) return INFINITY;
+    num += (x - r) * (x - r);
+    den += r * r;
   }
+  if (den == 0.0) return num == 0.0 ? 0.0 : INFINITY;
   return sqrt(num / den);
 }
 

@@ -530,8 +530,11 @@ class Runtime:
              expect: Optional[dict] = None) -> "Session":
         """Restores a session saved with Session.save/checkpoint onto this runtime.
 
+        On a group's runtime (``ssa.distributed``) a collective call: every rank loads the
+        same snapshot (a group's manifest or one process's file) and keeps its shard's pages.
+
         Args:
-            path: the snapshot file.
+            path: the snapshot file, or the manifest a group saved to.
             verify: verify every checksum up front (default: on read).
             mmap: map the file instead of reading it (CPU sessions).
             expect: the shape the snapshot must have, as create_session's arguments
@@ -589,6 +592,67 @@ class Runtime:
             refs.append((qr, outr))
             outs.append(outr.obj)
         check(lib.ssa_decode_batch(c_items, len(items), layer, params), "ssa_decode_batch")
+        return outs
+
+    def _step_batch_pointers(self, sessions, k: int, v: int, q: int, out: int, kv_stride: int, q_stride: int,
+                             layer: int, params) -> None:
+        """ssa_decode_step_batch of sessions on rows of contiguous [batch, ...] arrays
+        at raw addresses (row b at base + b * stride bytes): for a caller that already
+        checked its arrays (ssa.hf)."""
+        n = len(sessions)
+        items = ffi.new("ssa_decode_step_item[]", n)
+        for b, s in enumerate(sessions):
+            items[b].session = s._handle()
+            items[b].k = ffi.cast("const void *", k + b * kv_stride)
+            items[b].v = ffi.cast("const void *", v + b * kv_stride)
+            items[b].q = ffi.cast("const void *", q + b * q_stride)
+            items[b].out = ffi.cast("void *", out + b * q_stride)
+        check(lib.ssa_decode_step_batch(items, n, layer, params, ffi.NULL), "ssa_decode_step_batch")
+
+    def decode_step_batch(self, items: Iterable[Sequence[Any]], layer: int, method: Any = "ssa",
+                          sparsity: float = 50.0, budget: Optional[int] = None, heavy_fraction: float = 0.4,
+                          n_sink: int = 128, n_local: int = 128, seed: Optional[int] = None, step: int = 0,
+                          pi_min: Optional[float] = None, stream: Any = None, group_selection: Any = "off",
+                          stats: bool = False):
+        """One token of a generation loop for many sessions at one layer
+        (ssa_decode_step_batch): each item's k and v appended, then its q decoded.
+
+        Args:
+            items: (session, k, v, q) or (session, k, v, q, out) tuples, each session
+                once; k, v: [n_kv_heads, head_dim]; q, out: [n_q_heads, head_dim].
+            layer and the rest: as Session.decode_step; stats are summed over the items.
+        Returns the list of outputs in item order, and the DecodeStats when stats is true."""
+        items = list(items)
+        layer = _int("layer", layer, 0, _U32)
+        params = _decode_params(method, sparsity, budget, heavy_fraction, n_sink, n_local, seed, step,
+                                pi_min, stream, None, None, None, group_selection)
+        c_items = ffi.new("ssa_decode_step_item[]", max(len(items), 1))
+        refs, outs = [], []
+        for i, item in enumerate(items):
+            if not isinstance(item, (tuple, list)) or len(item) not in (4, 5):
+                raise invalid("items[%d] must be (session, k, v, q) or (session, k, v, q, out)" % i)
+            session = item[0]
+            if not isinstance(session, Session):
+                raise invalid("items[%d][0] must be an ssa.Session, got %s" % (i, type(session).__name__))
+            if session._runtime is not self:
+                raise invalid("items[%d]: session belongs to another runtime" % i)
+            c = session._config
+            shape = (c.n_kv_heads, c.head_dim)
+            kr = session._array("items[%d] k" % i, item[1], shape, False)
+            vr = session._array("items[%d] v" % i, item[2], shape, False)
+            qr, outr = session._decode_arrays("items[%d]" % i, item[3], item[4] if len(item) == 5 else None)
+            c_items[i].session = session._handle()
+            c_items[i].k, c_items[i].v = kr.ptr, vr.ptr
+            c_items[i].q, c_items[i].out = qr.ptr, outr.ptr
+            refs.append((kr, vr, qr, outr))
+            outs.append(outr.obj)
+        st = ffi.NULL
+        if stats:
+            st = ffi.new("ssa_decode_stats *")
+            lib.ssa_decode_stats_init(st)
+        check(lib.ssa_decode_step_batch(c_items, len(items), layer, params, st), "ssa_decode_step_batch")
+        if stats:
+            return outs, DecodeStats._from_c(st)
         return outs
 
 
@@ -676,14 +740,23 @@ class Session:
         return self._device_ptrs
 
     def __len__(self) -> int:
+        self._commit_steps()
         return int(lib.ssa_session_length(self._handle()))
 
     def layer_length(self, layer: int) -> int:
-        """Tokens present in one layer."""
+        """Tokens present in one layer (decode steps still queued on the device included)."""
         layer = _int("layer", layer, 0, _U32)
         if layer >= self._config.n_layers:
             raise invalid("layer %d >= n_layers %d" % (layer, self._config.n_layers))
+        self._commit_steps()
         return int(lib.ssa_session_layer_length(self._handle(), layer))
+
+    def _commit_steps(self) -> None:
+        # The C lengths count the decode steps committed so far; Python counts every
+        # step queued (a wait for the device; a no-op without a reservation). Steps
+        # that did nothing stay counted for sync().
+        if self._device_ptrs:
+            check(lib.ssa_session_sync(self._handle(), ffi.NULL), "ssa_session_sync")
 
     def __repr__(self) -> str:
         if self.closed:
@@ -939,12 +1012,25 @@ class Session:
             return outr.obj, DecodeStats._from_c(st)
         return outr.obj
 
+    def _step_pointers(self, layer: int, k: int, v: int, q: int, out: int, params, stats) -> None:
+        """ssa_decode_step on raw addresses with a prepared parameter struct: for a
+        caller that already checked its arrays (ssa.hf, once per layer and token)."""
+        check(lib.ssa_decode_step(self._handle(), layer, ffi.cast("const void *", k), ffi.cast("const void *", v),
+                                  ffi.cast("const void *", q), ffi.cast("void *", out), params, stats),
+              "ssa_decode_step")
+
     # -- snapshots
     def save(self, path: PathLike) -> None:
-        """Writes the whole session to path atomically (runs beside decodes)."""
+        """Writes the whole session to path atomically (runs beside decodes).
+
+        On a group's runtime (``ssa.distributed``) a collective call: every rank passes the
+        same path; each writes its shard's file beside it and rank 0 commits the set by
+        writing the manifest at path, which loads into a group of any size or one process.
+        """
         check(lib.ssa_session_save(self._handle(), _path(path)), "ssa_session_save")
 
     def checkpoint(self, path: PathLike) -> None:
         """Appends only what changed since the last save/checkpoint to path, atomically
-        (a full save when path holds no snapshot of this session)."""
+        (a full save when path holds no snapshot of this session; on a group's runtime
+        always a full save of the set, as ``save``)."""
         check(lib.ssa_session_checkpoint(self._handle(), _path(path)), "ssa_session_checkpoint")

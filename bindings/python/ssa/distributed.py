@@ -2,15 +2,21 @@
 
 Every process of the group makes a runtime from the group; each session of it is
 sharded by position over the ranks (rank i holds shard i of ``shard_tokens`` tokens,
-the last rank the rest), and every decode is a collective call: all ranks pass the same
-q and get the same output, bitwise the unsharded session's. Example (on each rank)::
+the last rank the rest: only those K/V rows and codes live in its memory), and every
+decode is a collective call: all ranks pass the same q and get the same output, bitwise
+the unsharded session's. Example (on each rank)::
 
     import torch.distributed as dist, ssa, ssa.distributed
     dist.init_process_group("gloo", ...)
     rt = ssa.distributed.runtime(threads=1, shard_tokens=1 << 20)
     s = rt.create_session(...)      # every rank: the same calls, in the same order
-    s.append(0, k, v)               # every rank passes the same rows
+    s.append(0, k, v)               # every rank passes the same rows, keeps its shard's
     out = s.decode(0, q)            # collective: the same q on every rank
+    s.save(path)                    # collective: a file per rank beside path + a manifest
+    s2 = rt.load(path)              # collective; a set of any group size, or one file
+
+Index training (at an append that reaches the index policy's threshold, update_index,
+or a decode on an untrained layer), save and load are collective calls too.
 
 The collectives go through the group's own transport (gloo on CPUs); libssa calls them
 on the thread that called it, and each waits at most ``timeout_ms``: a rank that died or

@@ -3,8 +3,9 @@
 usage: distributed_worker.py RANK WORLD INIT_FILE OUT_DIR
 
 A world of 4 processes (one torch import each, which is most of the test's time)
-runs the groups of 2, 3 and 4 as subgroups of it, one after the other; then ranks 2
-and 3 form a group of 2 in which rank 3 dies. Also imported by the tests for the
+runs the groups of 2, 3 and 4 as subgroups of it, one after the other (each saves
+its session: one file per rank and a manifest), then each group loads the snapshot
+another group size saved; then ranks 2 and 3 form a group of 2 in which rank 3 dies. Also imported by the tests for the
 data and the decode grid, so that the unsharded reference makes exactly the calls
 each rank makes.
 """
@@ -93,21 +94,33 @@ def main(argv):
     groups = {size: dist.new_group(list(range(size))) for size in SIZES}
     dying = dist.new_group([2, 3])
     k, v, q = data()
+    results = {}
     for size in SIZES:
         if rank < size:
             rt = ssa.distributed.runtime(groups[size], threads=1, shard_tokens=SHARD, seed=1234)
             assert rt.shards == size and rt.rank == rank
             s = make_session(rt)
             res = history(s, k, v, q)
-            if size == 2 and rank == 0:
-                s.save(os.path.join(out_dir, "group2.ssa"))  # loaded by the test in one process
+            # Collective: every rank writes its shard's file, rank 0 the manifest (the
+            # test loads each group's set in one process; the next loop in other groups).
+            s.save(os.path.join(out_dir, "group%d.ssa" % size))
             s.close()
             # A snapshot of one process (written by the test) into this group.
             s = rt.load(os.path.join(out_dir, "single.ssa"))
             res["loaded"] = grid(s, q)
             s.close()
             rt.close()
-            save(os.path.join(out_dir, "size%d_rank%d.json" % (size, rank)), res)
+            results[size] = res
+        dist.barrier()
+    for size in SIZES:
+        if rank < size:
+            other = SIZES[(SIZES.index(size) + 1) % len(SIZES)]  # 2 <- 3, 3 <- 4, 4 <- 2
+            rt = ssa.distributed.runtime(groups[size], threads=1, shard_tokens=SHARD, seed=1234)
+            s = rt.load(os.path.join(out_dir, "group%d.ssa" % other))
+            results[size]["from_group"] = grid(s, q)
+            s.close()
+            rt.close()
+            save(os.path.join(out_dir, "size%d_rank%d.json" % (size, rank)), results[size])
         dist.barrier()
     if rank < 2:
         os._exit(0)  # ranks 2 and 3 go on alone; no orderly teardown with a peer about to die

@@ -42,3 +42,33 @@ def test_decode_step_refuses_bad_shapes(rt, rng):
         with pytest.raises(ssa.InvalidArgument):
             s.reserve(0)
         assert s.layer_length(0) == 100
+
+
+@pytest.mark.parametrize("method", ["ssa", "dense"])
+def test_decode_step_batch_is_each_session_stepped(rt, rng, method):
+    # Sessions of different lengths in one call: each appended and decoded at its own
+    # position, as its own decode_step would.
+    lens = (700, 130, 401)
+    kv = [random_kv(rng, n, clusters=3) for n in lens]
+    batch = [make_session(rt) for _ in lens]
+    alone = [make_session(rt) for _ in lens]
+    try:
+        for (k, v), a, b in zip(kv, batch, alone):
+            a.append(0, k, v)
+            b.append(0, k, v)
+        kw = dict(method=method, budget=48, n_sink=8, n_local=16, seed=5, step=7)
+        for t in range(6):
+            new = [random_kv(rng, 1) for _ in lens]
+            qs = [random_q(rng) for _ in lens]
+            outs, st = rt.decode_step_batch([(a, k[0], v[0], q) for a, (k, v), q in zip(batch, new, qs)], 0,
+                                            stats=True, **kw)
+            for b, (k, v), q, got in zip(alone, new, qs, outs):
+                assert np.array_equal(got, b.decode_step(0, k[0], v[0], q, **kw))
+            assert st.context_tokens == sum(n + t + 1 for n in lens)
+        assert [s.layer_length(0) for s in batch] == [n + 6 for n in lens]
+        with pytest.raises(ssa.InvalidArgument, match="items\\[1\\]"):
+            rt.decode_step_batch([(batch[0], k[0], v[0], q), (batch[1], k[0], v[0])], 0)
+        assert [s.layer_length(0) for s in batch] == [n + 6 for n in lens]  # the refused call changed nothing
+    finally:
+        for s in batch + alone:
+            s.close()

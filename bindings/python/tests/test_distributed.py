@@ -1,10 +1,13 @@
 """Sessions across processes over torch.distributed (gloo): groups of 2, 3 and 4 CPU
 processes, each process a rank of ssa.distributed.runtime, decode every method and group
 mode bitwise as one unsharded process does (outputs and stats), after appends across
-shard boundaries, a fork, and a truncation into a shard with regrowth; a snapshot of one
-process loads into each group and a group's snapshot into one process; a rank that dies
-gives its peer ssa.IOError within the collective timeout, then at once. The processes
-run distributed_worker.py (one world of 4, the groups as its subgroups)."""
+shard boundaries, a fork, and a truncation into a shard with regrowth; each group saves
+its session (a file per rank, each holding its shard's pages, and a manifest), which
+loads into one process and into a group of another size; a snapshot of one process
+loads into each group; a rank that dies gives its peer ssa.IOError within the
+collective timeout, then at once. The processes run distributed_worker.py (one world
+of 4, the groups as its subgroups)."""
+import glob
 import json
 import os
 import subprocess
@@ -34,6 +37,7 @@ def reference(out_dir):
         want = W.history(s, k, v, q)
         s.save(str(out_dir / "single.ssa"))
         want["loaded"] = W.grid(s, q)
+        want["from_group"] = want["truncated"]  # each group saved after the history
         s.close()
     return want
 
@@ -75,17 +79,26 @@ def test_group_decodes_bitwise_as_one_process(run, size):
     for r in range(size):
         with open(out / ("size%d_rank%d.json" % (size, r))) as f:
             got = {key: [(bytes.fromhex(o), tuple(st)) for o, st in v] for key, v in json.load(f).items()}
-        for what in ("grid", "truncated", "fork", "loaded"):
+        for what in ("grid", "truncated", "fork", "loaded", "from_group"):
             check(want[what], got[what], "%s, rank %d of %d" % (what, r, size))
 
 
-def test_group_snapshot_loads_in_one_process(run):
+@pytest.mark.parametrize("size", W.SIZES)
+def test_group_snapshot_loads_in_one_process(run, size):
     out, want = run
     _, _, q = W.data()
     with ssa.Runtime(backend="cpu", threads=1, seed=1234) as rt:
-        s = rt.load(str(out / "group2.ssa"))
-        check(want["truncated"], W.grid(s, q), "group of 2's snapshot in one process")
+        s = rt.load(str(out / ("group%d.ssa" % size)))
+        check(want["truncated"], W.grid(s, q), "group of %d's snapshot in one process" % size)
         s.close()
+    # One file per rank, each with its own shard's pages only: together about the
+    # one process's file, each well below it but the last rank's (it holds the rest).
+    parts = sorted(glob.glob(str(out / ("group%d.ssa.*.rank*" % size))))
+    assert len(parts) == size
+    whole = os.path.getsize(out / "single.ssa")
+    sizes = [os.path.getsize(p) for p in parts]
+    assert 0.9 * whole < sum(sizes) < 1.2 * whole
+    assert all(b < 0.6 * whole for b in sizes[:-1])
 
 
 def test_a_dead_rank_gives_an_error_not_a_hang(run):

@@ -18,7 +18,11 @@ def _model(attn, dtype):
                                    num_attention_heads=32, num_key_value_heads=8, head_dim=128,
                                    max_position_embeddings=1 << 20, initializer_range=0.02)
     torch.manual_seed(0)
-    return transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation=attn).to("cuda", dtype).eval()
+    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation=attn).to("cuda", dtype).eval()
+    # generate compiles a compileable cache's decode forward (CUDA graphs); the tests
+    # below run the eager path unless they say otherwise (test_compiled_*).
+    model.generation_config.disable_compile = True
+    return model
 
 
 def _ids(n, seed):
@@ -119,3 +123,80 @@ def test_batch_of_short_and_long_padded_prompts_on_cuda():
             ref = model.generate(seq[None], past_key_values=alone, max_new_tokens=5, min_new_tokens=5,
                                  do_sample=False)
             assert out[row, -5:].tolist() == ref[0, -5:].tolist(), (method, row)
+
+
+def _generate(model, cache, ids, n, compiled, mask=None):
+    return model.generate(ids, attention_mask=mask, past_key_values=cache, max_new_tokens=n, min_new_tokens=n,
+                          do_sample=False, pad_token_id=0, disable_compile=not compiled)
+
+
+@pytest.mark.parametrize("method", ["ssa", "pq_topk", "dense"])
+def test_compiled_generate_on_cuda_equals_eager(method):
+    # generate's own compiled path (torch.compile, mode "reduce-overhead": CUDA
+    # graphs recorded once and replayed). Eight tokens reserved at a time, so that
+    # 31 steps renew the reservation (and record new graphs) several times.
+    model = _model("ssa", torch.float32)
+    ids = _ids(1500, 41)
+    kw = dict(method=method, budget=200, n_sink=16, n_local=64, seed=3, reserve_tokens=8)
+    eager_cache = ssa.hf.SSACache(model, **kw)
+    eager = _generate(model, eager_cache, ids, 32, compiled=False)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    cache = ssa.hf.SSACache(model, **kw)
+    assert cache.is_compileable
+    assert not ssa.hf.SSACache(model, backend="cpu").is_compileable  # its steps copy to the host
+    got = _generate(model, cache, ids, 32, compiled=True)
+    assert got.tolist() == eager.tolist()
+    assert cache.get_seq_length() == eager_cache.get_seq_length() == 1500 + 31
+    assert [len(s) for s in cache.sessions] == [1531]
+    counters = torch._dynamo.utils.counters
+    print("compiled generate (%s): %s frames compiled, cudagraph skips %s, %d reservations" % (
+        method, dict(counters["stats"]), dict(counters["inductor"].get("cudagraph_skips", {}) or {}), cache._epoch))
+    assert counters["stats"]["unique_graphs"] == 1  # one graph for every step and reservation
+    assert counters["inductor"]["cudagraph_skips"] == 0
+    assert cache._epoch >= 4  # the reservation was renewed (31 steps, 8 at a time)
+
+
+def test_compiled_generate_of_a_padded_batch_on_cuda_equals_eager():
+    # The batch's rows sampled, each from its own length and position (a row alone
+    # gives its tokens in a batch: tests_hf/test_hf_compiled.py, exact on the CPU;
+    # here the batch's GEMMs round otherwise than one row's, and sampled selections
+    # of a random model follow such differences).
+    model = _model("ssa", torch.float32)
+    long_, short = _ids(1024, 51)[0], _ids(300, 52)[0]
+    pad = long_.shape[0] - short.shape[0]
+    ids = torch.stack([long_, torch.cat([torch.zeros(pad, dtype=torch.long, device="cuda"), short])])
+    mask = torch.ones_like(ids)
+    mask[1, :pad] = 0
+    kw = dict(method="ssa", budget=160, n_sink=16, n_local=64, seed=9, reserve_tokens=16)
+    eager_cache, cache = ssa.hf.SSACache(model, **kw), ssa.hf.SSACache(model, **kw)
+    eager = _generate(model, eager_cache, ids, 20, compiled=False, mask=mask)
+    out = _generate(model, cache, ids, 20, compiled=True, mask=mask)
+    assert out.tolist() == eager.tolist()
+    assert [len(s) for s in cache.sessions] == [len(s) for s in eager_cache.sessions] == [1024 + 19, 300 + 19]
+
+
+def test_a_cache_outside_its_reservation_is_detected():
+    # A graph replayed after its reservation ended does nothing; the next step's
+    # check says so instead of returning that token's unwritten output.
+    model = _model("ssa", torch.float32)
+    ids = _ids(700, 61)
+    cache = ssa.hf.SSACache(model, method="ssa", budget=100, n_sink=16, n_local=32, reserve_tokens=4)
+    with torch.no_grad():
+        model(ids, past_key_values=cache)
+        cache.prepare_step()
+        s = cache.sessions[0]
+        k = torch.randn(8, 128, device="cuda")
+        q = torch.randn(32, 128, device="cuda")
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            s.decode_step(0, k, k, q, method="ssa", budget=100, n_sink=16, n_local=32,
+                          stream=torch.cuda.current_stream())
+        graph.replay()
+        cache.sessions[0].reserve(4)  # the reservation the graph was captured under ends
+        cache._left = 4
+        graph.replay()  # does nothing, counted
+        with pytest.raises(RuntimeError, match="did nothing"):
+            cache.prepare_step()

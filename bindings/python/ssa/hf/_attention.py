@@ -7,7 +7,12 @@ cache, no cache, sliding layers) "ssa" is transformers' sdpa.
 """
 import threading
 
+import torch
+
 _tls = threading.local()
+# The hand-over of a decode step inside a compiled forward: dynamo traces a module
+# global (the thread-local above is for eager forwards, which may run in many threads).
+_compiled_step = None
 
 
 def set_pending(work) -> None:
@@ -36,9 +41,33 @@ def clear_pending() -> None:
     _tls.pending = None
 
 
+class _Step:
+    """A decode step handed over by SSALayer.update (see attend_step)."""
+
+    def __init__(self, layer):
+        self.layer = layer
+
+    def run(self, module, query, key, value, mask, kwargs, sdpa):
+        return self.layer.attend_step(query, key, value, kwargs)
+
+
+def set_pending_step(layer) -> None:
+    global _compiled_step
+    if torch.compiler.is_compiling():
+        _compiled_step = layer
+    else:
+        set_pending(_Step(layer))
+
+
 def ssa_attention_forward(module, query, key, value, attention_mask, **kwargs):
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+    global _compiled_step
+    if torch.compiler.is_compiling():
+        layer = _compiled_step
+        if layer is not None and layer.layer_idx == getattr(module, "layer_idx", None):
+            _compiled_step = None
+            return layer.attend_step(query, key, value, kwargs)
     work = take_pending(getattr(module, "layer_idx", None))
     if work is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)

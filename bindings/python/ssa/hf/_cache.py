@@ -7,8 +7,13 @@ from transformers.cache_utils import Cache, CacheLayerMixin, DynamicSlidingWindo
 
 from .. import _core
 from .._errors import Error, invalid
-from . import _attention, _model, _params, _runtime
+from . import _attention, _model, _params, _runtime, _steps
 
+_TRAIN_AT_FIRST_DECODE = 0xFFFFFFFF  # index_min_tokens no append reaches
+# Query-aware proxies learn from the prefill's last queries (per batch row, every
+# query head): enough for a second moment of head_dim^2 entries to settle, cheap
+# next to the prefill (head_dim^2 multiply-adds per query head and query).
+_OBSERVED_PREFILL_QUERIES = 256
 _TORCH_DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
 
@@ -24,7 +29,6 @@ class SSALayer(CacheLayerMixin):
 
     is_sliding = False
     is_croppable = True
-    is_compileable = False
     supports_early_init = False
 
     def __init__(self, cache: "SSACache", layer_idx: int, slot: int):
@@ -32,9 +36,34 @@ class SSALayer(CacheLayerMixin):
         self.cache = cache
         self.layer_idx = layer_idx
         self.slot = slot
-        self.seen = 0  # positions seen (padding included), as transformers counts them
+        # Positions seen (padding included, as transformers counts them) are derived
+        # from the sessions: row 0's stored tokens, plus the positions row 0 skipped
+        # as padding, plus those handed to update() whose append has not run yet.
+        # A compiled step appends on the device without running any of this code.
+        self.pad0 = 0
+        self.inflight = 0
+        self.stepping = False  # a token is a decode step (update hands it over whole)
         self.dense_k: Optional[torch.Tensor] = None
         self.dense_v: Optional[torch.Tensor] = None
+
+    @property
+    def is_compileable(self) -> bool:
+        return self.cache.is_compileable
+
+    @property
+    def seen(self) -> int:
+        c = self.cache
+        stored = c._length0(self.slot) if c.sessions else 0
+        return self.pad0 + stored + self.inflight
+
+    @seen.setter
+    def seen(self, n: int) -> None:
+        c = self.cache
+        self.inflight = 0
+        self.pad0 = int(n) - (c._length0(self.slot) if c.sessions else 0)
+
+    def attend_step(self, query, key, value, kwargs):
+        return attend_step(self, query, key, value, kwargs)
 
     def __repr__(self):
         return "SSALayer(%d -> session layer %d, %d tokens)" % (self.layer_idx, self.slot, self.seen)
@@ -55,6 +84,14 @@ class SSALayer(CacheLayerMixin):
     def get_mask_sizes(self, query_length, *args) -> tuple:
         if isinstance(query_length, torch.Tensor):  # older transformers pass cache_position
             query_length = int(query_length.shape[0])
+        if int(query_length) == 1 and self.stepping:
+            # A decode step attends the new token's K/V (what update returns) and the
+            # sessions behind it; the mask (of constant shape, so a compiled forward
+            # keeps one graph) covers that token. generate builds it before every
+            # step, so this is where the host checks the steps queued since the last
+            # one and keeps room reserved for the next.
+            self.cache._before_step()
+            return 1, self.seen
         return self.seen + int(query_length), 0
 
     def reset(self) -> None:
@@ -93,8 +130,14 @@ class SSALayer(CacheLayerMixin):
             raise invalid("SSACache layer %d: key_states has batch %d, the cache holds %d sequences"
                           % (self.layer_idx, key_states.shape[0], c.batch_size))
         t = int(key_states.shape[2])
+        if t == 1 and self.stepping:
+            # The whole token goes to the attention call: append and decode in one
+            # native step there (no Python state changes here, so a compiled forward
+            # has nothing to guard on but the shapes).
+            _attention.set_pending_step(self)
+            return key_states, value_states
         pos = self.seen
-        if t > 1 and (self.seen == 0 or self.dense_k is not None):
+        if t > 1 and (pos == 0 or self.dense_k is not None):
             if self.dense_k is not None:
                 key_states = torch.cat([self.dense_k, key_states], dim=-2)
                 value_states = torch.cat([self.dense_v, value_states], dim=-2)
@@ -103,7 +146,7 @@ class SSALayer(CacheLayerMixin):
         else:
             self.dense_k = self.dense_v = None
             work = _Decode(self, key_states, value_states, pos)
-        self.seen += t
+        self.inflight += t
         self.is_initialized = True
         _attention.set_pending(work)
         return key_states, value_states
@@ -132,6 +175,9 @@ class _Prefill:
         k_new, v_new = key[:, :, -t:, :], value[:, :, -t:, :]
         for b in range(c.batch_size):
             c._append(self.layer, b, k_new[b], v_new[b], _valid_keys(mask, b, t))
+        c._observe_prefill(self.layer, query, mask, kwargs)
+        self.layer.inflight -= t
+        self.layer.stepping = c._stepping
         c._progress_step(self.layer, t)
         return out
 
@@ -152,9 +198,7 @@ class _Decode:
             raise invalid("SSACache layer %d: query has shape %s, expected [%d, %d, n_tokens, %d]"
                           % (self.layer.layer_idx, tuple(query.shape), c.batch_size, c.shape.n_q_heads,
                              c.shape.head_dim))
-        scaling = kwargs.get("scaling")
-        # libssa scales scores by 1/sqrt(head_dim); another model scale goes into q.
-        fix = 1.0 if scaling is None else float(scaling) * math.sqrt(d)
+        fix = _model_scale_fix(c, kwargs, d)
         outs = []
         for i in range(t):
             for b in range(b_):
@@ -163,11 +207,46 @@ class _Decode:
                 valid = _valid_keys(mask, b, t) if t > 1 else None
                 c._append(self.layer, b, self.keys[b, :, i:i + 1, :], self.values[b, :, i:i + 1, :],
                           None if valid is None else valid[i:i + 1])
+            self.layer.inflight -= 1
             q = query[:, :, i, :]
             if fix != 1.0:
                 q = q * fix
             outs.append(c._decode(self.layer, q, self.pos + i).to(device=query.device, dtype=query.dtype))
+        self.layer.stepping = c._stepping
         return torch.stack(outs, dim=1), None  # [batch, n_tokens, n_q_heads, head_dim]
+
+
+def _model_scale_fix(c, kwargs, d: int) -> float:
+    """libssa scales scores by 1/sqrt(head_dim); the factor that puts another model
+    scale into q."""
+    scaling = kwargs.get("scaling")
+    return 1.0 if scaling is None else float(scaling) * math.sqrt(d)
+
+
+def attend_step(layer: "SSALayer", query, key, value, kwargs):
+    """The attention of one decode step (update handed the token over): the new
+    token's K/V appended and its query decoded by libssa, in one native call per
+    layer (torch.ops.ssa.decode_step when compiling, so that it enters the graph)."""
+    c = layer.cache
+    if kwargs.get("softcap") is not None:
+        raise invalid("SSACache layer %d: attention soft-capping is not supported" % layer.layer_idx)
+    b_, hq, t, d = query.shape
+    if t != 1 or hq != c.shape.n_q_heads or d != c.shape.head_dim or b_ != c.batch_size:
+        raise invalid("SSACache layer %d: query has shape %s, expected [%d, %d, 1, %d]"
+                      % (layer.layer_idx, tuple(query.shape), c.batch_size, c.shape.n_q_heads, c.shape.head_dim))
+    fix = _model_scale_fix(c, kwargs, d)
+    q = query[:, :, 0, :]
+    if fix != 1.0:
+        q = q * fix
+    dt = getattr(torch, c.dtype)
+    q = q.to(dt).contiguous()
+    k = key[:, :, 0, :].to(dt).contiguous()
+    v = value[:, :, 0, :].to(dt).contiguous()
+    if torch.compiler.is_compiling():
+        out = torch.ops.ssa.decode_step(c._token, q, k, v, layer.layer_idx)
+    else:
+        out = c._run_step(c._epoch, layer.layer_idx, q, k, v)
+    return out.to(device=query.device, dtype=query.dtype).unsqueeze(1), None  # [batch, 1, n_q_heads, head_dim]
 
 
 class SSACache(Cache):
@@ -219,6 +298,25 @@ class SSACache(Cache):
             Not with traces, save or load in this version.
         shard_tokens: with process_group, the tokens each rank's shard takes before the
             next rank's starts (0: 1048576; else a multiple of 8192).
+        reserve_tokens: CUDA sessions: the tokens reserved ahead for decode steps
+            (ssa_session_reserve; renewed when used up). A step runs on the device
+            from device lengths, so a CUDA graph captures it once and replays it.
+        proxy: the sessions' proxy (None: the library's default, "pq"; see
+            Runtime.create_session). The 4-bit ones ("pq4", "opq4", "qpq4") take
+            32 subspaces of 16 centroids, PQ's 16 bytes per token per KV head. The
+            query-aware ones ("qpq", "qpq4") are shown each prefill's last 256
+            queries of every layer (Session.observe_queries), which the layer's
+            index then learns from at its first decode. All but "pq": CPU only.
+
+    Decode steps (one new token per row after the prompt) are one native call per
+    layer, ssa_decode_step: the token's K/V appended and its query decoded. The cache
+    is compileable (transformers' generate then compiles the decode forward with CUDA
+    graphs, as for its StaticCache) when every layer is a full-attention layer and
+    there is no observer, no traces and no process group; the step enters the graph
+    as the custom op torch.ops.ssa.decode_step. Compiled and eager steps run the same
+    kernels and give the same tokens. The PQ index of a layer is trained at its first
+    decode that needs it (or its first reservation), not during the prefill, so the
+    prefill takes no longer than the model's own.
 
     Prefill (a multi-token chunk at the start of a sequence) attends densely with
     transformers' sdpa and appends the chunk's K/V; a later multi-token chunk (after a
@@ -231,7 +329,8 @@ class SSACache(Cache):
                  observer: Optional[Callable] = None, threads: int = 0,
                  progress_min_tokens: Optional[int] = 8192, group_selection: str = "off",
                  traces: bool = False, runtime: Optional[_core.Runtime] = None,
-                 page_tokens: Optional[int] = None, process_group: Any = None, shard_tokens: int = 0):
+                 page_tokens: Optional[int] = None, process_group: Any = None, shard_tokens: int = 0,
+                 reserve_tokens: int = 1024, proxy: Optional[str] = None):
         self.shape = _model.shape_of(model)
         impl = getattr(_model.text_config(model), "_attn_implementation", None)
         if impl is not None and impl != "ssa":
@@ -246,6 +345,7 @@ class SSACache(Cache):
         self.threads = threads
         self._given_runtime = _runtime.check_given(runtime, self.backend, threads)
         self._storage = _runtime.check_storage(page_tokens)
+        self._storage.update(_runtime.check_proxy(proxy))
         if process_group is not None and self.backend == "cuda":
             raise invalid("SSACache(process_group=...) runs on the CPU backend only in this version")
         self.process_group = process_group
@@ -253,7 +353,11 @@ class SSACache(Cache):
         if process_group is not None and runtime is not None:
             raise invalid("SSACache: pass runtime= or process_group= (a runtime built for the group), not both")
         self.progress_min_tokens = progress_min_tokens
+        if isinstance(reserve_tokens, bool) or not isinstance(reserve_tokens, int) or reserve_tokens < 1:
+            raise invalid("reserve_tokens must be an integer >= 1, got %r" % (reserve_tokens,))
+        self.reserve_tokens = reserve_tokens
         self.fingerprint = _model.fingerprint(model)
+        self._model_device = next((p.device.type for p in model.parameters()), "cpu")
         self._config_summary = _model.config_summary(model)
         slots = {}
         layers: List[Any] = []
@@ -275,6 +379,181 @@ class SSACache(Cache):
         self._padded = False
         self._bar = None
         self._step = 0  # RNG step of the last decode
+        # Decode steps: the reservation in force (CUDA) and the token naming it in
+        # compiled steps (_steps.py); the epoch counts reservations.
+        self._reserved = False
+        self._left = 0
+        self._epoch = 0
+        self._token: Optional[torch.Tensor] = None
+
+    # -- decode steps
+    @property
+    def _stepping(self) -> bool:
+        """Whether single-token decodes go through ssa_decode_step (not with traces,
+        which record per-row decodes, nor across a process group)."""
+        return not self.traces and self.process_group is None
+
+    @property
+    def is_compileable(self) -> bool:
+        """Whether a compiled forward (torch.compile, CUDA graphs) can run this cache's
+        decode steps: every layer full-attention, no observer, no traces, no process
+        group, and a group selection the device step supports."""
+        if not self._stepping or self.observer is not None or len(self._slots) != self.shape.n_layers:
+            return False
+        if self._model_device != "cpu" and self._host_sessions():
+            return False  # each step would copy q, k and v to the host: no graph can hold that
+        return self._device_step_fits()
+
+    def _host_sessions(self) -> bool:
+        if self.runtime is not None:
+            return self.runtime.backend == "cpu"
+        if self._given_runtime is not None:
+            return self._given_runtime.backend == "cpu"
+        return self.backend == "cpu"
+
+    def _device_step_fits(self) -> bool:
+        """Whether ssa_decode_step makes this cache's selection on the device (not the
+        mixture of several query heads per KV head)."""
+        gqa = self.shape.n_q_heads // self.shape.n_kv_heads
+        return not (self.params.get("group_selection") == "mixture" and gqa > 1)
+
+    def _length0(self, slot: int) -> int:
+        """Tokens row 0 stores at session layer slot, counting steps still queued."""
+        if self._reserved:
+            self._settle()
+        return self.sessions[0].layer_length(slot)
+
+    def _settle(self) -> None:
+        """Commits the steps queued on the device; a step that did nothing (replayed
+        past or outside its reservation) is an error: its token's output was never
+        written."""
+        dropped = sum(s.sync() for s in self.sessions)
+        if dropped:
+            self._end_reservation()
+            raise RuntimeError("SSACache: %d decode step(s) did nothing: a CUDA graph was replayed outside the "
+                        "reservation it was captured under (the output of those tokens is wrong); generate "
+                        "renews reservations before each step, a loop of its own calls "
+                        "cache.prepare_step() before each forward" % dropped)
+
+    def prepare_step(self) -> None:
+        """Readies the next decode step (generate calls it through the mask sizes):
+        commits the steps queued so far and, on CUDA, renews the sessions' reservation
+        when it is used up. A loop that runs a compiled forward of its own, without
+        generate, calls it before each forward."""
+        self._before_step()
+
+    def _before_step(self) -> None:
+        self._drop_prefill_kv()
+        if not self.sessions or self.runtime.backend != "cuda":
+            return
+        if self._reserved:
+            self._settle()
+            self._left = self._cap0 - self.sessions[0].layer_length(0)
+        self._ensure_reserved()
+
+    def _ensure_reserved(self) -> None:
+        if self._reserved and self._left > 0:
+            return
+        try:
+            for s in self.sessions:
+                s.reserve(self.reserve_tokens)
+        except Error as e:
+            self._end_reservation()
+            raise _relabel(e, "SSACache: reserving %d tokens for decode steps" % self.reserve_tokens) from None
+        self._reserved = True
+        self._left = self.reserve_tokens
+        self._cap0 = self.sessions[0].layer_length(0) + self.reserve_tokens
+        self._new_token()
+
+    def _step_params(self, stream):
+        """The ssa_decode_params of a step (RNG step 0: the library adds the token's
+        position), made once per parameters and stream."""
+        key = (stream.cuda_stream if stream is not None else 0)
+        cached = getattr(self, "_step_params_cache", None)
+        if cached is None or cached[0] is not self.params or cached[1] != key:
+            p = _core._decode_params(**_params.library_kwargs(self.params), step=0, stream=stream)
+            cached = (self.params, key, p)
+            self._step_params_cache = cached
+        return cached[2]
+
+    def _drop_prefill_kv(self, layer: Optional[SSALayer] = None) -> None:
+        """A decode step ends the prefill: the prompt's K/V tensors kept for a chunked
+        prefill's attention are dropped (the sessions hold them)."""
+        for x in [layer] if layer is not None else self.layers:
+            if isinstance(x, SSALayer):
+                x.dense_k = x.dense_v = None
+
+    def _end_reservation(self) -> None:
+        """The sessions' reservation has ended (an append, truncate, fork, save...):
+        a compiled step recorded under it must not be replayed, so its token goes."""
+        if self._reserved:
+            self._reserved = False
+            self._new_token()
+
+    def _new_token(self) -> None:
+        if self._token is not None:
+            _steps.forget_token(self._token)
+        self._epoch += 1
+        self._token = _steps.new_token(self, self.device, self._epoch)
+
+    def _run_step(self, epoch: int, layer_idx: int, q, k, v):
+        """The decode step of every row at one layer (the body of ssa::decode_step):
+        q [batch, n_q_heads, head_dim], k/v [batch, n_kv_heads, head_dim]."""
+        slot = self._slots[layer_idx]
+        layer = self.layers[layer_idx]
+        if layer.dense_k is not None:
+            self._drop_prefill_kv(layer)
+        cuda = self.runtime.backend == "cuda"
+        if cuda and not self._device_step_fits():
+            # A selection the device step does not make: the append and the decode
+            # as two calls (eager only; such a cache is not compileable).
+            for b in range(len(self.sessions)):
+                self._append(layer, b, k[b].unsqueeze(1), v[b].unsqueeze(1), None)
+            return self._decode(layer, q, layer.seen - 1)
+        stream = self._stream() if cuda else None
+        if cuda:
+            if not torch.cuda.is_current_stream_capturing():
+                # Run eagerly (no graph, or a graph's warm-up): the host keeps count.
+                if slot == 0 and self._reserved and self._left <= 0:
+                    self._settle()
+                    self._left = self._cap0 - self.sessions[0].layer_length(0)
+                self._ensure_reserved()
+                if slot == 0:
+                    self._left -= 1  # the step takes a token of every layer's reservation
+        else:
+            q, k, v = self._to_session(q), self._to_session(k), self._to_session(v)
+        out = torch.empty_like(q)
+        want_stats = self.observer is not None or (not cuda and len(self.sessions) == 1)
+        stats: List[Any] = [None] * len(self.sessions)
+        # q, k, v and out are contiguous [batch, heads, head_dim] tensors of the
+        # sessions' dtype and memory space (attend_step made them so): their rows go to
+        # the library by address, with one parameter struct per parameters and stream.
+        params = self._step_params(stream)
+        kb, qb = k.stride(0) * k.element_size(), q.stride(0) * q.element_size()
+        try:
+            if want_stats:
+                for b, s in enumerate(self.sessions):
+                    st = _core.ffi.new("ssa_decode_stats *")
+                    _core.lib.ssa_decode_stats_init(st)
+                    s._step_pointers(slot, k.data_ptr() + b * kb, v.data_ptr() + b * kb, q.data_ptr() + b * qb,
+                                     out.data_ptr() + b * qb, params, st)
+                    stats[b] = _core.DecodeStats._from_c(st)
+            elif len(self.sessions) == 1:
+                self.sessions[0]._step_pointers(slot, k.data_ptr(), v.data_ptr(), q.data_ptr(), out.data_ptr(),
+                                                params, _core.ffi.NULL)
+            else:
+                self.runtime._step_batch_pointers(self.sessions, k.data_ptr(), v.data_ptr(), q.data_ptr(),
+                                                  out.data_ptr(), kb, qb, slot, params)
+        except Error as e:
+            raise _relabel(e, "SSACache layer %d (session layer %d), decode step of a query of shape %s"
+                           % (layer_idx, slot, tuple(q.shape))) from None
+        self._last_was_step = True
+        if slot == 0:
+            self.last_stats = {}
+        self.last_stats[layer_idx] = stats
+        if self.observer is not None:
+            self.observer(layer_idx, q, out, stats, self)
+        return out
 
     # -- what it holds
     @property
@@ -307,6 +586,8 @@ class SSACache(Cache):
         """Changes decode parameters (method, sparsity, budget, h, n_sink, n_local, seed)
         for the following steps; all are checked before any is changed."""
         self.params = _params.check(params, self.params)
+        if self.sessions:
+            self._new_token()  # a compiled step recorded with the old parameters is not replayed
 
     # -- Cache protocol
     def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
@@ -364,6 +645,7 @@ class SSACache(Cache):
             self.runtime, self.device = _runtime.open_runtime(self, backend, device)
         self.dtype = dtype
         self.sessions = [self._new_session() for _ in range(batch)]
+        self._new_token()
 
     def _session_shape(self) -> dict:
         s = self.shape
@@ -371,7 +653,31 @@ class SSACache(Cache):
                     head_dim=s.head_dim, dtype=self.dtype, model_fingerprint=int(self.fingerprint[:16], 16))
 
     def _new_session(self) -> _core.Session:
-        return self.runtime.create_session(**self._session_shape(), **self._storage)
+        # No PQ training during appends: a layer's index is trained by its first
+        # decode that needs one (or its first reservation), off the prefill's path.
+        return self.runtime.create_session(**self._session_shape(), **self._storage,
+                                           index_min_tokens=_TRAIN_AT_FIRST_DECODE)
+
+    def _observe_prefill(self, layer: SSALayer, query, mask, kwargs) -> None:
+        """Shows a query-aware session the prefill chunk's last queries of each row
+        ([batch, n_q_heads, t, head_dim]; padding skipped), as its decodes scale them."""
+        if not self.sessions or self.sessions[0].config.proxy not in (_core.Proxy.QPQ, _core.Proxy.QPQ4):
+            return
+        t, d = query.shape[2], query.shape[3]
+        fix = _model_scale_fix(self, kwargs, d)
+        for b, s in enumerate(self.sessions):
+            q = query[b].transpose(0, 1)  # [t, n_q_heads, d]
+            valid = _valid_keys(mask, b, t)
+            if valid is not None:
+                q = q[valid]
+            q = q[-_OBSERVED_PREFILL_QUERIES:]
+            if fix != 1.0:
+                q = q * fix
+            try:
+                s.observe_queries(layer.slot, self._to_session(q))
+            except Error as e:
+                raise _relabel(e, "SSACache layer %d (session layer %d, batch row %d), observing %d queries"
+                               % (layer.layer_idx, layer.slot, b, q.shape[0])) from None
 
     def _to_session(self, x):
         """x as the session takes it: its dtype, its memory space, contiguous."""
@@ -389,8 +695,11 @@ class SSACache(Cache):
         if valid is not None and not bool(valid.all()):
             self._padded = True
             k, v = k[valid], v[valid]
+            if b == 0:
+                layer.pad0 += int(valid.numel()) - int(k.shape[0])
         if k.shape[0] == 0:
             return
+        self._end_reservation()  # an append ends a session's reservation
         k, v = self._to_session(k), self._to_session(v)
         s = self.sessions[b]
         try:
@@ -437,6 +746,7 @@ class SSACache(Cache):
                            % (layer.layer_idx, layer.slot, tuple(q.shape))) from None
         if observe:
             self._step = step
+            self._last_was_step = False
             if layer.slot == 0:
                 self.last_stats = {}
             self.last_stats[layer.layer_idx] = stats
@@ -462,7 +772,20 @@ class SSACache(Cache):
         if tuple(q.shape) != want:
             raise invalid("decode_reference layer %d: query has shape %s, expected %s"
                           % (layer_idx, tuple(query.shape), want))
-        out = self._decode(self.layers[layer_idx], q, self._step, p, observe=False)
+        if not getattr(self, "_last_was_step", False):
+            out = self._decode(self.layers[layer_idx], q, self._step, p, observe=False)
+            return out[0] if one else out
+        # After decode steps: each row's RNG step is the position of its last token.
+        q = self._to_session(q)
+        out = torch.empty_like(q)
+        kw = _params.library_kwargs(p)
+        if self.runtime.backend == "cuda":
+            kw["stream"] = self._stream()
+        try:
+            for b, s in enumerate(self.sessions):
+                s.decode(slot, q[b], out=out[b], step=s.layer_length(slot) - 1, **kw)
+        except Error as e:
+            raise _relabel(e, "decode_reference layer %d" % layer_idx) from None
         return out[0] if one else out
 
     # -- progress of long prefills
@@ -483,6 +806,7 @@ class SSACache(Cache):
 
     # -- rows, rollback, branches
     def _reset(self) -> None:
+        self._end_reservation()
         for s in self.sessions:
             s.close()
         self.sessions = []
@@ -491,6 +815,7 @@ class SSACache(Cache):
         for layer in self.layers:
             if isinstance(layer, SSALayer):
                 layer.seen = 0
+                layer.stepping = False
                 layer.dense_k = layer.dense_v = None
             else:
                 layer.keys = layer.values = None
@@ -513,6 +838,8 @@ class SSACache(Cache):
         for r in rows:
             if not 0 <= r < n:
                 raise invalid("batch row %d out of range (the cache holds %d)" % (r, n))
+        seen = {layer.slot: layer.seen for layer in self.layers if isinstance(layer, SSALayer)}
+        self._end_reservation()  # forking ends the sessions' reservations
         new = [self.sessions[r].fork() for r in rows]
         for s in self.sessions:
             s.close()
@@ -520,6 +847,7 @@ class SSACache(Cache):
         idx = torch.tensor(rows, dtype=torch.long)
         for layer in self.layers:
             if isinstance(layer, SSALayer):
+                layer.seen = seen[layer.slot]  # row 0 may be another row now
                 if layer.dense_k is not None:
                     layer.dense_k = layer.dense_k[idx.to(layer.dense_k.device)]
                     layer.dense_v = layer.dense_v[idx.to(layer.dense_v.device)]
@@ -543,11 +871,13 @@ class SSACache(Cache):
                 raise invalid("truncate(%d): model layer %d is a sliding-window layer (window %d) that keeps only "
                               "the last %d of %d positions; it cannot roll back" % (
                                   n, i, layer.sliding_window, layer.keys.shape[-2], cur))
+        self._end_reservation()  # truncating ends the sessions' reservations
         for s in self.sessions:
             s.truncate(n)
         for layer in self.layers:
             if isinstance(layer, SSALayer):
                 layer.seen = n
+                layer.stepping = layer.stepping and n > 0
                 if layer.dense_k is not None:
                     layer.dense_k = layer.dense_k[..., :n, :]
                     layer.dense_v = layer.dense_v[..., :n, :]
@@ -560,18 +890,22 @@ class SSACache(Cache):
     def fork(self) -> "SSACache":
         """An independent copy (sessions forked copy-on-write, sliding layers copied):
         a branch for an agent, or one of several answers to the same prompt."""
+        self._end_reservation()  # forking ends the sessions' reservations
         new = object.__new__(type(self))
         new.__dict__.update(self.__dict__)
         new.sessions = [s.fork() for s in self.sessions]
         new.last_stats = {}
         new.last_traces = {}
         new._bar = None
+        new._token = None
+        if new.sessions:
+            new._new_token()
         layers = []
         for layer in self.layers:
             if isinstance(layer, SSALayer):
                 c = SSALayer(new, layer.layer_idx, layer.slot)
-                c.seen, c.dense_k, c.dense_v, c.is_initialized = layer.seen, layer.dense_k, layer.dense_v, \
-                    layer.is_initialized
+                c.pad0, c.inflight, c.stepping = layer.pad0, layer.inflight, layer.stepping
+                c.dense_k, c.dense_v, c.is_initialized = layer.dense_k, layer.dense_v, layer.is_initialized
             else:
                 c = DynamicSlidingWindowLayer(sliding_window=layer.sliding_window)
                 c.__dict__.update({k: v for k, v in layer.__dict__.items()})

@@ -46,6 +46,7 @@ def save(cache, path) -> None:
     os.makedirs(path, exist_ok=True)
     if cache.runtime.backend == "cuda":
         torch.cuda.current_stream(cache.device).synchronize()  # queued appends land first
+    cache._end_reservation()  # a checkpoint ends the sessions' reservations
     for b, s in enumerate(cache.sessions):
         s.checkpoint(os.path.join(path, _row_file(b)))
     sliding = {}
@@ -151,6 +152,7 @@ def load(cls, path, model, backend, observer, threads, device, runtime=None):
     for layer in cache.layers:
         if hasattr(layer, "seen"):
             layer.seen = positions
+            layer.stepping = cache._stepping and positions > 0
             layer.is_initialized = True
     if manifest.get("sliding"):
         state = torch.load(os.path.join(path, SLIDING), map_location="cpu", weights_only=True)
