@@ -13,9 +13,12 @@
 // Codes and codebooks are random: the cost does not depend on their values.
 // Times are the thread's CPU time (CLOCK_THREAD_CPUTIME_ID: on a shared machine,
 // the work apart from waiting for a core); the JSON lines also carry wall time.
+// With --query-aware 1, the query-aware proxies too (qpq8, qpq4: the same codes
+// and scan, plus the query's d x d transform that score_tokens applies once per
+// query head and step), in the same alternation.
 // Output: a table of median ns per token, then one JSON line per result.
 //
-//   proxy_scoring_bench [--tokens 1048576] [--reps 9]
+//   proxy_scoring_bench [--tokens 1048576] [--reps 9] [--query-aware 1]
 #include <math.h>
 #include <stdio.h>
 #include <time.h>
@@ -44,7 +47,7 @@ struct Proxy {
   ssa::LayerStore layer;
 };
 
-Proxy make_proxy(uint32_t d, uint32_t bytes, bool four_bit, uint64_t n, std::mt19937_64& rng) {
+Proxy make_proxy(uint32_t d, uint32_t bytes, bool four_bit, bool transformed, uint64_t n, std::mt19937_64& rng) {
   Proxy p;
   ssa::KvLayout& L = p.layout;
   L.n_layers = 1;
@@ -56,8 +59,8 @@ Proxy make_proxy(uint32_t d, uint32_t bytes, bool four_bit, uint64_t n, std::mt1
   L.pq_subspaces = four_bit ? 2 * bytes : bytes;
   L.pq_centroids = four_bit ? 16 : 256;
   L.page_tokens = 256;
-  p.name = std::string(four_bit ? "pq4 " : "pq8 ") + std::to_string(L.pq_subspaces) + "x" +
-           std::to_string(L.pq_centroids);
+  p.name = std::string(transformed ? "q" : "") + (four_bit ? "pq4 " : "pq8 ") + std::to_string(L.pq_subspaces) +
+           "x" + std::to_string(L.pq_centroids);
   auto books = std::make_shared<ssa::PqCodebooks>();
   books->n_kv_heads = 1;
   books->subspaces = L.pq_subspaces;
@@ -66,6 +69,12 @@ Proxy make_proxy(uint32_t d, uint32_t bytes, bool four_bit, uint64_t n, std::mt1
   books->data.resize(size_t{L.pq_centroids} * d);
   std::normal_distribution<float> nd(0.f, 1.f);
   for (float& x : books->data) x = nd(rng);
+  if (transformed) {  // any values: the cost is the d x d product's
+    books->rotation.resize(size_t{d} * d);
+    books->query_transform.resize(size_t{d} * d);
+    for (float& x : books->rotation) x = nd(rng);
+    for (float& x : books->query_transform) x = nd(rng);
+  }
   p.layer.codebooks = books;
   p.layer.n_tokens = n;
   auto pool = ssa::PagePool::create(L.code_page_bytes(), 0);
@@ -124,11 +133,13 @@ double median(std::vector<Time> v, double Time::*field) {
 int main(int argc, char** argv) {
   uint64_t n = 1 << 20;
   int reps = 9;
+  bool query_aware = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!strcmp(argv[i], "--tokens")) n = strtoull(argv[i + 1], nullptr, 10);
     else if (!strcmp(argv[i], "--reps")) reps = atoi(argv[i + 1]);
+    else if (!strcmp(argv[i], "--query-aware")) query_aware = atoi(argv[i + 1]) != 0;
     else {
-      fprintf(stderr, "usage: %s [--tokens N] [--reps R]\n", argv[0]);
+      fprintf(stderr, "usage: %s [--tokens N] [--reps R] [--query-aware 0|1]\n", argv[0]);
       return 2;
     }
   }
@@ -147,17 +158,22 @@ int main(int argc, char** argv) {
     double pq8_16_ns = 0.0;  // the paper's proxy at this d, for the 32-byte 4-bit ratio
     for (uint32_t bytes : {16u, 32u}) {
       if (bytes > d) continue;
-      Proxy proxies[2] = {make_proxy(d, bytes, false, n, rng), make_proxy(d, bytes, true, n, rng)};
+      std::vector<Proxy> proxies;
+      for (bool transformed : {false, true}) {
+        if (transformed && !query_aware) break;
+        proxies.push_back(make_proxy(d, bytes, false, transformed, n, rng));
+        proxies.push_back(make_proxy(d, bytes, true, transformed, n, rng));
+      }
+      const int P = static_cast<int>(proxies.size());
       std::vector<float> q(d), scores(n), lut;
       for (float& x : q) x = nd(rng) / sqrtf(static_cast<float>(d));
-      std::vector<Time> whole[2];
-      std::vector<std::vector<Time>> scans[2] = {std::vector<std::vector<Time>>(sets.size()),
-                                                 std::vector<std::vector<Time>>(sets.size())};
+      std::vector<std::vector<Time>> whole(P);
+      std::vector<std::vector<std::vector<Time>>> scans(P, std::vector<std::vector<Time>>(sets.size()));
       double checksum = 0.0;
       for (int r = 0; r < reps; ++r) {
-        for (int pi = 0; pi < 2; ++pi) {
-          const Proxy& p = proxies[(pi + r) % 2];  // alternate which goes first
-          const int slot = (pi + r) % 2;
+        for (int pi = 0; pi < P; ++pi) {
+          const int slot = (pi + r) % P;  // rotate which goes first
+          const Proxy& p = proxies[slot];
           const Timer t0;
           ssa::score_tokens(p.layout, p.layer, 0, q.data(), SSA_METHOD_PQ_TOPK, 0, n, &lut, scores.data());
           whole[slot].push_back(Time{t0.cpu(), t0.wall()});
@@ -182,7 +198,7 @@ int main(int argc, char** argv) {
         }
       }
       const double per = 1e9 / static_cast<double>(n);
-      for (int pi = 0; pi < 2; ++pi) {
+      for (int pi = 0; pi < P; ++pi) {
         printf("%-6u %-6u %-14s %14.3f", d, bytes, proxies[pi].name.c_str(), median(whole[pi], &Time::cpu) * per);
         std::string j = "{\"bench\":\"proxy_scoring\",\"head_dim\":" + std::to_string(d) +
                         ",\"bytes\":" + std::to_string(bytes) + ",\"proxy\":\"" + proxies[pi].name +

@@ -525,10 +525,13 @@ SSA_API ssa_status ssa_session_update_index(ssa_session *s);
    policy, or ssa_session_update_index). The moments a layer's index was trained
    from are saved with it in snapshots, and a loaded session keeps observing
    from them; queries observed after a layer's last training are not saved.
-   n 0 does nothing. Takes the session exclusively.
+   n 0 does nothing. Takes the session exclusively. A rank of a group of
+   processes observes locally: every rank must pass the same queries (the
+   layer's next training compares them and refuses on every rank otherwise).
    Returns SSA_OK, SSA_ERR_INVALID_ARGUMENT (s NULL, q NULL with n > 0,
    layer >= n_layers, a proxy that is not query-aware, NaN or infinity in q,
-   more than 2^28 values in q), SSA_ERR_OUT_OF_MEMORY. */
+   more than 2^28 values in q, more than 2^48 queries per KV head in all),
+   SSA_ERR_OUT_OF_MEMORY. */
 SSA_API ssa_status ssa_session_observe_queries(ssa_session *s, uint32_t layer, const void *q, uint64_t n);
 
 /* Keeps the first n_tokens tokens of every layer (agent rollback). n_tokens may
