@@ -49,7 +49,9 @@ def main(paths):
         print("|---|---|---|---|---|---|---|---|")
         for spec, s in g["specs"].items():
             e = s["error"]
-            err = lambda m: " / ".join("%.3f" % e["%s@%d" % (m, x)] for x in (10, 20, 50))  # noqa: E731
+            # Runs with --no-errors measured no decode errors.
+            err = lambda m: " / ".join("%.3f" % e["%s@%d" % (m, x)] if "%s@%d" % (m, x) in e else "-"  # noqa: E731
+                                       for x in (10, 20, 50))
             print("| %s | %s | %s | %s (%s) | %s | %s | %s | %.0f |" % (
                 label(spec), three(s["recall"]), three(s["recall_float"]) if "recall_float" in s else "-",
                 three(s["mass_proxy"]), three(s["mass_oracle"]), err("pq_topk"), err("ssa"), err("ssa_adaptive"),
