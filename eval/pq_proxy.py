@@ -61,9 +61,13 @@ class Snapshot:
         if self.dtype != 0:
             raise ValueError("only float32 sessions are read here (kv_dtype %d)" % self.dtype)
         # Format version 2: the proxy (0 PQ, 1 OPQ) at config offset 52; reserved in 1.
+        # Version 3: also 2 PQ4, 3 OPQ4 (two 4-bit codes per byte), 4 QPQ, 5 QPQ4.
         self.proxy = struct.unpack_from("<I", self.buf, cfg[2] + 52)[0] if self.version >= 2 else 0
-        if self.proxy not in (0, 1):
+        if self.proxy not in (tuple(range(6)) if self.version >= 3 else (0, 1)):
             raise ValueError("unknown proxy %d" % self.proxy)
+        self.rotated = self.proxy in (1, 3, 4, 5)       # a key transform follows the centroids
+        self.query_aware = self.proxy in (4, 5)         # then the query transform and moments
+        self.code_rows = self.M // 2 if self.proxy in (2, 3, 5) else self.M
         lay = self._one(2)
         if lay[3] != 32 * self.n_layers:
             raise ValueError("layers section size")
@@ -100,11 +104,18 @@ class Snapshot:
         return np.concatenate(out, axis=1)[:, : self.n_tokens[layer]]
 
     def codes(self, layer) -> np.ndarray:
-        """[n_kv, M, n_tokens] uint8."""
-        pb = self.n_kv * self.M * self.P
-        out = [np.frombuffer(self.buf, np.uint8, pb, off).reshape(self.n_kv, self.M, self.P)
+        """[n_kv, M, n_tokens] uint8 (4-bit codes unpacked: row r holds subspace
+        2r in its low nibble, 2r + 1 in its high nibble)."""
+        pb = self.n_kv * self.code_rows * self.P
+        out = [np.frombuffer(self.buf, np.uint8, pb, off).reshape(self.n_kv, self.code_rows, self.P)
                for off in self._pages(4, layer, pb)]
-        return np.concatenate(out, axis=2)[:, :, : self.n_tokens[layer]]
+        rows = np.concatenate(out, axis=2)[:, :, : self.n_tokens[layer]]
+        if self.code_rows == self.M:
+            return rows
+        codes = np.empty((self.n_kv, self.M, rows.shape[2]), np.uint8)
+        codes[:, 0::2] = rows & 0x0F
+        codes[:, 1::2] = rows >> 4
+        return codes
 
     def codebooks(self, layer) -> np.ndarray:
         """[n_kv, M, K, sub_dim] float32."""
@@ -113,19 +124,25 @@ class Snapshot:
             raise ValueError("layer %d has %d codebook sections" % (layer, len(s)))
         off = s[0][2]
         n_kv, M, K, sub = struct.unpack_from("<4I", self.buf, off)
-        rot = 4 * n_kv * self.d * self.d if self.proxy == 1 else 0
+        square = n_kv * self.d * self.d
+        rot = 4 * square if self.rotated else 0
+        if self.query_aware:
+            rot += 4 * square + 8 * n_kv + 8 * square
         if (n_kv, M, K, sub * M) != (self.n_kv, self.M, self.K, self.d) or s[0][3] != 16 + 4 * n_kv * M * K * sub + rot:
             raise ValueError("codebook shape")
         return np.frombuffer(self.buf, np.float32, n_kv * M * K * sub, off + 16).reshape(n_kv, M, K, sub)
 
     def rotation(self, layer):
-        """[n_kv, d, d] float32 rotation R of an OPQ snapshot (codes quantise R k,
-        a query scores as R q), None for PQ."""
-        if self.proxy == 0:
+        """[n_kv, d, d] float32 matrix a query is multiplied by before scoring: the
+        rotation R of an OPQ/OPQ4 snapshot (codes quantise R k), the query
+        transform T^-T of a QPQ/QPQ4 one (codes quantise T k); None for the others."""
+        if not self.rotated:
             return None
         self.codebooks(layer)  # checks the section's shape and length
         off = [x for x in self.sections if x[0] == 5 and x[1] == layer][0][2]
         off += 16 + 4 * self.n_kv * self.M * self.K * (self.d // self.M)
+        if self.query_aware:
+            off += 4 * self.n_kv * self.d * self.d
         return np.frombuffer(self.buf, np.float32, self.n_kv * self.d * self.d, off).reshape(self.n_kv, self.d, self.d)
 
 

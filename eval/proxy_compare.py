@@ -18,6 +18,10 @@ with the trained codebooks) before its query is decoded:
                  among them; mass the share of the candidates' exact softmax mass
                  they hold (oracle: the exact top-k''s share). k' = f x candidates
                  for f in 2/5/10%.
+  recall_float   the same recall for the float table (sum_m q_m . centroid of the
+                 codes and codebooks the session's snapshot holds, in float64): for
+                 the 4-bit proxies, the recall without the 8-bit table's rounding;
+                 for the others, a check (it matches `recall` up to ties).
   error          relative L2 error of libssa's ssa_decode output against its
                  DENSE output for the same query (each step, each query head),
                  for PQ_TOPK, SSA and SSA_ADAPTIVE at 10/20/50x, sink = local =
@@ -27,10 +31,16 @@ This error is of one decode over the dense prefill's K/V, not the accumulated
 teacher-forced error docs/FIDELITY.md's main tables report (there sparse outputs
 feed later layers); it compares proxies on the same inputs.
 
-A proxy spec is NAME:SUBSPACES[:WEIGHT]: NAME one of pq, opq (one-byte codes,
-256 centroids: SUBSPACES bytes per token per KV head), pq4, opq4 (4-bit codes,
-16 centroids: SUBSPACES / 2 bytes); WEIGHT sets pq_parallel_weight (the
-score-aware loss; default 1, plain squared error).
+A proxy spec is NAME:SUBSPACES[:WEIGHT]: NAME one of pq, opq, qpq (one-byte
+codes, 256 centroids: SUBSPACES bytes per token per KV head), pq4, opq4, qpq4
+(4-bit codes, 16 centroids: SUBSPACES / 2 bytes); WEIGHT sets
+pq_parallel_weight (the score-aware loss; default 1, plain squared error).
+
+--observe S: the first S teacher-forced steps are observation steps: their keys
+are appended with the prefill's before the index trains (at N + S tokens, for
+every proxy), and the query-aware proxies (qpq, qpq4) are shown their queries
+(ssa_session_observe_queries) first; the --steps steps after them are measured.
+Without it (S = 0) the index trains at N and qpq learns from no queries.
 
 Usage: python eval/proxy_compare.py --model smollm2 --length 8192 \
           --proxies pq:16 opq:16 pq4:32 pq4:32:8 [--lib build-cpu/libssa.so] [--out FILE.json]
@@ -43,6 +53,7 @@ import json
 import os
 import struct
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -54,10 +65,12 @@ sys.path.insert(0, HERE)
 import harness  # noqa: E402
 import models  # noqa: E402
 import plan  # noqa: E402
+import pq_proxy  # noqa: E402
 import prefill_store  # noqa: E402
 
-PROXY = {"pq": 0, "opq": 1, "pq4": 2, "opq4": 3}
-FOUR_BIT = ("pq4", "opq4")
+PROXY = {"pq": 0, "opq": 1, "pq4": 2, "opq4": 3, "qpq": 4, "qpq4": 5}
+FOUR_BIT = ("pq4", "opq4", "qpq4")
+QUERY_AWARE = ("qpq", "qpq4")
 METHOD = {"dense": 0, "pq_topk": 2, "ssa": 5, "ssa_adaptive": 6}
 FRACTIONS = [0.02, 0.05, 0.10]
 SPARSITIES = [10.0, 20.0, 50.0]
@@ -95,7 +108,8 @@ class Lib:
                            ("ssa_session_append", [v, ctypes.c_uint32, v, v, ctypes.c_uint64]),
                            ("ssa_session_save", [v, ctypes.c_char_p]),
                            ("ssa_decode", [v, ctypes.c_uint32, v, v, v, v]),
-                           ("ssa_decode_traced", [v, ctypes.c_uint32, v, v, v, v, v, v, ctypes.c_uint64, v])]:
+                           ("ssa_decode_traced", [v, ctypes.c_uint32, v, v, v, v, v, v, ctypes.c_uint64, v]),
+                           ("ssa_session_observe_queries", [v, ctypes.c_uint32, v, ctypes.c_uint64])]:
             getattr(self.L, name).argtypes = args
             getattr(self.L, name).restype = ctypes.c_int
         self.L.ssa_last_error_message.restype = ctypes.c_char_p
@@ -135,6 +149,10 @@ class Lib:
         k = np.ascontiguousarray(k, dtype=np.float32)
         v = np.ascontiguousarray(v, dtype=np.float32)
         self.check(self.L.ssa_session_append(s, 0, k.ctypes.data, v.ctypes.data, k.shape[0]), "append")
+
+    def observe(self, s, qs):
+        q = np.ascontiguousarray(np.stack(qs), dtype=np.float32)  # [n][n_q][d]
+        self.check(self.L.ssa_session_observe_queries(s, 0, q.ctypes.data, q.shape[0]), "observe_queries")
 
     def params(self, method, n_sink, step, sparsity=0.0, budget=0):
         return self._filled(self.L.ssa_decode_params_init, self.Params, method=method, sparsity=sparsity,
@@ -199,23 +217,47 @@ def parse_spec(spec):
             float(parts[2]) if len(parts) == 3 else None)
 
 
-def measure_layer(lib, K, V, qs, N, ns, spec, errors):
+def float_table_topk(snap, q, kv, lo, hi, k):
+    """The top k candidates in [lo, hi) by the float64 table of the snapshot's
+    codebooks (after its rotation), as offsets from lo."""
+    sub = snap.d // snap.M
+    R = snap.rotation(0)
+    qr = q.astype(np.float64) if R is None else R[kv].astype(np.float64) @ q.astype(np.float64)
+    books = snap.codebooks(0)[kv].astype(np.float64)
+    lut = np.einsum("ms,mcs->mc", qr.reshape(snap.M, sub), books)
+    codes = snap.codes(0)[kv, :, lo:hi]
+    prox = lut[np.arange(snap.M)[:, None], codes].sum(axis=0)
+    return np.argpartition(-prox, k - 1)[:k]
+
+
+def measure_layer(lib, K, V, qs, N, ns, spec, errors, observe=0):
+    """qs: the queries of every captured step; the first `observe` are shown
+    (query-aware proxies) and their keys appended before training, the rest measured."""
     name, subspaces, centroids, weight = parse_spec(spec)
     n_kv, n_all, d = K.shape
     n_q = qs[0].shape[0]
     g = n_q // n_kv
     K32 = K.astype(np.float32)   # what the session holds; exact scores from these
-    s = lib.session(n_q, n_kv, d, subspaces, centroids, PROXY[name], weight, N)
+    s = lib.session(n_q, n_kv, d, subspaces, centroids, PROXY[name], weight, N + observe)
     try:
         t0 = time.time()
-        lib.append(s, K[:, :N].transpose(1, 0, 2), V[:, :N].transpose(1, 0, 2))  # trains at N
+        if observe and name in QUERY_AWARE:
+            lib.observe(s, qs[:observe])
+        M = N + observe
+        lib.append(s, K[:, :M].transpose(1, 0, 2), V[:, :M].transpose(1, 0, 2))  # trains at N + observe
         train_s = time.time() - t0
         out = dict(train_seconds=train_s, bytes_per_token=subspaces // 2 if name in FOUR_BIT else subspaces)
-        rows = {f: dict(recall=[], mass_oracle=[], mass_proxy=[]) for f in FRACTIONS}
+        rows = {f: dict(recall=[], mass_oracle=[], mass_proxy=[], recall_float=[]) for f in FRACTIONS}
         err = {}
+        snap_path = os.path.join(tempfile.gettempdir(), "proxy-compare-%d.ssa" % os.getpid())
         for j, q in enumerate(qs):
+            if j < observe:
+                continue
             n = N + j + 1
             lib.append(s, K[:, n - 1:n].transpose(1, 0, 2), V[:, n - 1:n].transpose(1, 0, 2))
+            lib.check(lib.L.ssa_session_save(s, snap_path.encode()), "save")
+            snap = pq_proxy.Snapshot(snap_path)
+            os.remove(snap_path)
             lo, hi = ns, n - ns
             for f in FRACTIONS:
                 k = max(1, int(round(f * (hi - lo))))
@@ -232,6 +274,8 @@ def measure_layer(lib, K, V, qs, N, ns, spec, errors):
                     rows[f]["recall"].append(len(np.intersect1d(te, mid)) / k)
                     rows[f]["mass_oracle"].append(float(pc[te].sum() / pc.sum()))
                     rows[f]["mass_proxy"].append(float(pc[mid].sum() / pc.sum()))
+                    tf = float_table_topk(snap, q[h].astype(np.float32), h // g, lo, hi, k)
+                    rows[f]["recall_float"].append(len(np.intersect1d(te, tf)) / k)
             if errors:
                 dense = lib.decode(s, q, METHOD["dense"], 1.0, ns, j)
                 for meth in ("pq_topk", "ssa", "ssa_adaptive"):
@@ -256,6 +300,7 @@ def main():
                     help="NAME:SUBSPACES[:WEIGHT] (see the module's doc)")
     ap.add_argument("--layers", type=int, nargs="*", help="model layers (default: every full-attention layer)")
     ap.add_argument("--no-errors", action="store_true")
+    ap.add_argument("--observe", type=int, default=0, help="observation steps before the index trains")
     ap.add_argument("--lib", default=os.path.join(HERE, "..", "build-cpu", "libssa.so"))
     ap.add_argument("--out")
     a = ap.parse_args()
@@ -267,22 +312,26 @@ def main():
     if not prefill_store.have(a.model, run.ids[:N]):
         prefill_store.compute(m, run.ids[:N])
     stored = prefill_store.load(a.model, run.ids[:N])
-    queries, cache = capture_queries(m, stored, run.ids[N:N + a.steps])
+    ids = run.ids if a.observe == 0 else plan.doc_ids(m, a.doc)
+    if ids[:N] != run.ids[:N] or len(ids) < N + a.observe + a.steps:
+        raise SystemExit("%s: %d tokens, %d needed after the window's prefill" % (a.doc, len(ids), N + a.observe + a.steps))
+    queries, cache = capture_queries(m, stored, ids[N:N + a.observe + a.steps])
     types = getattr(m.config, "layer_types", None) or ["full_attention"] * m.config.num_hidden_layers
     layers = a.layers if a.layers else [i for i, t in enumerate(types) if t == "full_attention"]
     ns = harness.sink_local(N)
-    res = dict(model=a.model, doc=a.doc, length=a.length, context=N, steps=a.steps, sink=ns, layers={})
+    res = dict(model=a.model, doc=a.doc, length=a.length, context=N, steps=a.steps, observe=a.observe, sink=ns,
+               layers={})
     for layer in layers:
         K = cache.layers[layer].keys[0].double().numpy()
         V = cache.layers[layer].values[0].double().numpy()
         res["layers"][str(layer)] = {}
         for spec in a.proxies:
             t0 = time.time()
-            r = measure_layer(lib, K, V, queries[layer], N, ns, spec, not a.no_errors)
+            r = measure_layer(lib, K, V, queries[layer], N, ns, spec, not a.no_errors, a.observe)
             res["layers"][str(layer)][spec] = r
-            print("layer %d %s: recall@2%% %.3f mass@2%% %.3f  (%.0fs)" % (
-                layer, spec, r["by_fraction"]["0.02"]["recall"], r["by_fraction"]["0.02"]["mass_proxy"],
-                time.time() - t0), flush=True)
+            print("layer %d %s: recall@2%% %.3f (float table %.3f) mass@2%% %.3f  (%.0fs)" % (
+                layer, spec, r["by_fraction"]["0.02"]["recall"], r["by_fraction"]["0.02"]["recall_float"],
+                r["by_fraction"]["0.02"]["mass_proxy"], time.time() - t0), flush=True)
     summary = {}
     for spec in a.proxies:
         per = [res["layers"][str(l)][spec] for l in layers]
@@ -292,6 +341,8 @@ def main():
                            for f in FRACTIONS},
             "mass_oracle": {f: float(np.mean([p["by_fraction"][str(f)]["mass_oracle"] for p in per]))
                             for f in FRACTIONS},
+            "recall_float": {f: float(np.mean([p["by_fraction"][str(f)]["recall_float"] for p in per]))
+                             for f in FRACTIONS},
             "error": {k: float(np.mean([p["error"][k] for p in per])) for k in per[0]["error"]},
             "train_seconds": float(np.sum([p["train_seconds"] for p in per])),
         }

@@ -159,18 +159,40 @@ typedef enum ssa_dtype {
 } ssa_dtype;
 
 /* The proxy score a session ranks and samples its candidate tokens by
-   (docs/ALGORITHM.md, section 4). Every proxy stores pq_subspaces one-byte codes
-   per token per KV head, so they cost the same bytes.
-   PQ:  product quantisation of the keys as they are (the paper's proxy).
-   OPQ: a learned orthogonal rotation of each KV head's keys before product
-        quantisation (trained with the codebooks, alternating k-means and a
-        Procrustes fit); keys are rotated when encoded, the query once per decode
-        step. A scoring pass costs what PQ's costs.
+   (docs/ALGORITHM.md, section 4).
+   PQ:   product quantisation of the keys as they are (the paper's proxy): one
+         byte per subspace, pq_subspaces bytes per token per KV head.
+   OPQ:  a learned orthogonal rotation of each KV head's keys before product
+         quantisation (trained with the codebooks, alternating k-means and a
+         Procrustes fit); keys are rotated when encoded, the query once per decode
+         step. A scoring pass costs what PQ's costs.
+   PQ4:  4-bit codes ("fast scan"): pq_centroids <= 16 and an even pq_subspaces
+         (at most 256), two codes per byte, pq_subspaces / 2 bytes per token per
+         KV head (32 subspaces x 16 centroids: PQ's 16 bytes). A decode scores
+         from a lookup table quantised to 8 bits per entry, held in SIMD
+         registers (AVX2 shuffles, a portable loop elsewhere): the proxy the
+         decode ranks and samples by is that table's score, within
+         pq_subspaces / 2 table steps of the float one (docs/ALGORITHM.md).
+   OPQ4: OPQ's rotation with PQ4's codes and scoring.
+   QPQ:  query-aware: keys are transformed before product quantisation by a
+         matrix T learned from the queries the layer was shown
+         (ssa_session_observe_queries), so that the squared error of the
+         quantised keys is the expected squared error of the scores q . k over
+         those queries: T whitens the queries' second moment, then a
+         variance-balanced rotation spreads the transformed keys over the
+         subspaces. The query scores as T^-T q (once per decode step), so
+         (T^-T q) . (T k) = q . k. A layer trained before any query was observed
+         uses the identity in place of the whitening. One-byte codes.
+   QPQ4: QPQ's transform with PQ4's codes and scoring.
    The CUDA backend supports PQ only: a session with another proxy is refused
    there with SSA_ERR_UNSUPPORTED (at ssa_session_create and at load). */
 typedef enum ssa_proxy {
   SSA_PROXY_PQ = 0,
   SSA_PROXY_OPQ = 1,
+  SSA_PROXY_PQ4 = 2,
+  SSA_PROXY_OPQ4 = 3,
+  SSA_PROXY_QPQ = 4,
+  SSA_PROXY_QPQ4 = 5,
   SSA_PROXY_FORCE_32BIT = 0x7fffffff
 } ssa_proxy;
 
@@ -374,7 +396,8 @@ typedef struct ssa_session_config {
   uint32_t head_dim;     /* 32..512 and a multiple of 8 (64, 128, 256 typical) */
   ssa_dtype kv_dtype;    /* dtype of K, V, q and out; default F16              */
   uint32_t pq_subspaces; /* M, default 16; must divide head_dim                */
-  uint32_t pq_centroids; /* K, default 256; 2..256 (codes are one byte)        */
+  uint32_t pq_centroids; /* K, default 256; 2..256 (one-byte codes), 2..16 for
+                            the 4-bit proxies (SSA_PROXY_PQ4, _OPQ4, _QPQ4)    */
   uint64_t model_fingerprint; /* opaque to the library; checked on load; default 0 */
   /* ---- core: the fields above; struct_size may end here or at a later field ---- */
   uint32_t page_tokens;  /* tokens per KV page, default 256; power of two 16..4096;
@@ -392,6 +415,17 @@ typedef struct ssa_session_config {
   uint32_t index_train_sample; /* keys sampled per KV head, default 16384, >= 1 */
   uint32_t index_iterations;   /* Lloyd iterations after k-means++, default 8 */
   ssa_proxy proxy;             /* default SSA_PROXY_PQ; stored in snapshots   */
+  /* Score-aware quantisation (ScaNN's anisotropic loss): the weight eta of the
+     part of a key's quantisation error along the key itself, relative to the
+     part across it, in codebook training and in encoding. The along part moves
+     every large score q . k of that key; the across part mostly cancels. 1
+     (default) = plain squared error (k-means); > 1 = score-aware, trained by
+     alternating code and centroid updates that never raise the loss
+     (docs/ALGORITHM.md). ScaNN's threshold T (a fraction of the key's norm)
+     corresponds to eta = (head_dim - 1) T^2 / (1 - T^2). 0 (a zeroed field)
+     reads as 1; else in [1, 1000]. Stored in snapshots. Above 1: CPU sessions
+     only (SSA_ERR_UNSUPPORTED on CUDA). */
+  float pq_parallel_weight;
 } ssa_session_config;
 
 /* Fills *cfg with defaults (shape fields 0: the caller must set n_layers,
@@ -402,8 +436,10 @@ SSA_API void ssa_session_config_init(ssa_session_config *cfg);
    out: receives the session, owned by the caller (ssa_session_destroy).
    The runtime must outlive the session.
    Returns SSA_OK, SSA_ERR_INVALID_ARGUMENT (NULLs, bad struct_size, a shape or
-   PQ setting out of range, an unknown proxy), SSA_ERR_UNSUPPORTED (a proxy other
-   than SSA_PROXY_PQ on a CUDA runtime), SSA_ERR_OUT_OF_MEMORY, SSA_ERR_DEVICE. */
+   PQ setting out of range, an unknown proxy, 4-bit proxies with more than 16
+   centroids or an odd number of subspaces), SSA_ERR_UNSUPPORTED (a proxy other
+   than SSA_PROXY_PQ, or pq_parallel_weight above 1, on a CUDA runtime),
+   SSA_ERR_OUT_OF_MEMORY, SSA_ERR_DEVICE. */
 SSA_API ssa_status ssa_session_create(ssa_runtime *rt, const ssa_session_config *cfg,
                                       ssa_session **out);
 
@@ -477,6 +513,26 @@ SSA_API ssa_status ssa_session_append_async(ssa_session *s, uint32_t layer, cons
    Returns SSA_OK, SSA_ERR_INVALID_ARGUMENT (s NULL), SSA_ERR_OUT_OF_MEMORY,
    SSA_ERR_DEVICE; on a group's runtime SSA_ERR_IO (a collective failed). */
 SSA_API ssa_status ssa_session_update_index(ssa_session *s);
+
+/* Shows a layer queries for the query-aware proxies (SSA_PROXY_QPQ, _QPQ4) to
+   learn their transform from: the queries the model attends the layer with, in
+   the shape of a decode's q, n of them: q [n][n_q_heads][head_dim] in the
+   session's dtype (host memory for CPU sessions), borrowed. Per KV head the
+   second moment of its query heads' queries is accumulated (head_dim^2
+   multiply-adds per query head: a few hundred queries per layer are plenty, a
+   prefill's last ones or the first decode steps'). Nothing is retrained here:
+   the layer's next training uses every query observed so far (the automatic
+   policy, or ssa_session_update_index). The moments a layer's index was trained
+   from are saved with it in snapshots, and a loaded session keeps observing
+   from them; queries observed after a layer's last training are not saved.
+   n 0 does nothing. Takes the session exclusively. A rank of a group of
+   processes observes locally: every rank must pass the same queries (the
+   layer's next training compares them and refuses on every rank otherwise).
+   Returns SSA_OK, SSA_ERR_INVALID_ARGUMENT (s NULL, q NULL with n > 0,
+   layer >= n_layers, a proxy that is not query-aware, NaN or infinity in q,
+   more than 2^28 values in q, more than 2^48 queries per KV head in all),
+   SSA_ERR_OUT_OF_MEMORY. */
+SSA_API ssa_status ssa_session_observe_queries(ssa_session *s, uint32_t layer, const void *q, uint64_t n);
 
 /* Keeps the first n_tokens tokens of every layer (agent rollback). n_tokens may
    not exceed ssa_session_length (the shortest layer), so every layer ends up

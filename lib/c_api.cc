@@ -223,6 +223,7 @@ void ssa_session_config_init(ssa_session_config* c) {
   c->index_train_sample = 16384;
   c->index_iterations = 8;
   c->proxy = SSA_PROXY_PQ;
+  c->pq_parallel_weight = 1.0f;
 }
 
 ssa_status ssa_session_create(ssa_runtime* rt, const ssa_session_config* cfg, ssa_session** out) {
@@ -283,6 +284,13 @@ ssa_status ssa_session_update_index(ssa_session* s) {
   return guarded([&]() -> absl::Status {
     if (s == nullptr) return ssa::invalid_argument("session is NULL");
     return ssa::session_update_index(*s);
+  });
+}
+
+ssa_status ssa_session_observe_queries(ssa_session* s, uint32_t layer, const void* q, uint64_t n) {
+  return guarded([&]() -> absl::Status {
+    if (s == nullptr) return ssa::invalid_argument("session is NULL");
+    return ssa::session_observe_queries(*s, layer, q, n);
   });
 }
 

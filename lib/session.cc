@@ -6,8 +6,11 @@
 
 #include "backend.h"
 #include "cpu/finite_check.h"
+#include "cpu/simd.h"
 #include "decode/decode_step.h"
 #include "index/pq_index.h"
+#include "index/proxy_kind.h"
+#include "index/query_transform.h"
 #include "shard/callback_collective.h"
 #include "shard/group_index.h"
 #include "status.h"
@@ -68,8 +71,22 @@ absl::Status validate_session_config(const ssa_session_config& c, KvLayout* layo
   if (c.index_iterations > 1000) {
     return invalid_argument("index_iterations ", c.index_iterations, " must be <= 1000");
   }
-  if (enum_value(c.proxy) > SSA_PROXY_OPQ) {
-    return invalid_argument("unknown proxy ", enum_value(c.proxy), " (SSA_PROXY_PQ or SSA_PROXY_OPQ)");
+  if (!proxy_is_known(enum_value(c.proxy))) {
+    return invalid_argument("unknown proxy ", enum_value(c.proxy), " (SSA_PROXY_PQ, _OPQ, _PQ4, _OPQ4, _QPQ or _QPQ4)");
+  }
+  if (proxy_has_4bit_codes(c.proxy)) {
+    if (c.pq_centroids > 16) {
+      return invalid_argument("pq_centroids ", c.pq_centroids, " must be in 2..16 for a 4-bit proxy (proxy ",
+                              enum_value(c.proxy), "); 32 subspaces x 16 centroids cost PQ's 16 bytes per token");
+    }
+    if (c.pq_subspaces % 2 != 0 || c.pq_subspaces > kMax4BitSubspaces) {
+      return invalid_argument("pq_subspaces ", c.pq_subspaces, " must be even and at most ", kMax4BitSubspaces,
+                              " for a 4-bit proxy (two codes per byte; 8-bit table sums stay below 2^16)");
+    }
+  }
+  if (!(c.pq_parallel_weight == 0.0f || (c.pq_parallel_weight >= 1.0f && c.pq_parallel_weight <= 1000.0f))) {
+    return invalid_argument("pq_parallel_weight ", c.pq_parallel_weight,
+                            " must be 0 or in [1, 1000] (0 and 1: squared error)");
   }
   layout->n_layers = c.n_layers;
   layout->n_q_heads = c.n_q_heads;
@@ -78,6 +95,7 @@ absl::Status validate_session_config(const ssa_session_config& c, KvLayout* layo
   layout->dtype = static_cast<DType>(c.kv_dtype);
   layout->pq_subspaces = c.pq_subspaces;
   layout->pq_centroids = c.pq_centroids;
+  layout->code_bits = proxy_has_4bit_codes(c.proxy) ? 4 : 8;
   layout->page_tokens = c.page_tokens;
   return absl::OkStatus();
 }
@@ -242,6 +260,36 @@ absl::Status session_update_index(ssa_session& s) {
     SSA_RETURN_IF_ERROR(train_layer(s, l, next[l]));
   }
   s.layers.swap(next);
+  return absl::OkStatus();
+}
+
+absl::Status session_observe_queries(ssa_session& s, uint32_t layer, const void* q, uint64_t n) {
+  if (n == 0) return absl::OkStatus();
+  const KvLayout& L = s.layout;
+  if (q == nullptr) return invalid_argument("q must not be NULL");
+  if (layer >= L.n_layers) return invalid_argument("layer ", layer, " >= n_layers ", L.n_layers);
+  if (!proxy_is_query_aware(s.config.proxy)) {
+    return invalid_argument("proxy ", enum_value(s.config.proxy),
+                            " learns nothing from queries (SSA_PROXY_QPQ and _QPQ4 do)");
+  }
+  if (n > kMaxObservedQueryValues / (uint64_t{L.n_q_heads} * L.head_dim)) {
+    return invalid_argument(n, " queries of ", L.n_q_heads, " x ", L.head_dim, " values in one call exceed ",
+                            kMaxObservedQueryValues, " values");
+  }
+  SSA_RETURN_IF_ERROR(s.backend->check_buffer(s, q, "q"));
+  const size_t count = static_cast<size_t>(n) * L.n_q_heads * L.head_dim;
+  std::vector<float> qf(count);
+  simd::kernels().to_f32(L.dtype, q, qf.data(), count);
+  const size_t bad = first_non_finite(DType::kF32, qf.data(), count);
+  if (bad != count) return invalid_argument("q[", bad, "] is NaN or infinite");
+  std::unique_lock lock(s.mu);
+  LayerStore& cur = s.layers[layer];
+  const uint64_t seen = cur.query_moments != nullptr ? cur.query_moments->count[0] : 0;
+  if (n * (L.n_q_heads / L.n_kv_heads) > kMaxQueryCount - seen) {
+    return invalid_argument("layer ", layer, " would have observed more than ", kMaxQueryCount,
+                            " queries per KV head");
+  }
+  cur.query_moments = add_query_moments(cur.query_moments.get(), L.n_kv_heads, L.n_q_heads, L.head_dim, qf.data(), n);
   return absl::OkStatus();
 }
 

@@ -57,6 +57,9 @@ inline constexpr uint64_t kMaxTokensPerLayer = 0xFFFFFFFFull;
 // from a page then fits comfortably in size_t, and a config that would ask for
 // gigabytes per page is rejected at create instead of at the first append.
 inline constexpr uint64_t kMaxKvPageBytes = uint64_t{1} << 30;
+// Query values one ssa_session_observe_queries call takes (their float copy, 1
+// GiB, and the head_dim^2 work per query head stay bounded).
+inline constexpr uint64_t kMaxObservedQueryValues = uint64_t{1} << 28;
 
 // Validates a config and resolves defaults into a layout.
 absl::Status validate_session_config(const ssa_session_config& cfg, KvLayout* layout);
@@ -67,6 +70,10 @@ absl::StatusOr<std::unique_ptr<ssa_session>> create_session(ssa_runtime* rt,
 
 // Caller holds s.mu (shared or exclusive).
 uint64_t session_length_locked(const ssa_session& s);
+
+// ssa_session_observe_queries: q [n][n_q_heads][head_dim] in the session's dtype,
+// checked (layer, proxy, finite values) before the layer's moments change.
+absl::Status session_observe_queries(ssa_session& s, uint32_t layer, const void* q, uint64_t n);
 
 // Destroys a session (null: nothing), then lets its backend give back what it kept for it.
 void session_destroy(ssa_session* s);

@@ -35,6 +35,7 @@ constexpr FieldSpan kSessionConfig[] = {
     SSA_FIELD(ssa_session_config, flags),              SSA_FIELD(ssa_session_config, index_min_tokens),
     SSA_FIELD(ssa_session_config, index_regrow_factor), SSA_FIELD(ssa_session_config, index_train_sample),
     SSA_FIELD(ssa_session_config, index_iterations),   SSA_FIELD(ssa_session_config, proxy),
+    SSA_FIELD(ssa_session_config, pq_parallel_weight),
 };
 
 constexpr FieldSpan kDecodeParams[] = {

@@ -11,6 +11,7 @@
    The field tables here are written from the header independently of the
    library's own. */
 #define _POSIX_C_SOURCE 200809L
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -153,6 +154,7 @@ static sizes config_sizes(void) {
   add(&s, END(ssa_session_config, index_train_sample));
   add(&s, END(ssa_session_config, index_iterations));
   add(&s, END(ssa_session_config, proxy));
+  add(&s, END(ssa_session_config, pq_parallel_weight));
   add(&s, sizeof(ssa_session_config));
   return s;
 }
@@ -185,6 +187,7 @@ static void test_session_config(ssa_runtime *rt, const char *path) {
     if (sz.at[i] < END(ssa_session_config, index_iterations))
       EXPECT(got.index_iterations == defaults.index_iterations);
     if (sz.at[i] < END(ssa_session_config, proxy)) EXPECT(got.proxy == SSA_PROXY_PQ);
+    if (sz.at[i] < END(ssa_session_config, pq_parallel_weight)) EXPECT(got.pq_parallel_weight == 1.0f);
     /* get_config writes only the caller's prefix. */
     memset(b.bytes, 0xAB, sizeof b.bytes);
     ((ssa_session_config *)(void *)b.bytes)->struct_size = (uint32_t)sz.at[i];
@@ -227,9 +230,19 @@ static void test_session_config(ssa_runtime *rt, const char *path) {
   c = shape();
   c.proxy = (ssa_proxy)0xFFFFFFFFu;
   EXPECT_STATUS(ssa_session_create(rt, &c, &s), SSA_ERR_INVALID_ARGUMENT);
-  c.proxy = (ssa_proxy)2;
+  c.proxy = (ssa_proxy)6;
   EXPECT_STATUS(ssa_session_create(rt, &c, &s), SSA_ERR_INVALID_ARGUMENT);
   EXPECT(s == NULL);
+  /* pq_parallel_weight: 0 or [1, 1000]. */
+  {
+    const float bad[] = {0.5f, -1.0f, 1000.5f, NAN, INFINITY};
+    for (i = 0; i < sizeof bad / sizeof bad[0]; ++i) {
+      c = shape();
+      c.pq_parallel_weight = bad[i];
+      EXPECT_STATUS(ssa_session_create(rt, &c, &s), SSA_ERR_INVALID_ARGUMENT);
+      EXPECT(s == NULL);
+    }
+  }
 }
 
 static sizes params_sizes(void) {

@@ -795,3 +795,53 @@ TEST_CASE("process group: bad tables and combinations are refused") {
   CHECK(st[0] == SSA_ERR_INVALID_ARGUMENT);
   CHECK(st[1] == SSA_ERR_INVALID_ARGUMENT);
 }
+
+TEST_CASE("process group: a query-aware proxy trains as unsharded; ranks that observed other queries are refused") {
+  const size_t n = 12000;
+  const StructuredFeed f(n, SSA_DTYPE_F16, 29);
+  ssa_session_config cfg = group_config();
+  cfg.proxy = SSA_PROXY_QPQ;
+  // Two observed queries (the feed's, twice); rank 1's other ones differ in one
+  // mantissa bit of one value.
+  std::vector<uint8_t> shown = f.q, other;
+  shown.insert(shown.end(), f.q.begin(), f.q.end());
+  other = shown;
+  other[f.q.size() + 5] ^= 1;
+  RuntimePtr plain = plain_runtime();
+  ssa_session* ref = nullptr;
+  SSA_CHECK_OK(ssa_session_create(plain.get(), &cfg, &ref));
+  SessionPtr o(ref);
+  SSA_CHECK_OK(ssa_session_observe_queries(ref, 0, shown.data(), 2));
+  f.append({ref}, 0, 0, n);
+  const std::vector<Outcome> want = decode_grid(ref, f.q);
+  std::vector<std::vector<Outcome>> got(2);
+  std::vector<ssa_status> differ(2);
+  std::vector<uint64_t> lengths(2);
+  std::vector<std::string> said(2);
+  run_ranks(2, [&](uint32_t r, RankLink& link) {
+    RuntimePtr rt = group_runtime(&link);
+    ssa_session* s = nullptr;
+    SSA_CHECK_OK(ssa_session_create(rt.get(), &cfg, &s));
+    SessionPtr a(s);
+    SSA_CHECK_OK(ssa_session_observe_queries(s, 0, shown.data(), 2));
+    f.append({s}, 0, 0, n);  // trains: the same observed queries on both ranks
+    got[r] = decode_grid(s, f.q);
+    // A second session whose ranks observed different queries: its training append is refused.
+    ssa_session* t = nullptr;
+    SSA_CHECK_OK(ssa_session_create(rt.get(), &cfg, &t));
+    SessionPtr b(t);
+    SSA_CHECK_OK(ssa_session_observe_queries(t, 0, r == 1 ? other.data() : shown.data(), 2));
+    f.append({t}, 0, 0, 3000);
+    const size_t row = size_t{2} * 64 * 2;
+    differ[r] = ssa_session_append(t, 0, f.k.data() + 3000 * row, f.v.data() + 3000 * row, n - 3000);
+    said[r] = ssa_last_error_message();
+    lengths[r] = ssa_session_length(t);
+  });
+  check_same_grid(want, got);
+  for (uint32_t r = 0; r < 2; ++r) {
+    CAPTURE(r);
+    CHECK(differ[r] == SSA_ERR_INVALID_ARGUMENT);
+    CHECK(said[r].find("observed queries") != std::string::npos);
+    CHECK(lengths[r] == 3000);
+  }
+}

@@ -159,7 +159,8 @@ TEST_CASE_FIXTURE(Fixture, "appended tokens get the codes of the layer's current
     std::shared_lock lock(s->mu);
     const ssa::LayerStore& l = s->layers[0];
     REQUIRE(l.codebooks != nullptr);
-    auto fresh = ssa::encode_layer(s->layout, l.codebooks, l, *s->code_pool, *s->rt->pool);
+    auto fresh = ssa::encode_layer(s->layout, l.codebooks, s->config.pq_parallel_weight, l, *s->code_pool,
+                                   *s->rt->pool);
     REQUIRE(fresh.ok());
     size_t differ = 0;
     for (uint64_t t = 0; t < l.n_tokens; ++t) {

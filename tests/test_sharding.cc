@@ -654,3 +654,40 @@ TEST_CASE("sharding: small heads, small pages, groups of two") {
     }
   }
 }
+
+TEST_CASE("sharding: 4-bit score-aware proxies decode bitwise as unsharded") {
+  auto ref_rt = make_runtime(2);
+  const StructuredFeed f(2 * kShard + 1500, SSA_DTYPE_F32, 170);
+  ssa_session_config c = shard_config(SSA_DTYPE_F32);
+  c.proxy = SSA_PROXY_OPQ4;
+  c.pq_subspaces = 32;
+  c.pq_parallel_weight = 4.0f;
+  auto ref = make_session(ref_rt.get(), c);
+  auto rt = sharded_runtime(2, kShard);
+  auto sh = make_session(rt.get(), c);
+  f.append({ref.get(), sh.get()}, 0, 0, 7001);
+  f.append({ref.get(), sh.get()}, 0, 7001, f.ctx.n);
+  f.append({ref.get(), sh.get()}, 1, 0, 9100);
+  check_same_decodes(ref.get(), sh.get(), f, "opq4, weight 4");
+}
+
+TEST_CASE("sharding: a query-aware 4-bit score-aware proxy decodes bitwise as unsharded") {
+  auto ref_rt = make_runtime(2);
+  const StructuredFeed f(2 * kShard + 1500, SSA_DTYPE_F32, 170);
+  ssa_session_config c = shard_config(SSA_DTYPE_F32);
+  c.proxy = SSA_PROXY_QPQ4;
+  c.pq_subspaces = 32;
+  c.pq_parallel_weight = 4.0f;
+  auto ref = make_session(ref_rt.get(), c);
+  auto rt = sharded_runtime(2, kShard);
+  auto sh = make_session(rt.get(), c);
+  // The queries the index learns from: the context's query and a scaled copy.
+  std::vector<float> shown = f.ctx.q;
+  for (float x : f.ctx.q) shown.push_back(0.5f * x + 0.1f);
+  for (ssa_session* s : {ref.get(), sh.get()})
+    for (uint32_t layer = 0; layer < 2; ++layer) SSA_CHECK_OK(ssa_session_observe_queries(s, layer, shown.data(), 2));
+  f.append({ref.get(), sh.get()}, 0, 0, 7001);
+  f.append({ref.get(), sh.get()}, 0, 7001, f.ctx.n);
+  f.append({ref.get(), sh.get()}, 1, 0, 9100);
+  check_same_decodes(ref.get(), sh.get(), f, "qpq4, weight 4");
+}

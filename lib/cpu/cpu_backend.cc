@@ -69,7 +69,8 @@ class CpuBackend final : public Backend {
     // The layer's encoder, built again only when its codebooks change.
     if (s.encoders.size() < L.n_layers) s.encoders.resize(L.n_layers);
     std::shared_ptr<const PqEncoder>& enc = s.encoders[rows.layer];
-    if (enc == nullptr || enc->books() != layer.codebooks.get()) enc = std::make_shared<PqEncoder>(L, layer.codebooks);
+    if (enc == nullptr || enc->books() != layer.codebooks.get())
+      enc = std::make_shared<PqEncoder>(L, layer.codebooks, s.config.pq_parallel_weight);
     enc->encode(tail.kv, tail.code, lo - base, hi - base, *s.rt->pool);
     return absl::OkStatus();
   }
@@ -88,10 +89,11 @@ class CpuBackend final : public Backend {
       read_sample_keys(s.layout, layer, n, 0, n, *s.rt->pool, keys.data());
     }
     absl::StatusOr<CodebooksRef> books =
-        train_codebooks_on(s.layout, keys, n, s.config.index_iterations, s.config.proxy, *s.rt->pool);
+        train_codebooks_on(s.layout, keys, n, s.config.index_iterations, s.config.proxy,
+                           s.config.pq_parallel_weight, layer.query_moments, *s.rt->pool);
     if (!books.ok()) return books.status();
-    absl::StatusOr<std::vector<PageRef>> codes =
-        encode_layer(s.layout, *books, layer, *s.code_pool, *s.rt->pool, s.rt->held);
+    absl::StatusOr<std::vector<PageRef>> codes = encode_layer(s.layout, *books, s.config.pq_parallel_weight, layer,
+                                                              *s.code_pool, *s.rt->pool, s.rt->held);
     if (!codes.ok()) return codes.status();
     layer.codebooks = *std::move(books);
     layer.code_pages = *std::move(codes);

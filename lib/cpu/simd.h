@@ -22,6 +22,13 @@ struct Kernels {
   // [M][K] floats, codes holds M rows of `stride` bytes (subspace-major).
   void (*pq_scores)(const float* lut, uint32_t K, uint32_t M, const uint8_t* codes,
                     size_t stride, size_t count, float* out);
+  // The 4-bit proxy's scores from its 8-bit table: for i < count,
+  // out[i] = fmaf(scale, sum_m lut[m * 16 + code_m(i)], bias), the sum exact in
+  // integers; lut is [M][16] bytes (M even, <= 256), codes holds M / 2 rows of
+  // `stride` bytes, row r byte i = code_2r(i) | code_2r+1(i) << 4. Every
+  // version gives the same bits.
+  void (*pq4_scores)(const uint8_t* lut, uint32_t M, const uint8_t* codes, size_t stride, size_t count,
+                     float scale, float bias, float* out);
   // out[i] = exp(x[i] - shift); returns sum of out. Relative error < 1e-6.
   // When block_sums is not null it also receives the sum of every 32 outputs
   // (the last block may be partial): the sampler's block level for free.
@@ -51,6 +58,8 @@ struct Kernels {
 
 void pq_scores_scalar(const float* lut, uint32_t K, uint32_t M, const uint8_t* codes, size_t stride,
                       size_t count, float* out);
+void pq4_scores_scalar(const uint8_t* lut, uint32_t M, const uint8_t* codes, size_t stride, size_t count,
+                       float scale, float bias, float* out);
 void generic_attend_block(const float* kf, const float* vf, size_t n, uint32_t d, const float* q,
                           uint32_t g, const float* offset, float* m, float* l, float* acc);
 // attend_rows by widening the rows into float buffers and calling `block`.

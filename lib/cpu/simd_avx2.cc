@@ -43,6 +43,51 @@ SSA_AVX2 void to_f32(DType t, const void* src, float* dst, size_t n) {
   for (; i < n; ++i) dst[i] = load_as_f32(src, t, i);
 }
 
+// scale * s + bias for the 8 u16 sums of s16, stored to dst[0..8).
+SSA_AVX2 inline void store_scaled8(__m128i s16, __m256 scale, __m256 bias, float* dst) {
+  const __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepu16_epi32(s16));
+  _mm256_storeu_ps(dst, _mm256_fmadd_ps(scale, f, bias));
+}
+
+// 32 tokens per step. A code byte holds a pair of subspaces; each nibble selects
+// one of 16 table bytes with an in-register shuffle (pshufb looks up 16 bytes
+// per 128-bit lane, so each subspace's table is broadcast to both lanes). The u8
+// lookups are summed in u16 lanes without unpacking them: `all` adds whole u16
+// lanes (token 2k + 256 x token 2k+1, wrapping) and `odd` the high bytes, so the
+// even tokens' sums are all - (odd << 8) modulo 2^16, exact as every sum is
+// below 2^16 (M <= 256).
+SSA_AVX2 void pq4_scores(const uint8_t* lut, uint32_t M, const uint8_t* codes, size_t stride, size_t count,
+                         float scale, float bias, float* out) {
+  const uint32_t rows = M / 2;
+  const __m256i low4 = _mm256_set1_epi8(0x0f);
+  const __m256 vscale = _mm256_set1_ps(scale), vbias = _mm256_set1_ps(bias);
+  size_t i = 0;
+  for (; i + 32 <= count; i += 32) {
+    __m256i all = _mm256_setzero_si256(), odd = _mm256_setzero_si256();
+    for (uint32_t r = 0; r < rows; ++r) {
+      const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + r * stride + i));
+      const __m256i t0 =
+          _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(lut + 32 * r)));
+      const __m256i t1 =
+          _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(lut + 32 * r + 16)));
+      const __m256i v0 = _mm256_shuffle_epi8(t0, _mm256_and_si256(c, low4));
+      const __m256i v1 = _mm256_shuffle_epi8(t1, _mm256_and_si256(_mm256_srli_epi16(c, 4), low4));
+      all = _mm256_add_epi16(all, _mm256_add_epi16(v0, v1));
+      odd = _mm256_add_epi16(odd, _mm256_add_epi16(_mm256_srli_epi16(v0, 8), _mm256_srli_epi16(v1, 8)));
+    }
+    const __m256i even = _mm256_sub_epi16(all, _mm256_slli_epi16(odd, 8));
+    // u16 lane k holds tokens 2k (even) and 2k + 1 (odd); lanes 0..7 are the
+    // low 128 bits (tokens 0..15). Interleaving puts the tokens in order.
+    const __m256i lo = _mm256_unpacklo_epi16(even, odd);  // tokens 0..7 | 16..23
+    const __m256i hi = _mm256_unpackhi_epi16(even, odd);  // tokens 8..15 | 24..31
+    store_scaled8(_mm256_castsi256_si128(lo), vscale, vbias, out + i);
+    store_scaled8(_mm256_castsi256_si128(hi), vscale, vbias, out + i + 8);
+    store_scaled8(_mm256_extracti128_si256(lo, 1), vscale, vbias, out + i + 16);
+    store_scaled8(_mm256_extracti128_si256(hi, 1), vscale, vbias, out + i + 24);
+  }
+  if (i < count) pq4_scores_scalar(lut, M, codes + i, stride, count - i, scale, bias, out + i);
+}
+
 SSA_AVX2 float dot(DType t, const void* row, const float* q, size_t n) {
   __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
   size_t i = 0;
@@ -285,8 +330,8 @@ SSA_AVX2 void attend_rows(DType t, const void* const* k_rows, const void* const*
 const Kernels* avx2_kernels() {
   static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
                          __builtin_cpu_supports("f16c");
-  static const Kernels k{to_f32, dot, pq_scores_scalar, exp_shifted, max_value, nearest_centroid,
-                         attend_block, attend_rows, "avx2"};
+  static const Kernels k{to_f32,           dot,          pq_scores_scalar, pq4_scores, exp_shifted,
+                         max_value,        nearest_centroid, attend_block, attend_rows, "avx2"};
   return ok ? &k : nullptr;
 }
 

@@ -1,4 +1,5 @@
 #include <math.h>
+#include <string.h>
 
 #include <vector>
 
@@ -88,6 +89,48 @@ void pq_scores_scalar(const float* lut, uint32_t K, uint32_t M, const uint8_t* c
   }
 }
 
+namespace {
+
+// fmaf(a, b, c) where a * b is exact in double (a float times an integer below
+// 2^24): the double sum made round-to-odd (TwoSum's error decides the sticky
+// last bit), then rounded once to float, which is then the correctly rounded
+// a * b + c (53 >= 24 + 2 bits). glibc's fmaf without FMA hardware switches the
+// rounding mode per call; this does not.
+inline float scale_add(float a, float b, float c) {
+  const double p = double{a} * double{b};
+  double s = p + double{c};
+  const double bv = s - p;
+  const double e = (p - (s - bv)) + (double{c} - bv);
+  if (e != 0.0) {
+    uint64_t bits;
+    memcpy(&bits, &s, sizeof bits);
+    if ((bits & 1u) == 0) {
+      bits = (e > 0.0) == (s > 0.0) ? bits + 1 : bits - 1;  // away from s toward the exact sum
+      memcpy(&s, &bits, sizeof bits);
+    }
+  }
+  return static_cast<float>(s);
+}
+
+}  // namespace
+
+void pq4_scores_scalar(const uint8_t* lut, uint32_t M, const uint8_t* codes, size_t stride, size_t count,
+                       float scale, float bias, float* out) {
+  constexpr size_t kBlock = 64;  // tokens summed together, one code row at a time
+  uint32_t sum[kBlock];
+  for (size_t i0 = 0; i0 < count; i0 += kBlock) {
+    const size_t nb = count - i0 < kBlock ? count - i0 : kBlock;
+    for (size_t j = 0; j < nb; ++j) sum[j] = 0;
+    for (uint32_t r = 0; r < M / 2; ++r) {
+      const uint8_t* row = codes + r * stride + i0;
+      const uint8_t* lo = lut + 32 * r;
+      const uint8_t* hi = lo + 16;
+      for (size_t j = 0; j < nb; ++j) sum[j] += lo[row[j] & 0x0fu] + hi[row[j] >> 4];
+    }
+    for (size_t j = 0; j < nb; ++j) out[i0 + j] = scale_add(scale, static_cast<float>(sum[j]), bias);
+  }
+}
+
 void generic_attend_block(const float* kf, const float* vf, size_t n, uint32_t d, const float* q,
                           uint32_t g, const float* offset, float* m, float* l, float* acc) {
   float logits[32];
@@ -131,8 +174,8 @@ uint32_t generic_nearest_centroid(const float* x, const float* cent_t, const flo
 }
 
 const Kernels& generic_kernels() {
-  static const Kernels k{to_f32, dot, pq_scores_scalar, exp_shifted, max_value, generic_nearest_centroid,
-                         generic_attend_block, attend_rows, "generic"};
+  static const Kernels k{to_f32,         dot, pq_scores_scalar, pq4_scores_scalar, exp_shifted, max_value,
+                         generic_nearest_centroid, generic_attend_block, attend_rows, "generic"};
   return k;
 }
 

@@ -196,7 +196,12 @@ absl::Status CudaBackend::init_session(ssa_session& s) const {
   // The device encoder and scoring kernels quantise keys as they are.
   if (s.config.proxy != SSA_PROXY_PQ) {
     return unsupported("CUDA sessions: proxy ", static_cast<int>(s.config.proxy),
-                       " (only SSA_PROXY_PQ runs on the CUDA backend)");
+                       " (only SSA_PROXY_PQ runs on the CUDA backend; the 4-bit and rotated proxies score on the CPU)");
+  }
+  // The device trains and encodes with squared error only.
+  if (s.config.pq_parallel_weight > 1.0f) {
+    return unsupported("CUDA sessions: pq_parallel_weight ", s.config.pq_parallel_weight,
+                       " (score-aware codebooks are trained and encoded on the CPU backend only; use 1)");
   }
   const char* why = unsupported_shape(decode_shape(s.layout), true);
   if (why != nullptr) return unsupported("CUDA sessions: ", why);

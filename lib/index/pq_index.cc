@@ -7,7 +7,10 @@
 #include "cpu/simd.h"
 #include "kmeans.h"
 #include "kmeans_rng.h"
+#include "proxy_kind.h"
+#include "query_transform.h"
 #include "rotation.h"
+#include "score_aware.h"
 #include "status.h"
 
 namespace ssa {
@@ -113,20 +116,25 @@ void read_sample_keys(const KvLayout& layout, const LayerStore& layer, uint64_t 
 
 absl::StatusOr<CodebooksRef> train_codebooks(const KvLayout& layout, const LayerStore& layer,
                                              uint32_t sample, uint32_t iterations, ssa_proxy proxy,
-                                             ThreadPool& pool) {
+                                             float parallel_weight, ThreadPool& pool) {
   if (layer.n_tokens == 0) return invalid_argument("cannot train a PQ index on an empty layer");
   const uint64_t n = sample_count(layer.n_tokens, sample);
   // The sampled keys of each head as floats, x[h][n][d].
   std::vector<float> keys(size_t{layout.n_kv_heads} * n * layout.head_dim);
   read_sample_keys(layout, layer, n, 0, n, pool, keys.data());
-  return train_codebooks_on(layout, keys, n, iterations, proxy, pool);
+  return train_codebooks_on(layout, keys, n, iterations, proxy, parallel_weight, layer.query_moments, pool);
 }
 
 absl::StatusOr<CodebooksRef> train_codebooks_on(const KvLayout& layout, const std::vector<float>& keys,
-                                                uint64_t n, uint32_t iterations, ssa_proxy proxy, ThreadPool& pool) {
+                                                uint64_t n, uint32_t iterations, ssa_proxy proxy,
+                                                float parallel_weight, const QueryMomentsRef& moments,
+                                                ThreadPool& pool) {
   if (n == 0) return invalid_argument("cannot train a PQ index on an empty layer");
-  if (proxy != SSA_PROXY_PQ && proxy != SSA_PROXY_OPQ) {
-    return invalid_argument("unknown proxy ", static_cast<int>(proxy));
+  if (!proxy_is_known(proxy)) return invalid_argument("unknown proxy ", static_cast<int>(proxy));
+  if (proxy_has_4bit_codes(proxy) != (layout.code_bits == 4) ||
+      layout.pq_centroids > (layout.code_bits == 4 ? 16u : 256u)) {
+    return invalid_argument("proxy ", static_cast<int>(proxy), " does not fit codes of ", layout.code_bits,
+                            " bits and ", layout.pq_centroids, " centroids");
   }
   const uint32_t M = layout.pq_subspaces, K = layout.pq_centroids, dsub = layout.sub_dim();
   const uint32_t d = layout.head_dim, H = layout.n_kv_heads;
@@ -141,12 +149,27 @@ absl::StatusOr<CodebooksRef> train_codebooks_on(const KvLayout& layout, const st
   books->sub_dim = dsub;
   books->data.resize(size_t{H} * M * K * dsub);
 
-  const bool opq = proxy == SSA_PROXY_OPQ;
+  const bool opq = proxy_has_rotation(proxy), transformed = proxy_has_transform(proxy);
   if (opq) {
     books->rotation.resize(size_t{H} * d * d);
     pool.parallel_for(H, [&](size_t h) {
       store_rotation(balanced_pca_rotation(keys.data() + h * n * d, n, d, M),
                      books->rotation.data() + h * d * d);
+    });
+  } else if (proxy_is_query_aware(proxy)) {
+    const QueryMoments* qm = moments.get();
+    if (qm != nullptr && (qm->n_kv_heads != H || qm->head_dim != d)) {
+      return invalid_argument("query moments of ", qm->n_kv_heads, " heads x ", qm->head_dim,
+                              " dimensions do not fit the layer");
+    }
+    books->rotation.resize(size_t{H} * d * d);
+    books->query_transform.resize(size_t{H} * d * d);
+    books->trained_moments = moments;
+    pool.parallel_for(H, [&](size_t h) {
+      const uint32_t kv = static_cast<uint32_t>(h);
+      query_aware_transform(keys.data() + h * n * d, n, d, M, qm != nullptr ? qm->sum_of(kv) : nullptr,
+                            qm != nullptr ? qm->count[kv] : 0, books->rotation.data() + h * d * d,
+                            books->query_transform.data() + h * d * d);
     });
   }
   // Subspace-major, so every (head, subspace) k-means reads one contiguous
@@ -155,7 +178,8 @@ absl::StatusOr<CodebooksRef> train_codebooks_on(const KvLayout& layout, const st
   const uint32_t rounds = opq ? kOpqRounds : 1;
   for (uint32_t round = 0; round < rounds; ++round) {
     pool.parallel_for(H, [&](size_t h) {
-      scatter_points(keys.data() + h * n * d, n, opq ? books->rotation_of(static_cast<uint32_t>(h)) : nullptr,
+      scatter_points(keys.data() + h * n * d, n,
+                     transformed ? books->rotation_of(static_cast<uint32_t>(h)) : nullptr,
                      static_cast<uint32_t>(h), d, M, points.data());
     });
     pool.parallel_for(size_t{H} * M, [&](size_t hm) {
@@ -169,14 +193,34 @@ absl::StatusOr<CodebooksRef> train_codebooks_on(const KvLayout& layout, const st
       store_rotation(refit_rotation(keys.data() + h * n * d, n, r, *books, static_cast<uint32_t>(h)), r);
     });
   }
+  // The score-aware loss refines the last k-means codebooks (of the transformed keys).
+  if (is_score_aware(parallel_weight)) {
+    pool.parallel_for(H, [&](size_t h) {
+      const float* x = keys.data() + h * n * d;
+      std::vector<float> rotated;
+      if (transformed) {
+        rotated.resize(size_t{n} * d);
+        const float* r = books->rotation_of(static_cast<uint32_t>(h));
+        for (uint64_t i = 0; i < n; ++i) rotate(r, x + i * d, d, rotated.data() + i * d);
+        x = rotated.data();
+      }
+      score_aware_refine(x, n, M, K, dsub, parallel_weight, books->mutable_centroid(static_cast<uint32_t>(h), 0, 0));
+    });
+  }
   return CodebooksRef(std::move(books));
 }
 
-PqEncoder::PqEncoder(const KvLayout& layout, CodebooksRef books) : layout_(layout), books_(std::move(books)) {
+PqEncoder::PqEncoder(const KvLayout& layout, CodebooksRef books, float parallel_weight)
+    : layout_(layout), books_(std::move(books)) {
   const uint32_t M = layout.pq_subspaces, dsub = layout.sub_dim();
   searches_.reserve(size_t{layout.n_kv_heads} * M);
   for (uint32_t h = 0; h < layout.n_kv_heads; ++h) {
     for (uint32_t m = 0; m < M; ++m) searches_.emplace_back(books_->centroid(h, m, 0), books_->centroids, dsub);
+  }
+  if (is_score_aware(parallel_weight)) {
+    score_aware_.reserve(layout.n_kv_heads);
+    for (uint32_t h = 0; h < layout.n_kv_heads; ++h)
+      score_aware_.emplace_back(books_->centroid(h, 0, 0), M, books_->centroids, dsub, parallel_weight);
   }
 }
 
@@ -194,6 +238,7 @@ void PqEncoder::encode(const std::vector<PageRef>& kv_pages, std::vector<PageRef
     const Page& kv = *kv_pages[p];
     uint8_t* codes = code_pages[p]->mutable_data();
     std::vector<float> row(d), rotated(d);
+    std::vector<uint32_t> code(M);
     for (uint32_t h = 0; h < layout.n_kv_heads; ++h) {
       for (uint64_t t = t0; t < t1; ++t) {
         const uint32_t slot = static_cast<uint32_t>(t - p * P);
@@ -203,10 +248,9 @@ void PqEncoder::encode(const std::vector<PageRef>& kv_pages, std::vector<PageRef
           rotate(books_->rotation_of(h), row.data(), d, rotated.data());
           key = rotated.data();
         }
-        for (uint32_t m = 0; m < M; ++m) {
-          codes[layout.code_offset(h, m) + slot] =
-              static_cast<uint8_t>(searches_[size_t{h} * M + m].nearest(key + m * dsub));
-        }
+        for (uint32_t m = 0; m < M; ++m) code[m] = searches_[size_t{h} * M + m].nearest(key + m * dsub);
+        if (!score_aware_.empty()) score_aware_[h].assign(key, code.data());
+        for (uint32_t m = 0; m < M; ++m) layout.set_code(codes, h, m, slot, code[m]);
       }
     }
   };
@@ -219,8 +263,8 @@ void PqEncoder::encode(const std::vector<PageRef>& kv_pages, std::vector<PageRef
 }
 
 absl::StatusOr<std::vector<PageRef>> encode_layer(const KvLayout& layout, const CodebooksRef& books,
-                                                  const LayerStore& layer, PagePool& code_pool,
-                                                  ThreadPool& pool, const HeldRange& held) {
+                                                  float parallel_weight, const LayerStore& layer,
+                                                  PagePool& code_pool, ThreadPool& pool, const HeldRange& held) {
   std::vector<PageRef> pages;
   pages.reserve(layer.kv_pages.size());
   for (size_t i = 0; i < layer.kv_pages.size(); ++i) {
@@ -233,14 +277,35 @@ absl::StatusOr<std::vector<PageRef>> encode_layer(const KvLayout& layout, const 
     pages.push_back(*std::move(page));
   }
   if (held.lo(0) < held.hi(layer.n_tokens)) {
-    PqEncoder(layout, books).encode(layer.kv_pages, pages, held.lo(0), held.hi(layer.n_tokens), pool);
+    PqEncoder(layout, books, parallel_weight).encode(layer.kv_pages, pages, held.lo(0), held.hi(layer.n_tokens), pool);
   }
   return pages;
 }
 
+namespace {
+
+// y = M x for a row-major d x d M, as eight interleaved partial sums per row
+// (then added pairwise, in a fixed order): the serial sum of rotate() is bound
+// by the adder's latency, which at d 256 cost about as much as scoring 16K
+// tokens with 4-bit codes. Same bits on every CPU (no fused multiply-adds).
+void transform_query(const float* m, const float* x, uint32_t d, float* y) {
+  const uint32_t d8 = d / 8 * 8;
+  for (uint32_t i = 0; i < d; ++i) {
+    const float* mi = m + size_t{i} * d;
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (uint32_t j = 0; j < d8; j += 8)
+      for (uint32_t k = 0; k < 8; ++k) acc[k] += mi[j + k] * x[j + k];
+    float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (uint32_t j = d8; j < d; ++j) s += mi[j] * x[j];
+    y[i] = s;
+  }
+}
+
+}  // namespace
+
 const float* rotate_query(const PqCodebooks& books, uint32_t head, const float* q, float* scratch) {
   if (!books.rotated()) return q;
-  rotate(books.rotation_of(head), q, books.head_dim(), scratch);
+  transform_query(books.query_transform_of(head), q, books.head_dim(), scratch);
   return scratch;
 }
 

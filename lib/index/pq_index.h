@@ -9,6 +9,7 @@
 #include "absl/status/statusor.h"
 #include "cpu/thread_pool.h"
 #include "index/kmeans.h"
+#include "index/score_aware.h"
 #include "ssa.h"
 #include "store/held_range.h"
 #include "store/kv_layout.h"
@@ -19,13 +20,18 @@ namespace ssa {
 
 // Trains codebooks for every KV head of `layer` (k-means++ then Lloyd per
 // subspace) on up to `sample` keys per head, spread evenly over the layer.
-// SSA_PROXY_OPQ also learns each head's rotation (docs/ALGORITHM.md, section 4):
-// from a variance-balanced PCA, kOpqRounds rounds of k-means on the rotated keys
-// alternating with a Procrustes fit of the rotation to their reconstructions; the
-// codebooks returned are those of the last rotation.
+// The rotated proxies (SSA_PROXY_OPQ, _OPQ4) also learn each head's rotation
+// (docs/ALGORITHM.md, section 4): from a variance-balanced PCA, kOpqRounds rounds
+// of k-means on the rotated keys alternating with a Procrustes fit of the
+// rotation to their reconstructions; the codebooks returned are those of the
+// last rotation. The query-aware proxies (SSA_PROXY_QPQ, _QPQ4) learn each
+// head's key and query transforms from the layer's observed queries
+// (query_transform.h) and keep those moments with the codebooks. A
+// parallel_weight above 1 then refines the codebooks for the score-aware loss
+// (score_aware.h). The layout's code_bits must be the proxy's.
 absl::StatusOr<CodebooksRef> train_codebooks(const KvLayout& layout, const LayerStore& layer,
                                              uint32_t sample, uint32_t iterations, ssa_proxy proxy,
-                                             ThreadPool& pool);
+                                             float parallel_weight, ThreadPool& pool);
 inline constexpr uint32_t kOpqRounds = 4;
 
 // The sample train_codebooks takes: n = min(n_tokens, sample) keys per head,
@@ -41,16 +47,22 @@ uint64_t first_sample_at(uint64_t token, uint64_t n_tokens, uint64_t n);
 // room for [n_kv_heads][i1 - i0][head_dim].
 void read_sample_keys(const KvLayout& layout, const LayerStore& layer, uint64_t n, uint64_t i0, uint64_t i1,
                       ThreadPool& pool, float* keys);
-// Trains from the sampled keys x[h][n][d] (n >= 1), as train_codebooks does.
+// Trains from the sampled keys x[h][n][d] (n >= 1) and, for the query-aware
+// proxies, the layer's observed query moments (null: none), as train_codebooks does.
 absl::StatusOr<CodebooksRef> train_codebooks_on(const KvLayout& layout, const std::vector<float>& keys,
-                                                uint64_t n, uint32_t iterations, ssa_proxy proxy, ThreadPool& pool);
+                                                uint64_t n, uint32_t iterations, ssa_proxy proxy,
+                                                float parallel_weight, const QueryMomentsRef& moments,
+                                                ThreadPool& pool);
 
 // The nearest-centroid searches of every codebook of one layer, built once per
 // codebooks: building them (a transposed copy and the norms of every centroid)
 // cost more than encoding the token of a one-token append.
+// Codes are the nearest centroids per subspace, then (parallel_weight above 1)
+// improved for the score-aware loss by ScoreAwareSearch::assign; 8-bit or
+// packed 4-bit as the layout says.
 class PqEncoder {
  public:
-  PqEncoder(const KvLayout& layout, CodebooksRef books);
+  PqEncoder(const KvLayout& layout, CodebooksRef books, float parallel_weight);
   const PqCodebooks* books() const { return books_.get(); }
   // Encodes keys of tokens [begin, end) of `kv_pages` into the (writable) pages
   // of `code_pages`, which must cover those tokens.
@@ -61,16 +73,19 @@ class PqEncoder {
   KvLayout layout_;
   CodebooksRef books_;
   std::vector<CentroidSearch> searches_;  // [n_kv_heads][subspaces]
+  std::vector<ScoreAwareSearch> score_aware_;  // [n_kv_heads], empty for squared error
 };
 
-// q' = R q for a rotated codebook set's head (d floats each); q itself otherwise.
+// q' = R q (OPQ) or T^-T q (QPQ) for a transformed codebook set's head (d floats
+// each); q itself otherwise.
 const float* rotate_query(const PqCodebooks& books, uint32_t head, const float* q, float* scratch);
 
 // Builds a full set of fresh code pages for all tokens of `layer` with `books`:
 // a code page for every KV page held (`held`), none (null) for the others.
 absl::StatusOr<std::vector<PageRef>> encode_layer(const KvLayout& layout, const CodebooksRef& books,
-                                                  const LayerStore& layer, PagePool& code_pool,
-                                                  ThreadPool& pool, const HeldRange& held = HeldRange{});
+                                                  float parallel_weight, const LayerStore& layer,
+                                                  PagePool& code_pool, ThreadPool& pool,
+                                                  const HeldRange& held = HeldRange{});
 
 // The automatic policy: train once the layer holds index_min_tokens tokens, and
 // again when it has grown by index_regrow_factor since the last training.

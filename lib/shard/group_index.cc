@@ -8,6 +8,7 @@
 
 #include "group_call_check.h"
 #include "index/pq_index.h"
+#include "index/query_transform.h"
 #include "shard_map.h"
 #include "status.h"
 
@@ -68,7 +69,8 @@ absl::Status group_train(ProcessGroup& g, uint32_t layer_index, const LayerStore
                          absl::FunctionRef<absl::Status()> train) {
   static const char* const kNames[kSummaryFields] = {
       "layer", "layer length (every rank must append the same rows)", "PQ index (trained at another length)",
-      "index_train_sample", "index_iterations", "proxy", nullptr, nullptr};
+      "index_train_sample", "index_iterations", "proxy",
+      "observed queries (every rank must observe the same queries)", "pq_parallel_weight"};
   std::lock_guard<std::mutex> lock(g.call_mutex());
   CallSummary mine;
   mine.kind = static_cast<uint64_t>(GroupCall::kTrain);
@@ -78,6 +80,10 @@ absl::Status group_train(ProcessGroup& g, uint32_t layer_index, const LayerStore
   mine.field[3] = cfg.index_train_sample;
   mine.field[4] = cfg.index_iterations;
   mine.field[5] = static_cast<uint64_t>(cfg.proxy);
+  mine.field[6] = query_moments_hash(layer.query_moments.get());
+  uint32_t weight_bits;
+  memcpy(&weight_bits, &cfg.pq_parallel_weight, sizeof weight_bits);
+  mine.field[7] = weight_bits;
   SSA_RETURN_IF_ERROR(begin_call(g, mine, before, kNames));
   absl::Status st;
   try {

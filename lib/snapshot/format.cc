@@ -3,6 +3,7 @@
 #include <xxhash.h>
 
 #include "absl/strings/str_cat.h"
+#include "index/proxy_kind.h"
 
 namespace ssa::snap {
 
@@ -99,6 +100,7 @@ void encode_config(const ssa_session_config& cfg, uint64_t kv_page_bytes,
   put_u64(out + 56, cfg.model_fingerprint);
   put_u64(out + 64, kv_page_bytes);
   put_u64(out + 72, code_page_bytes);
+  memcpy(out + kConfigWeightOff, &cfg.pq_parallel_weight, 4);
 }
 
 absl::Status decode_config(const uint8_t in[kConfigBytes], uint32_t format_version,
@@ -108,11 +110,15 @@ absl::Status decode_config(const uint8_t in[kConfigBytes], uint32_t format_versi
   if (dtype != SSA_DTYPE_F32 && dtype != SSA_DTYPE_F16 && dtype != SSA_DTYPE_BF16) {
     return absl::InvalidArgumentError(absl::StrCat("unknown kv_dtype ", dtype));
   }
-  // Version 1 wrote the word as reserved: its files are all plain PQ.
+  // Version 1 wrote the word as reserved: its files are all plain PQ. Version 2
+  // knew PQ and OPQ only, so a 4-bit proxy there is damage, not a feature.
   const uint32_t proxy = format_version >= 2 ? get_u32(in + kConfigProxyOff) : 0;
-  if (proxy != SSA_PROXY_PQ && proxy != SSA_PROXY_OPQ) {
-    return absl::InvalidArgumentError(absl::StrCat("unknown proxy ", proxy));
+  if (!proxy_is_known(proxy) || (format_version < 3 && proxy > SSA_PROXY_OPQ)) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown proxy ", proxy, " in a version ", format_version, " file"));
   }
+  // Before version 3 the float at 80 was reserved: squared-error codebooks.
+  float weight = 1.0f;
+  if (format_version >= 3) memcpy(&weight, in + kConfigWeightOff, 4);
   *cfg = ssa_session_config{};
   cfg->struct_size = sizeof(ssa_session_config);
   cfg->n_layers = get_u32(in + 0);
@@ -129,6 +135,7 @@ absl::Status decode_config(const uint8_t in[kConfigBytes], uint32_t format_versi
   cfg->index_train_sample = get_u32(in + 44);
   cfg->index_iterations = get_u32(in + 48);
   cfg->proxy = static_cast<ssa_proxy>(proxy);
+  cfg->pq_parallel_weight = weight;  // range-checked by validate_session_config
   cfg->model_fingerprint = get_u64(in + 56);
   *kv_page_bytes = get_u64(in + 64);
   *code_page_bytes = get_u64(in + 72);
@@ -137,8 +144,11 @@ absl::Status decode_config(const uint8_t in[kConfigBytes], uint32_t format_versi
 
 uint64_t codebooks_section_bytes(const ssa_session_config& cfg) {
   const uint64_t floats = uint64_t{cfg.n_kv_heads} * cfg.pq_centroids * cfg.head_dim;
-  const uint64_t rotation = cfg.proxy == SSA_PROXY_OPQ ? uint64_t{cfg.n_kv_heads} * cfg.head_dim * cfg.head_dim : 0;
-  return kCodebooksHeaderBytes + (floats + rotation) * sizeof(float);
+  const uint64_t square = uint64_t{cfg.n_kv_heads} * cfg.head_dim * cfg.head_dim;
+  const uint64_t transforms = proxy_is_query_aware(cfg.proxy) ? 2 * square : proxy_has_rotation(cfg.proxy) ? square : 0;
+  const uint64_t moments =
+      proxy_is_query_aware(cfg.proxy) ? uint64_t{cfg.n_kv_heads} * sizeof(uint64_t) + square * sizeof(double) : 0;
+  return kCodebooksHeaderBytes + (floats + transforms) * sizeof(float) + moments;
 }
 
 SectionEntry decode_entry(const uint8_t* p) {

@@ -21,8 +21,11 @@ namespace ssa::snap {
 
 // Current format version. Readers accept versions 1..kFormatVersion.
 // Version 2 gives the config's word at offset 52 a meaning (the proxy) and puts
-// the OPQ rotation after the centroids of a codebooks section.
-inline constexpr uint32_t kFormatVersion = 2;
+// the OPQ rotation after the centroids of a codebooks section. Version 3 adds
+// the 4-bit proxies (values 2 and 3 of that word; code pages of two codes per
+// byte), the query-aware proxies 4 and 5 (transforms and query moments in the
+// codebooks section) and the config's float at offset 80 (pq_parallel_weight).
+inline constexpr uint32_t kFormatVersion = 3;
 
 inline constexpr char kMagic[8] = {'\x89', 'S', 'S', 'A', 'S', 'N', 'P', '\n'};
 inline constexpr char kTableMagic[8] = {'S', 'S', 'A', 'T', 'A', 'B', 'L', 'E'};
@@ -112,9 +115,13 @@ inline constexpr uint32_t kConfigBytes = 128;
 inline constexpr uint32_t kLayerRecordBytes = 32;
 inline constexpr uint32_t kLayerHasCodebooks = 1u;
 // Codebooks section: 16-byte header (n_kv_heads, subspaces, centroids, sub_dim),
-// the centroids, then (SSA_PROXY_OPQ) the rotations [n_kv_heads][d][d].
+// the centroids, then (SSA_PROXY_OPQ, _OPQ4) the rotations [n_kv_heads][d][d],
+// or (SSA_PROXY_QPQ, _QPQ4) the key transforms and the query transforms (each
+// [n_kv_heads][d][d] f32), the query counts [n_kv_heads] u64 and the query
+// moment sums [n_kv_heads][d][d] f64 they were learned from.
 inline constexpr uint32_t kCodebooksHeaderBytes = 16;
-inline constexpr size_t kConfigProxyOff = 52;  // version >= 2; reserved (ignored) in 1
+inline constexpr size_t kConfigProxyOff = 52;   // version >= 2; reserved (ignored) in 1
+inline constexpr size_t kConfigWeightOff = 80;  // version >= 3; reserved (ignored) before
 
 // Config section body (kConfigBytes) and its inverse for a file of
 // format_version. decode_config checks that kv_dtype and proxy name known values

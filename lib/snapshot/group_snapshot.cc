@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "decode/decode_step.h"
+#include "index/query_transform.h"
 #include "shard/callback_collective.h"
 #include "shard/group_call_check.h"
 #include "snapshot/file_io.h"
@@ -41,6 +42,10 @@ uint64_t content_hash(const ssa_session& s) {
     if (l.codebooks != nullptr) {
       XXH3_64bits_update(h, l.codebooks->data.data(), l.codebooks->data.size() * sizeof(float));
       XXH3_64bits_update(h, l.codebooks->rotation.data(), l.codebooks->rotation.size() * sizeof(float));
+      XXH3_64bits_update(h, l.codebooks->query_transform.data(),
+                         l.codebooks->query_transform.size() * sizeof(float));
+      const uint64_t moments = query_moments_hash(l.codebooks->trained_moments.get());
+      XXH3_64bits_update(h, &moments, sizeof moments);
     }
   }
   XXH3_64bits_update(h, s.metadata.data(), s.metadata.size());

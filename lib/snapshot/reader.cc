@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "backend.h"
+#include "index/proxy_kind.h"
 #include "snapshot/content_check.h"
 #include "snapshot/file_io.h"
 #include "snapshot/format.h"
@@ -921,10 +922,31 @@ absl::StatusOr<std::unique_ptr<ssa_session>> load(ssa_runtime* rt, const char* p
         // The length was checked against the config when the table was read.
         cb->data.resize(size_t{cb->n_kv_heads} * cb->subspaces * cb->centroids * cb->sub_dim);
         memcpy(cb->data.data(), b + snap::kCodebooksHeaderBytes, cb->data.size() * sizeof(float));
-        if (p.cfg.proxy == SSA_PROXY_OPQ) {
-          cb->rotation.resize(size_t{cb->n_kv_heads} * cb->head_dim() * cb->head_dim());
-          memcpy(cb->rotation.data(), b + snap::kCodebooksHeaderBytes + cb->data.size() * sizeof(float),
-                 cb->rotation.size() * sizeof(float));
+        const uint8_t* at = b + snap::kCodebooksHeaderBytes + cb->data.size() * sizeof(float);
+        const size_t square = size_t{cb->n_kv_heads} * cb->head_dim() * cb->head_dim();
+        if (proxy_has_transform(p.cfg.proxy)) {
+          cb->rotation.resize(square);
+          memcpy(cb->rotation.data(), at, square * sizeof(float));
+          at += square * sizeof(float);
+        }
+        if (proxy_is_query_aware(p.cfg.proxy)) {
+          cb->query_transform.resize(square);
+          memcpy(cb->query_transform.data(), at, square * sizeof(float));
+          at += square * sizeof(float);
+          auto qm = std::make_shared<QueryMoments>();
+          qm->n_kv_heads = cb->n_kv_heads;
+          qm->head_dim = cb->head_dim();
+          qm->count.resize(cb->n_kv_heads);
+          memcpy(qm->count.data(), at, qm->count.size() * sizeof(uint64_t));
+          at += qm->count.size() * sizeof(uint64_t);
+          qm->sum.resize(square);
+          memcpy(qm->sum.data(), at, square * sizeof(double));
+          SSA_RETURN_IF_ERROR(snap::check_query_moments(*qm, p.path, e.layer));
+          // No queries observed: none to train from (a layer shown none has no moments).
+          bool any = false;
+          for (const uint64_t c : qm->count) any |= c > 0;
+          if (any) cb->trained_moments = std::move(qm);
+          layers[e.layer].query_moments = cb->trained_moments;
         }
         SSA_RETURN_IF_ERROR(snap::check_codebooks(*cb, p.path, e.layer));
         layers[e.layer].codebooks = std::move(cb);

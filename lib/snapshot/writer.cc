@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "backend.h"
 #include "caller_buffers.h"
+#include "index/proxy_kind.h"
 #include "snapshot/file_io.h"
 #include "snapshot/format.h"
 #include "snapshot/group_snapshot.h"
@@ -148,8 +149,8 @@ void copy_visible(const KvLayout& lay, SectionKind kind, const uint8_t* src, uin
   } else {
     memset(dst, 0, lay.code_page_bytes());
     for (uint32_t h = 0; h < lay.n_kv_heads; ++h) {
-      for (uint32_t m = 0; m < lay.pq_subspaces; ++m) {
-        memcpy(dst + lay.code_offset(h, m), src + lay.code_offset(h, m), valid);
+      for (uint32_t r = 0; r < lay.code_rows(); ++r) {
+        memcpy(dst + lay.code_offset(h, r), src + lay.code_offset(h, r), valid);
       }
     }
   }
@@ -400,11 +401,18 @@ absl::Status write_body(const ssa_session& s, const SnapshotState& st, const Sna
         const PqCodebooks& cb = *L.codebooks;
         const size_t floats =
             size_t{cb.n_kv_heads} * cb.subspaces * cb.centroids * cb.sub_dim;
-        const size_t rotation_floats =
-            s.config.proxy == SSA_PROXY_OPQ ? size_t{cb.n_kv_heads} * cb.head_dim() * cb.head_dim() : 0;
-        if (cb.rotation.size() != rotation_floats) {
-          return make_error(SSA_ERR_INTERNAL, absl::StrCat("layer ", l, " codebooks hold ", cb.rotation.size(),
-                                                           " rotation floats, the proxy needs ", rotation_floats));
+        const size_t square = size_t{cb.n_kv_heads} * cb.head_dim() * cb.head_dim();
+        const bool query_aware = proxy_is_query_aware(s.config.proxy);
+        const size_t rotation_floats = proxy_has_transform(s.config.proxy) ? square : 0;
+        if (cb.rotation.size() != rotation_floats || cb.query_transform.size() != (query_aware ? square : 0)) {
+          return make_error(SSA_ERR_INTERNAL,
+                            absl::StrCat("layer ", l, " codebooks hold ", cb.rotation.size(), " key and ",
+                                         cb.query_transform.size(), " query transform floats, the proxy needs ",
+                                         rotation_floats, " and ", query_aware ? square : 0));
+        }
+        const QueryMoments* qm = cb.trained_moments.get();
+        if (qm != nullptr && (qm->count.size() != cb.n_kv_heads || qm->sum.size() != square)) {
+          return make_error(SSA_ERR_INTERNAL, absl::StrCat("layer ", l, " query moments do not fit the codebooks"));
         }
         if (cb.data.size() != floats) {
           return make_error(SSA_ERR_INTERNAL,
@@ -421,6 +429,16 @@ absl::Status write_body(const ssa_session& s, const SnapshotState& st, const Sna
         SSA_RETURN_IF_ERROR(w.write(hdr, sizeof hdr));
         SSA_RETURN_IF_ERROR(w.write(cb.data.data(), floats * sizeof(float)));
         SSA_RETURN_IF_ERROR(w.write(cb.rotation.data(), cb.rotation.size() * sizeof(float)));
+        if (query_aware) {
+          SSA_RETURN_IF_ERROR(w.write(cb.query_transform.data(), square * sizeof(float)));
+          // No queries observed: zero counts and sums.
+          const std::vector<uint64_t> no_count(qm == nullptr ? cb.n_kv_heads : 0, 0);
+          const std::vector<double> no_sum(qm == nullptr ? square : 0, 0.0);
+          const std::vector<uint64_t>& count = qm != nullptr ? qm->count : no_count;
+          const std::vector<double>& sum = qm != nullptr ? qm->sum : no_sum;
+          SSA_RETURN_IF_ERROR(w.write(count.data(), count.size() * sizeof(uint64_t)));
+          SSA_RETURN_IF_ERROR(w.write(sum.data(), sum.size() * sizeof(double)));
+        }
         w.end();
       }
     }

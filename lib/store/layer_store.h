@@ -8,6 +8,7 @@
 
 #include "page.h"
 #include "pq_codebooks.h"
+#include "query_moments.h"
 
 namespace ssa {
 
@@ -17,6 +18,7 @@ struct LayerStore {
   std::vector<PageRef> code_pages;  // same count when codebooks is set, else empty
   CodebooksRef codebooks;           // null until the index is first trained
   uint64_t trained_at_tokens = 0;   // layer length when codebooks were trained
+  QueryMomentsRef query_moments;    // queries observed (query-aware proxies), or null
 };
 
 }  // namespace ssa

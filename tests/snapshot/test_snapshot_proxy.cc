@@ -1,7 +1,9 @@
-// The proxy in snapshots (format version 2): an OPQ session round-trips with its
-// rotations, every loaded rotation is checked (finite, orthogonal, sized for the
-// config), damage to the new bytes is refused or harmless, and version 1 files,
-// which hold no proxy, still load as PQ.
+// The proxy in snapshots (format versions 2 and 3): OPQ and 4-bit sessions
+// round-trip with their rotations, packed codes and score-aware weight, every
+// loaded rotation, code nibble and weight is checked, damage to the new bytes is
+// refused or harmless, and older files still load: version 1 files, which hold
+// no proxy, as PQ; version 2 files (written by the version 2 library and kept in
+// tests/snapshot/data) as PQ or OPQ with squared-error codebooks.
 #include <doctest/doctest.h>
 #include <math.h>
 
@@ -78,7 +80,7 @@ TEST_CASE("an OPQ session round-trips: rotations, codes and decodes identical") 
   ssa_snapshot_info info{};
   info.struct_size = sizeof info;
   REQUIRE(snapshot_inspect(path.c_str(), &info).ok());
-  CHECK(info.format_version == 2);
+  CHECK(info.format_version == snap::kFormatVersion);
 }
 
 TEST_CASE("a rotation that is not finite or not orthogonal is refused by every load") {
@@ -148,7 +150,7 @@ TEST_CASE("the proxy word: unknown values, and values that disagree with the cod
     const int cfg = base.find(snap::SectionKind::kConfig);
     REQUIRE(cfg >= 0);
     CHECK(snap::get_u32(base.body(cfg) + snap::kConfigProxyOff) == uint32_t(saved));
-    for (uint32_t v : {0u, 1u, 2u, 7u, 0x7fffffffu, 0x80000000u, 0xffffffffu}) {
+    for (uint32_t v : {0u, 1u, 2u, 3u, 4u, 5u, 6u, 7u, 0x7fffffffu, 0x80000000u, 0xffffffffu}) {
       CAPTURE(saved);
       CAPTURE(v);
       SnapshotImage img = base;
@@ -162,10 +164,12 @@ TEST_CASE("the proxy word: unknown values, and values that disagree with the cod
           CHECK(r.ok());
           continue;
         }
-        // Another known proxy changes the codebooks' length; others are unknown.
+        // Another one-byte proxy changes the codebooks' length, a 4-bit one the
+        // code pages' size; others are unknown.
         REQUIRE(!r.ok());
         CHECK(status_code(r.status()) == SSA_ERR_CORRUPT);
-        CHECK(std::string(r.status().message()).find(v <= 1 ? "codebooks" : "proxy") != std::string::npos);
+        const char* says = v <= 1 || v == 4 ? "codebooks" : v <= 5 ? "pages" : "proxy";
+        CHECK(std::string(r.status().message()).find(says) != std::string::npos);
       }
     }
   }
@@ -241,8 +245,8 @@ TEST_CASE("version 1 files load as PQ whatever their reserved config word holds,
     CHECK((*r)->config.proxy == SSA_PROXY_PQ);
     CHECK(store_diff(*s, **r) == "");
   }
-  // A checkpoint of the loaded session must not leave a version 2 superblock
-  // over the version 1 config: it rewrites the file whole.
+  // A checkpoint of the loaded session must not leave a newer superblock over
+  // the version 1 config: it rewrites the file whole.
   absl::StatusOr<std::unique_ptr<ssa_session>> r = snapshot_load(rt.get(), path.c_str(), 0);
   REQUIRE(r.ok());
   std::mt19937_64 rng(11);
@@ -251,7 +255,7 @@ TEST_CASE("version 1 files load as PQ whatever their reserved config word holds,
   ssa_snapshot_info info{};
   info.struct_size = sizeof info;
   REQUIRE(snapshot_inspect(path.c_str(), &info).ok());
-  CHECK(info.format_version == 2);
+  CHECK(info.format_version == snap::kFormatVersion);
   absl::StatusOr<std::unique_ptr<ssa_session>> again = snapshot_load(rt.get(), path.c_str(), 0);
   REQUIRE(again.ok());
   CHECK(store_diff(**r, **again) == "");
@@ -276,4 +280,359 @@ TEST_CASE("the committed version 1 corpus files still load, as PQ sessions") {
     ++loaded;
   }
   CHECK(loaded >= 4);
+}
+
+namespace {
+
+ssa_session_config four_bit_config(ssa_proxy proxy, uint32_t centroids, float weight) {
+  ssa_session_config c = small_config(0x4B17u);
+  c.head_dim = 32;
+  c.pq_subspaces = 16;
+  c.pq_centroids = centroids;
+  c.index_min_tokens = 48;
+  c.proxy = proxy;
+  c.pq_parallel_weight = weight;
+  return c;
+}
+
+// A file after a save of `c` (every page live: no checkpoint).
+SnapshotImage saved_image(ssa_runtime* rt, const ssa_session_config& c, const std::string& path) {
+  auto s = make_session(rt, c, 70, 31);
+  REQUIRE(s);
+  REQUIRE(snapshot_save(*s, path.c_str()).ok());
+  SnapshotImage img;
+  img.bytes = read_file(path);
+  REQUIRE(img.parse());
+  return img;
+}
+
+absl::Status load_edited(ssa_runtime* rt, SnapshotImage& img, const std::string& bad, uint32_t flags) {
+  img.seal();
+  REQUIRE(write_file(bad, img.bytes.data(), img.bytes.size()));
+  return snapshot_load(rt, bad.c_str(), flags).status();
+}
+
+}  // namespace
+
+TEST_CASE("4-bit and score-aware sessions round-trip: packed codes, rotations, weight and decodes identical") {
+  auto rt = make_runtime();
+  const std::string dir = temp_dir(), path = dir + "/q4.snap";
+  for (ssa_proxy proxy : {SSA_PROXY_PQ4, SSA_PROXY_OPQ4}) {
+    for (float weight : {1.0f, 3.5f}) {
+      CAPTURE(proxy);
+      CAPTURE(weight);
+      const ssa_session_config c = four_bit_config(proxy, 16, weight);
+      auto s = make_session(rt.get(), c, 60, 21);
+      REQUIRE(s);
+      REQUIRE(snapshot_save(*s, path.c_str()).ok());
+      std::mt19937_64 rng(22);
+      REQUIRE(append_all_layers(*s, 250, rng).ok());  // retrained: a second codebooks section
+      REQUIRE(snapshot_checkpoint(*s, path.c_str()).ok());
+      for (uint32_t flags : kAllFlags) {
+        CAPTURE(flags);
+        absl::StatusOr<std::unique_ptr<ssa_session>> r = snapshot_load(rt.get(), path.c_str(), flags);
+        REQUIRE(r.ok());
+        CHECK((*r)->config.proxy == proxy);
+        CHECK((*r)->config.pq_parallel_weight == weight);
+        CHECK((*r)->layout.code_bits == 4);
+        CHECK(store_diff(*s, **r) == "");
+        CHECK(decode_fingerprint(*s, 5) == decode_fingerprint(**r, 5));
+        // Appends after the load encode as the saved session's do.
+        std::mt19937_64 a(23), b(23);
+        REQUIRE(append_all_layers(*s, 9, a).ok());
+        REQUIRE(append_all_layers(**r, 9, b).ok());
+        CHECK(store_diff(*s, **r) == "");
+        REQUIRE(session_truncate(*s, session_length(*s) - 9).ok());
+      }
+      ssa_snapshot_info info{};
+      info.struct_size = sizeof info;
+      REQUIRE(snapshot_inspect(path.c_str(), &info).ok());
+      CHECK(info.format_version == 3);
+    }
+  }
+}
+
+TEST_CASE("a 4-bit code page whose nibble names no centroid is refused, low or high nibble") {
+  auto rt = make_runtime();
+  const std::string dir = temp_dir(), path = dir + "/n.snap", bad = dir + "/bad.snap";
+  const ssa_session_config c = four_bit_config(SSA_PROXY_PQ4, 12, 1.0f);
+  const SnapshotImage base = saved_image(rt.get(), c, path);
+  int code_runs = 0;
+  for (size_t i = 0; i < base.entries.size(); ++i) {
+    if (base.entries[i].kind != uint32_t(snap::SectionKind::kCodePages)) continue;
+    ++code_runs;
+    for (int high = 0; high < 2; ++high) {
+      for (uint8_t nibble : {uint8_t{12}, uint8_t{15}}) {
+        CAPTURE(i);
+        CAPTURE(high);
+        CAPTURE(int(nibble));
+        SnapshotImage img = base;
+        // The run's first page, head 0, code row 1 (subspaces 2 and 3), slot 9:
+        // rows of page_tokens = 16 bytes.
+        uint8_t* b = img.body(i) + 1 * 16 + 9;
+        *b = high ? static_cast<uint8_t>((*b & 0x0f) | (nibble << 4)) : static_cast<uint8_t>((*b & 0xf0) | nibble);
+        img.rehash(i);
+        for (uint32_t flags : kAllFlags) {
+          const absl::Status st = load_edited(rt.get(), img, bad, flags);
+          REQUIRE(!st.ok());
+          CHECK(status_code(st) == SSA_ERR_CORRUPT);
+          CHECK(std::string(st.message()).find("holds code " + std::to_string(nibble)) != std::string::npos);
+          CHECK(std::string(st.message()).find(high ? "subspace 3" : "subspace 2") != std::string::npos);
+        }
+      }
+    }
+  }
+  CHECK(code_runs >= 2);
+  // Every nibble below 12 is fine: the unedited file loads.
+  CHECK(snapshot_load(rt.get(), path.c_str(), SSA_LOAD_VERIFY).ok());
+}
+
+TEST_CASE("the weight word (version 3): out of range or not a number is corrupt, 0 reads as squared error") {
+  auto rt = make_runtime();
+  const std::string dir = temp_dir(), path = dir + "/w3.snap", bad = dir + "/bad.snap";
+  const SnapshotImage base = saved_image(rt.get(), four_bit_config(SSA_PROXY_OPQ4, 16, 2.0f), path);
+  const int cfg = base.find(snap::SectionKind::kConfig);
+  REQUIRE(cfg >= 0);
+  for (float w : {0.5f, -1.0f, 1000.5f, NAN, INFINITY, 0.0f, 1.0f, 1000.0f}) {
+    CAPTURE(w);
+    SnapshotImage img = base;
+    memcpy(img.body(cfg) + snap::kConfigWeightOff, &w, 4);
+    img.rehash(cfg);
+    const absl::Status st = load_edited(rt.get(), img, bad, 0);
+    const bool fine = w == 0.0f || (w >= 1.0f && w <= 1000.0f);
+    CHECK(st.ok() == fine);
+    if (!fine) {
+      CHECK(status_code(st) == SSA_ERR_CORRUPT);
+      CHECK(std::string(st.message()).find("pq_parallel_weight") != std::string::npos);
+    }
+  }
+}
+
+TEST_CASE("version 2 files: the word at 80 is reserved (any value loads as weight 1), newer proxies are corrupt") {
+  auto rt = make_runtime();
+  const std::string dir = temp_dir(), path = dir + "/v2.snap", bad = dir + "/bad.snap";
+  ssa_session_config c = four_bit_config(SSA_PROXY_OPQ, 16, 1.0f);
+  c.pq_subspaces = 8;
+  const SnapshotImage base = saved_image(rt.get(), c, path);
+  const int cfg = base.find(snap::SectionKind::kConfig);
+  {
+    SnapshotImage img = base;
+    img.sb.format_version = 2;
+    const uint32_t junk = 0xdeadbeefu;
+    memcpy(img.body(cfg) + snap::kConfigWeightOff, &junk, 4);
+    img.rehash(cfg);
+    img.seal();
+    REQUIRE(write_file(bad, img.bytes.data(), img.bytes.size()));
+    for (uint32_t flags : kAllFlags) {
+      absl::StatusOr<std::unique_ptr<ssa_session>> r = snapshot_load(rt.get(), bad.c_str(), flags);
+      REQUIRE(r.ok());
+      CHECK((*r)->config.proxy == SSA_PROXY_OPQ);
+      CHECK((*r)->config.pq_parallel_weight == 1.0f);
+    }
+  }
+  for (uint32_t proxy : {2u, 3u, 4u, 5u}) {
+    CAPTURE(proxy);
+    SnapshotImage img = base;
+    img.sb.format_version = 2;
+    snap::put_u32(img.body(cfg) + snap::kConfigProxyOff, proxy);
+    img.rehash(cfg);
+    const absl::Status st = load_edited(rt.get(), img, bad, 0);
+    REQUIRE(!st.ok());
+    CHECK(status_code(st) == SSA_ERR_CORRUPT);
+    CHECK(std::string(st.message()).find("unknown proxy " + std::to_string(proxy) + " in a version 2 file") !=
+          std::string::npos);
+  }
+}
+
+TEST_CASE("files written by the version 2 library load (PQ, OPQ), decode, and a checkpoint rewrites them as version 3") {
+  auto rt = make_runtime();
+  const std::string dir = temp_dir();
+  int loaded = 0;
+  for (const char* name : {"v2_pq_f16.ssa", "v2_opq_f16.ssa"}) {
+    CAPTURE(name);
+    const std::string src = std::string(SSA_SNAPSHOT_DATA_DIR) + "/" + name, path = dir + "/" + name;
+    const std::vector<uint8_t> bytes = read_file(src);
+    REQUIRE(!bytes.empty());
+    REQUIRE(write_file(path, bytes.data(), bytes.size()));
+    SnapshotImage img;
+    img.bytes = bytes;
+    REQUIRE(img.parse());
+    CHECK(img.sb.format_version == 2);
+    const bool rotated = std::string(name).find("opq") != std::string::npos;
+    for (uint32_t flags : kAllFlags) {
+      absl::StatusOr<std::unique_ptr<ssa_session>> r = snapshot_load(rt.get(), path.c_str(), flags);
+      REQUIRE(r.ok());
+      ssa_session& s = **r;
+      CHECK(s.config.proxy == (rotated ? SSA_PROXY_OPQ : SSA_PROXY_PQ));
+      CHECK(s.config.pq_parallel_weight == 1.0f);
+      CHECK(s.config.model_fingerprint == 0x0B0B0002ull);
+      CHECK(session_length(s) == 57);
+      {
+        std::shared_lock lock(s.mu);
+        for (const LayerStore& L : s.layers) {
+          REQUIRE(L.codebooks != nullptr);
+          CHECK(L.codebooks->rotated() == rotated);
+        }
+      }
+      CHECK(check_loaded_session(s, flags != SSA_LOAD_MMAP) == "");
+      ++loaded;
+    }
+    absl::StatusOr<std::unique_ptr<ssa_session>> r = snapshot_load(rt.get(), path.c_str(), 0);
+    REQUIRE(r.ok());
+    std::mt19937_64 rng(41);
+    REQUIRE(append_all_layers(**r, 5, rng).ok());
+    REQUIRE(snapshot_checkpoint(**r, path.c_str()).ok());
+    ssa_snapshot_info info{};
+    info.struct_size = sizeof info;
+    REQUIRE(snapshot_inspect(path.c_str(), &info).ok());
+    CHECK(info.format_version == 3);
+    absl::StatusOr<std::unique_ptr<ssa_session>> again = snapshot_load(rt.get(), path.c_str(), SSA_LOAD_VERIFY);
+    REQUIRE(again.ok());
+    CHECK(store_diff(**r, **again) == "");
+    CHECK(decode_fingerprint(**r, 6) == decode_fingerprint(**again, 6));
+  }
+  CHECK(loaded == 8);
+}
+
+namespace {
+
+ssa_session_config qpq_file_config(ssa_proxy proxy) {
+  ssa_session_config c = four_bit_config(proxy, 16, 1.0f);
+  c.pq_subspaces = proxy == SSA_PROXY_QPQ4 ? 16 : 8;
+  return c;
+}
+
+// Queries [n][n_q_heads][head_dim] in the session's dtype.
+std::vector<uint8_t> random_queries(const ssa_session& s, uint64_t n, std::mt19937_64& rng) {
+  const KvLayout& L = s.layout;
+  std::vector<uint8_t> out(n * L.n_q_heads * L.head_dim * L.elem_bytes());
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (size_t i = 0; i < n * L.n_q_heads * L.head_dim; ++i)
+    store_from_f32(out.data(), L.dtype, i, nd(rng) * (i % L.head_dim < 4 ? 3.0f : 0.5f));
+  return out;
+}
+
+// A query-aware session shown queries before its layers train, saved.
+std::unique_ptr<ssa_session> qpq_session(ssa_runtime* rt, ssa_proxy proxy, const std::string& path) {
+  auto s = make_session(rt, qpq_file_config(proxy), 0, 51);
+  REQUIRE(s);
+  std::mt19937_64 rng(52);
+  for (uint32_t l = 0; l < s->layout.n_layers; ++l) {
+    const std::vector<uint8_t> q = random_queries(*s, 20 + l, rng);
+    REQUIRE(session_observe_queries(*s, l, q.data(), 20 + l).ok());
+  }
+  REQUIRE(append_all_layers(*s, 70, rng).ok());
+  REQUIRE(snapshot_save(*s, path.c_str()).ok());
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("a query-aware session round-trips its transforms and query moments; loaded, it retrains as the saved one") {
+  auto rt = make_runtime();
+  const std::string dir = temp_dir(), path = dir + "/qpq.snap";
+  for (ssa_proxy proxy : {SSA_PROXY_QPQ, SSA_PROXY_QPQ4}) {
+    CAPTURE(proxy);
+    auto s = qpq_session(rt.get(), proxy, path);
+    for (uint32_t flags : kAllFlags) {
+      CAPTURE(flags);
+      absl::StatusOr<std::unique_ptr<ssa_session>> r = snapshot_load(rt.get(), path.c_str(), flags);
+      REQUIRE(r.ok());
+      CHECK(store_diff(*s, **r) == "");
+      CHECK(decode_fingerprint(*s, 5) == decode_fingerprint(**r, 5));
+      std::shared_lock la(s->mu), lb((*r)->mu);
+      for (uint32_t l = 0; l < s->layout.n_layers; ++l) {
+        const PqCodebooks& a = *s->layers[l].codebooks;
+        const PqCodebooks& b = *(*r)->layers[l].codebooks;
+        CHECK(a.rotation == b.rotation);
+        CHECK(a.query_transform == b.query_transform);
+        REQUIRE(b.trained_moments != nullptr);
+        CHECK(a.trained_moments->count == b.trained_moments->count);
+        CHECK(a.trained_moments->sum == b.trained_moments->sum);
+        CHECK((*r)->layers[l].query_moments == b.trained_moments);
+      }
+    }
+    // Shown the same new queries and retrained, both learn the same index.
+    absl::StatusOr<std::unique_ptr<ssa_session>> r = snapshot_load(rt.get(), path.c_str(), 0);
+    REQUIRE(r.ok());
+    std::mt19937_64 rng(53);
+    const std::vector<uint8_t> q = random_queries(*s, 7, rng);
+    for (ssa_session* x : {s.get(), r->get()}) {
+      REQUIRE(session_observe_queries(*x, 1, q.data(), 7).ok());
+      REQUIRE(session_update_index(*x).ok());
+    }
+    CHECK(store_diff(*s, **r) == "");
+    std::shared_lock la(s->mu), lb((*r)->mu);
+    CHECK(s->layers[1].codebooks->query_transform == (*r)->layers[1].codebooks->query_transform);
+    CHECK(s->layers[1].codebooks->trained_moments->count[0] == 2 * (21 + 7));
+  }
+}
+
+TEST_CASE("damaged query transforms or query moments are refused by every load") {
+  auto rt = make_runtime();
+  const std::string dir = temp_dir(), path = dir + "/qd.snap", bad = dir + "/bad.snap";
+  qpq_session(rt.get(), SSA_PROXY_QPQ, path);
+  SnapshotImage base;
+  base.bytes = read_file(path);
+  REQUIRE(base.parse());
+  const ssa_session_config c = qpq_file_config(SSA_PROXY_QPQ);
+  const size_t square = size_t{c.n_kv_heads} * c.head_dim * c.head_dim;
+  const size_t q_off = rotation_offset(c) + square * sizeof(float);  // the query transforms
+  const size_t count_off = q_off + square * sizeof(float);
+  const size_t sum_off = count_off + c.n_kv_heads * sizeof(uint64_t);
+  const uint32_t d = c.head_dim;
+  struct Edit {
+    const char* what;
+    size_t at;
+    int kind;  // 0: float at `at` += 0.05, 1: double at `at` := NaN, 2: double += 1 (breaks symmetry),
+               // 3: double := -1 (negative diagonal), 4: count := 0 (sums stay), 5: count := 2^48 + 1,
+               // 6: an off-diagonal pair := 1e6 (symmetric, beyond Cauchy-Schwarz)
+    const char* says;
+  };
+  const Edit edits[] = {
+      {"query transform entry", q_off + 4 * (d + 3), 0, "inverse transpose"},
+      {"moment NaN", sum_off + 8 * 5, 1, "query moments"},
+      {"moment asymmetric", sum_off + 8 * (2 * d + 1), 2, "query moments"},
+      {"negative diagonal", sum_off + 8 * (d * d + 3 * d + 3), 3, "query moments"},
+      {"count 0, sums kept", count_off + 8, 4, "query moments"},
+      {"count too large", count_off, 5, "more than"},
+      {"off-diagonal beyond |s_ij| <= sqrt(s_ii s_jj)", sum_off + 8 * (d * d + 2 * d + 7), 6, "query moments"},
+  };
+  for (uint32_t layer = 0; layer < 2; ++layer) {
+    const int cb = live_codebooks(base, layer);
+    REQUIRE(cb >= 0);
+    for (const Edit& e : edits) {
+      CAPTURE(layer);
+      CAPTURE(e.what);
+      SnapshotImage img = base;
+      uint8_t* p = img.body(cb) + e.at;
+      if (e.kind == 0) {
+        float v;
+        memcpy(&v, p, 4);
+        v += 0.05f;
+        memcpy(p, &v, 4);
+      } else if (e.kind == 4) {
+        snap::put_u64(p, 0);
+      } else if (e.kind == 5) {
+        snap::put_u64(p, (uint64_t{1} << 48) + 1);
+      } else if (e.kind == 6) {
+        // Entry (2, 7) of head 1 and its mirror (7, 2), so the sums stay symmetric.
+        const double big = 1e6;
+        memcpy(p, &big, 8);
+        memcpy(img.body(cb) + sum_off + 8 * (d * d + 7 * d + 2), &big, 8);
+      } else {
+        double v;
+        memcpy(&v, p, 8);
+        v = e.kind == 1 ? NAN : e.kind == 2 ? v + 1.0 : -1.0;
+        memcpy(p, &v, 8);
+      }
+      img.rehash(cb);
+      for (uint32_t flags : kAllFlags) {
+        const absl::Status st = load_edited(rt.get(), img, bad, flags);
+        REQUIRE(!st.ok());
+        CHECK(status_code(st) == SSA_ERR_CORRUPT);
+        CHECK(std::string(st.message()).find(e.says) != std::string::npos);
+      }
+    }
+  }
 }

@@ -90,7 +90,7 @@ void for_each_visible(const KvLayout& L, bool kv, uint32_t valid, Fn&& fn) {
     }
   } else {
     for (uint32_t h = 0; h < L.n_kv_heads; ++h)
-      for (uint32_t m = 0; m < L.pq_subspaces; ++m) fn(L.code_offset(h, m), size_t{valid});
+      for (uint32_t r = 0; r < L.code_rows(); ++r) fn(L.code_offset(h, r), size_t{valid});
   }
 }
 

@@ -49,6 +49,10 @@ class Proxy(enum.IntEnum):
 
     PQ = lib.SSA_PROXY_PQ
     OPQ = lib.SSA_PROXY_OPQ
+    PQ4 = lib.SSA_PROXY_PQ4
+    OPQ4 = lib.SSA_PROXY_OPQ4
+    QPQ = lib.SSA_PROXY_QPQ
+    QPQ4 = lib.SSA_PROXY_QPQ4
 
 
 class Method(enum.IntEnum):
@@ -169,12 +173,14 @@ class SessionConfig:
     index_train_sample: int
     index_iterations: int
     proxy: "Proxy" = None  # type: ignore[assignment]
+    pq_parallel_weight: float = 1.0
 
     @classmethod
     def _from_c(cls, c) -> "SessionConfig":
         return cls(c.n_layers, c.n_q_heads, c.n_kv_heads, c.head_dim, DType(c.kv_dtype), c.pq_subspaces,
                    c.pq_centroids, c.model_fingerprint, c.page_tokens, c.flags, c.index_min_tokens,
-                   float(c.index_regrow_factor), c.index_train_sample, c.index_iterations, Proxy(c.proxy))
+                   float(c.index_regrow_factor), c.index_train_sample, c.index_iterations, Proxy(c.proxy),
+                   float(c.pq_parallel_weight))
 
 
 @dataclass(frozen=True)
@@ -272,7 +278,7 @@ def _session_config(n_layers: int, n_q_heads: int, n_kv_heads: int, head_dim: in
                     model_fingerprint: int = 0, page_tokens: Optional[int] = None, host_pointers: bool = False,
                     index_min_tokens: Optional[int] = None, index_regrow_factor: Optional[float] = None,
                     index_train_sample: Optional[int] = None, index_iterations: Optional[int] = None,
-                    proxy: Any = None):
+                    proxy: Any = None, pq_parallel_weight: Optional[float] = None):
     """A checked ssa_session_config from create_session's arguments."""
     cfg = ffi.new("ssa_session_config *")
     lib.ssa_session_config_init(cfg)
@@ -299,13 +305,17 @@ def _session_config(n_layers: int, n_q_heads: int, n_kv_heads: int, head_dim: in
     if index_iterations is not None:
         cfg.index_iterations = _int("index_iterations", index_iterations, 0, _U32)
     if proxy is not None:
-        names = {"pq": Proxy.PQ, "opq": Proxy.OPQ}
+        names = {"pq": Proxy.PQ, "opq": Proxy.OPQ, "pq4": Proxy.PQ4, "opq4": Proxy.OPQ4, "qpq": Proxy.QPQ,
+                 "qpq4": Proxy.QPQ4}
         if isinstance(proxy, str) and proxy.lower() in names:
             cfg.proxy = names[proxy.lower()]
         elif isinstance(proxy, Proxy):
             cfg.proxy = int(proxy)
         else:
-            raise invalid("proxy must be 'pq' or 'opq' (or an ssa.Proxy), got %r" % (proxy,))
+            raise invalid("proxy must be 'pq', 'opq', 'pq4', 'opq4', 'qpq' or 'qpq4' (or an ssa.Proxy), got %r"
+                          % (proxy,))
+    if pq_parallel_weight is not None:
+        cfg.pq_parallel_weight = _float("pq_parallel_weight", pq_parallel_weight)
     return cfg
 
 
@@ -482,7 +492,8 @@ class Runtime:
                        page_tokens: Optional[int] = None, host_pointers: bool = False,
                        index_min_tokens: Optional[int] = None, index_regrow_factor: Optional[float] = None,
                        index_train_sample: Optional[int] = None,
-                       index_iterations: Optional[int] = None, proxy: Any = None) -> "Session":
+                       index_iterations: Optional[int] = None, proxy: Any = None,
+                       pq_parallel_weight: Optional[float] = None) -> "Session":
         """Creates an empty session (one sequence, all layers of a model) on this runtime.
 
         Args:
@@ -495,15 +506,22 @@ class Runtime:
             page_tokens: tokens per KV page (power of two 16..4096; default 256).
             host_pointers: for CUDA sessions, take host arrays instead of device arrays.
             index_*: PQ index policy (see ssa_session_config in ssa.h).
-            proxy: "pq" (default) or "opq" (a learned rotation before PQ; CPU
-                runtimes only, a CUDA runtime raises ssa.Unsupported).
+            proxy: "pq" (default), "opq" (a learned rotation before PQ), "pq4"
+                (4-bit codes: pq_centroids <= 16, an even pq_subspaces; 32 x 16
+                costs PQ's 16 bytes), "opq4" (both), "qpq" (a transform learned
+                from the queries shown with Session.observe_queries) or "qpq4".
+                All but "pq": CPU runtimes only, a CUDA runtime raises
+                ssa.Unsupported.
+            pq_parallel_weight: the score-aware loss's weight (1: squared error,
+                the default; > 1 weighs each key's quantisation error along the key
+                that much more; CPU runtimes only above 1).
         """
         cfg = _session_config(n_layers, n_q_heads, n_kv_heads, head_dim, dtype, pq_subspaces=pq_subspaces,
                               pq_centroids=pq_centroids, model_fingerprint=model_fingerprint,
                               page_tokens=page_tokens, host_pointers=host_pointers,
                               index_min_tokens=index_min_tokens, index_regrow_factor=index_regrow_factor,
                               index_train_sample=index_train_sample, index_iterations=index_iterations,
-                              proxy=proxy)
+                              proxy=proxy, pq_parallel_weight=pq_parallel_weight)
         out = ffi.new("ssa_session **")
         check(lib.ssa_session_create(self._handle(), cfg, out), "ssa_session_create")
         return Session._adopt(self, out[0])
@@ -801,6 +819,23 @@ class Session:
             return
         check(lib.ssa_session_append_async(self._handle(), layer, kr.ptr, vr.ptr, n, st),
               "ssa_session_append_async")
+
+    def observe_queries(self, layer: int, q: Any) -> None:
+        """Shows a layer queries for the query-aware proxies ("qpq", "qpq4") to learn
+        their transform from (ssa_session_observe_queries); the layer's next index
+        training uses every query observed so far.
+
+        Args:
+            layer: 0 <= layer < n_layers.
+            q: [n, n_q_heads, head_dim] in the session's dtype, C-contiguous.
+        """
+        c = self._config
+        layer = self._check_layer(layer)
+        qr = self._array("q", q, (None, c.n_q_heads, c.head_dim), False)
+        n = int(qr.obj.shape[0])
+        if n == 0:
+            return
+        check(lib.ssa_session_observe_queries(self._handle(), layer, qr.ptr, n), "ssa_session_observe_queries")
 
     def update_index(self) -> None:
         """(Re)trains the PQ codebooks of every non-empty layer and re-encodes all codes."""

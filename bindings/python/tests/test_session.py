@@ -27,6 +27,34 @@ def test_create_with_index_options(rt):
         assert (c.index_min_tokens, c.index_regrow_factor, c.index_iterations) == (100, 0.0, 3)
 
 
+@pytest.mark.parametrize("proxy", ["pq", "opq", "pq4", "opq4", ssa.Proxy.OPQ4, "qpq", "qpq4"])
+def test_create_with_proxy_and_weight(rt, rng, proxy):
+    four_bit = proxy in ("pq4", "opq4", ssa.Proxy.OPQ4, "qpq4")
+    with make_session(rt, n_layers=1, proxy=proxy, pq_subspaces=32 if four_bit else 16, pq_centroids=16,
+                      index_min_tokens=100, pq_parallel_weight=4.0) as s:
+        c = s.config
+        assert c.proxy == ssa.Proxy(proxy if isinstance(proxy, ssa.Proxy) else ssa.Proxy[proxy.upper()])
+        assert c.pq_parallel_weight == 4.0
+        if proxy in ("qpq", "qpq4"):
+            s.observe_queries(0, rng.standard_normal((20, N_Q, HEAD_DIM)).astype(np.float32))
+        else:
+            with pytest.raises(ssa.InvalidArgument, match="learns nothing from queries"):
+                s.observe_queries(0, rng.standard_normal((2, N_Q, HEAD_DIM)).astype(np.float32))
+        k, v = random_kv(rng, 300, clusters=4)
+        s.append(0, k, v)  # trains the index: score-aware codebooks and codes
+        q = rng.standard_normal((N_Q, HEAD_DIM)).astype(np.float32)
+        assert np.isfinite(s.decode(0, q, method="ssa", budget=64)).all()
+
+
+def test_four_bit_proxy_needs_small_codebooks(rt):
+    with pytest.raises(ssa.InvalidArgument, match="4-bit"):
+        rt.create_session(1, N_Q, N_KV, HEAD_DIM, "float16", proxy="pq4", pq_subspaces=16, pq_centroids=256)
+    with pytest.raises(ssa.InvalidArgument, match="pq_parallel_weight"):
+        rt.create_session(1, N_Q, N_KV, HEAD_DIM, "float16", pq_parallel_weight=0.5)
+    with pytest.raises(ssa.InvalidArgument, match="proxy must be"):
+        rt.create_session(1, N_Q, N_KV, HEAD_DIM, "float16", proxy="pq3")
+
+
 @pytest.mark.parametrize("kw", [dict(head_dim=30), dict(n_q=6, n_kv=4), dict(n_layers=0),
                                 dict(head_dim=520), dict(pq_subspaces=5), dict(pq_centroids=300)])
 def test_create_rejects_bad_shapes(rt, kw):

@@ -371,3 +371,78 @@ def test_batch_of_short_and_long_padded_prompts(method):
             ref = model.generate(seq[None], past_key_values=alone, max_new_tokens=5, min_new_tokens=5,
                                  do_sample=False)
         assert out[row, -5:].tolist() == ref[0, -5:].tolist(), row
+
+
+def _spy_observations(monkeypatch):
+    """Records every Session.observe_queries call as (layer, copy of q), then runs it."""
+    seen = []
+    real = ssa.Session.observe_queries
+
+    def spy(self, layer, q):
+        seen.append((layer, q.clone()))
+        return real(self, layer, q)
+
+    monkeypatch.setattr(ssa.Session, "observe_queries", spy)
+    return seen
+
+
+@pytest.mark.parametrize("proxy", ["qpq", "qpq4"])
+def test_query_aware_proxy_observes_the_prefills_last_queries(monkeypatch, proxy):
+    model = _gemma()
+    seen = _spy_observations(monkeypatch)
+    # What the model's full-attention layers attend with: their query states, captured by hooking the
+    # attention modules' forward (the query projection, norm and rotary embedding are the module's).
+    queries = {}
+    real_fwd = ssa.hf._attention.ssa_attention_forward
+
+    def capture(module, query, key, value, mask, **kw):
+        queries.setdefault(module.layer_idx, query.detach().clone())
+        return real_fwd(module, query, key, value, mask, **kw)
+
+    from transformers import AttentionInterface
+    AttentionInterface.register("ssa", capture)
+    try:
+        ids = _ids(300)
+        want = _sdpa_logits(model, ids)[:, 279:]
+        cache = ssa.hf.SSACache(model, method="pq_topk", budget=10 ** 6, n_sink=4, n_local=4, proxy=proxy)
+        got = _stepwise_logits(model, cache, ids, 280)
+    finally:
+        AttentionInterface.register("ssa", ssa.hf._attention.ssa_attention_forward)
+    # Exact at full budget, whatever the proxy ranks.
+    assert torch.allclose(got, want, atol=2e-4, rtol=1e-4), (got - want).abs().max()
+    assert cache.sessions[0].config.proxy == ssa.Proxy[proxy.upper()]
+    # One observation per full-attention layer: the prefill's last 256 of 280 queries, as attended
+    # (Gemma-3's query_pre_attn_scalar equals head_dim here: no scale fix).
+    assert [layer for layer, _ in seen] == [0, 1]
+    for (slot, q), model_layer in zip(seen, cache.shape.full_layers):
+        ref = queries[model_layer][0].transpose(0, 1)[-256:]  # [256, n_q_heads, head_dim]
+        assert q.shape == (256, 2, 32)
+        assert torch.equal(q, ref.to(q.dtype))
+
+
+def test_query_aware_proxy_padded_rows_observe_their_own_queries(monkeypatch):
+    model = _llama()
+    seen = _spy_observations(monkeypatch)
+    a, b = _ids(120, seed=3)[0], _ids(90, seed=4)[0]
+    ids = torch.stack([a, torch.cat([torch.zeros(30, dtype=torch.long), b])])
+    mask = torch.ones_like(ids)
+    mask[1, :30] = 0
+    cache = ssa.hf.SSACache(model, method="ssa", sparsity=10, n_sink=4, n_local=4, proxy="qpq")
+    with torch.no_grad():
+        model.generate(ids, attention_mask=mask, past_key_values=cache, max_new_tokens=3, do_sample=False,
+                       pad_token_id=0)
+    # Two layers x two rows, each row its valid positions only.
+    assert [(layer, q.shape[0]) for layer, q in seen] == [(0, 120), (0, 90), (1, 120), (1, 90)]
+
+
+def test_proxy_option_is_checked_and_pq_sessions_observe_nothing(monkeypatch):
+    model = _llama()
+    with pytest.raises(ssa.InvalidArgument, match="proxy='ivf'"):
+        ssa.hf.SSACache(model, proxy="ivf")
+    seen = _spy_observations(monkeypatch)
+    for proxy in (None, "pq", "opq4"):
+        cache = ssa.hf.SSACache(model, method="pq_topk", sparsity=10, n_sink=4, n_local=4, proxy=proxy)
+        _stepwise_logits(model, cache, _ids(200), 198)
+        want = ssa.Proxy.PQ if proxy is None else ssa.Proxy[proxy.upper()]
+        assert cache.sessions[0].config.proxy == want
+    assert seen == []

@@ -10,6 +10,10 @@ from .._errors import Error, invalid
 from . import _attention, _model, _params, _runtime, _steps
 
 _TRAIN_AT_FIRST_DECODE = 0xFFFFFFFF  # index_min_tokens no append reaches
+# Query-aware proxies learn from the prefill's last queries (per batch row, every
+# query head): enough for a second moment of head_dim^2 entries to settle, cheap
+# next to the prefill (head_dim^2 multiply-adds per query head and query).
+_OBSERVED_PREFILL_QUERIES = 256
 _TORCH_DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
 
@@ -175,6 +179,7 @@ class _Prefill:
         k_new, v_new = key[:, :, -t:, :], value[:, :, -t:, :]
         for b in range(c.batch_size):
             c._append(self.layer, b, k_new[b], v_new[b], _valid_keys(mask, b, t))
+        c._observe_prefill(self.layer, query, mask, kwargs)
         self.layer.inflight -= t
         self.layer.stepping = c._stepping
         c._progress_step(self.layer, t)
@@ -300,6 +305,12 @@ class SSACache(Cache):
         reserve_tokens: CUDA sessions: the tokens reserved ahead for decode steps
             (ssa_session_reserve; renewed when used up). A step runs on the device
             from device lengths, so a CUDA graph captures it once and replays it.
+        proxy: the sessions' proxy (None: the library's default, "pq"; see
+            Runtime.create_session). The 4-bit ones ("pq4", "opq4", "qpq4") take
+            32 subspaces of 16 centroids, PQ's 16 bytes per token per KV head. The
+            query-aware ones ("qpq", "qpq4") are shown each prefill's last 256
+            queries of every layer (Session.observe_queries), which the layer's
+            index then learns from at its first decode. All but "pq": CPU only.
 
     Decode steps (one new token per row after the prompt) are one native call per
     layer, ssa_decode_step: the token's K/V appended and its query decoded. The cache
@@ -323,7 +334,7 @@ class SSACache(Cache):
                  progress_min_tokens: Optional[int] = 8192, group_selection: str = "off",
                  traces: bool = False, runtime: Optional[_core.Runtime] = None,
                  page_tokens: Optional[int] = None, process_group: Any = None, shard_tokens: int = 0,
-                 reserve_tokens: int = 1024):
+                 reserve_tokens: int = 1024, proxy: Optional[str] = None):
         self.shape = _model.shape_of(model)
         impl = getattr(_model.text_config(model), "_attn_implementation", None)
         if impl is not None and impl != "ssa":
@@ -338,6 +349,7 @@ class SSACache(Cache):
         self.threads = threads
         self._given_runtime = _runtime.check_given(runtime, self.backend, threads)
         self._storage = _runtime.check_storage(page_tokens)
+        self._storage.update(_runtime.check_proxy(proxy))
         if process_group is not None and self.backend == "cuda":
             raise invalid("SSACache(process_group=...) runs on the CPU backend only in this version")
         self.process_group = process_group
@@ -680,6 +692,27 @@ class SSACache(Cache):
         # decode that needs one (or its first reservation), off the prefill's path.
         return self.runtime.create_session(**self._session_shape(), **self._storage,
                                            index_min_tokens=_TRAIN_AT_FIRST_DECODE)
+
+    def _observe_prefill(self, layer: SSALayer, query, mask, kwargs) -> None:
+        """Shows a query-aware session the prefill chunk's last queries of each row
+        ([batch, n_q_heads, t, head_dim]; padding skipped), as its decodes scale them."""
+        if not self.sessions or self.sessions[0].config.proxy not in (_core.Proxy.QPQ, _core.Proxy.QPQ4):
+            return
+        t, d = query.shape[2], query.shape[3]
+        fix = _model_scale_fix(self, kwargs, d)
+        for b, s in enumerate(self.sessions):
+            q = query[b].transpose(0, 1)  # [t, n_q_heads, d]
+            valid = _valid_keys(mask, b, t)
+            if valid is not None:
+                q = q[valid]
+            q = q[-_OBSERVED_PREFILL_QUERIES:]
+            if fix != 1.0:
+                q = q * fix
+            try:
+                s.observe_queries(layer.slot, self._to_session(q))
+            except Error as e:
+                raise _relabel(e, "SSACache layer %d (session layer %d, batch row %d), observing %d queries"
+                               % (layer.layer_idx, layer.slot, b, q.shape[0])) from None
 
     def _to_session(self, x):
         """x as the session takes it: its dtype, its memory space, contiguous."""

@@ -44,6 +44,20 @@ def check_storage(page_tokens) -> dict:
     return {"page_tokens": page_tokens}
 
 
+def check_proxy(proxy) -> dict:
+    """The proxy settings of a cache's new sessions (create_session's keywords):
+    4-bit proxies at PQ's default bytes (32 subspaces x 16 centroids)."""
+    if proxy is None:
+        return {}
+    names = ("pq", "opq", "pq4", "opq4", "qpq", "qpq4")
+    if not isinstance(proxy, str) or proxy.lower() not in names:
+        raise invalid("SSACache(proxy=%r): one of %s (or None)" % (proxy, ", ".join(repr(n) for n in names)))
+    proxy = proxy.lower()
+    if proxy.endswith("4"):
+        return {"proxy": proxy, "pq_subspaces": 32, "pq_centroids": 16}
+    return {"proxy": proxy}
+
+
 def runtime_device(runtime: _core.Runtime) -> torch.device:
     """Where the runtime's sessions take K, V, q and out: the CUDA device of the
     runtime (the first of its devices when sharded), or the CPU."""

@@ -46,6 +46,10 @@ pub const SSA_DTYPE_FORCE_32BIT: ssa_dtype = 2147483647;
 pub type ssa_dtype = ::std::os::raw::c_uint;
 pub const SSA_PROXY_PQ: ssa_proxy = 0;
 pub const SSA_PROXY_OPQ: ssa_proxy = 1;
+pub const SSA_PROXY_PQ4: ssa_proxy = 2;
+pub const SSA_PROXY_OPQ4: ssa_proxy = 3;
+pub const SSA_PROXY_QPQ: ssa_proxy = 4;
+pub const SSA_PROXY_QPQ4: ssa_proxy = 5;
 pub const SSA_PROXY_FORCE_32BIT: ssa_proxy = 2147483647;
 pub type ssa_proxy = ::std::os::raw::c_uint;
 pub const SSA_METHOD_DENSE: ssa_method = 0;
@@ -531,6 +535,7 @@ pub struct ssa_session_config {
     pub index_train_sample: u32,
     pub index_iterations: u32,
     pub proxy: ssa_proxy,
+    pub pq_parallel_weight: f32,
 }
 #[test]
 fn bindgen_test_layout_ssa_session_config() {
@@ -816,6 +821,23 @@ fn bindgen_test_layout_ssa_session_config() {
         );
     }
     test_field_proxy();
+    fn test_field_pq_parallel_weight() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<ssa_session_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).pq_parallel_weight) as usize - ptr as usize
+            },
+            68usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(ssa_session_config),
+                "::",
+                stringify!(pq_parallel_weight)
+            )
+        );
+    }
+    test_field_pq_parallel_weight();
 }
 extern "C" {
     pub fn ssa_session_config_init(cfg: *mut ssa_session_config);
@@ -863,6 +885,14 @@ extern "C" {
 }
 extern "C" {
     pub fn ssa_session_update_index(s: *mut ssa_session) -> ssa_status;
+}
+extern "C" {
+    pub fn ssa_session_observe_queries(
+        s: *mut ssa_session,
+        layer: u32,
+        q: *const ::std::os::raw::c_void,
+        n: u64,
+    ) -> ssa_status;
 }
 extern "C" {
     pub fn ssa_session_truncate(s: *mut ssa_session, n_tokens: u64) -> ssa_status;

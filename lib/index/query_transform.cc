@@ -1,0 +1,112 @@
+#include "query_transform.h"
+
+#include <math.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <limits>
+#include <vector>
+
+#include "rotation.h"
+
+namespace ssa {
+
+void query_aware_transform(const float* x, size_t n, uint32_t d, uint32_t subspaces, const double* moment_sum,
+                           uint64_t count, float* t, float* q) {
+  // A (keys) and A^-T (queries), row-major; the identity without queries.
+  std::vector<double> a(size_t{d} * d, 0.0), a_inv_t(size_t{d} * d, 0.0);
+  for (uint32_t i = 0; i < d; ++i) a[size_t{i} * d + i] = a_inv_t[size_t{i} * d + i] = 1.0;
+  if (moment_sum != nullptr && count > 0) {
+    std::vector<double> s(size_t{d} * d);
+    for (uint32_t i = 0; i < d; ++i)
+      for (uint32_t j = 0; j < d; ++j)
+        s[size_t{i} * d + j] = 0.5 * (moment_sum[size_t{i} * d + j] + moment_sum[size_t{j} * d + i]) / count;
+    // Symmetric positive semi-definite: V holds the eigenvectors, s the eigenvalues.
+    const Svd eig = jacobi_svd(s, d);
+    const double top = *std::max_element(eig.s.begin(), eig.s.end());
+    if (top > 0.0 && std::isfinite(top)) {
+      for (uint32_t e = 0; e < d; ++e) {
+        const double root = sqrt(std::max(eig.s[e], top * kQueryEigenFloor));
+        for (uint32_t j = 0; j < d; ++j) {
+          const double v = eig.v[size_t{j} * d + e];
+          a[size_t{e} * d + j] = root * v;
+          a_inv_t[size_t{e} * d + j] = v / root;
+        }
+      }
+    }
+  }
+  std::vector<float> y(n * d);
+  for (size_t i = 0; i < n; ++i) {
+    for (uint32_t r = 0; r < d; ++r) {
+      double acc = 0.0;
+      for (uint32_t j = 0; j < d; ++j) acc += a[size_t{r} * d + j] * x[i * d + j];
+      y[i * d + r] = static_cast<float>(acc);
+    }
+  }
+  const std::vector<double> rot = balanced_pca_rotation(y.data(), n, d, subspaces);
+  for (uint32_t i = 0; i < d; ++i) {
+    for (uint32_t j = 0; j < d; ++j) {
+      double tk = 0.0, tq = 0.0;
+      for (uint32_t k = 0; k < d; ++k) {
+        tk += rot[size_t{i} * d + k] * a[size_t{k} * d + j];
+        tq += rot[size_t{i} * d + k] * a_inv_t[size_t{k} * d + j];
+      }
+      t[size_t{i} * d + j] = static_cast<float>(tk);
+      q[size_t{i} * d + j] = static_cast<float>(tq);
+    }
+  }
+}
+
+std::shared_ptr<QueryMoments> add_query_moments(const QueryMoments* prev, uint32_t n_kv, uint32_t n_q, uint32_t d,
+                                                const float* q, uint64_t n) {
+  auto m = prev != nullptr ? std::make_shared<QueryMoments>(*prev) : std::make_shared<QueryMoments>();
+  if (prev == nullptr) {
+    m->n_kv_heads = n_kv;
+    m->head_dim = d;
+    m->count.assign(n_kv, 0);
+    m->sum.assign(size_t{n_kv} * d * d, 0.0);
+  }
+  const uint32_t g = n_q / n_kv;
+  for (uint32_t h = 0; h < n_kv; ++h) {
+    double* s = m->sum.data() + size_t{h} * d * d;
+    for (uint64_t t = 0; t < n; ++t) {
+      for (uint32_t j = 0; j < g; ++j) {
+        const float* x = q + (t * n_q + size_t{h} * g + j) * d;
+        for (uint32_t a = 0; a < d; ++a) {
+          const double xa = x[a];
+          double* row = s + size_t{a} * d;
+          for (uint32_t b = a; b < d; ++b) row[b] += xa * x[b];
+        }
+      }
+    }
+    for (uint32_t a = 0; a < d; ++a)  // the sums stay exactly symmetric
+      for (uint32_t b = 0; b < a; ++b) s[size_t{a} * d + b] = s[size_t{b} * d + a];
+    m->count[h] += n * g;
+  }
+  return m;
+}
+
+uint64_t query_moments_hash(const QueryMoments* m) {
+  if (m == nullptr) return 0;
+  const uint64_t seed = XXH3_64bits(m->count.data(), m->count.size() * sizeof(uint64_t));
+  const uint64_t h = XXH3_64bits_withSeed(m->sum.data(), m->sum.size() * sizeof(double), seed);
+  return h == 0 ? 1 : h;
+}
+
+double inverse_transpose_error(const float* t, const float* q, uint32_t d) {
+  const size_t n = size_t{d} * d;
+  for (size_t i = 0; i < n; ++i) {
+    if (!std::isfinite(t[i]) || !std::isfinite(q[i])) return std::numeric_limits<double>::infinity();
+  }
+  double worst = 0.0;
+  for (uint32_t i = 0; i < d; ++i) {
+    for (uint32_t j = 0; j < d; ++j) {
+      double s = 0.0;
+      for (uint32_t k = 0; k < d; ++k) s += double{t[size_t{k} * d + i]} * q[size_t{k} * d + j];
+      worst = std::max(worst, fabs(s - (i == j ? 1.0 : 0.0)));
+    }
+  }
+  return worst;
+}
+
+}  // namespace ssa
