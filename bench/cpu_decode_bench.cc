@@ -8,6 +8,7 @@
 //
 //   cpu_decode_bench [--contexts 65536,262144,1048576] [--reps 5] [--configs paper,llama]
 //                    [--sparsities 10,20,50,100] [--methods ssa,pq_topk,...]
+//                    [--proxy pq|opq|pq4|opq4|qpq|qpq4]   (16 bytes per token per KV head)
 //                    [--group off,mixture,mean_query]
 #include <math.h>
 #include <stdio.h>
@@ -99,6 +100,42 @@ bool listed(const std::string& list, const char* name) {
 
 using ssa_bench::check;
 
+// The proxy of the sessions (--proxy), at 16 bytes per token per KV head: 8-bit
+// codes over 16 subspaces, or 4-bit codes over 32.
+struct ProxyChoice {
+  const char* name;
+  ssa_proxy proxy;
+  uint32_t subspaces, centroids;
+  bool query_aware;
+};
+constexpr ProxyChoice kProxies[] = {
+    {"pq", SSA_PROXY_PQ, 16, 256, false},    {"opq", SSA_PROXY_OPQ, 16, 256, false},
+    {"pq4", SSA_PROXY_PQ4, 32, 16, false},   {"opq4", SSA_PROXY_OPQ4, 32, 16, false},
+    {"qpq", SSA_PROXY_QPQ, 16, 256, true},   {"qpq4", SSA_PROXY_QPQ4, 32, 16, true},
+};
+
+const ProxyChoice* find_proxy(const char* name) {
+  for (const ProxyChoice& p : kProxies)
+    if (!strcmp(p.name, name)) return &p;
+  return nullptr;
+}
+
+// Queries a query-aware index learns from before it trains: n fresh queries of
+// the workload (not the one measured: a generator of the same topics whose
+// first query, the measured one's twin, is skipped).
+void observe_queries(ssa_session* s, const ssa_bench::Shape& c, uint32_t n) {
+  ssa_bench::StructuredKv obs(c.nkv, c.d, 42);
+  obs.query(c.nq);
+  std::vector<uint8_t> qs;
+  for (uint32_t i = 0; i < n; ++i) {
+    const auto q = obs.query(c.nq);
+    const size_t at = qs.size();
+    qs.resize(at + q.size() * 2);
+    for (size_t j = 0; j < q.size(); ++j) ssa::store_from_f32(qs.data() + at, static_cast<ssa::DType>(c.dtype), j, q[j]);
+  }
+  check(ssa_session_observe_queries(s, 0, qs.data(), n), "observe queries");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -108,7 +145,15 @@ int main(int argc, char** argv) {
   std::string method_list = "oracle_topk,pq_topk,hybrid_uniform,sampling,ssa,ssa_adaptive";
   std::string group_list = "off,mixture,mean_query";
   std::vector<float> sparsities = {10, 20, 50, 100};
+  const ProxyChoice* proxy = &kProxies[0];
   for (int i = 1; i + 1 < argc; i += 2) {
+    if (!strcmp(argv[i], "--proxy")) {
+      proxy = find_proxy(argv[i + 1]);
+      if (proxy == nullptr) {
+        fprintf(stderr, "--proxy: one of pq, opq, pq4, opq4, qpq, qpq4\n");
+        return 2;
+      }
+    }
     if (!strcmp(argv[i], "--contexts")) {
       contexts = ssa_bench::parse_u64_list(argv[i + 1]);
     } else if (!strcmp(argv[i], "--reps")) {
@@ -140,16 +185,20 @@ int main(int argc, char** argv) {
 
   for (const ssa_bench::Shape& c : all) {
     if (!ssa_bench::wants_shape(configs, c)) continue;
-    const ssa_session_config cfg = ssa_test::make_config(1, c.nq, c.nkv, c.d, c.dtype);
+    ssa_session_config cfg = ssa_test::make_config(1, c.nq, c.nkv, c.d, c.dtype);
+    cfg.proxy = proxy->proxy;
+    cfg.pq_subspaces = proxy->subspaces;
+    cfg.pq_centroids = proxy->centroids;
     ssa_session* s = nullptr;
     check(ssa_session_create(rt, &cfg, &s), "session");
+    if (proxy->query_aware) observe_queries(s, c, 64);
     ssa_bench::StructuredKv gen(c.nkv, c.d, 42);
     const auto qf = gen.query(c.nq);
     std::vector<uint8_t> qb(qf.size() * 2), out(qf.size() * 2);
     for (size_t i = 0; i < qf.size(); ++i) ssa::store_from_f32(qb.data(), static_cast<ssa::DType>(c.dtype), i, qf[i]);
     std::vector<uint8_t> K, V;
     uint64_t have = 0;
-    printf("## %s\n\n", c.name);
+    printf("## %s, proxy %s (%u x %u)\n\n", c.name, proxy->name, proxy->subspaces, proxy->centroids);
     printf("| N | method | group | sparsity | median ms | vs dense | CPU ms | CPU vs dense | rows read/head | eff. GB/s | scoring | heavy | sampling | attention |\n");
     printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (uint64_t N : contexts) {
