@@ -83,7 +83,7 @@ TEST_CASE("pq4_scores: every kernel set gives the integer reference's bits, tail
           CAPTURE(k->name);
           std::vector<float> got(n + 1, 12345.0f);
           k->pq4_scores(lut.data(), M, rows.data() + offset, stride, n, scale, bias, got.data());
-          CHECK(memcmp(got.data(), want.data(), n * sizeof(float)) == 0);
+          CHECK((n == 0 || memcmp(got.data(), want.data(), n * sizeof(float)) == 0));  // no pointer of an empty vector
           CHECK(got[n] == 12345.0f);  // nothing written past count
           ++compared;
         }
