@@ -13,6 +13,7 @@
 #include "decode/candidate_scores.h"
 #include "index/rotation.h"
 #include "session.h"
+#include "support/pq_reference.h"
 #include "support/session_helpers.h"
 
 using namespace ssa_test;
@@ -261,17 +262,7 @@ TEST_CASE("OPQ codes are the nearest centroids of the rotated keys, and its scor
       for (uint32_t m = 0; m < M; ++m) {
         const uint8_t code = layer.code_pages[t / L.page_tokens]->data()[L.code_offset(h, m) + t % L.page_tokens];
         REQUIRE(code < K);
-        auto dist = [&](uint32_t c) {
-          double s2 = 0.0;
-          for (uint32_t j = 0; j < sub; ++j) {
-            const double e = z[m * sub + j] - cb.centroid(h, m, c)[j];
-            s2 += e * e;
-          }
-          return s2;
-        };
-        double best = dist(0);
-        for (uint32_t c = 1; c < K; ++c) best = std::min(best, dist(c));
-        worse += dist(code) > best * (1 + 1e-4) + 1e-6;
+        worse += !ssa_test::is_nearest_centroid(cb, h, m, z.data(), code);
       }
     }
   }

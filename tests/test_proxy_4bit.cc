@@ -18,6 +18,7 @@
 #include "decode/candidate_scores.h"
 #include "decode/quantized_lut.h"
 #include "session.h"
+#include "support/pq_reference.h"
 #include "support/session_helpers.h"
 
 using namespace ssa_test;
@@ -308,17 +309,7 @@ TEST_CASE("a 4-bit session packs the nearest centroids two to a byte and scores 
           const uint32_t code = m % 2 == 0 ? byte & 0x0fu : byte >> 4u;
           REQUIRE(code < K);
           CHECK(code == L.code_at(page, h, m, t % L.page_tokens));
-          auto dist = [&](uint32_t c) {
-            double s2 = 0.0;
-            for (uint32_t j = 0; j < sub; ++j) {
-              const double e = z[m * sub + j] - cb.centroid(h, m, c)[j];
-              s2 += e * e;
-            }
-            return s2;
-          };
-          double best = dist(0);
-          for (uint32_t c = 1; c < K; ++c) best = std::min(best, dist(c));
-          worse += dist(code) > best * (1 + 1e-4) + 1e-6;
+          worse += !ssa_test::is_nearest_centroid(cb, h, m, z.data(), code);
           ++checked;
         }
       }

@@ -17,6 +17,7 @@
 #include "index/query_transform.h"
 #include "index/rotation.h"
 #include "session.h"
+#include "support/pq_reference.h"
 #include "support/session_helpers.h"
 
 using namespace ssa_test;
@@ -203,17 +204,7 @@ TEST_CASE("a query-aware session quantises T k and scores Q q, within float roun
             z[i] += double{cb.rotation_of(h)[size_t{i} * d + j]} * w.k[(size_t{t} * n_kv + h) * d + j];
         for (uint32_t m = 0; m < M; ++m) {
           const uint32_t code = L.code_at(layer.code_pages[t / L.page_tokens]->data(), h, m, t % L.page_tokens);
-          auto dist = [&](uint32_t c) {
-            double s2 = 0.0;
-            for (uint32_t j = 0; j < sub; ++j) {
-              const double e = z[m * sub + j] - cb.centroid(h, m, c)[j];
-              s2 += e * e;
-            }
-            return s2;
-          };
-          double best = dist(0);
-          for (uint32_t c = 1; c < K; ++c) best = std::min(best, dist(c));
-          worse += dist(code) > best * (1 + 1e-4) + 1e-6;
+          worse += !ssa_test::is_nearest_centroid(cb, h, m, z.data(), code);
         }
       }
     }

@@ -20,20 +20,12 @@
 #include "snapshot/format.h"
 #include "snapshot/record.h"
 #include "support/snapshot_helpers.h"
+#include "support/snapshot_load.h"
 
 using namespace ssa;
 using namespace ssa::test;
 
 namespace {
-
-std::unique_ptr<ssa_session> load_ok(ssa_runtime* rt, const std::string& path, uint32_t flags) {
-  absl::StatusOr<std::unique_ptr<ssa_session>> s = snapshot_load(rt, path.c_str(), flags);
-  if (!s.ok()) {
-    FAIL_CHECK("load failed: " << s.status().message());
-    return nullptr;
-  }
-  return *std::move(s);
-}
 
 ssa_status load_status(ssa_runtime* rt, const std::string& path, uint32_t flags,
                        std::string* msg = nullptr) {

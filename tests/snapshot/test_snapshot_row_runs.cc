@@ -11,20 +11,12 @@
 
 #include "snapshot/format.h"
 #include "support/snapshot_helpers.h"
+#include "support/snapshot_load.h"
 
 using namespace ssa;
 using namespace ssa::test;
 
 namespace {
-
-std::unique_ptr<ssa_session> load_ok(ssa_runtime* rt, const std::string& path, uint32_t flags) {
-  absl::StatusOr<std::unique_ptr<ssa_session>> s = snapshot_load(rt, path.c_str(), flags);
-  if (!s.ok()) {
-    FAIL_CHECK("load failed: " << s.status().message());
-    return nullptr;
-  }
-  return *std::move(s);
-}
 
 // Bytes this process has passed to write() and pwrite() so far, or -1.
 int64_t written_bytes() {
