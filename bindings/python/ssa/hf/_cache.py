@@ -405,7 +405,8 @@ class SSACache(Cache):
         rt = self.runtime if self.runtime is not None else self._given_runtime
         if rt is None or rt.backend != "cuda":
             return True
-        return not rt.options["device_kv_budget"] and rt.shards == 1
+        o = rt._options  # read on every eager decode: no copy, no native call
+        return not o["device_kv_budget"] and len(o["devices"] or ()) <= 1
 
     @property
     def is_compileable(self) -> bool:
