@@ -6,6 +6,9 @@ usage: hf_distributed_worker.py MODE RANK WORLD INIT_FILE OUT_FILE [SAVE_DIR]
   group:  one rank; generates NEW tokens, then saves the cache to SAVE_DIR (every rank);
   resume: loads SAVE_DIR in this one process (INIT_FILE: a group rank's OUT_FILE, for
           its tokens) and generates NEW more.
+  groupresume: one rank of a group of WORLD (INIT_FILE: the group's rendezvous file);
+          loads SAVE_DIR into the group and generates NEW more (TOKENS_FILE, the
+          seventh argument: a group rank's OUT_FILE, for its tokens).
 """
 import datetime
 import json
@@ -30,14 +33,24 @@ def main(argv):
     model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="ssa").eval()
     ids = torch.randint(0, 97, (1, PROMPT), generator=torch.Generator().manual_seed(1))
     kw = dict(method="ssa", sparsity=20, threads=1, progress_min_tokens=None)
-    if mode == "resume":
-        first = json.load(open(init_file))["tokens"]
-        cache = ssa.hf.SSACache.load(argv[5], model, threads=1)
+    if mode in ("resume", "groupresume"):
+        if mode == "groupresume":
+            import torch.distributed as dist
+
+            dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=world,
+                                    timeout=datetime.timedelta(seconds=300))
+            first = json.load(open(argv[6]))["tokens"]
+            cache = ssa.hf.SSACache.load(argv[5], model, threads=1, process_group=True, shard_tokens=8192)
+        else:
+            first = json.load(open(init_file))["tokens"]
+            cache = ssa.hf.SSACache.load(argv[5], model, threads=1)
         seq = torch.cat([ids, torch.tensor([first])], dim=1)
         with torch.no_grad():
             more = model.generate(seq, past_key_values=cache, max_new_tokens=NEW, do_sample=False)
         with open(out_file, "w") as f:
             json.dump({"more": more[0, seq.shape[1]:].tolist(), "shards": cache.runtime.shards}, f)
+        if mode == "groupresume":
+            dist.destroy_process_group()
         return 0
     if mode == "group":
         import torch.distributed as dist

@@ -1,8 +1,8 @@
 """ssa.hf with an SSACache whose runtime is a group of processes (process_group=True,
 torch.distributed gloo): two CPU processes, each holding one shard of an 8400-token
 context of a tiny random Llama, generate greedily the same tokens, with bitwise the
-same logits, as one process alone; the group's save loads into one process, which
-generates on as the process alone does. The processes run hf_distributed_worker.py."""
+same logits, as one process alone; the group's save loads into one process and into a
+group of three, which generate on as the process alone does. The processes run hf_distributed_worker.py."""
 import json
 import os
 import subprocess
@@ -34,10 +34,17 @@ def test_two_processes_generate_what_one_does(tmp_path):
     for g in ranks:
         assert g["tokens"] == alone["tokens"]
         assert g["logits"] == alone["logits"]
-    resumed = _run(worker, env, [["resume", "0", "1", str(tmp_path / "rank0.json"), str(tmp_path / "resumed.json"),
-                                  saved]])[0]
-    assert resumed["shards"] == 1
-    assert resumed["more"] == alone["more"] and len(alone["more"]) == 6
+    # The two ranks' save, restored into one process and into a group of three (whose
+    # third rank holds none of the 8406 rows: 8192 per shard), generates on as the
+    # process alone does.
+    tokens = str(tmp_path / "rank0.json")
+    resumed = _run(worker, env, [["resume", "0", "1", tokens, str(tmp_path / "resumed.json"), saved]] +
+                   [["groupresume", str(r), "3", str(tmp_path / "init3"), str(tmp_path / ("resumed%d.json" % r)),
+                     saved, tokens] for r in range(3)])
+    assert [r["shards"] for r in resumed] == [1, 3, 3, 3]
+    assert len(alone["more"]) == 6
+    for r in resumed:
+        assert r["more"] == alone["more"]
 
 
 def _run(worker, env, arg_lists):

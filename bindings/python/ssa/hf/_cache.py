@@ -962,11 +962,17 @@ class SSACache(Cache):
 
     @classmethod
     def load(cls, path, model, backend: str = "auto", observer: Optional[Callable] = None, threads: int = 0,
-             device=None, runtime: Optional[_core.Runtime] = None) -> "SSACache":
+             device=None, runtime: Optional[_core.Runtime] = None, process_group: Any = None,
+             shard_tokens: int = 0) -> "SSACache":
         """Restores a cache saved with save() for this model. A cache of another model
         (another configuration fingerprint) is refused with ssa.Mismatch.
         backend/device: where the sessions go ("auto": the model's device).
-        runtime: an ssa.Runtime to restore the sessions into (as SSACache(runtime=))."""
+        runtime: an ssa.Runtime to restore the sessions into (as SSACache(runtime=)).
+        process_group, shard_tokens: restore into a group of processes (as
+        SSACache(process_group=)); a collective call, every rank passes the same path.
+        Any save loads into a group of any size, or into one process: each rank keeps
+        its shard of the saved rows."""
         from ._persist import load
 
-        return load(cls, path, model, backend, observer, threads, device, runtime)
+        return load(cls, path, model, backend, observer, threads, device, runtime,
+                    dict(process_group=process_group, shard_tokens=shard_tokens) if process_group is not None else {})

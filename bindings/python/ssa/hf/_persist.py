@@ -96,7 +96,7 @@ def _committed_positions(rows, sessions, positions: int) -> int:
     return positions
 
 
-def load(cls, path, model, backend, observer, threads, device, runtime=None):
+def load(cls, path, model, backend, observer, threads, device, runtime=None, group=None):
     path = os.fspath(path)
     mpath = os.path.join(path, MANIFEST)
     try:
@@ -128,7 +128,8 @@ def load(cls, path, model, backend, observer, threads, device, runtime=None):
     if dtype not in ("float32", "float16", "bfloat16"):
         raise invalid("SSACache.load: %s has an invalid dtype %r" % (mpath, dtype))
     params = _params.check(params)  # every value checked again
-    cache = cls(model, observer=observer, threads=threads, backend=backend, runtime=runtime, **params)
+    cache = cls(model, observer=observer, threads=threads, backend=backend, runtime=runtime, **params,
+                **(group or {}))
     be, dev = _runtime.load_target(cache, model, device)
     cache._open(be, dtype, dev, 0)
     expect = cache._session_shape()
