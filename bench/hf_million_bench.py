@@ -198,9 +198,11 @@ def main():
     # Layers whose K/V fit in the budget's resident part (the first ones) against
     # the rest, which go (mostly) to the host tier.
     layer_bytes = filled / a.layers
-    resident = budget - (cache_bytes or budget // 8) if device.type == "cuda" and budget else 0
-    on_device = min(a.layers, int(resident // layer_bytes)) if resident else a.layers
-    parts = [("device-budget layers", per_layer[:on_device]), ("host-tier layers", per_layer[on_device:])]
+    parts = []
+    if device.type == "cuda" and budget:
+        resident = budget - (cache_bytes or budget // 8)
+        on_device = min(a.layers, int(resident // layer_bytes))
+        parts = [("device-budget layers", per_layer[:on_device]), ("host-tier layers", per_layer[on_device:])]
     for name, times in parts:
         if times and sum(times) > 0:
             res[name.split()[0].replace("-", "_") + "_fill_gb_s"] = len(times) * layer_bytes / sum(times) / 1e9
