@@ -35,7 +35,8 @@ class PinnedChunkPool {
 
   // A free chunk of kChunkBytes, or null when every chunk is lent.
   void* take();
-  // Returns a chunk from take(); no device work may still use it.
+  // Returns a chunk from take(), zeroed by the caller (chunks are lent zeroed,
+  // as the OS gives fresh memory); no device work may still use it.
   void give_back(void* chunk);
 
   uint64_t bytes() const { return uint64_t{chunks_.size()} * kChunkBytes; }

@@ -1,6 +1,7 @@
 #include "pinned_pages.h"
 
 #include <cuda_runtime.h>
+#include <string.h>
 
 #include "fault_countdown.h"
 #include "status.h"
@@ -24,7 +25,13 @@ PinnedPagePool::~PinnedPagePool() {
   // Every page is back (each holds the pool): no kernel can still read a chunk
   // whose pages were all released after their readers' events.
   for (void* c : chunks_) cudaFreeHost(c);
-  for (void* c : borrowed_) reserve_->give_back(c);
+  // Borrowed chunks go back as they came (fresh pinned memory is zero, as the
+  // device pool zeroes its pages): the next session never sees this one's rows,
+  // and the bytes past its rows are defined.
+  for (void* c : borrowed_) {
+    memset(c, 0, chunk_pages_ * page_bytes_);
+    reserve_->give_back(c);
+  }
 }
 
 uint64_t PinnedPagePool::pinned_bytes() const {

@@ -6,6 +6,7 @@
 // page-locked fails the creation with nothing kept.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -73,6 +74,14 @@ TEST_CASE("gpu host pool: sessions take host pages from the runtime's pinned chu
   ssa_session_destroy(a);
   CHECK(pooled->host_pool->free_bytes() == kChunk);
   CHECK(cuda::pinned_chunk_bytes_live() == live0 + kChunk);
+  {
+    // It comes back zeroed: the next session sees none of a's rows.
+    void* chunk = pooled->host_pool->take();
+    REQUIRE(chunk != nullptr);
+    const uint8_t* bytes = static_cast<const uint8_t*>(chunk);
+    CHECK(std::all_of(bytes, bytes + kChunk, [](uint8_t x) { return x == 0; }));
+    pooled->host_pool->give_back(chunk);
+  }
   ssa_session* c = session(pooled, 0);
   fill(c, d, true);
   CHECK(pooled->host_pool->free_bytes() == 0);
