@@ -58,6 +58,10 @@ class Backend {
   // OK when a runtime may shard its sessions over `devices` (two or more, in
   // shard order), after anything the backend sets up for that (peer access).
   virtual absl::Status prepare_shard_devices(const std::vector<int32_t>& devices) const = 0;
+  // Page-locks `bytes` of host memory (ssa_runtime_options.host_pool_bytes, a
+  // valid nonzero value) for the host tier of rt's sessions. Backends without
+  // a host tier ignore it.
+  virtual absl::Status reserve_host_pool(ssa_runtime& rt, uint64_t bytes) const { return absl::OkStatus(); }
   // Sets up the backend state of a new or loaded session (s.layout is set).
   virtual absl::Status init_session(ssa_session& s) const = 0;
   // The backend state of a fork of `from` (shares pools, caches nothing).

@@ -21,6 +21,7 @@
 #include "snapshot/snapshot.h"
 #include "ssa.h"
 #include "status.h"
+#include "store/host_pool_option.h"
 #include "versioned_struct.h"
 
 namespace {
@@ -131,6 +132,7 @@ ssa_status ssa_runtime_create(const ssa_runtime_options* opts, ssa_runtime** out
       return ssa::invalid_argument("host_cache_bytes ", o.host_cache_bytes, " exceeds device_kv_budget ",
                                    o.device_kv_budget, " (the cache is part of the budget; 0 = an eighth of it)");
     }
+    SSA_RETURN_IF_ERROR(ssa::check_host_pool_option(o));
     std::vector<int32_t> devices;
     SSA_RETURN_IF_ERROR(ssa::read_shard_devices(o, &devices));
     absl::StatusOr<uint64_t> shard_tokens = ssa::resolve_shard_tokens(o.shard_tokens);
@@ -168,6 +170,9 @@ ssa_status ssa_runtime_create(const ssa_runtime_options* opts, ssa_runtime** out
     rt->pool = std::make_unique<ssa::ThreadPool>(threads);
     const uint64_t cache = o.host_cache_bytes != 0 ? o.host_cache_bytes : o.device_kv_budget / 8;
     rt->budget = std::make_shared<ssa::DeviceBudget>(o.device_kv_budget, cache);
+    if (o.host_pool_bytes != 0) {
+      SSA_RETURN_IF_ERROR(ssa::backend_of(rt->backend)->reserve_host_pool(*rt, o.host_pool_bytes));
+    }
     if (group != nullptr) {
       SSA_RETURN_IF_ERROR(ssa::check_group_agreement(*group, rt->shard_tokens));
       rt->held = ssa::held_tokens(group->rank(), group->size(), rt->shard_tokens);

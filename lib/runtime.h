@@ -14,6 +14,9 @@
 
 namespace ssa {
 class ProcessGroup;  // lib/shard/callback_collective.h
+namespace cuda {
+class PinnedChunkPool;  // lib/cuda/pinned_chunks.h
+}  // namespace cuda
 }  // namespace ssa
 
 struct ssa_runtime {
@@ -35,4 +38,7 @@ struct ssa_runtime {
   // The device memory its CUDA sessions' K/V pages may use (never null; unlimited
   // unless ssa_runtime_options.device_kv_budget was set).
   std::shared_ptr<ssa::DeviceBudget> budget;
+  // Pinned host memory page-locked at creation for its CUDA sessions' host tier
+  // (ssa_runtime_options.host_pool_bytes); null without one, and on the CPU.
+  std::shared_ptr<ssa::cuda::PinnedChunkPool> host_pool;
 };

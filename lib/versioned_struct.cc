@@ -17,6 +17,7 @@ constexpr FieldSpan kRuntimeOptions[] = {
     SSA_FIELD(ssa_runtime_options, host_cache_bytes), SSA_FIELD(ssa_runtime_options, devices),
     SSA_FIELD(ssa_runtime_options, n_devices),   SSA_FIELD(ssa_runtime_options, shard_tokens),
     SSA_FIELD(ssa_runtime_options, communicator), SSA_FIELD(ssa_runtime_options, collective),
+    SSA_FIELD(ssa_runtime_options, host_pool_bytes),
 };
 
 constexpr FieldSpan kCollective[] = {

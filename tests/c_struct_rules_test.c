@@ -110,7 +110,8 @@ static void test_runtime_options(void) {
      hold values create would refuse, and are not read. */
   {
     const size_t ends[] = {END(ssa_runtime_options, seed), END(ssa_runtime_options, devices),
-                           END(ssa_runtime_options, n_devices), END(ssa_runtime_options, shard_tokens)};
+                           END(ssa_runtime_options, n_devices), END(ssa_runtime_options, shard_tokens),
+                           END(ssa_runtime_options, communicator), END(ssa_runtime_options, collective)};
     size_t i;
     for (i = 0; i < sizeof ends / sizeof ends[0]; ++i) {
       ssa_runtime_options bad = o;

@@ -126,6 +126,10 @@ type RuntimeOptions struct {
 	// Tokens a shard takes before the next one starts; 0 = the library's default
 	// (1048576); else a multiple of 8192.
 	ShardTokens uint64
+	// Pinned host memory page-locked when the runtime is created, for the host
+	// tier of its CUDA sessions (0 = none); a multiple of 64 MiB, only with a
+	// DeviceKVBudget. CPU runtimes check it and ignore it.
+	HostPoolBytes uint64
 }
 
 // Runtime is a libssa runtime. It may be used from any number of goroutines.
@@ -152,6 +156,7 @@ func NewRuntime(opts *RuntimeOptions) (*Runtime, error) {
 		o.device_kv_budget = C.uint64_t(opts.DeviceKVBudget)
 		o.host_cache_bytes = C.uint64_t(opts.HostCacheBytes)
 		o.shard_tokens = C.uint64_t(opts.ShardTokens)
+		o.host_pool_bytes = C.uint64_t(opts.HostPoolBytes)
 		if len(opts.Devices) > 0 {
 			// C memory: the options struct may not hold a Go pointer.
 			list := (*C.int32_t)(C.malloc(C.size_t(len(opts.Devices)) * C.size_t(unsafe.Sizeof(C.int32_t(0)))))

@@ -216,7 +216,7 @@ absl::Status CudaBackend::init_session(ssa_session& s) const {
     const DeviceGuard on(device);
     SSA_CUDA_RETURN(on.error(), "cudaSetDevice");
     auto kv = std::make_shared<TieredKvPool>(DevicePagePool::create(kv_bytes, 64, device),
-                                             budget->limited() ? PinnedPagePool::create(kv_bytes) : nullptr,
+                                             budget->limited() ? PinnedPagePool::create(kv_bytes, s.rt->host_pool) : nullptr,
                                              budget, kv_bytes);
     absl::StatusOr<std::shared_ptr<SessionState>> st =
         new_state(device, std::move(kv), DevicePagePool::create(s.layout.code_page_bytes(), 64, device));

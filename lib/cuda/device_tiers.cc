@@ -83,6 +83,31 @@ absl::Status take_in_reads(SessionState& st, LayerTiers& lt, const LayerStore& l
   return absl::OkStatus();
 }
 
+// Copies each (page index, new page) of `moves` from the layer's page, all
+// queued on the legacy default stream (where the library allocates and writes
+// pages) with one wait at the end, then puts the new pages in the layer; the
+// old pages are dropped only then, after their copies. One wait per batch, not
+// per page: a fill that moves many pages is not bounded by the copies' latency.
+// On a copy error no page of the layer changes. Empties `moves`.
+absl::Status move_pages(LayerStore& layer, std::vector<std::pair<size_t, PageRef>>& moves, size_t bytes,
+                        const char* what) {
+  if (moves.empty()) return absl::OkStatus();
+  cudaError_t e = cudaSuccess;
+  for (auto& [i, to] : moves) {
+    e = cudaMemcpyAsync(to->mutable_data(), layer.kv_pages[i]->data(), bytes, cudaMemcpyDefault, nullptr);
+    if (e != cudaSuccess) break;
+  }
+  // Also after a failed launch: the copies queued before it still write the new pages.
+  const cudaError_t done = cudaStreamSynchronize(nullptr);
+  if (e == cudaSuccess) e = done;
+  if (e == cudaSuccess) {
+    for (auto& [i, to] : moves) layer.kv_pages[i] = std::move(to);
+  }
+  moves.clear();
+  SSA_CUDA_RETURN(e, what);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 bool page_movable(const PageRef& p) { return p.use_count() == 1; }
@@ -120,22 +145,20 @@ absl::Status rebalance_layer(ssa_session& s, uint32_t layer_index, LayerStore& l
   const uint64_t limit = budget.limit(DeviceBudget::kResident), used = budget.used(DeviceBudget::kResident);
   const uint64_t room = used < limit ? (limit - used) / pool.page_bytes() : 0;
   const RebalancePlan plan = plan_rebalance(placement, layer.n_tokens, s.layout.page_tokens, new_pages, room);
-  const size_t bytes = pool.page_bytes();
+  std::vector<std::pair<size_t, PageRef>> moves;
   for (size_t i : plan.to_host) {
     absl::StatusOr<PageRef> host = pool.host_page();
     if (!host.ok()) break;  // no host memory: the page stays (the append may still fit)
-    SSA_CUDA_RETURN(cudaMemcpy((*host)->mutable_data(), layer.kv_pages[i]->data(), bytes, cudaMemcpyDefault),
-                    "page move to the host tier");
-    layer.kv_pages[i] = *std::move(host);
+    moves.emplace_back(i, *std::move(host));
   }
+  SSA_RETURN_IF_ERROR(move_pages(layer, moves, pool.page_bytes(), "page move to the host tier"));
+  // The device pages that left gave their charges back: room for these.
   for (size_t i : plan.to_device) {
     absl::StatusOr<PageRef> dev = pool.device_page(DeviceBudget::kResident);
     if (!dev.ok() || *dev == nullptr) break;  // no room yet: a later append brings it back
-    SSA_CUDA_RETURN(cudaMemcpy((*dev)->mutable_data(), layer.kv_pages[i]->data(), bytes, cudaMemcpyDefault),
-                    "page move to the device");
-    layer.kv_pages[i] = *std::move(dev);
+    moves.emplace_back(i, *std::move(dev));
   }
-  return absl::OkStatus();
+  return move_pages(layer, moves, pool.page_bytes(), "page move to the device");
 }
 
 absl::Status tier_view(SessionState& st, uint32_t layer_index, const LayerStore& layer,

@@ -70,7 +70,7 @@ uint64_t copy_rows(const KvLayout& L, const uint8_t* src, uint8_t* dst, size_t j
 absl::StatusOr<std::shared_ptr<PinnedPagePool>> stage_pool(const ssa_session& s) {
   SessionState& st = state(s);
   absl::MutexLock lock(&st.mu);
-  if (st.file_stage_pool == nullptr) st.file_stage_pool = PinnedPagePool::create(s.layout.kv_page_bytes());
+  if (st.file_stage_pool == nullptr) st.file_stage_pool = PinnedPagePool::create(s.layout.kv_page_bytes(), s.rt->host_pool);
   return st.file_stage_pool;
 }
 

@@ -1,6 +1,7 @@
 #include "pinned_pages.h"
 
 #include <cuda_runtime.h>
+#include <string.h>
 
 #include "fault_countdown.h"
 #include "status.h"
@@ -12,20 +13,65 @@ FaultCountdown g_faults;
 
 }  // namespace
 
-std::shared_ptr<PinnedPagePool> PinnedPagePool::create(size_t page_bytes, size_t chunk_bytes) {
+std::shared_ptr<PinnedPagePool> PinnedPagePool::create(size_t page_bytes, std::shared_ptr<PinnedChunkPool> reserve,
+                                                       size_t chunk_bytes) {
   const size_t pages = chunk_bytes / page_bytes > 0 ? chunk_bytes / page_bytes : 1;
-  return std::shared_ptr<PinnedPagePool>(new PinnedPagePool(page_bytes, pages));
+  // Pages larger than the runtime's chunks: this pool pins its own.
+  if (pages * page_bytes > PinnedChunkPool::kChunkBytes) reserve = nullptr;
+  return std::shared_ptr<PinnedPagePool>(new PinnedPagePool(page_bytes, pages, std::move(reserve)));
 }
 
 PinnedPagePool::~PinnedPagePool() {
   // Every page is back (each holds the pool): no kernel can still read a chunk
   // whose pages were all released after their readers' events.
   for (void* c : chunks_) cudaFreeHost(c);
+  // Borrowed chunks go back as they came (fresh pinned memory is zero, as the
+  // device pool zeroes its pages): the next session never sees this one's rows,
+  // and the bytes past its rows are defined.
+  for (void* c : borrowed_) {
+    memset(c, 0, chunk_pages_ * page_bytes_);
+    reserve_->give_back(c);
+  }
 }
 
 uint64_t PinnedPagePool::pinned_bytes() const {
   absl::MutexLock lock(&mu_);
-  return uint64_t{chunks_.size()} * chunk_pages_ * page_bytes_;
+  return uint64_t{chunks_.size() + borrowed_.size()} * chunk_pages_ * page_bytes_;
+}
+
+uint64_t PinnedPagePool::borrowed_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return uint64_t{borrowed_.size()} * chunk_pages_ * page_bytes_;
+}
+
+absl::StatusOr<void*> PinnedPagePool::new_chunk() {
+  if (reserve_ != nullptr) {
+    if (void* c = reserve_->take()) {
+      borrowed_.push_back(c);
+      return c;
+    }
+  }
+  void* chunk = nullptr;
+  const size_t bytes = chunk_pages_ * page_bytes_;
+  // Portable: any device of the process may read it; mapped: through a
+  // device address (the same as the host one under unified addressing).
+  const cudaError_t e = cudaHostAlloc(&chunk, bytes, cudaHostAllocPortable | cudaHostAllocMapped);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return make_error(SSA_ERR_OUT_OF_MEMORY,
+                      absl::StrCat("pinned host allocation of ", bytes, " bytes: ", cudaGetErrorString(e)));
+  }
+  void* dev = nullptr;
+  if (cudaHostGetDevicePointer(&dev, chunk, 0) != cudaSuccess || dev != chunk) {
+    // Without unified addressing the host and device addresses differ, and a
+    // page has one data pointer: such systems keep every page on the device.
+    cudaGetLastError();
+    cudaFreeHost(chunk);
+    return make_error(SSA_ERR_UNSUPPORTED,
+                      "pinned host memory is not addressed alike on host and device on this system");
+  }
+  chunks_.push_back(chunk);
+  return chunk;
 }
 
 absl::StatusOr<PageRef> PinnedPagePool::allocate() {
@@ -36,27 +82,9 @@ absl::StatusOr<PageRef> PinnedPagePool::allocate() {
   {
     absl::MutexLock lock(&mu_);
     if (free_.empty()) {
-      void* chunk = nullptr;
-      const size_t bytes = chunk_pages_ * page_bytes_;
-      // Portable: any device of the process may read it; mapped: through a
-      // device address (the same as the host one under unified addressing).
-      const cudaError_t e = cudaHostAlloc(&chunk, bytes, cudaHostAllocPortable | cudaHostAllocMapped);
-      if (e != cudaSuccess) {
-        cudaGetLastError();
-        return make_error(SSA_ERR_OUT_OF_MEMORY,
-                          absl::StrCat("pinned host allocation of ", bytes, " bytes: ", cudaGetErrorString(e)));
-      }
-      void* dev = nullptr;
-      if (cudaHostGetDevicePointer(&dev, chunk, 0) != cudaSuccess || dev != chunk) {
-        // Without unified addressing the host and device addresses differ, and a
-        // page has one data pointer: such systems keep every page on the device.
-        cudaGetLastError();
-        cudaFreeHost(chunk);
-        return make_error(SSA_ERR_UNSUPPORTED,
-                          "pinned host memory is not addressed alike on host and device on this system");
-      }
-      chunks_.push_back(chunk);
-      for (size_t i = chunk_pages_; i-- > 0;) free_.push_back(static_cast<uint8_t*>(chunk) + i * page_bytes_);
+      absl::StatusOr<void*> chunk = new_chunk();
+      if (!chunk.ok()) return chunk.status();
+      for (size_t i = chunk_pages_; i-- > 0;) free_.push_back(static_cast<uint8_t*>(*chunk) + i * page_bytes_);
     }
     block = free_.back();
     free_.pop_back();

@@ -4,7 +4,10 @@
 // through the same address. It is allocated in chunks of many pages as the
 // pool grows, never as one huge pinned allocation (large pinned allocations
 // fail or stall the whole process while the driver pins them), and chunks are
-// kept until the pool goes: freed pages are recycled.
+// kept until the pool goes: freed pages are recycled. With the runtime's
+// pre-pinned chunks (pinned_chunks.h) a pool borrows those first and pins new
+// chunks only when every one is lent; borrowed chunks go back to the runtime's
+// pool when this pool goes, its own are freed.
 #pragma once
 
 #include <stddef.h>
@@ -16,14 +19,17 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "pinned_chunks.h"
 #include "store/page.h"
 
 namespace ssa::cuda {
 
 class PinnedPagePool : public std::enable_shared_from_this<PinnedPagePool> {
  public:
-  // Chunks hold chunk_bytes (at least one page).
-  static std::shared_ptr<PinnedPagePool> create(size_t page_bytes, size_t chunk_bytes = size_t{64} << 20);
+  // Chunks hold chunk_bytes (at least one page). reserve: the runtime's
+  // pre-pinned chunks (null: none); used when a chunk of this pool fits in one.
+  static std::shared_ptr<PinnedPagePool> create(size_t page_bytes, std::shared_ptr<PinnedChunkPool> reserve = nullptr,
+                                                size_t chunk_bytes = PinnedChunkPool::kChunkBytes);
   ~PinnedPagePool();
 
   // A writable host-tier page; SSA_ERR_OUT_OF_MEMORY when no chunk can be pinned.
@@ -32,16 +38,24 @@ class PinnedPagePool : public std::enable_shared_from_this<PinnedPagePool> {
   absl::StatusOr<PageRef> copy_of(const Page& src);
 
   size_t page_bytes() const { return page_bytes_; }
-  // Bytes pinned in chunks so far.
+  // Bytes of chunks this pool holds so far (its own and borrowed ones).
   uint64_t pinned_bytes() const;
+  // Of those, the bytes borrowed from the runtime's pre-pinned chunks.
+  uint64_t borrowed_bytes() const;
 
  private:
-  PinnedPagePool(size_t page_bytes, size_t chunk_pages) : page_bytes_(page_bytes), chunk_pages_(chunk_pages) {}
+  PinnedPagePool(size_t page_bytes, size_t chunk_pages, std::shared_ptr<PinnedChunkPool> reserve)
+      : page_bytes_(page_bytes), chunk_pages_(chunk_pages), reserve_(std::move(reserve)) {}
+  // A chunk of chunk_pages_ pages: borrowed when one is free, else pinned now.
+  absl::StatusOr<void*> new_chunk() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void release(uint8_t* block);
 
   const size_t page_bytes_, chunk_pages_;
+  // Null when chunks of this pool do not fit the runtime's (or there are none).
+  const std::shared_ptr<PinnedChunkPool> reserve_;
   mutable absl::Mutex mu_;
-  std::vector<void*> chunks_ ABSL_GUARDED_BY(mu_);
+  std::vector<void*> chunks_ ABSL_GUARDED_BY(mu_);    // pinned by this pool
+  std::vector<void*> borrowed_ ABSL_GUARDED_BY(mu_);  // lent by reserve_
   std::vector<uint8_t*> free_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -321,6 +321,19 @@ typedef struct ssa_runtime_options {
      table's `user` must outlive the runtime). Default NULL. CPU backend only
      (a CUDA runtime gives SSA_ERR_UNSUPPORTED), not with a devices list. */
   const ssa_collective *collective;
+  /* Pinned host memory for the host tier (docs/TIERED_MEMORY.md), page-locked
+     by ssa_runtime_create in 64 MiB chunks: the runtime's sessions take their
+     host pages from it before they pin any new memory (page-locking runs at
+     about 2 GB/s, far below the bus, so pinning during an append bounds the
+     append). Chunks a session frees come back to the runtime's pool, not to the
+     OS, until the runtime is destroyed. 0 (default) = none: host pages are
+     pinned as sessions need them. Else a multiple of 67108864 (64 MiB) and only
+     with device_kv_budget set (the host tier exists only then), else
+     SSA_ERR_INVALID_ARGUMENT on every backend; CPU runtimes check it so and
+     ignore it. CUDA runtimes: SSA_ERR_OUT_OF_MEMORY when it cannot all be
+     page-locked (nothing is kept). Sessions whose K/V pages exceed 64 MiB pin
+     their own host memory. */
+  uint64_t host_pool_bytes;
 } ssa_runtime_options;
 
 /* Fills *opts with defaults and sets struct_size. opts must not be NULL. */
@@ -335,7 +348,8 @@ void ssa_runtime_options_init(ssa_runtime_options *opts);
    CUDA devices with a device_kv_budget, or without peer access between them;
    a collective with the CUDA backend or with a devices list),
    SSA_ERR_DEVICE (CUDA asked for, no usable device, a listed device missing),
-   SSA_ERR_OUT_OF_MEMORY. With a collective it is a collective call (every rank
+   SSA_ERR_OUT_OF_MEMORY (host_pool_bytes included). A CUDA runtime with a
+   host_pool_bytes takes the time to page-lock it here. With a collective it is a collective call (every rank
    makes it): the ranks check that they number themselves 0..size-1 and agree on
    shard_tokens (else SSA_ERR_INVALID_ARGUMENT on every rank); SSA_ERR_IO when
    a callback fails. */

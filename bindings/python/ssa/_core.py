@@ -331,6 +331,12 @@ class Runtime:
             sessions may use (0: no limit); pages beyond it live in pinned host memory.
         host_cache_bytes: the part of the budget for device copies of host pages read
             recently (0: an eighth of the budget).
+        host_pool_bytes: pinned host memory page-locked now, when the runtime is
+            created, for the host tier of its CUDA sessions (0: none, host pages are
+            pinned as sessions need them); a multiple of 64 MiB, only with a
+            device_kv_budget. Page-locking runs at about 2 GB/s: pinned during a
+            fill it would bound the fill. Chunks freed by sessions stay with the
+            runtime. CPU runtimes check it and ignore it.
         devices: sharded sessions (docs/SHARDING.md): one shard per entry, in shard order
             (distinct ordinals >= 0; on the CPU backend they only name in-process shards).
             None: one device, ``device``.
@@ -348,7 +354,8 @@ class Runtime:
 
     def __init__(self, backend: Union[str, Backend] = "auto", threads: int = 0, seed: Optional[int] = None,
                  device: int = 0, device_kv_budget: int = 0, host_cache_bytes: int = 0,
-                 devices: Optional[Sequence[int]] = None, shard_tokens: int = 0, collective: Any = None):
+                 devices: Optional[Sequence[int]] = None, shard_tokens: int = 0, collective: Any = None,
+                 host_pool_bytes: int = 0):
         opts = ffi.new("ssa_runtime_options *")
         lib.ssa_runtime_options_init(opts)
         opts.backend = _enum("backend", backend, Backend)
@@ -358,6 +365,7 @@ class Runtime:
             opts.seed = _int("seed", seed, 0, _U64)
         opts.device_kv_budget = _int("device_kv_budget", device_kv_budget, 0, _U64)
         opts.host_cache_bytes = _int("host_cache_bytes", host_cache_bytes, 0, _U64)
+        opts.host_pool_bytes = _int("host_pool_bytes", host_pool_bytes, 0, _U64)
         opts.shard_tokens = _int("shard_tokens", shard_tokens, 0, _U64)
         device_list = None  # kept alive through the call
         if devices is not None:
@@ -382,6 +390,7 @@ class Runtime:
         self._options = dict(backend=self._backend, threads=self.threads, seed=seed, device=int(opts.device),
                              device_kv_budget=int(opts.device_kv_budget),
                              host_cache_bytes=int(opts.host_cache_bytes),
+                             host_pool_bytes=int(opts.host_pool_bytes),
                              devices=None if devices is None else tuple(ordinals),
                              shard_tokens=int(opts.shard_tokens))
 
@@ -471,7 +480,7 @@ class Runtime:
     def options(self) -> dict:
         """The options the runtime was created with (backend as resolved, threads as
         used): backend, threads, seed, device, device_kv_budget, host_cache_bytes,
-        devices, shard_tokens."""
+        host_pool_bytes, devices, shard_tokens."""
         return dict(self._options)
 
     def __repr__(self) -> str:
@@ -481,6 +490,8 @@ class Runtime:
         extra = ""
         if o["device_kv_budget"]:
             extra += " device_kv_budget=%d" % o["device_kv_budget"]
+        if o["host_pool_bytes"]:
+            extra += " host_pool_bytes=%d" % o["host_pool_bytes"]
         if o["devices"] is not None:
             extra += " devices=%s" % (list(o["devices"]),)
         return "<ssa.Runtime backend=%s threads=%d%s>" % (self.backend, self.threads, extra)

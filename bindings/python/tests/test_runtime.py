@@ -119,7 +119,7 @@ def test_options_are_reported_as_given():
                      devices=[4, 7], shard_tokens=16384)
     o = rt.options
     assert o == dict(backend="cpu", threads=1, seed=9, device=0, device_kv_budget=1 << 30,
-                     host_cache_bytes=1 << 27, devices=(4, 7), shard_tokens=16384)
+                     host_cache_bytes=1 << 27, host_pool_bytes=0, devices=(4, 7), shard_tokens=16384)
     assert rt.shards == 2 and rt.device == 0  # CPU shards: the ordinals only name them
     o["threads"] = 5
     assert rt.options["threads"] == 1  # a copy
@@ -129,3 +129,33 @@ def test_options_are_reported_as_given():
     assert rt.backend == "cpu"  # still known while its sessions live
     s.close()
     assert ssa.Runtime(backend="cpu").options["devices"] is None
+
+
+def test_host_pool_bytes():
+    """host_pool_bytes: checked on every backend (a multiple of 64 MiB, only with a
+    budget), ignored by CPU runtimes, whose sessions decode as without it."""
+    chunk = 64 << 20
+    for bad, words in ((chunk + 1, "multiple of"), (1, "multiple of"), (3 * chunk // 2, "multiple of")):
+        with pytest.raises(ssa.InvalidArgument, match=words):
+            ssa.Runtime(backend="cpu", device_kv_budget=1 << 30, host_pool_bytes=bad)
+    with pytest.raises(ssa.InvalidArgument, match="needs a device_kv_budget"):
+        ssa.Runtime(backend="cpu", host_pool_bytes=chunk)
+    with pytest.raises(ssa.InvalidArgument, match="host_pool_bytes"):
+        ssa.Runtime(backend="cpu", device_kv_budget=1 << 30, host_pool_bytes=-chunk)
+    with pytest.raises(ssa.InvalidArgument, match="host_pool_bytes"):
+        ssa.Runtime(backend="cpu", device_kv_budget=1 << 30, host_pool_bytes=1 << 64)
+    rng = np.random.default_rng(3)
+    k = rng.standard_normal((3000, 2, 32)).astype(np.float32)
+    v = rng.standard_normal((3000, 2, 32)).astype(np.float32)
+    q = rng.standard_normal((4, 32)).astype(np.float32)
+    outs = []
+    for pool in (0, 1 << 50):  # 1 PiB: a CPU runtime page-locks nothing
+        rt = ssa.Runtime(backend="cpu", threads=1, device_kv_budget=1 << 30 if pool else 0, host_pool_bytes=pool)
+        assert rt.options["host_pool_bytes"] == pool
+        assert ("host_pool_bytes=%d" % pool in repr(rt)) == bool(pool)
+        s = rt.create_session(1, 4, 2, 32, "float32")
+        s.append(0, k, v)
+        outs.append(s.decode(0, q, method="ssa", budget=300, seed=4))
+        s.close()
+        rt.close()
+    assert np.array_equal(outs[0], outs[1])

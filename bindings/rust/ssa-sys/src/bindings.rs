@@ -270,12 +270,13 @@ pub struct ssa_runtime_options {
     pub shard_tokens: u64,
     pub communicator: *mut ::std::os::raw::c_void,
     pub collective: *const ssa_collective,
+    pub host_pool_bytes: u64,
 }
 #[test]
 fn bindgen_test_layout_ssa_runtime_options() {
     assert_eq!(
         ::std::mem::size_of::<ssa_runtime_options>(),
-        80usize,
+        88usize,
         concat!("Size of: ", stringify!(ssa_runtime_options))
     );
     assert_eq!(
@@ -487,6 +488,23 @@ fn bindgen_test_layout_ssa_runtime_options() {
         );
     }
     test_field_collective();
+    fn test_field_host_pool_bytes() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<ssa_runtime_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).host_pool_bytes) as usize - ptr as usize
+            },
+            80usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(ssa_runtime_options),
+                "::",
+                stringify!(host_pool_bytes)
+            )
+        );
+    }
+    test_field_host_pool_bytes();
 }
 extern "C" {
     pub fn ssa_runtime_options_init(opts: *mut ssa_runtime_options);

@@ -151,6 +151,10 @@ pub struct RuntimeOptions {
     /// Tokens a shard takes before the next one starts; 0 = the library's
     /// default (1048576); else a multiple of 8192.
     pub shard_tokens: u64,
+    /// Pinned host memory page-locked when the runtime is created, for the host
+    /// tier of its CUDA sessions (0 = none); a multiple of 64 MiB, only with a
+    /// `device_kv_budget`. CPU runtimes check it and ignore it.
+    pub host_pool_bytes: u64,
 }
 
 impl Default for RuntimeOptions {
@@ -164,6 +168,7 @@ impl Default for RuntimeOptions {
             host_cache_bytes: 0,
             devices: Vec::new(),
             shard_tokens: 0,
+            host_pool_bytes: 0,
         }
     }
 }
@@ -205,6 +210,7 @@ impl RuntimeOptions {
             o.n_devices = self.devices.len() as u32;
         }
         o.shard_tokens = self.shard_tokens;
+        o.host_pool_bytes = self.host_pool_bytes;
         o
     }
 }
