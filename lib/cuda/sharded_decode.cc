@@ -218,7 +218,7 @@ absl::Status rank_decode(Shared& sh, Collective& host_comm) {
     }
   }
   std::vector<RowState> rs;
-  if (sh.want_stats && sh.selects) {
+  if (sh.want_stats && sh.selects && any) {
     rs.resize(m.local_rows());
     SSA_CUDA_RETURN(cudaMemcpyAsync(rs.data(), ws.rows, rs.size() * sizeof(RowState), cudaMemcpyDeviceToHost,
                                     stream),
