@@ -287,29 +287,43 @@ TEST_CASE("gpu process group: what a CUDA group does not do is refused, on every
   CHECK(ssa_runtime_create(&o, &rt) == SSA_ERR_UNSUPPORTED);
   CHECK(rt == nullptr);
   CHECK(link.calls == 0);
-  // Error targets and decode-step reservations: refused on every rank.
-  const Data d = make_data(12000, 59);
-  std::vector<ssa_status> target(2), reserve(2), after(2);
+  // Error targets, decode-step reservations, sink tokens past the first
+  // shard's margin: refused on every rank. Device rows with a NaN in rank 1's
+  // shard: every rank checks every row, so both refuse and nothing changes.
+  const Data d = make_data(20000, 59);
+  std::vector<ssa_status> target(2), reserve(2), sinks(2), nan_rows(2), after(2);
+  std::vector<uint64_t> lengths(2);
   std::vector<std::vector<uint16_t>> outs(2);
   run_ranks(2, [&](uint32_t r, RankLink& l) {
     ssa_runtime* g = rank_runtime(&l);
     if (g == nullptr) return;
-    ssa_session* s = group::new_session(g, SSA_SESSION_HOST_POINTERS);
-    CHECK(group::append_chunks(s, d, 0, d.n, false) == SSA_OK);
+    ssa_session* s = group::new_session(g, 0);
+    CHECK(group::append_chunks(s, d, 0, d.n, true) == SSA_OK);
     ssa_decode_params p = params(SSA_METHOD_SSA, 1800);
     p.target_error = 0.05f;
-    target[r] = group::decode_on(s, d, p, false).st;
+    target[r] = group::decode_on(s, d, p, true).st;
     reserve[r] = ssa_session_reserve(s, 16);
-    const Decoded a = group::decode_on(s, d, params(SSA_METHOD_PQ_TOPK, 1800), false);  // still in step
+    p = params(SSA_METHOD_SSA, 1800);
+    p.n_sink = 10000;  // rank 0's chunk-aligned range would end at 10000, past its margin (9216)
+    sinks[r] = group::decode_on(s, d, p, true).st;
+    std::vector<uint16_t> k(d.k.begin(), d.k.begin() + 10000 * kNkv * kD), v(k.size());
+    std::copy(d.v.begin(), d.v.begin() + static_cast<std::ptrdiff_t>(v.size()), v.begin());
+    k[9000 * kNkv * kD + 3] = 0x7e00;  // f16 NaN at token 29000: rank 1 keeps it, rank 0 does not
+    group::DeviceCopy dk(k.data(), k.size() * 2), dv(v.data(), v.size() * 2);
+    nan_rows[r] = ssa_session_append(s, 0, dk.p, dv.p, 10000);
+    lengths[r] = ssa_session_length(s);
+    const Decoded a = group::decode_on(s, d, params(SSA_METHOD_PQ_TOPK, 1800), true);  // still in step
     after[r] = a.st;
     outs[r] = a.out;
-    CHECK(ssa_session_length(s) == d.n);
     ssa_session_destroy(s);
     ssa_runtime_destroy(g);
   });
   for (uint32_t r = 0; r < 2; ++r) {
     CHECK(target[r] == SSA_ERR_UNSUPPORTED);
     CHECK(reserve[r] == SSA_ERR_UNSUPPORTED);
+    CHECK(sinks[r] == SSA_ERR_UNSUPPORTED);
+    CHECK(nan_rows[r] == SSA_ERR_INVALID_ARGUMENT);
+    CHECK(lengths[r] == d.n);
     CHECK(after[r] == SSA_OK);
   }
   CHECK(outs[0] == outs[1]);
