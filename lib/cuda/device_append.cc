@@ -7,11 +7,11 @@
 #include <algorithm>
 #include <vector>
 
-#include "cpu/finite_check.h"
 #include "cuda_backend.h"
 #include "device_error.h"
 #include "device_state.h"
 #include "kernels/append_rows.h"
+#include "kernels/finite_scan.h"
 #include "store/layer_tail.h"
 
 namespace ssa::cuda {
@@ -108,9 +108,9 @@ class ShardPagePools {
   uint64_t next_;
 };
 
-// Host K/V rows of tokens [lo, hi) (token-major [n][n_kv_heads][head_dim] from
-// token old_n on) into the tail's head-major pages, one 2D copy per (page run,
-// head) for K and for V, on the legacy default stream.
+// K/V rows of tokens [lo, hi) (token-major [n][n_kv_heads][head_dim] from token
+// old_n on, host or device memory) into the tail's head-major pages, one 2D
+// copy per (page run, head) for K and for V, on the legacy default stream.
 absl::Status copy_host_rows(const ssa_session& s, LayerTail& tail, const void* k, const void* v,
                             uint64_t old_n, uint64_t lo, uint64_t hi) {
   const KvLayout& L = s.layout;
@@ -137,35 +137,27 @@ absl::Status copy_host_rows(const ssa_session& s, LayerTail& tail, const void* k
 // A rank of a group of processes (docs/DISTRIBUTED.md): every rank is given
 // every row and checks all of them (so that rows they were all given refuse on
 // every rank without an exchange), and keeps those of its pages. Device rows
-// are read back to be scanned here; rows go in through host memory, and an
-// asynchronous append waits for its stream first.
+// are scanned on the device (kernels/finite_scan.h) and copied on the legacy
+// default stream after the caller's stream wrote them; host rows were scanned
+// by the core.
 absl::Status write_group_rows(ssa_session& s, const AppendRows& rows, const LayerStore& layer,
                               LayerTail& tail) {
   SessionState& st = state(s);
   const KvLayout& L = s.layout;
   const uint64_t old_n = rows.old_n, new_n = rows.new_n;
-  const size_t bytes = static_cast<size_t>(new_n - old_n) * L.token_bytes();
-  const void* k = rows.k;
-  const void* v = rows.v;
-  std::vector<uint8_t> hk, hv;
-  if (!host_buffers(s)) {
+  const bool device_rows = !host_buffers(s);
+  if (device_rows) {
     if (rows.async) SSA_CUDA_RETURN(cudaStreamSynchronize(static_cast<cudaStream_t>(rows.stream)), "append stream");
-    hk.resize(bytes);
-    hv.resize(bytes);
-    SSA_CUDA_RETURN(cudaMemcpy(hk.data(), k, bytes, cudaMemcpyDefault), "K rows read-back");
-    SSA_CUDA_RETURN(cudaMemcpy(hv.data(), v, bytes, cudaMemcpyDefault), "V rows read-back");
-    const size_t elems = bytes / L.elem_bytes();
-    const size_t bad_k = first_non_finite(L.dtype, hk.data(), elems);
-    if (bad_k != elems) return invalid_argument("k[", bad_k, "] is NaN or infinite");
-    const size_t bad_v = first_non_finite(L.dtype, hv.data(), elems);
-    if (bad_v != elems) return invalid_argument("v[", bad_v, "] is NaN or infinite");
-    k = hk.data();
-    v = hv.data();
+    absl::StatusOr<unsigned long long*> slots = reset_scan_slots(s);
+    if (!slots.ok()) return slots.status();
+    SSA_CUDA_RETURN(scan_finite(L.dtype, rows.k, rows.v, (new_n - old_n) * L.n_kv_heads * L.head_dim, *slots,
+                                nullptr),
+                    "NaN/Inf scan kernel");
   }
   const HeldRange& held = s.rt->held;
   const uint64_t lo = held.lo(old_n), hi = held.hi(new_n);
   if (lo < hi) {
-    SSA_RETURN_IF_ERROR(copy_host_rows(s, tail, k, v, old_n, lo, hi));
+    SSA_RETURN_IF_ERROR(copy_host_rows(s, tail, rows.k, rows.v, old_n, lo, hi));
     if (rows.encode) {
       absl::StatusOr<const float*> books = device_books(st, layer.codebooks);
       if (!books.ok()) return books.status();
@@ -173,7 +165,8 @@ absl::Status write_group_rows(ssa_session& s, const AppendRows& rows, const Laye
       SSA_RETURN_IF_ERROR(encode_range(s, *books, tail.kv, tail.code, lo - base, hi - base));
     }
   }
-  // The host copies are read by the queued copies: wait for them.
+  // The one wait: the copies (host rows are read by them) and the scan's verdict.
+  if (device_rows) return finite_scan_result(s);
   SSA_CUDA_RETURN(cudaStreamSynchronize(nullptr), "append copies");
   return absl::OkStatus();
 }
