@@ -10,6 +10,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include <memory>
 #include <vector>
@@ -136,6 +137,15 @@ class Backend {
   // Refuses a step of sessions without a reservation that cannot run eagerly
   // (a stream being captured into a CUDA graph).
   virtual absl::Status check_eager_step(const ssa_decode_params& p) const { return absl::OkStatus(); }
+
+  // ---- caller's buffers
+  // Copies bytes of the caller's buffer p (in the session's memory space; the
+  // caller's `stream` may still be writing device memory) to host memory.
+  virtual absl::Status read_caller_buffer(const ssa_session& s, const void* p, size_t bytes, void* stream,
+                                          void* host) const {
+    memcpy(host, p, bytes);
+    return absl::OkStatus();
+  }
 
   // ---- snapshot staging (lib/snapshot): files hold the same bytes for every backend
   // A new KV (kv) or code page of `bytes` bytes, page `page_index` of its layer

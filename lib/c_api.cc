@@ -16,6 +16,8 @@
 #include "runtime.h"
 #include "session.h"
 #include "shard/callback_collective.h"
+#include "shard/communicator_group.h"
+#include "shard/group_margin.h"
 #include "shard/shard_map.h"
 #include "shard/shard_options.h"
 #include "snapshot/snapshot.h"
@@ -137,14 +139,27 @@ ssa_status ssa_runtime_create(const ssa_runtime_options* opts, ssa_runtime** out
     SSA_RETURN_IF_ERROR(ssa::read_shard_devices(o, &devices));
     absl::StatusOr<uint64_t> shard_tokens = ssa::resolve_shard_tokens(o.shard_tokens);
     if (!shard_tokens.ok()) return shard_tokens.status();
-    if (o.communicator != nullptr) return ssa::unsupported(ssa::kCommunicatorUnsupported);
     std::shared_ptr<ssa::ProcessGroup> group;
+    if (o.communicator != nullptr && o.collective != nullptr) {
+      return ssa::invalid_argument("ssa_runtime_options: communicator and collective are both set; a runtime is "
+                                   "one rank of one group: pass one of them");
+    }
     if (o.collective != nullptr) {
       absl::StatusOr<std::shared_ptr<ssa::ProcessGroup>> g = ssa::ProcessGroup::create(o.collective);
       if (!g.ok()) return g.status();
       group = *std::move(g);
       SSA_RETURN_IF_ERROR(ssa::check_group_backend(o, devices));
-      o.backend = SSA_BACKEND_CPU;
+      // AUTO: a table of host callbacks makes a CPU rank; CUDA ranks ask for CUDA.
+      if (o.backend == SSA_BACKEND_AUTO) o.backend = SSA_BACKEND_CPU;
+    }
+    if (o.communicator != nullptr) {
+      if (!ssa::kHaveCommunicators) return ssa::unsupported(ssa::kCommunicatorUnsupported);
+      if (o.backend == SSA_BACKEND_CPU) {
+        return ssa::invalid_argument("ssa_runtime_options.communicator (an ncclComm_t) with SSA_BACKEND_CPU: a "
+                                     "CPU rank of a group takes a `collective` table");
+      }
+      o.backend = SSA_BACKEND_CUDA;
+      SSA_RETURN_IF_ERROR(ssa::check_group_backend(o, devices));
     }
     // Refused before any device is looked at: the answer does not depend on the machine.
     if (o.backend == SSA_BACKEND_CUDA && devices.size() > 1 && o.device_kv_budget != 0) {
@@ -152,6 +167,11 @@ ssa_status ssa_runtime_create(const ssa_runtime_options* opts, ssa_runtime** out
     }
     absl::StatusOr<ssa_backend> chosen = ssa::choose_backend(o.backend, devices[0]);
     if (!chosen.ok()) return chosen.status();
+    if (o.communicator != nullptr) {
+      absl::StatusOr<std::shared_ptr<ssa::ProcessGroup>> g = ssa::communicator_group(o.communicator, devices[0]);
+      if (!g.ok()) return g.status();
+      group = *std::move(g);
+    }
     if (*chosen == SSA_BACKEND_CUDA && devices.size() > 1) {
       if (o.device_kv_budget != 0) return ssa::unsupported(ssa::kShardedBudgetUnsupported);
       SSA_RETURN_IF_ERROR(ssa::backend_of(SSA_BACKEND_CUDA)->prepare_shard_devices(devices));
@@ -174,8 +194,10 @@ ssa_status ssa_runtime_create(const ssa_runtime_options* opts, ssa_runtime** out
       SSA_RETURN_IF_ERROR(ssa::backend_of(rt->backend)->reserve_host_pool(*rt, o.host_pool_bytes));
     }
     if (group != nullptr) {
-      SSA_RETURN_IF_ERROR(ssa::check_group_agreement(*group, rt->shard_tokens));
-      rt->held = ssa::held_tokens(group->rank(), group->size(), rt->shard_tokens);
+      SSA_RETURN_IF_ERROR(ssa::check_group_agreement(*group, rt->shard_tokens, rt->backend));
+      rt->own = ssa::held_tokens(group->rank(), group->size(), rt->shard_tokens);
+      rt->held = rt->backend == SSA_BACKEND_CUDA ? ssa::held_with_margin(group->rank(), group->size(), rt->shard_tokens)
+                                                 : rt->own;
       rt->group = std::move(group);
     }
     *out = rt.release();

@@ -31,8 +31,13 @@ struct ssa_runtime {
   // the group's collectives; its sessions' shards are the group's ranks. Null otherwise.
   std::shared_ptr<ssa::ProcessGroup> group;
   // The tokens its sessions keep in this process: a group's rank, its shard's
-  // (lib/shard/shard_map.h, held_tokens); every other runtime, all of them.
+  // (lib/shard/shard_map.h, held_tokens), on a CUDA rank also the first
+  // kGroupMarginTokens of the next shard (lib/shard/group_margin.h); every
+  // other runtime, all of them.
   ssa::HeldRange held;
+  // The tokens whose pages it writes to a group's snapshot (its shard's: the
+  // ranks' files hold disjoint pages); all of them when not a group's rank.
+  ssa::HeldRange own;
   uint64_t seed = 0x5EED;
   std::unique_ptr<ssa::ThreadPool> pool;
   // The device memory its CUDA sessions' K/V pages may use (never null; unlimited

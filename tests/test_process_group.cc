@@ -37,94 +37,17 @@
 #include "snapshot/group_manifest.h"
 #include "status.h"
 #include "snapshot/format.h"
+#include "support/memory_transport.h"
 #include "support/session_helpers.h"
 #include "support/structured_feed.h"
 
 using namespace ssa_test;
+using namespace ssa_test::transport;
 
 namespace {
 
 constexpr uint64_t kShard = 8192;
 constexpr uint32_t kGroupModes[] = {SSA_GROUP_OFF, SSA_GROUP_MIXTURE, SSA_GROUP_MEAN_QUERY};
-
-// The ranks' shared memory: each collective publishes every rank's buffer, then
-// (after a barrier) every rank computes its result from all of them, then (after
-// a second barrier, nobody reading any more) writes it back.
-struct Transport {
-  explicit Transport(uint32_t n) : n(n), pub(n, nullptr) {}
-  const uint32_t n;
-  std::mutex mu;
-  std::condition_variable cv;
-  uint32_t arrived = 0;
-  uint64_t generation = 0;
-  std::vector<const void*> pub;
-
-  bool barrier(uint32_t timeout_ms) {
-    std::unique_lock<std::mutex> lock(mu);
-    const uint64_t gen = generation;
-    if (++arrived == n) {
-      arrived = 0;
-      ++generation;
-      cv.notify_all();
-      return true;
-    }
-    return cv.wait_for(lock, std::chrono::milliseconds(timeout_ms), [&] { return generation != gen; });
-  }
-};
-
-struct RankLink {
-  Transport* t;
-  uint32_t rank;
-  int calls = 0;
-};
-
-template <typename T, typename Op>
-int reduce(void* user, T* data, size_t n, uint32_t timeout_ms, Op op) {
-  RankLink& l = *static_cast<RankLink*>(user);
-  ++l.calls;
-  std::vector<T> acc(data, data + n);
-  l.t->pub[l.rank] = data;
-  if (!l.t->barrier(timeout_ms)) return 7;
-  for (uint32_t r = 0; r < l.t->n; ++r) {
-    if (r == l.rank) continue;
-    const T* theirs = static_cast<const T*>(l.t->pub[r]);
-    for (size_t i = 0; i < n; ++i) acc[i] = op(acc[i], theirs[i]);
-  }
-  if (!l.t->barrier(timeout_ms)) return 7;
-  std::copy(acc.begin(), acc.end(), data);
-  return 0;
-}
-
-int sum_u64(void* user, uint64_t* data, size_t n, uint32_t timeout_ms) {
-  return reduce<uint64_t>(user, data, n, timeout_ms, [](uint64_t a, uint64_t b) { return a + b; });
-}
-int max_f32(void* user, float* data, size_t n, uint32_t timeout_ms) {
-  return reduce<float>(user, data, n, timeout_ms, [](float a, float b) { return a > b ? a : b; });
-}
-int gather(void* user, const void* send, size_t bytes, void* recv, uint32_t timeout_ms) {
-  RankLink& l = *static_cast<RankLink*>(user);
-  ++l.calls;
-  l.t->pub[l.rank] = send;
-  if (!l.t->barrier(timeout_ms)) return 7;
-  for (uint32_t r = 0; r < l.t->n; ++r) {
-    if (bytes != 0) memcpy(static_cast<uint8_t*>(recv) + r * bytes, l.t->pub[r], bytes);
-  }
-  if (!l.t->barrier(timeout_ms)) return 7;
-  return 0;
-}
-
-ssa_collective table_of(RankLink* link, uint32_t timeout_ms = 20000) {
-  ssa_collective c;
-  ssa_collective_init(&c);
-  c.rank = link->rank;
-  c.size = link->t->n;
-  c.timeout_ms = timeout_ms;
-  c.user = link;
-  c.all_reduce_sum_u64 = sum_u64;
-  c.all_reduce_max_f32 = max_f32;
-  c.all_gather = gather;
-  return c;
-}
 
 RuntimePtr group_runtime(RankLink* link, uint32_t timeout_ms = 20000) {
   ssa_collective c = table_of(link, timeout_ms);
@@ -143,16 +66,6 @@ RuntimePtr plain_runtime() {
   ssa_runtime* rt = nullptr;
   SSA_CHECK_OK(ssa_runtime_create(&o, &rt));
   return RuntimePtr(rt);
-}
-
-// Runs body(rank, link) on one thread per rank of a fresh transport.
-void run_ranks(uint32_t n, const std::function<void(uint32_t, RankLink&)>& body) {
-  Transport t(n);
-  std::vector<RankLink> links;
-  for (uint32_t r = 0; r < n; ++r) links.push_back(RankLink{&t, r});
-  std::vector<std::thread> threads;
-  for (uint32_t r = 0; r < n; ++r) threads.emplace_back([&, r] { body(r, links[r]); });
-  for (std::thread& th : threads) th.join();
 }
 
 // One f16 layer; the ranks' sessions and the unsharded reference are fed alike.
@@ -767,8 +680,17 @@ TEST_CASE("process group: bad tables and combinations are refused") {
   c.struct_size = 8;
   CHECK(create(c) == SSA_ERR_INVALID_ARGUMENT);
   c = table_of(&link);
-  CHECK(create(c, SSA_BACKEND_CUDA) == SSA_ERR_UNSUPPORTED);
   CHECK(create(c, SSA_BACKEND_CPU, 2) == SSA_ERR_UNSUPPORTED);
+  {
+    // A CUDA rank with tiers: refused before any device or exchange.
+    ssa_runtime_options o = runtime_options(SSA_BACKEND_CUDA, 1);
+    o.device_kv_budget = uint64_t{1} << 30;
+    o.collective = &c;
+    ssa_runtime* rt = nullptr;
+    CHECK(ssa_runtime_create(&o, &rt) == SSA_ERR_UNSUPPORTED);
+    CHECK(std::string(ssa_last_error_message()).find("device_kv_budget") != std::string::npos);
+    CHECK(rt == nullptr);
+  }
   CHECK(link.calls == 0);  // refused before any exchange
   // Ranks that disagree on shard_tokens, or number themselves wrongly.
   std::vector<ssa_status> st(2);

@@ -591,7 +591,17 @@ TEST_CASE("sharding: bad options give clear errors and no runtime") {
   o = base();
   int dummy = 0;
   o.communicator = &dummy;
-  expect(o, SSA_ERR_UNSUPPORTED, "communicator");
+#if defined(SSA_HAVE_NCCL) && SSA_HAVE_NCCL
+  // A build with NCCL reads the communicator: only refusals that come first.
+  o.backend = SSA_BACKEND_CPU;
+  expect(o, SSA_ERR_INVALID_ARGUMENT, "collective");
+#else
+  expect(o, SSA_ERR_UNSUPPORTED, "no NCCL");
+#endif
+  ssa_collective table;
+  ssa_collective_init(&table);
+  o.collective = &table;
+  expect(o, SSA_ERR_INVALID_ARGUMENT, "both set");
   o = base();
   o.backend = SSA_BACKEND_CUDA;
   o.devices = devs;

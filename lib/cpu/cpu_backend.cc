@@ -82,8 +82,12 @@ class CpuBackend final : public Backend {
     const uint64_t n = sample_count(layer.n_tokens, s.config.index_train_sample);
     std::vector<float> keys;
     if (s.rt->group != nullptr) {
+      auto read = [&](uint64_t i0, uint64_t i1, float* out) {
+        read_sample_keys(s.layout, layer, n, i0, i1, *s.rt->pool, out);
+        return absl::OkStatus();
+      };
       SSA_RETURN_IF_ERROR(
-          gather_sample_keys(*s.rt->group, s.layout, layer, s.rt->shard_tokens, n, *s.rt->pool, &keys));
+          gather_sample_keys(*s.rt->group, s.layout, layer.n_tokens, s.rt->shard_tokens, n, read, &keys));
     } else {
       keys.resize(size_t{s.layout.n_kv_heads} * n * s.layout.head_dim);
       read_sample_keys(s.layout, layer, n, 0, n, *s.rt->pool, keys.data());

@@ -12,6 +12,8 @@
 //   device_state.{h,cc}  the session's device state, its table and codebook cache
 //   device_append.cc     append: rows copied, scanned and encoded on the device
 //   device_index.cc      the PQ index trained and encoded on the device
+//   group_index_device.cc  the same for a rank of a group of processes
+//   group_collective.{h,cc}  a group's collectives during a decode (staging)
 //   launch_set.{h,cc}    decode: launch sets of items, and their stats
 //   graph_step.{h,cc}    decode steps: reservations, and the step a CUDA graph
 //                        captures (kernels/step_plan.h)
@@ -70,6 +72,9 @@ class CudaBackend final : public Backend {
                             const ssa_decode_params& p, uint64_t seed, ssa_decode_stats* stats) const override;
   absl::Status check_eager_step(const ssa_decode_params& p) const override;
 
+  absl::Status read_caller_buffer(const ssa_session& s, const void* p, size_t bytes, void* stream,
+                                  void* host) const override;
+
   absl::StatusOr<PageRef> page_from_host(const ssa_session& s, bool kv, uint64_t page_index, size_t bytes,
                                          absl::FunctionRef<uint8_t*()> staging,
                                          absl::FunctionRef<absl::Status(uint8_t*)> fill) const override;
@@ -81,5 +86,10 @@ class CudaBackend final : public Backend {
 // legacy default stream; the caller waits (device_index.cc).
 absl::Status encode_range(const ssa_session& s, const float* books, const std::vector<PageRef>& kv,
                           const std::vector<PageRef>& codes, uint64_t begin, uint64_t end);
+
+// A rank of a group of processes: codebooks trained on the sample gathered over
+// the group (bitwise the unsharded session's), its own codes encoded
+// (group_index_device.cc).
+absl::Status train_group_index(ssa_session& s, LayerStore& layer);
 
 }  // namespace ssa::cuda

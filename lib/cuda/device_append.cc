@@ -5,11 +5,13 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <vector>
 
 #include "cuda_backend.h"
 #include "device_error.h"
 #include "device_state.h"
 #include "kernels/append_rows.h"
+#include "kernels/finite_scan.h"
 #include "store/layer_tail.h"
 
 namespace ssa::cuda {
@@ -106,6 +108,69 @@ class ShardPagePools {
   uint64_t next_;
 };
 
+// K/V rows of tokens [lo, hi) (token-major [n][n_kv_heads][head_dim] from token
+// old_n on, host or device memory) into the tail's head-major pages, one 2D
+// copy per (page run, head) for K and for V, on the legacy default stream.
+absl::Status copy_host_rows(const ssa_session& s, LayerTail& tail, const void* k, const void* v,
+                            uint64_t old_n, uint64_t lo, uint64_t hi) {
+  const KvLayout& L = s.layout;
+  const uint32_t P = L.page_tokens;
+  const size_t row = L.row_bytes();
+  const uint8_t* kb = static_cast<const uint8_t*>(k);
+  const uint8_t* vb = static_cast<const uint8_t*>(v);
+  for (uint64_t t = lo; t < hi;) {
+    const uint64_t page = t / P, end = std::min(hi, (page + 1) * P);
+    uint8_t* dst = tail.kv_page(page).mutable_data();
+    const uint32_t slot = static_cast<uint32_t>(t % P);
+    for (uint32_t h = 0; h < L.n_kv_heads; ++h) {
+      const size_t src = ((t - old_n) * L.n_kv_heads + h) * row;
+      SSA_CUDA_RETURN(cudaMemcpy2DAsync(dst + L.k_offset(h, slot), row, kb + src, L.n_kv_heads * row, row, end - t,
+                                        cudaMemcpyDefault, nullptr), "K row copy");
+      SSA_CUDA_RETURN(cudaMemcpy2DAsync(dst + L.v_offset(h, slot), row, vb + src, L.n_kv_heads * row, row, end - t,
+                                        cudaMemcpyDefault, nullptr), "V row copy");
+    }
+    t = end;
+  }
+  return absl::OkStatus();
+}
+
+// A rank of a group of processes (docs/DISTRIBUTED.md): every rank is given
+// every row and checks all of them (so that rows they were all given refuse on
+// every rank without an exchange), and keeps those of its pages. Device rows
+// are scanned on the device (kernels/finite_scan.h) and copied on the legacy
+// default stream after the caller's stream wrote them; host rows were scanned
+// by the core.
+absl::Status write_group_rows(ssa_session& s, const AppendRows& rows, const LayerStore& layer,
+                              LayerTail& tail) {
+  SessionState& st = state(s);
+  const KvLayout& L = s.layout;
+  const uint64_t old_n = rows.old_n, new_n = rows.new_n;
+  const bool device_rows = !host_buffers(s);
+  if (device_rows) {
+    if (rows.async) SSA_CUDA_RETURN(cudaStreamSynchronize(static_cast<cudaStream_t>(rows.stream)), "append stream");
+    absl::StatusOr<unsigned long long*> slots = reset_scan_slots(s);
+    if (!slots.ok()) return slots.status();
+    SSA_CUDA_RETURN(scan_finite(L.dtype, rows.k, rows.v, (new_n - old_n) * L.n_kv_heads * L.head_dim, *slots,
+                                nullptr),
+                    "NaN/Inf scan kernel");
+  }
+  const HeldRange& held = s.rt->held;
+  const uint64_t lo = held.lo(old_n), hi = held.hi(new_n);
+  if (lo < hi) {
+    SSA_RETURN_IF_ERROR(copy_host_rows(s, tail, rows.k, rows.v, old_n, lo, hi));
+    if (rows.encode) {
+      absl::StatusOr<const float*> books = device_books(st, layer.codebooks);
+      if (!books.ok()) return books.status();
+      const uint64_t base = tail.first_page * L.page_tokens;
+      SSA_RETURN_IF_ERROR(encode_range(s, *books, tail.kv, tail.code, lo - base, hi - base));
+    }
+  }
+  // The one wait: the copies (host rows are read by them) and the scan's verdict.
+  if (device_rows) return finite_scan_result(s);
+  SSA_CUDA_RETURN(cudaStreamSynchronize(nullptr), "append copies");
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status CudaBackend::prepare_append(const ssa_session& s, bool async, void* stream) const {
@@ -143,11 +208,14 @@ absl::Status CudaBackend::gather_tail(ssa_session& s, LayerStore& layer, uint64_
     ShardPagePools<false> code(s, layer.n_tokens);
     return ssa::gather_tail(layer, s.layout, new_n, kv, codes ? &code : nullptr, tail);
   }
-  return ssa::gather_tail(layer, s.layout, new_n, *st.kv_pool, codes ? st.code_pool.get() : nullptr, tail);
+  // A rank of a group keeps its shard's pages (and the margin after it) only.
+  return ssa::gather_tail(layer, s.layout, new_n, *st.kv_pool, codes ? st.code_pool.get() : nullptr, tail,
+                          s.rt->held);
 }
 
 absl::Status CudaBackend::write_rows(ssa_session& s, const AppendRows& rows, const LayerStore& layer,
                                      LayerTail& tail) const {
+  if (s.rt->group != nullptr) return write_group_rows(s, rows, layer, tail);
   SessionState& st = state(s);
   const KvLayout& L = s.layout;
   const uint32_t P = L.page_tokens;
@@ -189,24 +257,8 @@ absl::Status CudaBackend::write_rows(ssa_session& s, const AppendRows& rows, con
     if (!slots.ok()) return slots.status();
     SSA_RETURN_IF_ERROR(queue_device_rows(s, tail, rows.k, rows.v, old_n, new_n, books, *slots, nullptr));
   } else {
-    // Host K/V (scanned by the core): token-major [n][n_kv][d] into head-major
-    // pages, one 2D copy per (page run, head) for K and for V.
-    const size_t row = L.row_bytes();
-    const uint8_t* kb = static_cast<const uint8_t*>(rows.k);
-    const uint8_t* vb = static_cast<const uint8_t*>(rows.v);
-    for (uint64_t t = old_n; t < new_n;) {
-      const uint64_t page = t / P, end = std::min(new_n, (page + 1) * P);
-      uint8_t* dst = tail.kv_page(page).mutable_data();
-      const uint32_t slot = static_cast<uint32_t>(t % P);
-      for (uint32_t h = 0; h < L.n_kv_heads; ++h) {
-        const size_t src = ((t - old_n) * L.n_kv_heads + h) * row;
-        SSA_CUDA_RETURN(cudaMemcpy2DAsync(dst + L.k_offset(h, slot), row, kb + src, L.n_kv_heads * row, row,
-                                          end - t, cudaMemcpyDefault, nullptr), "K row copy");
-        SSA_CUDA_RETURN(cudaMemcpy2DAsync(dst + L.v_offset(h, slot), row, vb + src, L.n_kv_heads * row, row,
-                                          end - t, cudaMemcpyDefault, nullptr), "V row copy");
-      }
-      t = end;
-    }
+    // Host K/V (scanned by the core).
+    SSA_RETURN_IF_ERROR(copy_host_rows(s, tail, rows.k, rows.v, old_n, old_n, new_n));
     if (books != nullptr) {
       const uint64_t base = tail.first_page * P;  // the tail's pages start at this token
       SSA_RETURN_IF_ERROR(encode_range(s, books, tail.kv, tail.code, old_n - base, new_n - base));

@@ -1,6 +1,7 @@
 // Devices, memory spaces, decode requests the kernels cannot serve, and the
 // host staging of pages for snapshot files.
 #include <cuda_runtime.h>
+#include <string.h>
 
 #include <shared_mutex>
 
@@ -92,6 +93,17 @@ absl::Status CudaBackend::check_decode(const ssa_session& s, uint32_t layer_inde
   }
   if (sharded) return unsupported(kShardedCaptureUnsupported);
   return invalid_argument(kCapturedFileRows);
+}
+
+absl::Status CudaBackend::read_caller_buffer(const ssa_session& s, const void* p, size_t bytes, void* stream,
+                                             void* host) const {
+  if (host_buffers(s)) {
+    memcpy(host, p, bytes);
+    return absl::OkStatus();
+  }
+  SSA_CUDA_RETURN(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "caller's stream");
+  SSA_CUDA_RETURN(cudaMemcpy(host, p, bytes, cudaMemcpyDeviceToHost), "caller buffer read-back");
+  return absl::OkStatus();
 }
 
 absl::StatusOr<PageRef> CudaBackend::page_from_host(const ssa_session& s, bool kv, uint64_t page_index,

@@ -29,6 +29,7 @@ absl::Status encode_range(const ssa_session& s, const float* books, const std::v
 }
 
 absl::Status CudaBackend::train_index(ssa_session& s, LayerStore& layer) const {
+  if (s.rt->group != nullptr) return train_group_index(s, layer);  // group_index_device.cc
   const KvLayout& L = s.layout;
   SSA_CUDA_RETURN(cudaSetDevice(state(s).device), "cudaSetDevice");
   // On the legacy default stream, as appends. Decodes still queued keep reading

@@ -5,6 +5,7 @@
 #include "device_error.h"
 #include "device_guard.h"
 #include "kernels/cuda_decode.h"
+#include "shard/callback_collective.h"
 #include "shard/shard_map.h"
 
 namespace ssa::cuda {
@@ -145,9 +146,11 @@ static void truncate_wait(SessionState& st, uint64_t n_tokens);
 
 absl::Status CudaBackend::before_truncate(ssa_session& s, uint64_t n_tokens) const {
   // A shard's decodes read its view, whose tokens count from the shard's first
-  // (shard i starts at i * shard_tokens, lib/shard/shard_map.h).
+  // (shard i starts at i * shard_tokens, lib/shard/shard_map.h); a group's rank
+  // holds one shard, its rank's.
+  const uint32_t first_shard = s.rt->group != nullptr ? s.rt->group->rank() : 0;
   for (uint32_t i = 0; i < shard_count(s); ++i) {
-    const uint64_t begin = shard_begin(i, s.rt->shard_tokens, n_tokens);
+    const uint64_t begin = shard_begin(first_shard + i, s.rt->shard_tokens, n_tokens);
     truncate_wait(shard_state(s, i), n_tokens - begin);
   }
   return absl::OkStatus();

@@ -121,6 +121,7 @@ uint64_t budget_at(uint64_t n, const ssa_decode_params& p) {
 
 const char* unreservable(const ssa_session& s) {
   if (shard_count(s) > 1) return "sharded sessions (their decodes exchange selections between threads)";
+  if (s.rt->group != nullptr) return "sessions of a group of processes (their decodes are collective calls)";
   if (state(s).kv_pool->tiered()) return "tiered sessions (device_kv_budget: pages move between tiers on the host)";
   if (host_buffers(s)) return "sessions with SSA_SESSION_HOST_POINTERS (their buffers are staged by the host)";
   for (const LayerStore& l : s.layers) {

@@ -9,6 +9,7 @@
 #include <shared_mutex>
 
 #include "cuda_backend.h"
+#include "decode/decode.h"
 #include "decode/decode_plan.h"
 #include "device_error.h"
 #include "device_state.h"
@@ -238,6 +239,16 @@ absl::Status CudaBackend::decode_layer(const ssa_session& s, const LayerStore& l
 absl::Status CudaBackend::decode_batch(const ssa_decode_item* items, size_t n_items, uint32_t layer,
                                        const ssa_decode_params& p) const {
   if (p.target_error > 0.0f) return unsupported(kBatchNoErrorTarget);
+  // A rank of a group of processes: every item is a collective call, made in
+  // item order (the ranks' exchanges, trainings on demand included, must come
+  // in one order), as ssa_decode.
+  if (items[0].session->rt->group != nullptr) {
+    for (size_t i = 0; i < n_items; ++i) {
+      const absl::Status st = decode(*items[i].session, layer, items[i].q, items[i].out, p, nullptr);
+      if (!st.ok()) return make_error(status_code(st), absl::StrCat("item ", i, ": ", st.message()));
+    }
+    return absl::OkStatus();
+  }
   // Proxy methods need an index on every layer decoded (trained on demand).
   std::vector<ssa_session*> sessions;
   for (size_t i = 0; i < n_items; ++i) sessions.push_back(items[i].session);

@@ -1,6 +1,8 @@
 // The exchanges of a sharded CUDA decode's ranks between the pipeline's stages
 // (sharded_work.h): the rows' maxima, the heavy sets, the adaptive rule's |H|,
-// the mixture's q-head terms, the residual draws and the stats.
+// the mixture's q-head terms, the residual draws and the stats. A rank of a
+// group of processes may hold none of the batch's items (no launch set: its
+// kernels are skipped), and still makes every exchange, contributing nothing.
 #include <cuda_runtime.h>
 #include <stddef.h>
 
@@ -146,7 +148,7 @@ absl::Status mixture_logits(Collective& comm, const Shared& sh, const RowMap& m,
   // The scratch rows: (item, q head) at item * nq + head.
   std::vector<uint32_t> gmax;
   SSA_RETURN_IF_ERROR(share_row_max(comm, RowMap{m.rw, nq}, head_rows, ws.head_rows, stream, &gmax));
-  SSA_CUDA_RETURN(run_shard_mixture_norms(b, plan, ws, stream), "mixture normaliser kernels");
+  if (b.n_items > 0) SSA_CUDA_RETURN(run_shard_mixture_norms(b, plan, ws, stream), "mixture normaliser kernels");
   // Every head's chunk sums in global chunk order, [head row][stride].
   std::vector<ShardMixtureRow> rows(head_rows, ShardMixtureRow{0, 0});
   uint32_t stride = 1;
@@ -187,7 +189,8 @@ absl::Status mixture_logits(Collective& comm, const Shared& sh, const RowMap& m,
                                   stream),
                   "mixture rows upload");
   SSA_CUDA_RETURN(run_shard_mixture_terms(sums, stride, dev_rows, head_rows, terms, stream), "mixture term kernel");
-  SSA_CUDA_RETURN(run_shard_mixture_logits(b, plan, ws, terms, batch_items(m.rw), stream), "mixture kernel");
+  if (b.n_items > 0)
+    SSA_CUDA_RETURN(run_shard_mixture_logits(b, plan, ws, terms, batch_items(m.rw), stream), "mixture kernel");
   // rows (pageable) was copied before cudaMemcpyAsync returned; buf is freed on the stream.
   return absl::OkStatus();
 }
@@ -214,7 +217,7 @@ absl::Status adaptive_heavy_counts(Collective& comm, const Shared& sh, const Row
   const uint32_t ns = m.ns, R = comm.size(), n = m.local_rows();
   const uint32_t batch_rows = static_cast<uint32_t>(sh.items.size()) * ns;
   // The candidate totals.
-  SSA_CUDA_RETURN(run_shard_candidate_mass(b, plan, ws, stream), "candidate mass kernels");
+  if (b.n_items > 0) SSA_CUDA_RETURN(run_shard_candidate_mass(b, plan, ws, stream), "candidate mass kernels");
   std::vector<double> mine(n), all, w_all(batch_rows, 0.0);
   SSA_CUDA_RETURN(row_fields_to_host(ws.rows, offsetof(RowState, w_all), sizeof(double), n, mine.data(), stream),
                   "row state read-back");
@@ -224,7 +227,7 @@ absl::Status adaptive_heavy_counts(Collective& comm, const Shared& sh, const Row
   // The global top k', listed.
   const std::vector<uint64_t> kprime = row_budgets(sh, &DecodeItem::n_select);
   SSA_RETURN_IF_ERROR(select_heavy(comm, sh, m, b, ws, kprime, stream));
-  SSA_CUDA_RETURN(run_shard_list_candidates(b, plan, ws, stream), "candidate list kernels");
+  if (b.n_items > 0) SSA_CUDA_RETURN(run_shard_list_candidates(b, plan, ws, stream), "candidate list kernels");
   uint32_t stride = 1;
   for (const uint64_t k : kprime) stride = std::max<uint32_t>(stride, static_cast<uint32_t>(k));
   const size_t keys = size_t{batch_rows} * stride, seg = size_t{R} * stride;
@@ -242,7 +245,8 @@ absl::Status adaptive_heavy_counts(Collective& comm, const Shared& sh, const Row
   uint32_t* gathered = local + keys;       // [rank][row][stride]
   uint32_t* by_row = gathered + R * keys;  // [row][rank * stride], then sorted in place of gathered
   SSA_CUDA_RETURN(cudaMemsetAsync(local, 0, keys * sizeof(uint32_t), stream), "adaptive keys setup");
-  SSA_CUDA_RETURN(shard_listed_keys(b, ws, batch_items(m.rw), local, stride, stream), "adaptive key kernel");
+  if (b.n_items > 0)
+    SSA_CUDA_RETURN(shard_listed_keys(b, ws, batch_items(m.rw), local, stride, stream), "adaptive key kernel");
   SSA_RETURN_IF_ERROR(comm.all_gather(local, keys * sizeof(uint32_t), gathered));
   SSA_CUDA_RETURN(shard_interleave_keys(gathered, R, batch_rows, stride, by_row, stream), "adaptive key kernel");
   SSA_CUDA_RETURN(shard_sort_keys(base + sort_off, sort_bytes, by_row, gathered, batch_rows,
@@ -293,7 +297,7 @@ absl::Status set_row_budgets(const RowMap& m, const DecodeBatch& b, const std::v
 absl::Status draw_samples(Collective& comm, const RowMap& m, uint32_t batch_rows, const DecodeBatch& b,
                           const WorkspacePlan& plan, const Workspace& ws, cudaStream_t stream) {
   const uint32_t ns = m.ns, n = m.local_rows(), R = comm.size(), rank = comm.rank();
-  SSA_CUDA_RETURN(run_shard_residual(b, plan, ws, stream), "residual kernels");
+  if (b.n_items > 0) SSA_CUDA_RETURN(run_shard_residual(b, plan, ws, stream), "residual kernels");
   std::vector<uint64_t> mine(n, 0), all;
   bool read = false;
   for (uint32_t li = 0; li < m.rw.items.size(); ++li) {
@@ -323,7 +327,7 @@ absl::Status draw_samples(Collective& comm, const RowMap& m, uint32_t batch_rows
   SSA_CUDA_RETURN(row_fields_from_host(ws.rows, offsetof(RowState, mass_begin), 2 * sizeof(uint64_t), n,
                                        mass.data(), stream),
                   "row state update");
-  SSA_CUDA_RETURN(run_shard_draws(b, plan, ws, stream), "sampling kernels");
+  if (b.n_items > 0) SSA_CUDA_RETURN(run_shard_draws(b, plan, ws, stream), "sampling kernels");
   SSA_CUDA_RETURN(row_fields_from_host(ws.rows, offsetof(RowState, w_total), sizeof(double), n, w_total.data(),
                                        stream),
                   "row state update");
@@ -345,7 +349,7 @@ absl::Status gather_stats(Collective& comm, Shared& sh, const RowMap& m, const s
   SSA_RETURN_IF_ERROR(comm.all_reduce_sum(heavy.data(), heavy.size()));
   SSA_RETURN_IF_ERROR(comm.all_reduce_sum(unique.data(), unique.size()));
   SSA_RETURN_IF_ERROR(comm.all_gather(masses.data(), masses.size() * sizeof(double), all.data()));
-  if (comm.rank() != 0) return absl::OkStatus();
+  if (comm.rank() != 0 && sh.group == nullptr) return absl::OkStatus();  // a group's every rank reports
   sh.heavy = std::move(heavy);
   sh.unique = std::move(unique);
   sh.resid_mass.assign(batch_rows, 0.0);

@@ -13,7 +13,9 @@
 
 #include "absl/status/status.h"
 #include "kernels/decode_types.h"
+#include "device_state.h"
 #include "launch_set.h"
+#include "shard/callback_collective.h"
 #include "session.h"
 #include "shard/collective.h"
 #include "shard/shard_map.h"
@@ -64,7 +66,23 @@ struct Shared {
   std::vector<uint64_t> heavy, unique;
   std::vector<double> resid_mass, heavy_mass;
   std::vector<uint64_t> adaptive_heavy;  // |H| the adaptive rule chose per batch row
+  // A rank of a group of processes (docs/DISTRIBUTED.md): the group, null for
+  // the in-process ranks. Its one rank per process runs here; its partials go
+  // to every rank through `send` (every item's [q head][send_splits][record],
+  // send_splits the most any rank has), and `recv` (every rank's send) is laid
+  // out into each item's gather buffer; every rank merges and reports stats.
+  ProcessGroup* group = nullptr;
+  float* send = nullptr;
+  float* recv = nullptr;
+  uint32_t send_splits = 0;
+  std::vector<uint32_t> rank_splits;  // per rank: its launch set's split count
 };
+
+// The state of the rank running `shard` of session s: its shard's (in one
+// process), or the session's own (a group's rank, one shard per process).
+inline SessionState& rank_state(const Shared& sh, const ssa_session& s, uint32_t shard) {
+  return sh.group != nullptr ? state(s) : shard_state(s, shard);
+}
 
 
 // An item's candidates on a rank: tokens [sink_end, local_begin) of its view.

@@ -11,6 +11,34 @@
 
 namespace ssa {
 
+namespace {
+
+// The caller's table of callbacks (host buffers), each call with its timeout.
+class CallbackTransport final : public Collective {
+ public:
+  explicit CallbackTransport(const ssa_collective& t) : t_(t) {}
+  uint32_t rank() const override { return t_.rank; }
+  uint32_t size() const override { return t_.size; }
+  absl::Status all_reduce_sum(uint64_t* data, size_t n) override {
+    return result(t_.all_reduce_sum_u64(t_.user, data, n, t_.timeout_ms));
+  }
+  absl::Status all_reduce_max(float* data, size_t n) override {
+    return result(t_.all_reduce_max_f32(t_.user, data, n, t_.timeout_ms));
+  }
+  absl::Status all_gather(const void* send, size_t bytes, void* recv) override {
+    return result(t_.all_gather(t_.user, send, bytes, recv, t_.timeout_ms));
+  }
+
+ private:
+  static absl::Status result(int rc) {
+    if (rc == 0) return absl::OkStatus();
+    return make_error(SSA_ERR_IO, absl::StrCat("callback returned ", rc));
+  }
+  const ssa_collective t_;
+};
+
+}  // namespace
+
 absl::StatusOr<std::shared_ptr<ProcessGroup>> ProcessGroup::create(const ssa_collective* table) {
   ssa_collective t;
   ssa_collective_init(&t);
@@ -23,61 +51,80 @@ absl::StatusOr<std::shared_ptr<ProcessGroup>> ProcessGroup::create(const ssa_col
   if (t.all_reduce_sum_u64 == nullptr || t.all_reduce_max_f32 == nullptr || t.all_gather == nullptr) {
     return invalid_argument("ssa_collective: all_reduce_sum_u64, all_reduce_max_f32 and all_gather must be set");
   }
-  return std::shared_ptr<ProcessGroup>(new ProcessGroup(t));
+  return std::shared_ptr<ProcessGroup>(
+      new ProcessGroup(std::make_unique<CallbackTransport>(t), t.timeout_ms, "callback"));
 }
 
-absl::Status ProcessGroup::check(const char* op, int rc) {
-  if (rc == 0) return absl::OkStatus();
+absl::StatusOr<std::shared_ptr<ProcessGroup>> ProcessGroup::over(std::unique_ptr<Collective> transport,
+                                                                 uint32_t timeout_ms, const char* what) {
+  if (transport == nullptr) return internal_error("a group without a transport");
+  if (transport->size() == 0 || transport->size() > kMaxShards) {
+    return unsupported(what, " groups of ", transport->size(), " ranks: 1..", kMaxShards, " are supported");
+  }
+  if (transport->rank() >= transport->size()) {
+    return invalid_argument(what, ": rank ", transport->rank(), " is not below the group's size ",
+                            transport->size());
+  }
+  return std::shared_ptr<ProcessGroup>(new ProcessGroup(std::move(transport), timeout_ms, what));
+}
+
+ProcessGroup::ProcessGroup(std::unique_ptr<Collective> transport, uint32_t timeout_ms, const char* what)
+    : transport_(std::move(transport)),
+      rank_(transport_->rank()),
+      size_(transport_->size()),
+      timeout_ms_(timeout_ms),
+      what_(what) {}
+
+absl::Status ProcessGroup::check(const char* op, absl::Status st) {
+  if (st.ok()) return st;
   broken_.store(true);
-  return make_error(SSA_ERR_IO, absl::StrCat("collective ", op, " failed on rank ", t_.rank, " of ", t_.size,
-                                             " (callback returned ", rc, "): a peer rank failed, left, or did "
-                                             "not arrive within timeout_ms ", t_.timeout_ms,
+  return make_error(SSA_ERR_IO, absl::StrCat("collective ", op, " failed on rank ", rank_, " of ", size_, " (",
+                                             what_, ": ", st.message(), "): a peer rank failed, left, or did "
+                                             "not arrive within timeout_ms ", timeout_ms_,
                                              "; the group is now out of step: destroy the runtime"));
 }
 
-namespace {
-absl::Status broken_error(const ssa_collective& t) {
-  return make_error(SSA_ERR_IO, absl::StrCat("rank ", t.rank, " of ", t.size,
+absl::Status ProcessGroup::broken_error() const {
+  return make_error(SSA_ERR_IO, absl::StrCat("rank ", rank_, " of ", size_,
                                              ": an earlier collective of this runtime's group failed, so the "
                                              "ranks are out of step; destroy the runtime and build a new group"));
 }
-}  // namespace
 
 absl::Status ProcessGroup::all_reduce_sum(uint64_t* data, size_t n) {
-  if (broken_.load()) return broken_error(t_);
-  return check("all_reduce_sum_u64", t_.all_reduce_sum_u64(t_.user, data, n, t_.timeout_ms));
+  if (broken_.load()) return broken_error();
+  return check("all_reduce_sum_u64", transport_->all_reduce_sum(data, n));
 }
 
 absl::Status ProcessGroup::all_reduce_max(float* data, size_t n) {
-  if (broken_.load()) return broken_error(t_);
-  return check("all_reduce_max_f32", t_.all_reduce_max_f32(t_.user, data, n, t_.timeout_ms));
+  if (broken_.load()) return broken_error();
+  return check("all_reduce_max_f32", transport_->all_reduce_max(data, n));
 }
 
 absl::Status ProcessGroup::all_gather(const void* send, size_t bytes, void* recv) {
-  if (broken_.load()) return broken_error(t_);
-  return check("all_gather", t_.all_gather(t_.user, send, bytes, recv, t_.timeout_ms));
+  if (broken_.load()) return broken_error();
+  return check("all_gather", transport_->all_gather(send, bytes, recv));
 }
 
 absl::Status check_group_backend(const ssa_runtime_options& o, const std::vector<int32_t>& devices) {
-  if (o.backend == SSA_BACKEND_CUDA) {
-    return unsupported("ssa_runtime_options.collective with the CUDA backend: GPU groups (one process per GPU "
-                       "over NCCL) are not implemented in this version; use SSA_BACKEND_CPU (or AUTO, which a "
-                       "collective makes CPU)");
-  }
   if (devices.size() > 1) {
-    return unsupported("ssa_runtime_options.collective with a devices list of ", devices.size(),
-                       " entries: a rank of a group holds one shard; pass no list");
+    return unsupported("a group runtime (ssa_runtime_options.collective or .communicator) with a devices list of ",
+                       devices.size(), " entries: a rank of a group holds one shard; pass no list");
+  }
+  if (o.backend == SSA_BACKEND_CUDA && o.device_kv_budget != 0) {
+    return unsupported("device_kv_budget with a CUDA group runtime (ssa_runtime_options.collective or "
+                       ".communicator): tiered sessions of a group are not implemented in this version; give "
+                       "the group more ranks instead");
   }
   return absl::OkStatus();
 }
 
-absl::Status check_group_agreement(ProcessGroup& g, uint64_t shard_tokens) {
+absl::Status check_group_agreement(ProcessGroup& g, uint64_t shard_tokens, ssa_backend backend) {
   struct Claim {
-    uint64_t rank, size, shard_tokens, version;
+    uint64_t rank, size, shard_tokens, version, backend;
   };
   constexpr uint64_t kVersion = (uint64_t{SSA_VERSION_MAJOR} << 32) | (uint64_t{SSA_VERSION_MINOR} << 16) |
                                 uint64_t{SSA_VERSION_PATCH};
-  const Claim mine{g.rank(), g.size(), shard_tokens, kVersion};
+  const Claim mine{g.rank(), g.size(), shard_tokens, kVersion, static_cast<uint64_t>(backend)};
   std::vector<Claim> all(g.size());
   SSA_RETURN_IF_ERROR(g.all_gather(&mine, sizeof mine, all.data()));
   for (uint32_t r = 0; r < g.size(); ++r) {
@@ -90,6 +137,11 @@ absl::Status check_group_agreement(ProcessGroup& g, uint64_t shard_tokens) {
     if (c.shard_tokens != shard_tokens) {
       return invalid_argument("ssa_runtime_options.shard_tokens differs between ranks (rank ", r, ": ",
                               c.shard_tokens, ", rank ", g.rank(), ": ", shard_tokens, ")");
+    }
+    if (c.version == mine.version && c.backend != mine.backend) {
+      return invalid_argument("rank ", r, " of the group is a ", c.backend == SSA_BACKEND_CUDA ? "CUDA" : "CPU",
+                              " runtime and rank ", g.rank(), " a ", backend == SSA_BACKEND_CUDA ? "CUDA" : "CPU",
+                              " one: every rank of a group must use the same backend");
     }
     if (c.version != mine.version) {
       return unsupported("rank ", r, " runs libssa version code ", c.version, ", this rank ", mine.version,

@@ -1,9 +1,13 @@
 // The collectives of a group of processes whose transport is the caller's
-// (ssa_runtime_options.collective, docs/DISTRIBUTED.md): each operation of
-// collective.h is one call of the caller's table, with the table's timeout.
-// A failed call leaves the ranks out of step (they no longer agree on which
-// collective comes next), so the group then refuses every later call at once
-// instead of pairing one rank's exchange with another's.
+// (docs/DISTRIBUTED.md): each operation of collective.h is one call of the
+// transport, with its timeout. The transport is the caller's table of
+// callbacks (ssa_runtime_options.collective, host buffers only) or the
+// caller's NCCL communicator (ssa_runtime_options.communicator, through
+// lib/shard/nccl: device buffers in place); the group above it, its summary
+// exchanges, training agreement and snapshots are the same code for both, on
+// CPU and CUDA runtimes. A failed call leaves the ranks out of step (they no
+// longer agree on which collective comes next), so the group then refuses
+// every later call at once instead of pairing one rank's exchange with another's.
 #pragma once
 
 #include <stdint.h>
@@ -25,10 +29,18 @@ class ProcessGroup final : public Collective {
   // Checks the caller's table (struct_size, rank < size <= kMaxShards, every
   // callback set, timeout > 0) and copies it.
   static absl::StatusOr<std::shared_ptr<ProcessGroup>> create(const ssa_collective* table);
+  // A group over another transport (rank and size are its own, size <=
+  // kMaxShards), which applies timeout_ms to every call itself and returns
+  // an error (never hangs) when a peer fails; `what` names it in errors.
+  static absl::StatusOr<std::shared_ptr<ProcessGroup>> over(std::unique_ptr<Collective> transport,
+                                                            uint32_t timeout_ms, const char* what);
 
-  uint32_t rank() const override { return t_.rank; }
-  uint32_t size() const override { return t_.size; }
-  uint32_t timeout_ms() const { return t_.timeout_ms; }
+  uint32_t rank() const override { return rank_; }
+  uint32_t size() const override { return size_; }
+  uint32_t timeout_ms() const { return timeout_ms_; }
+  // Whether device buffers (of the runtime's device) go to the transport in
+  // place (NCCL); else they must be staged through host memory by the caller.
+  bool takes_device_buffers() const override { return transport_->takes_device_buffers(); }
   absl::Status all_reduce_sum(uint64_t* data, size_t n) override;
   absl::Status all_reduce_max(float* data, size_t n) override;
   absl::Status all_gather(const void* send, size_t bytes, void* recv) override;
@@ -46,21 +58,26 @@ class ProcessGroup final : public Collective {
   bool out_of_step() const { return broken_.load(); }
 
  private:
-  explicit ProcessGroup(const ssa_collective& t) : t_(t) {}
-  absl::Status check(const char* op, int rc);
+  ProcessGroup(std::unique_ptr<Collective> transport, uint32_t timeout_ms, const char* what);
+  absl::Status check(const char* op, absl::Status st);
+  absl::Status broken_error() const;
 
-  const ssa_collective t_;
+  const std::unique_ptr<Collective> transport_;
+  const uint32_t rank_, size_, timeout_ms_;
+  const char* const what_;
   std::atomic<bool> broken_{false};
   std::mutex call_mu_;
 };
 
-// A group runtime is a CPU runtime with one shard per rank: a CUDA backend
-// (the NCCL path) or a devices list of more than one entry is refused.
+// A group runtime holds one shard per rank on one device: a devices list of
+// more than one entry is refused, and for the CUDA backend a device budget
+// (tiers) too.
 absl::Status check_group_backend(const ssa_runtime_options& o, const std::vector<int32_t>& devices);
 
 // Run at ssa_runtime_create by every rank: one all-gather that checks that the
 // ranks number themselves 0..size-1, agree on the group's size, on
-// shard_tokens and on this library's version (the estimator's bits depend on it).
-absl::Status check_group_agreement(ProcessGroup& g, uint64_t shard_tokens);
+// shard_tokens, on the backend (CPU and CUDA ranks make other exchanges) and on
+// this library's version (the estimator's bits depend on it).
+absl::Status check_group_agreement(ProcessGroup& g, uint64_t shard_tokens, ssa_backend backend);
 
 }  // namespace ssa

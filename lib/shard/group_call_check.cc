@@ -98,8 +98,12 @@ absl::Status agree(ProcessGroup& g, const absl::Status& local, const char* what)
   return absl::OkStatus();
 }
 
-absl::Status check_same_call(ProcessGroup& g, const KvLayout& layout, const LayerStore& layer,
-                             uint32_t layer_index, const void* q, const ssa_decode_params& p, uint64_t seed) {
+uint64_t q_summary(const KvLayout& layout, const void* q_host) {
+  return XXH3_64bits(q_host, size_t{layout.n_q_heads} * layout.head_dim * layout.elem_bytes());
+}
+
+absl::Status check_same_call(ProcessGroup& g, const LayerStore& layer, uint32_t layer_index, uint64_t q_hash,
+                             const ssa_decode_params& p, uint64_t seed, absl::Status local) {
   static const char* const kNames[kSummaryFields] = {
       "layer", "layer length (every rank must append the same rows)", "PQ index (trained at another length)",
       "q", "decode parameters", "seed", "decode parameters (step)", nullptr};
@@ -108,11 +112,11 @@ absl::Status check_same_call(ProcessGroup& g, const KvLayout& layout, const Laye
   mine.field[0] = layer_index;
   mine.field[1] = layer.n_tokens;
   mine.field[2] = layer.codebooks != nullptr ? layer.trained_at_tokens : 0;
-  mine.field[3] = XXH3_64bits(q, size_t{layout.n_q_heads} * layout.head_dim * layout.elem_bytes());
+  mine.field[3] = q_hash;
   mine.field[4] = params_hash(p);
   mine.field[5] = seed;
   mine.field[6] = p.step;
-  return begin_call(g, mine, absl::OkStatus(), kNames);
+  return begin_call(g, mine, std::move(local), kNames);
 }
 
 }  // namespace ssa

@@ -48,8 +48,12 @@ absl::Status begin_call(ProcessGroup& g, const CallSummary& mine, absl::Status l
 absl::Status agree(ProcessGroup& g, const absl::Status& local, const char* what);
 
 // A decode's summary (layer, length, index, q, parameters, seed, step): the
-// first exchange of every decode of a group.
-absl::Status check_same_call(ProcessGroup& g, const KvLayout& layout, const LayerStore& layer,
-                             uint32_t layer_index, const void* q, const ssa_decode_params& p, uint64_t seed);
+// first exchange of every decode of a group. q_hash: q_summary of the rank's
+// q; local: this rank's failure before the exchange (its peers return it).
+absl::Status check_same_call(ProcessGroup& g, const LayerStore& layer, uint32_t layer_index, uint64_t q_hash,
+                             const ssa_decode_params& p, uint64_t seed, absl::Status local = absl::OkStatus());
+
+// The hash of q (host memory, n_q_heads rows of the layout) a decode's summary carries.
+uint64_t q_summary(const KvLayout& layout, const void* q_host);
 
 }  // namespace ssa

@@ -19,10 +19,10 @@ constexpr uint64_t kGatherKeys = 1024;  // sample keys per rank per all-gather
 
 }  // namespace
 
-absl::Status gather_sample_keys(ProcessGroup& g, const KvLayout& layout, const LayerStore& layer,
-                                uint64_t shard_tokens, uint64_t n, ThreadPool& pool, std::vector<float>* keys) {
+absl::Status gather_sample_keys(ProcessGroup& g, const KvLayout& layout, uint64_t n_tokens, uint64_t shard_tokens,
+                                uint64_t n, SampleKeyReader read, std::vector<float>* keys) {
   const uint32_t R = g.size(), H = layout.n_kv_heads, d = layout.head_dim;
-  const uint64_t N = layer.n_tokens;
+  const uint64_t N = n_tokens;
   // Every rank's part of the sample: the keys of its tokens, a run [i0, i1) of
   // sample indices (sample_token increases with i), the runs in rank order.
   std::vector<uint64_t> i0(R), i1(R);
@@ -48,7 +48,13 @@ absl::Status gather_sample_keys(ProcessGroup& g, const KvLayout& layout, const L
   const uint32_t me = g.rank();
   for (uint64_t k = 0; k < rounds; ++k) {
     const uint64_t a = std::min(i1[me], i0[me] + k * kGatherKeys), b = std::min(i1[me], a + kGatherKeys);
-    if (a < b) read_sample_keys(layout, layer, n, a, b, pool, send.data());
+    if (a < b) {
+      const absl::Status st = read(a, b, send.data());
+      if (!st.ok()) {
+        g.mark_out_of_step();  // peers wait at the gather this rank will not make
+        return st;
+      }
+    }
     SSA_RETURN_IF_ERROR(g.all_gather(send.data(), block * sizeof(float), recv.data()));
     for (uint32_t r = 0; r < R; ++r) {
       const uint64_t ra = std::min(i1[r], i0[r] + k * kGatherKeys), rb = std::min(i1[r], ra + kGatherKeys);

@@ -26,13 +26,18 @@
 
 namespace ssa {
 
-// keys[h][n][d] = the n sample keys of the layer (its ranks hold the tokens of
-// shard_tokens each, rank i shard i), as floats, on every rank. Exchanges: one
-// all-gather per 1024 sample keys of the rank holding the most. A failure part
-// way (a callback, or this rank's memory) leaves the group out of step.
-// Caller holds the group's call mutex (group_train).
-absl::Status gather_sample_keys(ProcessGroup& g, const KvLayout& layout, const LayerStore& layer,
-                                uint64_t shard_tokens, uint64_t n, ThreadPool& pool, std::vector<float>* keys);
+// Reads the sample keys [i0, i1) of this rank's tokens (all held by it) into
+// keys[h][i1 - i0][d] as floats (read_sample_keys on host pages; a CUDA rank
+// copies them from its device pages).
+using SampleKeyReader = absl::FunctionRef<absl::Status(uint64_t i0, uint64_t i1, float* keys)>;
+
+// keys[h][n][d] = the n sample keys of a layer of n_tokens (its ranks hold the
+// tokens of shard_tokens each, rank i shard i), as floats, on every rank.
+// Exchanges: one all-gather per 1024 sample keys of the rank holding the most.
+// A failure part way (a callback, this rank's memory or its reader) leaves the
+// group out of step. Caller holds the group's call mutex (group_train).
+absl::Status gather_sample_keys(ProcessGroup& g, const KvLayout& layout, uint64_t n_tokens, uint64_t shard_tokens,
+                                uint64_t n, SampleKeyReader read, std::vector<float>* keys);
 
 // The collective call around one layer's training on every rank: the call's
 // summary (layer, length, index state, training settings; `before`: this

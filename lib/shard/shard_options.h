@@ -19,9 +19,9 @@ inline constexpr uint32_t kMaxShards = 64;
 inline constexpr uint64_t kDefaultShardTokens = uint64_t{1} << 20;
 
 inline constexpr const char* kCommunicatorUnsupported =
-    "ssa_runtime_options.communicator: a caller's NCCL communicator (one process per GPU, or several "
-    "hosts) is not implemented in this version; pass NULL (sharded sessions within one process: a "
-    "devices list)";
+    "ssa_runtime_options.communicator: this build of libssa has no NCCL (CUDA builds that find NCCL's header "
+    "and library take an ncclComm_t); pass NULL, and make the runtime a rank of the group through a "
+    "`collective` table of callbacks instead";
 inline constexpr const char* kShardedBudgetUnsupported =
     "device_kv_budget with a CUDA runtime over several devices (n_devices > 1): tiered sharded sessions "
     "are not implemented in this version; shard over more devices instead, or use one device with a budget";

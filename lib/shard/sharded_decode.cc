@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "backend.h"
 #include "common/dtype.h"
 #include "cpu/simd.h"
 #include "decode/candidate_scores.h"
@@ -406,8 +407,13 @@ void sharded_traces(const Shared& sh, std::vector<HeadTrace>* traces) {
 absl::Status check_group_decode(const ssa_session& s, const LayerStore& layer, uint32_t layer_index, const void* q,
                                 const ssa_decode_params& p, uint64_t seed) {
   ProcessGroup& g = *s.rt->group;
+  // q may be device memory (a CUDA rank): hashed from a host copy.
+  std::vector<uint8_t> host(size_t{s.layout.n_q_heads} * s.layout.row_bytes());
+  const absl::Status read = s.backend->read_caller_buffer(s, q, host.size(), p.stream, host.data());
   std::lock_guard<std::mutex> lock(g.call_mutex());
-  return check_same_call(g, s.layout, layer, layer_index, q, p, seed);
+  const absl::Status st = check_same_call(g, layer, layer_index, read.ok() ? q_summary(s.layout, host.data()) : 0,
+                                          p, seed, read);
+  return st;
 }
 
 absl::Status sharded_decode_layer(const ssa_session& s, const LayerStore& layer, uint32_t layer_index,
@@ -442,7 +448,7 @@ absl::Status sharded_decode_layer(const ssa_session& s, const LayerStore& layer,
     // This process is one rank: the others run the same call in theirs.
     std::lock_guard<std::mutex> lock(process_group->call_mutex());
     sh.every_rank_reports = true;
-    SSA_RETURN_IF_ERROR(check_same_call(*process_group, layout, layer, layer_index, q_in, p, seed));
+    SSA_RETURN_IF_ERROR(check_same_call(*process_group, layer, layer_index, q_summary(layout, q_in), p, seed));
     absl::Status st;
     try {
       st = rank_decode(sh, *process_group);

@@ -139,7 +139,7 @@ absl::Status save_locked(ssa_session& s, ProcessGroup& g, const std::string& pat
   snap::RankFile mine_file;
   absl::Status wrote;
   try {
-    wrote = write_rank_file(s, file, absl::StrCat(target, ".rank", g.rank()), shard, s.rt->held, &mine_file);
+    wrote = write_rank_file(s, file, absl::StrCat(target, ".rank", g.rank()), shard, s.rt->own, &mine_file);
   } catch (const std::bad_alloc&) {
     wrote = make_error(SSA_ERR_OUT_OF_MEMORY, "out of memory writing a rank's snapshot file");
   }

@@ -305,10 +305,21 @@ typedef struct ssa_runtime_options {
                              (default) = 1048576; else a multiple of 8192 (the
                              decode's fixed split, see docs/SHARDING.md) */
   void *communicator;     /* an ncclComm_t of the caller's (one process per GPU,
-                             or several hosts): the runtime is then one rank of
-                             it. Default NULL. Not implemented in this version:
-                             non-NULL gives SSA_ERR_UNSUPPORTED (CPU groups:
-                             `collective` below) */
+                             on one host or several): the runtime is then the
+                             CUDA rank ncclCommUserRank of a group of
+                             ncclCommCount ranks, as with `collective` below,
+                             its collectives NCCL calls on a stream of the
+                             runtime's (device buffers in place). `device` must
+                             be the communicator's device; backend AUTO or
+                             CUDA (CPU: SSA_ERR_INVALID_ARGUMENT). Every
+                             collective has a timeout of 60 s: one that does
+                             not complete in time, or whose communicator
+                             reports an asynchronous error, aborts the
+                             communicator (ncclCommAbort; the caller must then
+                             neither use nor destroy it) and returns
+                             SSA_ERR_IO. Borrowed: it must outlive the runtime.
+                             Default NULL. Builds without NCCL (a CUDA build
+                             that finds NCCL has it) give SSA_ERR_UNSUPPORTED */
   /* Sessions across processes (docs/DISTRIBUTED.md): the runtime is rank
      `collective->rank` of a group of `collective->size` processes whose
      transport is the caller's (an MPI communicator, a torch.distributed process
@@ -318,8 +329,18 @@ typedef struct ssa_runtime_options {
      shard's K/V pages and PQ codes (every rank keeps the layer lengths and
      the codebooks, trained identically everywhere), and every decode is a
      collective call. Borrowed for the call: the runtime copies the table (the
-     table's `user` must outlive the runtime). Default NULL. CPU backend only
-     (a CUDA runtime gives SSA_ERR_UNSUPPORTED), not with a devices list. */
+     table's `user` must outlive the runtime). Default NULL. Not with a devices
+     list, nor with `communicator`. Backend AUTO makes a CPU rank; a CUDA rank
+     (backend CUDA, on `device`) passes host buffers to the callbacks too (the
+     library stages its device buffers through host memory) and keeps, besides
+     its shard, the first 1024 tokens of the next shard (the GPU sampler's
+     chunks straddle shard boundaries); every rank must use the same backend
+     (else SSA_ERR_INVALID_ARGUMENT at ssa_runtime_create). A CUDA rank's decode
+     output equals the unsharded CUDA session's up to the rounding of where the
+     attention's splits fall (the same tokens read, the same samples), bitwise
+     the same on every rank. Not with a CUDA rank (SSA_ERR_UNSUPPORTED):
+     device_kv_budget (tiers), target_error, ssa_session_reserve, and decodes
+     or index training of pages mapped with SSA_LOAD_MMAP. */
   const ssa_collective *collective;
   /* Pinned host memory for the host tier (docs/TIERED_MEMORY.md), page-locked
      by ssa_runtime_create in 64 MiB chunks: the runtime's sessions take their
@@ -344,15 +365,17 @@ void ssa_runtime_options_init(ssa_runtime_options *opts);
    caller, freed with ssa_runtime_destroy() after every session made from it.
    Returns SSA_OK, SSA_ERR_INVALID_ARGUMENT (out NULL, bad struct_size, unknown
    backend, negative threads, a bad device list or shard_tokens),
-   SSA_ERR_UNSUPPORTED (CUDA asked for but not built; a communicator; several
-   CUDA devices with a device_kv_budget, or without peer access between them;
-   a collective with the CUDA backend or with a devices list),
+   SSA_ERR_UNSUPPORTED (CUDA asked for but not built; a communicator in a
+   build without NCCL; several CUDA devices with a device_kv_budget, or without
+   peer access between them; a collective or communicator with a devices list,
+   or with the CUDA backend and a device_kv_budget),
    SSA_ERR_DEVICE (CUDA asked for, no usable device, a listed device missing),
    SSA_ERR_OUT_OF_MEMORY (host_pool_bytes included). A CUDA runtime with a
-   host_pool_bytes takes the time to page-lock it here. With a collective it is a collective call (every rank
-   makes it): the ranks check that they number themselves 0..size-1 and agree on
-   shard_tokens (else SSA_ERR_INVALID_ARGUMENT on every rank); SSA_ERR_IO when
-   a callback fails. */
+   host_pool_bytes takes the time to page-lock it here. With a collective or a
+   communicator it is a collective call (every rank makes it): the ranks check
+   that they number themselves 0..size-1 and agree on shard_tokens and the
+   backend (else SSA_ERR_INVALID_ARGUMENT on every rank); SSA_ERR_IO when a
+   collective fails. */
 ssa_status ssa_runtime_create(const ssa_runtime_options *opts, ssa_runtime **out);
 
 /* Frees a runtime. NULL is a no-op. Every session of it must be destroyed first. */
@@ -368,8 +391,8 @@ int32_t ssa_runtime_num_threads(const ssa_runtime *rt);
    0 if rt is NULL. */
 uint32_t ssa_runtime_num_shards(const ssa_runtime *rt);
 
-/* This process's rank in the runtime's group (ssa_runtime_options.collective);
-   0 for a runtime without one, or if rt is NULL. */
+/* This process's rank in the runtime's group (ssa_runtime_options.collective
+   or .communicator); 0 for a runtime without one, or if rt is NULL. */
 uint32_t ssa_runtime_rank(const ssa_runtime *rt);
 
 /* --------------------------------------------------------------- sessions */

@@ -3,6 +3,9 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <chrono>
+#include <thread>
+
 #include "cuda/device_mem.h"
 #include "status.h"
 
@@ -15,10 +18,11 @@ absl::Status nccl_error(ncclResult_t r, const char* what) {
 absl::Status cuda_error(cudaError_t e, const char* what) {
   return make_error(SSA_ERR_DEVICE, absl::StrCat(what, ": ", cudaGetErrorString(e)));
 }
-#define SSA_NCCL(expr, what)                          \
-  do {                                                \
-    const ncclResult_t r_ = (expr);                   \
-    if (r_ != ncclSuccess) return nccl_error(r_, what); \
+// ncclInProgress: a non-blocking communicator queued the call (finish waits).
+#define SSA_NCCL(expr, what)                                                  \
+  do {                                                                        \
+    const ncclResult_t r_ = (expr);                                           \
+    if (r_ != ncclSuccess && r_ != ncclInProgress) return nccl_error(r_, what); \
   } while (0)
 #define SSA_CUDA(expr, what)                          \
   do {                                                \
@@ -28,26 +32,85 @@ absl::Status cuda_error(cudaError_t e, const char* what) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<NcclCollective>> NcclCollective::create(void* comm, void* stream) {
+absl::StatusOr<std::unique_ptr<NcclCollective>> NcclCollective::create(void* comm, void* stream,
+                                                                        uint32_t timeout_ms) {
   if (comm == nullptr) return invalid_argument("NCCL communicator is NULL");
+  if (timeout_ms == 0) return invalid_argument("NCCL collectives need a timeout > 0");
   int rank = 0, count = 0, device = 0;
   SSA_NCCL(ncclCommUserRank(static_cast<ncclComm_t>(comm), &rank), "ncclCommUserRank");
   SSA_NCCL(ncclCommCount(static_cast<ncclComm_t>(comm), &count), "ncclCommCount");
   SSA_NCCL(ncclCommCuDevice(static_cast<ncclComm_t>(comm), &device), "ncclCommCuDevice");
-  return std::unique_ptr<NcclCollective>(
-      new NcclCollective(comm, stream, device, static_cast<uint32_t>(rank), static_cast<uint32_t>(count)));
+  if (rank < 0 || count <= 0 || rank >= count) {
+    return invalid_argument("NCCL communicator reports rank ", rank, " of ", count);
+  }
+  return std::unique_ptr<NcclCollective>(new NcclCollective(comm, stream, device, static_cast<uint32_t>(rank),
+                                                            static_cast<uint32_t>(count), timeout_ms));
 }
 
-NcclCollective::NcclCollective(void* comm, void* stream, int device, uint32_t rank, uint32_t size)
-    : comm_(comm), stream_(stream), device_(device), rank_(rank), size_(size) {}
+absl::StatusOr<std::unique_ptr<NcclCollective>> NcclCollective::create_with_stream(void* comm,
+                                                                                   uint32_t timeout_ms) {
+  absl::StatusOr<std::unique_ptr<NcclCollective>> c = create(comm, nullptr, timeout_ms);
+  if (!c.ok()) return c.status();
+  int prev = 0;
+  SSA_CUDA(cudaGetDevice(&prev), "cudaGetDevice");
+  SSA_CUDA(cudaSetDevice((*c)->device_), "cudaSetDevice");
+  cudaStream_t s = nullptr;
+  const cudaError_t e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  cudaSetDevice(prev);
+  SSA_CUDA(e, "cudaStreamCreate (collective stream)");
+  (*c)->stream_ = s;
+  (*c)->owns_stream_ = true;
+  return c;
+}
+
+NcclCollective::NcclCollective(void* comm, void* stream, int device, uint32_t rank, uint32_t size,
+                               uint32_t timeout_ms)
+    : comm_(comm), stream_(stream), device_(device), rank_(rank), size_(size), timeout_ms_(timeout_ms) {}
 
 NcclCollective::~NcclCollective() {
-  if (staging_ != nullptr) {
-    int prev = 0;
-    cudaGetDevice(&prev);
-    cudaSetDevice(device_);
-    cudaFree(staging_);
-    cudaSetDevice(prev);
+  int prev = 0;
+  cudaGetDevice(&prev);
+  cudaSetDevice(device_);
+  if (staging_ != nullptr) cudaFree(staging_);
+  if (owns_stream_) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
+  cudaSetDevice(prev);
+}
+
+absl::Status NcclCollective::aborted_error() const {
+  return make_error(SSA_ERR_IO, absl::StrCat("NCCL rank ", rank_, " of ", size_,
+                                             ": the communicator was aborted after a failed collective"));
+}
+
+absl::Status NcclCollective::finish(const char* what) {
+  const auto s = static_cast<cudaStream_t>(stream_);
+  const auto c = static_cast<ncclComm_t>(comm_);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms_);
+  for (uint32_t spins = 0;; ++spins) {
+    const cudaError_t q = cudaStreamQuery(s);
+    if (q == cudaSuccess) return absl::OkStatus();
+    if (q != cudaErrorNotReady) return cuda_error(q, what);
+    ncclResult_t async = ncclSuccess;
+    const ncclResult_t r = ncclCommGetAsyncError(c, &async);
+    const bool failed = r != ncclSuccess || (async != ncclSuccess && async != ncclInProgress);
+    const bool late = std::chrono::steady_clock::now() >= deadline;
+    if (failed || late) {
+      // The collective cannot complete (a peer failed, left or never came): the
+      // communicator is aborted, which also ends the kernels waiting on it.
+      ncclCommAbort(c);
+      aborted_ = true;
+      if (cudaStreamSynchronize(s) != cudaSuccess) cudaGetLastError();
+      return make_error(SSA_ERR_IO,
+                        absl::StrCat(what, " on NCCL rank ", rank_, " of ", size_, ": ",
+                                     failed ? absl::StrCat("the communicator reported ",
+                                                           ncclGetErrorString(r != ncclSuccess ? r : async))
+                                            : absl::StrCat("not complete within ", timeout_ms_, " ms"),
+                                     "; the communicator was aborted (ncclCommAbort)"));
+    }
+    if (spins < 64) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
   }
 }
 
@@ -62,6 +125,7 @@ absl::Status NcclCollective::scratch(size_t bytes) {
 }
 
 absl::Status NcclCollective::reduce(void* data, size_t n, size_t elem_bytes, int type, int op) {
+  if (aborted_) return aborted_error();
   const auto s = static_cast<cudaStream_t>(stream_);
   const auto c = static_cast<ncclComm_t>(comm_);
   SSA_CUDA(cudaSetDevice(device_), "cudaSetDevice");
@@ -77,8 +141,7 @@ absl::Status NcclCollective::reduce(void* data, size_t n, size_t elem_bytes, int
              "ncclAllReduce");
     SSA_CUDA(cudaMemcpyAsync(data, staging_, bytes, cudaMemcpyDeviceToHost, s), "cudaMemcpyAsync");
   }
-  SSA_CUDA(cudaStreamSynchronize(s), "cudaStreamSynchronize (collective)");
-  return absl::OkStatus();
+  return finish("ncclAllReduce");
 }
 
 absl::Status NcclCollective::all_reduce_sum(uint64_t* data, size_t n) {
@@ -90,6 +153,7 @@ absl::Status NcclCollective::all_reduce_max(float* data, size_t n) {
 }
 
 absl::Status NcclCollective::all_gather(const void* send, size_t bytes, void* recv) {
+  if (aborted_) return aborted_error();
   const auto s = static_cast<cudaStream_t>(stream_);
   const auto c = static_cast<ncclComm_t>(comm_);
   SSA_CUDA(cudaSetDevice(device_), "cudaSetDevice");
@@ -103,8 +167,7 @@ absl::Status NcclCollective::all_gather(const void* send, size_t bytes, void* re
     SSA_NCCL(ncclAllGather(in, out, bytes, ncclUint8, c, s), "ncclAllGather");
     SSA_CUDA(cudaMemcpyAsync(recv, out, bytes * size_, cudaMemcpyDefault, s), "cudaMemcpyAsync");
   }
-  SSA_CUDA(cudaStreamSynchronize(s), "cudaStreamSynchronize (collective)");
-  return absl::OkStatus();
+  return finish("ncclAllGather");
 }
 
 }  // namespace ssa

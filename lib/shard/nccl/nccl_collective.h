@@ -11,9 +11,16 @@
 // hold bitwise the same values. NVLink multicast is the caller's to leave off
 // (NCCL_NVLS_ENABLE=0 before the communicator is made).
 //
-// Built only in CUDA builds that find NCCL (target ssa_nccl_collective); the
-// runtime does not use it yet (a CUDA runtime over several devices returns
-// SSA_ERR_UNSUPPORTED), docs/SHARDING.md says what remains.
+// No call hangs: each waits for its stream by polling, with a deadline of
+// timeout_ms; when the deadline passes, or the communicator reports an
+// asynchronous error (ncclCommGetAsyncError), the communicator is aborted
+// (ncclCommAbort: a peer that failed or left leaves the others blocked in the
+// collective otherwise) and the call returns SSA_ERR_IO, as does every later
+// call. The caller must then not use or destroy the communicator.
+//
+// Built only in CUDA builds that find NCCL (SSA_HAVE_NCCL): the transport of a
+// runtime made from a communicator (ssa_runtime_options.communicator,
+// lib/shard/communicator_group.h).
 #pragma once
 
 #include <stddef.h>
@@ -31,8 +38,13 @@ class NcclCollective final : public Collective {
   // comm: this rank's ncclComm_t; stream: a cudaStream_t of the communicator's
   // device (null = the legacy default stream). Both stay the caller's and must
   // outlive the collective. Call with the communicator's device current.
-  static absl::StatusOr<std::unique_ptr<NcclCollective>> create(void* comm, void* stream);
+  static absl::StatusOr<std::unique_ptr<NcclCollective>> create(void* comm, void* stream,
+                                                                 uint32_t timeout_ms = 60000);
+  // The same on a stream of its own (non-blocking, on the communicator's
+  // device), destroyed with it.
+  static absl::StatusOr<std::unique_ptr<NcclCollective>> create_with_stream(void* comm, uint32_t timeout_ms);
   ~NcclCollective() override;
+  int device() const { return device_; }
 
   uint32_t rank() const override { return rank_; }
   uint32_t size() const override { return size_; }
@@ -42,14 +54,21 @@ class NcclCollective final : public Collective {
   absl::Status all_gather(const void* send, size_t bytes, void* recv) override;
 
  private:
-  NcclCollective(void* comm, void* stream, int device, uint32_t rank, uint32_t size);
+  NcclCollective(void* comm, void* stream, int device, uint32_t rank, uint32_t size, uint32_t timeout_ms);
   absl::Status reduce(void* data, size_t n, size_t elem_bytes, int type, int op);
   absl::Status scratch(size_t bytes);  // device staging of at least `bytes`
+  // Waits for the stream (the collective queued on it) within the deadline;
+  // aborts the communicator on a timeout or an asynchronous error.
+  absl::Status finish(const char* what);
+  absl::Status aborted_error() const;
 
   void* comm_;
   void* stream_;
   int device_;
   uint32_t rank_, size_;
+  uint32_t timeout_ms_;
+  bool owns_stream_ = false;
+  bool aborted_ = false;
   void* staging_ = nullptr;
   size_t staging_bytes_ = 0;
 };
