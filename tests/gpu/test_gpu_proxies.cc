@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "session.h"
+#include "shard/shard_options.h"
 #include "ssa.h"
 #include "support/gpu_sessions.h"
 #include "support/pq_reference.h"
@@ -404,6 +405,38 @@ TEST_CASE("gpu proxies: refused queries and configurations change nothing") {
   CHECK(ssa_session_create(gpu, &c, &w) == SSA_ERR_UNSUPPORTED);
   CHECK(w == nullptr);
   CHECK(std::string(ssa_last_error_message()).find("pq_parallel_weight") != std::string::npos);
+
+  // A runtime of several devices (two shards, on one device if it is the only
+  // one) takes PQ only: other proxies are refused at create and at load.
+  int gpus = 0;
+  REQUIRE(cudaGetDeviceCount(&gpus) == cudaSuccess);
+  int32_t devices[2] = {0, gpus > 1 ? 1 : 0};
+  ssa::allow_repeated_shard_devices(gpus < 2);
+  ssa_runtime_options ro = ssa_test::runtime_options(SSA_BACKEND_CUDA);
+  ro.devices = devices;
+  ro.n_devices = 2;
+  ro.shard_tokens = 4096;
+  ssa_runtime* sharded = nullptr;
+  const ssa_status rs = ssa_runtime_create(&ro, &sharded);
+  ssa::allow_repeated_shard_devices(false);
+  INFO(ssa_last_error_message());
+  REQUIRE(rs == SSA_OK);
+  ssa_session* opq = nullptr;
+  ssa_session_config oc = ssa_test::make_config(1, kNq, kNkv, kD, SSA_DTYPE_F16);
+  oc.proxy = SSA_PROXY_OPQ;
+  CHECK(ssa_session_create(sharded, &oc, &opq) == SSA_ERR_UNSUPPORTED);
+  CHECK(opq == nullptr);
+  CHECK(std::string(ssa_last_error_message()).find("several devices") != std::string::npos);
+  ssa_session* one = proxy_session(gpu, kCases[0]);  // the same config on one device: fine
+  fill(one, make_data(2000, 92), true);
+  const std::string path = temp_path("opq_one_device.ssa");
+  REQUIRE(ssa_session_save(one, path.c_str()) == SSA_OK);
+  ssa_session_destroy(one);
+  ssa_session* loaded = nullptr;
+  CHECK(ssa_session_load(sharded, path.c_str(), 0, &loaded) == SSA_ERR_UNSUPPORTED);
+  CHECK(loaded == nullptr);
+  unlink(path.c_str());
+  ssa_runtime_destroy(sharded);
   ssa_runtime_destroy(gpu);
 }
 
