@@ -70,7 +70,6 @@ const ModelShape kShapes[] = {{"paper", 16, 4, 256, DType::kF16, "f16"},
                               {"llama8b", 32, 8, 128, DType::kBF16, "bf16"}};
 
 constexpr uint32_t kPage = 256, kPageShift = 8;  // tokens per KV page
-constexpr uint32_t kK = 256;                     // PQ centroids
 constexpr uint32_t kSink = 128, kLocal = 128;    // always read, inside the budget k
 constexpr float kSsaH = 0.4f;                    // SSA heavy fraction of k - sink - local
 constexpr double kTargetMs = 100.0;              // timed decode time per measurement
@@ -89,6 +88,14 @@ uint32_t g_sparse_splits = 0;  // --sparse-splits: attention splits of sparse me
 uint32_t g_dense_splits = 0;   // --dense-splits: the same for our dense kernel
 bool g_overlap = true;         // --overlap-launches 0: stages launched plainly (stage_launch.cuh)
 uint32_t g_pq_m = 16;          // --pq-m: PQ subspaces (16, the library's default; 8 halves the lookups)
+// --proxy: pq (8-bit codes, 256 centroids), pq4 (4-bit codes: 16 centroids, twice
+// the subspaces at PQ's bytes), opq / qpq and opq4 / qpq4 (the same with a d x d
+// query transform before the tables; the two families cost the same to score, so
+// one name each stands for both).
+uint32_t g_pq_k = 256;
+uint32_t g_code_bits = 8;
+bool g_transform = false;
+std::string g_proxy = "pq";
 // --methods: which of dense, pq_topk, ssa, flashinfer run, and the group
 // selections pq_topk_gmean, ssa_gmean (mean query), ssa_gmix (mixture), at the
 // same budget per q head, only when asked (FlashInfer only when
@@ -219,6 +226,18 @@ __global__ void fill_books(const T* page0, float* books, uint32_t M, uint32_t K,
     books[((size_t{h} * M + m) * K + c) * sub + j] = load_f(page0 + (size_t{h} * kPage + t) * d + m * sub + j);
 }
 
+// Row i of every KV head's two d x d matrices (z = 0: T, z = 1: the query's):
+// a signed permutation, i -> (5 i + 1) mod d with alternating signs.
+__global__ void fill_transform(float* t, uint32_t d) {
+  const uint32_t i = blockIdx.x, h = blockIdx.y, z = blockIdx.z;
+  float* row = t + ((size_t{z} * gridDim.y + h) * d + i) * d;
+  for (uint32_t j = threadIdx.x; j < d; j += blockDim.x)
+    row[j] = j == (5 * i + 1) % d ? (i % 2 ? -1.0f : 1.0f) : 0.0f;
+}
+
+// Code bytes per token per KV head.
+uint32_t code_bytes() { return g_code_bits == 4 ? g_pq_m / 2 : g_pq_m; }
+
 // Reads the flush buffer so that the next decode finds none of its data in L2
 // (reads, not writes: no dirty lines to write back during the timed decode).
 __global__ void l2_flush_read(const uint4* p, size_t n, uint32_t* sink) {
@@ -278,6 +297,7 @@ struct Session {
   const uint8_t** kv_table = nullptr;  // device array of page pointers
   uint8_t** code_table = nullptr;
   float* books = nullptr;
+  const float* query_transform = nullptr;  // inside books (--proxy opq, qpq, ...), else null
   void* q = nullptr;
   void* out = nullptr;
 };
@@ -417,7 +437,8 @@ DecodeBatch make_batch(const Case& c, const std::vector<Session>& sess, const Me
   const bool sparse = m.proxy != Proxy::kNone;
   const uint32_t n = c.n;
   DecodeBatch b{};
-  b.shape = DecodeShape{s.nq, s.nkv, s.d, kPage, kPageShift, g_pq_m, kK, s.dtype};
+  b.shape = DecodeShape{s.nq, s.nkv, s.d, kPage, kPageShift, g_pq_m, g_pq_k, s.dtype};
+  b.shape.pq_code_bits = g_code_bits;
   b.n_items = c.batch;
   b.proxy = m.proxy;
   b.sampling = m.sampling;
@@ -431,6 +452,7 @@ DecodeBatch make_batch(const Case& c, const std::vector<Session>& sess, const Me
     it.kv_pages = sess[i].kv_table;
     it.code_pages = sess[i].code_table;
     it.codebooks = sess[i].books;
+    it.query_transform = sess[i].query_transform;
     it.q = sess[i].q;
     it.out = sess[i].out;
     it.n_tokens = n;
@@ -575,7 +597,7 @@ void run_method(const Case& c, const std::vector<Session>& sess, const Method& m
   // by scoring and read back by the top-k, at the least. The byte floor counts
   // both; GB/s counts the bytes read from the session's store only.
   const double elem = 2.0;
-  const double bytes = c.batch * (sparse ? double(n) * s.nkv * g_pq_m + double(k) * s.nq * s.d * elem * 2
+  const double bytes = c.batch * (sparse ? double(n) * s.nkv * code_bytes() + double(k) * s.nq * s.d * elem * 2
                                          : double(n) * s.nkv * s.d * elem * 2);
   // Rows of scores: one per q head; per KV head with the mean query; the
   // mixture's per-q-head scratch rows plus its KV-head rows.
@@ -600,8 +622,13 @@ void run_method(const Case& c, const std::vector<Session>& sess, const Method& m
     Json st;
     st.num("score", sc).num("topk", tk).num("sample", sa).num("lists", li).num("attn", at).num("merge", mg);
     j.raw("stages", st.done());
-    snprintf(stages, sizeof stages, " | score %.3f top-k %.3f sample %.3f lists %.3f attn %.3f merge %.3f", sc,
-             tk, sa, li, at, mg);
+    // The score stage per token per KV head (its lookup tables included): what a
+    // proxy's scoring costs, comparable across proxies of equal bytes.
+    const double score_ns = sc * 1e6 / (double(c.batch) * n * s.nkv);
+    j.num("score_ns_per_token_head", score_ns);
+    snprintf(stages, sizeof stages,
+             " | score %.3f (%.4f ns/token/KV head) top-k %.3f sample %.3f lists %.3f attn %.3f merge %.3f", sc,
+             score_ns, tk, sa, li, at, mg);
   }
   emit_line(j.done());
   note("%s n=%u batch=%u %s %ux: %.3f ms, graph %.3f ms (%.0f GB/s, %u splits)%s", s.name, n, c.batch, m.name,
@@ -720,7 +747,7 @@ void run_case(const Case& c, const std::vector<uint32_t>& sparsities, int sms, i
   }
   const auto t0 = std::chrono::steady_clock::now();
   const uint32_t pages = (n + kPage - 1) / kPage;
-  const size_t kv_page = size_t{2} * kPage * s.nkv * s.d * 2, code_page = size_t{s.nkv} * g_pq_m * kPage;
+  const size_t kv_page = size_t{2} * kPage * s.nkv * s.d * 2, code_page = size_t{s.nkv} * code_bytes() * kPage;
   const uint32_t sub = s.d / g_pq_m;
   size_t fr = 0, tot = 0;
   cudaMemGetInfo(&fr, &tot);
@@ -728,7 +755,10 @@ void run_case(const Case& c, const std::vector<uint32_t>& sparsities, int sms, i
        double(B) * kv_page * pages / 1e9, double(B) * code_page * pages / 1e9, fr / 1e9, tot / 1e9);
   Arena arena;
   std::vector<Session> sess(B);
-  const PqIndexShape is{s.nkv, s.d, g_pq_m, kK, kPage, kPageShift, s.dtype};
+  PqIndexShape is{s.nkv, s.d, g_pq_m, g_pq_k, kPage, kPageShift, s.dtype};
+  is.code_bits = g_code_bits;
+  is.key_transform = g_transform;
+  const DeviceBooksLayout bl = device_books_layout(is);
   cudaError_t e = cudaSuccess;
   // All sessions' K/V pages in one pool (a page-table baseline such as FlashInfer
   // indexes pages from one base).
@@ -739,7 +769,8 @@ void run_case(const Case& c, const std::vector<uint32_t>& sparsities, int sms, i
     ss.codes = static_cast<uint8_t*>(arena.get(code_page * pages, "code pages"));
     ss.kv_table = static_cast<const uint8_t**>(arena.get(size_t{pages} * 8, "page table"));
     ss.code_table = static_cast<uint8_t**>(arena.get(size_t{pages} * 8, "code page table"));
-    ss.books = static_cast<float*>(arena.get(size_t{s.nkv} * g_pq_m * kK * sub * 4, "codebooks"));
+    ss.books = static_cast<float*>(arena.get(bl.floats() * 4, "codebooks"));
+    ss.query_transform = g_transform ? ss.books + bl.query_transform_offset() : nullptr;
     ss.q = arena.get(size_t{s.nq} * s.d * 2, "q");
     ss.out = arena.get(size_t{s.nq} * s.d * 2, "out");
     if (!arena.error.empty()) break;
@@ -753,12 +784,18 @@ void run_case(const Case& c, const std::vector<uint32_t>& sparsities, int sms, i
     if (e == cudaSuccess) e = fill(s.dtype, ss.kv, kv_page * pages / 2, seed);
     if (e == cudaSuccess) {
       if (s.dtype == DType::kF16) {
-        fill_books<<<dim3(kK, g_pq_m, s.nkv), 32>>>(reinterpret_cast<const __half*>(ss.kv), ss.books, g_pq_m, kK,
-                                                     sub, s.d);
+        fill_books<<<dim3(g_pq_k, g_pq_m, s.nkv), 32>>>(reinterpret_cast<const __half*>(ss.kv), ss.books, g_pq_m,
+                                                         g_pq_k, sub, s.d);
       } else {
-        fill_books<<<dim3(kK, g_pq_m, s.nkv), 32>>>(reinterpret_cast<const __nv_bfloat16*>(ss.kv), ss.books,
-                                                     g_pq_m, kK, sub, s.d);
+        fill_books<<<dim3(g_pq_k, g_pq_m, s.nkv), 32>>>(reinterpret_cast<const __nv_bfloat16*>(ss.kv), ss.books,
+                                                         g_pq_m, g_pq_k, sub, s.d);
       }
+      e = cudaGetLastError();
+    }
+    if (e == cudaSuccess && g_transform) {
+      // T and the query's matrix: one signed permutation (orthogonal, its own
+      // inverse transpose). Scoring and encoding cost what any dense d x d costs.
+      fill_transform<<<dim3(s.d, s.nkv, 2), 128>>>(ss.books + bl.key_transform_offset(), s.d);
       e = cudaGetLastError();
     }
     if (e == cudaSuccess) e = pq_encode(is, ss.kv_table, ss.code_table, ss.books, 0, n, nullptr);
@@ -838,7 +875,8 @@ void usage() {
   fprintf(stderr,
           "usage: gpu_decode_bench [--out FILE] [--configs paper,llama8b] [--contexts 128K,512K,1M]\n"
           "         [--batches 1,16] [--sparsity 10,20,50,100] [--seeds 3] [--time-budget-s 270]\n"
-          "         [--sparse-splits N] [--dense-splits N] [--overlap-launches 0|1] [--pq-m 16|8]\n"
+          "         [--sparse-splits N] [--dense-splits N] [--overlap-launches 0|1] [--pq-m 16|8|32|64]\n"
+          "         [--proxy pq|pq4|opq|opq4|qpq|qpq4]  (4-bit: 32 subspaces unless --pq-m)\n"
           "         [--methods dense,pq_topk,ssa,pq_topk_gmean,ssa_gmean,ssa_gmix,flashinfer]\n");
 }
 
@@ -851,7 +889,7 @@ int main(int argc, char** argv) {
                         sparsities = {10u, 20u, 50u, 100u};
   std::vector<const ModelShape*> shapes = {&kShapes[0], &kShapes[1]};
   int n_seeds = 3;
-  bool contexts_given = false, batches_given = false;
+  bool contexts_given = false, batches_given = false, pq_m_given = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const char* v = i + 1 < argc ? argv[i + 1] : nullptr;
@@ -893,7 +931,15 @@ int main(int argc, char** argv) {
       ok = g_dense_splits <= kMaxSplits;
     } else if (a == "--pq-m" && ok) {
       g_pq_m = static_cast<uint32_t>(atoi(v));
-      ok = g_pq_m == 8 || g_pq_m == 16;  // the two measured (bench/NOTEBOOK.md, 2026-12-01)
+      pq_m_given = true;
+      ok = g_pq_m == 8 || g_pq_m == 16 || g_pq_m == 32 || g_pq_m == 64;
+    } else if (a == "--proxy" && ok) {
+      g_proxy = v;
+      ok = g_proxy == "pq" || g_proxy == "pq4" || g_proxy == "opq" || g_proxy == "opq4" || g_proxy == "qpq" ||
+           g_proxy == "qpq4";
+      g_code_bits = g_proxy.back() == '4' ? 4 : 8;
+      g_pq_k = g_code_bits == 4 ? 16 : 256;
+      g_transform = g_proxy[0] != 'p';
     } else if (a == "--overlap-launches" && ok) {
       g_overlap = atoi(v) != 0;
     } else if (a == "--time-budget-s" && ok) {
@@ -917,6 +963,12 @@ int main(int argc, char** argv) {
       return 2;
     }
     ++i;
+  }
+  if (g_code_bits == 4 && !pq_m_given) g_pq_m = 32;  // PQ's 16 bytes per token per KV head
+  if (g_code_bits == 4 && g_pq_m < 32) {
+    fprintf(stderr, "--proxy %s: 4-bit codes at --pq-m %u would cost fewer bytes than PQ's; use 32 or 64\n",
+            g_proxy.c_str(), g_pq_m);
+    return 2;
   }
   if (g_profile) {
     shapes = {shapes.empty() ? &kShapes[0] : shapes[0]};
@@ -942,7 +994,7 @@ int main(int argc, char** argv) {
                 .integer("sms", prop.multiProcessorCount).num("l2_mb", prop.l2CacheSize / 1048576.0)
                 .num("mem_gb", prop.totalGlobalMem / 1e9).integer("driver", driver).integer("runtime", runtime)
                 .integer("max_batch_items", kMaxBatchItems).integer("seeds", n_seeds).num("target_ms", kTargetMs)
-                .integer("page_tokens", kPage).integer("pq_m", g_pq_m).integer("pq_k", kK).integer("sink", kSink)
+                .integer("page_tokens", kPage).integer("pq_m", g_pq_m).integer("pq_k", g_pq_k).str("proxy", g_proxy.c_str()).integer("sink", kSink)
                 .integer("local", kLocal).num("flush_mb", kFlushBytes / 1048576.0)
                 .integer("overlap_launches", g_overlap ? 1 : 0).done());
 #ifdef SSA_WITH_FLASHINFER

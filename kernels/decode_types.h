@@ -30,7 +30,11 @@ struct DecodeShape {
   uint32_t page_tokens = 0, page_shift = 0;  // page_tokens == 1 << page_shift
   uint32_t pq_subspaces = 0, pq_centroids = 0;
   DType dtype = DType::kF16;
+  // 8: a code byte per subspace; 4: two subspaces per byte (the even one in the
+  // low nibble), scored from 8-bit tables as the CPU backend does (pq_score.cu).
+  uint32_t pq_code_bits = 8;
   SSA_HD uint32_t group() const { return n_q_heads / n_kv_heads; }
+  SSA_HD uint32_t code_rows() const { return pq_code_bits == 4 ? pq_subspaces / 2 : pq_subspaces; }
 };
 
 // One (session, layer, query) of a launch set. Every pointer is device memory.
@@ -40,6 +44,9 @@ struct DecodeItem {
   const uint8_t* const* kv_pages = nullptr;    // one device pointer per KV page
   const uint8_t* const* code_pages = nullptr;  // one per code page (PQ proxy only)
   const float* codebooks = nullptr;            // [n_kv][M][K][sub_dim] (PQ proxy only)
+  // OPQ, QPQ: the matrix each KV head's query is multiplied by before its
+  // lookup table is built ([n_kv][d][d] row-major: R, or T^-T); null otherwise.
+  const float* query_transform = nullptr;
   const void* q = nullptr;                     // [n_q_heads][head_dim], kv dtype
   void* out = nullptr;                         // [n_q_heads][head_dim], kv dtype
   uint32_t n_tokens = 0;

@@ -1,6 +1,7 @@
 // The PQ index on the GPU: encoding keys of device pages into code pages (nearest
-// centroid per subspace; one block serves one (KV head, subspace) codebook, kept
-// in shared memory, and a tile of keys), and the sample of keys that k-means
+// centroid per subspace; one block serves one (KV head, code row) pair of
+// codebooks, kept in shared memory, and a tile of keys; keys multiplied by the
+// head's transform first for OPQ and QPQ), and the sample of keys that k-means
 // trains on (kernels/kmeans_seed.cu, kernels/kmeans_lloyd.cu).
 #include <type_traits>
 
@@ -44,7 +45,30 @@ __device__ uint32_t nearest(const float* cent, uint32_t K, const float (&x)[SUB]
   return bc;
 }
 
-template <typename T, int SUB>
+// Element r of T k for a row-major d x d T in shared memory: the CPU's rotate()
+// (lib/index/pq_index.cc) to the bit, eight interleaved partial sums added
+// pairwise in its order, products and sums rounded one by one.
+template <typename T>
+__device__ float transformed_elem(const PqIndexShape& s, const float* t_row, const uint8_t* const* kv_pages,
+                                  uint32_t tok, uint32_t h) {
+  const uint32_t d = s.head_dim, d8 = d / 8 * 8;
+  float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  for (uint32_t j = 0; j < d8; j += 8) {
+#pragma unroll
+    for (uint32_t k = 0; k < 8; ++k)
+      acc[k] = __fadd_rn(acc[k], __fmul_rn(t_row[j + k], key_elem<T>(s, kv_pages, tok, h, j + k)));
+  }
+  float r = __fadd_rn(__fadd_rn(__fadd_rn(acc[0], acc[4]), __fadd_rn(acc[1], acc[5])),
+                      __fadd_rn(__fadd_rn(acc[2], acc[6]), __fadd_rn(acc[3], acc[7])));
+  for (uint32_t j = d8; j < d; ++j) r = __fadd_rn(r, __fmul_rn(t_row[j], key_elem<T>(s, kv_pages, tok, h, j)));
+  return r;
+}
+
+// One block: PER consecutive subspaces of one KV head (PER = 2 with 4-bit codes:
+// the two nibbles of one code byte) and kThreads tokens. Shared memory: the
+// subspaces' centroids [PER][K][SUB], then (a transformed proxy) the rows of T
+// that make their sub-vectors [PER * sub][d].
+template <typename T, int SUB, int PER>
 __global__ void __launch_bounds__(kThreads) encode_kernel(PqIndexShape s, const uint8_t* const* kv_pages,
                                                           uint8_t* const* code_pages, const float* books,
                                                           uint32_t begin, uint32_t end, const uint32_t* begin_dev) {
@@ -54,22 +78,41 @@ __global__ void __launch_bounds__(kThreads) encode_kernel(PqIndexShape s, const 
     if (begin == 0xFFFFFFFFu) return;
     end = begin + 1;
   }
-  extern __shared__ float cent[];  // [K][SUB]
-  const uint32_t m = blockIdx.y, h = blockIdx.z, sub = s.head_dim / s.subspaces;
-  const float* src = books + (size_t{h} * s.subspaces + m) * s.centroids * sub;
-  for (uint32_t i = threadIdx.x; i < s.centroids * SUB; i += kThreads) {
-    const uint32_t c = i / SUB, j = i % SUB;
+  extern __shared__ float cent[];  // [PER][K][SUB], then [PER * sub][d]
+  const uint32_t row = blockIdx.y, m0 = row * PER, h = blockIdx.z, sub = s.head_dim / s.subspaces;
+  const uint32_t K = s.centroids, d = s.head_dim;
+  for (uint32_t i = threadIdx.x; i < PER * K * SUB; i += kThreads) {
+    const uint32_t p = i / (K * SUB), c = i / SUB % K, j = i % SUB;
+    const float* src = books + (size_t{h} * s.subspaces + m0 + p) * K * sub;
     cent[i] = j < sub ? src[c * sub + j] : 0.0f;
   }
+  float* t_rows = cent + PER * K * SUB;
+  if (s.key_transform) {
+    const float* t = books + device_books_layout(s).key_transform_offset() + (size_t{h} * d + m0 * sub) * d;
+    for (uint32_t i = threadIdx.x; i < PER * sub * d; i += kThreads) t_rows[i] = t[i];
+  }
   __syncthreads();
-  const uint32_t t = begin + blockIdx.x * kThreads + threadIdx.x;
-  if (t >= end) return;
-  float x[SUB];
+  const uint32_t tok = begin + blockIdx.x * kThreads + threadIdx.x;
+  if (tok >= end) return;
+  uint32_t code = 0;
 #pragma unroll
-  for (int j = 0; j < SUB; ++j) x[j] = j < sub ? key_elem<T>(s, kv_pages, t, h, m * sub + j) : 0.0f;
-  const uint32_t c = nearest<SUB>(cent, s.centroids, x);
-  code_pages[t >> s.page_shift][(size_t{h} * s.subspaces + m) * s.page_tokens + (t & (s.page_tokens - 1))] =
-      static_cast<uint8_t>(c);
+  for (int p = 0; p < PER; ++p) {
+    float x[SUB];
+#pragma unroll
+    for (int j = 0; j < SUB; ++j) {
+      if (j >= static_cast<int>(sub)) {
+        x[j] = 0.0f;
+      } else if (s.key_transform) {
+        x[j] = transformed_elem<T>(s, t_rows + (p * sub + j) * size_t{d}, kv_pages, tok, h);
+      } else {
+        x[j] = key_elem<T>(s, kv_pages, tok, h, (m0 + p) * sub + j);
+      }
+    }
+    code |= nearest<SUB>(cent + p * K * SUB, K, x) << (4 * p);
+  }
+  const uint32_t rows = s.code_bits == 4 ? s.subspaces / 2 : s.subspaces;
+  code_pages[tok >> s.page_shift][(size_t{h} * rows + row) * s.page_tokens + (tok & (s.page_tokens - 1))] =
+      static_cast<uint8_t>(code);
 }
 
 template <typename F>
@@ -103,18 +146,24 @@ cudaError_t launch_encode(const PqIndexShape& s, const uint8_t* const* kv_pages,
                           const float* books, uint32_t begin, uint32_t end, const uint32_t* begin_dev,
                           cudaStream_t st) {
   const uint32_t sub = s.head_dim / s.subspaces;
-  if (sub > 64) return cudaErrorInvalidValue;
+  if (sub > 64 || (s.code_bits != 8 && s.code_bits != 4) || (s.code_bits == 4 && (s.centroids > 16 || s.subspaces % 2)))
+    return cudaErrorInvalidValue;
   return with_dtype(s.dtype, [&](auto v) {
     using T = decltype(v);
     cudaError_t e = cudaErrorInvalidValue;
     dispatch_sub(sub, [&](auto sub_max) {
       constexpr int SUB = decltype(sub_max)::value;
-      const size_t smem = size_t{s.centroids} * SUB * sizeof(float);
-      if ((e = ensure_dynamic_smem(reinterpret_cast<const void*>(encode_kernel<T, SUB>), smem)) != cudaSuccess)
-        return;
-      const dim3 grid((end - begin + kThreads - 1) / kThreads, s.subspaces, s.n_kv_heads);
-      encode_kernel<T, SUB><<<grid, kThreads, smem, st>>>(s, kv_pages, code_pages, books, begin, end, begin_dev);
-      e = cudaGetLastError();
+      auto go = [&](auto per_c) {
+        constexpr int PER = decltype(per_c)::value;
+        const size_t smem = (size_t{s.centroids} * SUB * PER +
+                             (s.key_transform ? size_t{PER} * sub * s.head_dim : 0)) * sizeof(float);
+        auto* kernel = encode_kernel<T, SUB, PER>;
+        if ((e = ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), smem)) != cudaSuccess) return;
+        const dim3 grid((end - begin + kThreads - 1) / kThreads, s.subspaces / PER, s.n_kv_heads);
+        kernel<<<grid, kThreads, smem, st>>>(s, kv_pages, code_pages, books, begin, end, begin_dev);
+        e = cudaGetLastError();
+      };
+      if (s.code_bits == 4) go(std::integral_constant<int, 2>{}); else go(std::integral_constant<int, 1>{});
     });
     return e;
   });

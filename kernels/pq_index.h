@@ -13,11 +13,35 @@ namespace ssa::cuda {
 struct PqIndexShape {
   uint32_t n_kv_heads, head_dim, subspaces, centroids, page_tokens, page_shift;
   DType dtype;
+  // 8: one code byte per subspace ([h][m][slot]); 4: two per byte ([h][m / 2][slot],
+  // the even subspace in the low nibble), the CPU backend's code layout.
+  uint32_t code_bits = 8;
+  // Keys are multiplied by their KV head's transform T before quantising (OPQ,
+  // QPQ): T follows the centroids in the device codebooks (device_books_layout).
+  bool key_transform = false;
 };
+
+// Floats of one layer's device codebooks: the centroids [n_kv][M][K][sub], then,
+// for a transformed proxy, each KV head's key transform T [n_kv][d][d], then the
+// matrix its query is multiplied by before its table is built (R for OPQ, T^-T
+// for QPQ) [n_kv][d][d]; all row-major.
+struct DeviceBooksLayout {
+  size_t centroids, transform;  // floats of the centroids, of one of the two transform sets
+  SSA_HD size_t key_transform_offset() const { return centroids; }
+  SSA_HD size_t query_transform_offset() const { return centroids + transform; }
+  SSA_HD size_t floats() const { return centroids + 2 * transform; }
+};
+SSA_HD DeviceBooksLayout device_books_layout(const PqIndexShape& s) {
+  const size_t d = s.head_dim;
+  return {size_t{s.n_kv_heads} * s.centroids * d, s.key_transform ? size_t{s.n_kv_heads} * d * d : 0};
+}
 
 // Codes of tokens [begin, end) (nearest centroid, lowest index on ties) written
 // into the code pages. kv_pages, code_pages: device arrays of device page pointers;
-// books: device [n_kv][M][K][sub]. Sub-vectors of at most 64 floats.
+// books: device codebooks as device_books_layout says. A transformed key is
+// T k with the CPU backend's order of operations (lib/index/pq_index.cc,
+// rotate: eight interleaved partial sums, no fused multiply-adds), so that its
+// bits are the CPU's. Sub-vectors of at most 64 floats.
 cudaError_t pq_encode(const PqIndexShape& s, const uint8_t* const* kv_pages, uint8_t* const* code_pages,
                       const float* books, uint32_t begin, uint32_t end, cudaStream_t st);
 

@@ -2,7 +2,9 @@
 // (-inf) in the same pass (q is pre-multiplied by 1/sqrt(d), as on the CPU):
 //   PQ:    s~_i = sum_m LUT[m][code_i[m]], LUT[m][c] = (q_m / sqrt(d)) . centroid[m][c];
 //          one block reads the codes of its tokens once for all q heads of a GQA
-//          group (up to 8 heads per pass, their tables in shared memory).
+//          group (up to 8 heads per pass, their tables in shared memory). OPQ and
+//          QPQ multiply q by the KV head's query transform first; 4-bit codes
+//          score from byte tables (pq4_score_kernel).
 //   exact: s_i = q . k_i / sqrt(d) (oracle top-k), reading every key.
 // Both also record each row's largest and smallest candidate scores
 // (order-preserving bits). The PQ kernel also builds each row's top-k histogram
@@ -64,14 +66,37 @@ __host__ __device__ __forceinline__ uint32_t lut_offset(uint32_t g, uint32_t m, 
 }
 
 size_t score_smem_bytes(int gh, const DecodeShape& s) {
+  const size_t hist = size_t{static_cast<uint32_t>(gh)} * kScoreBins * sizeof(uint32_t);
+  if (s.pq_code_bits == 4) {
+    // byte tables as words of four heads [planes][16][M], one pass of code words
+    // [M / 2][threads], each table's least and largest entry [2][GH][M], histograms
+    const size_t planes = (static_cast<uint32_t>(gh) + 3) / 4;
+    return (planes * 16 * s.pq_subspaces + size_t{s.pq_subspaces / 2} * kScoreThreads +
+            2 * size_t{static_cast<uint32_t>(gh)} * s.pq_subspaces) * sizeof(uint32_t) + hist;
+  }
   // tables + one pass of code words + the GH rows' top-k histograms
   return (size_t{static_cast<uint32_t>(gh)} * s.pq_centroids + kScoreThreads) *
-             s.pq_subspaces * sizeof(float) +
-         size_t{static_cast<uint32_t>(gh)} * kScoreBins * sizeof(uint32_t);
+             s.pq_subspaces * sizeof(float) + hist;
 }
 
 // Subspaces of up to this many dimensions load each centroid as float4s.
 constexpr uint32_t kLutVecDims = 32;
+
+// Row r . x of a query transform, as the CPU's rotate() (lib/index/pq_index.cc)
+// computes it: eight interleaved partial sums added pairwise in its order, every
+// product and sum rounded on its own, so that the tables match the CPU's bits.
+__device__ float transform_row(const float* r, const float* x, uint32_t d) {
+  const uint32_t d8 = d / 8 * 8;
+  float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  for (uint32_t j = 0; j < d8; j += 8) {
+#pragma unroll
+    for (uint32_t k = 0; k < 8; ++k) acc[k] = __fadd_rn(acc[k], __fmul_rn(r[j + k], x[j + k]));
+  }
+  float s = __fadd_rn(__fadd_rn(__fadd_rn(acc[0], acc[4]), __fadd_rn(acc[1], acc[5])),
+                      __fadd_rn(__fadd_rn(acc[2], acc[6]), __fadd_rn(acc[3], acc[7])));
+  for (uint32_t j = d8; j < d; ++j) s = __fadd_rn(s, __fmul_rn(r[j], x[j]));
+  return s;
+}
 
 // One block per (subspace, pass of GH q heads, item), one thread per centroid:
 // each centroid is loaded once for the GH heads scored together, and their GH
@@ -96,7 +121,7 @@ __global__ void build_lut_kernel(const __grid_constant__ DecodeBatch b, Workspac
   const uint32_t M = b.shape.pq_subspaces, K = b.shape.pq_centroids;
   const uint32_t D = b.shape.head_dim, sub = D / M;
   const uint32_t kvh = h0 / b.sel_group();
-  extern __shared__ float qs[];  // [GH][sub]
+  extern __shared__ float qs[];  // [GH][sub], then (a query transform) [GH][D]
   __shared__ uint32_t top_s[GH];  // order-preserving bits of each head's largest entry
   __shared__ float part_s[GH][256];  // each thread's sum of its entries, per head
   for (uint32_t g = threadIdx.x; g < GH; g += blockDim.x) top_s[g] = 0u;
@@ -117,21 +142,36 @@ __global__ void build_lut_kernel(const __grid_constant__ DecodeBatch b, Workspac
       if (4 * i < sub) x[i] = cc[i];
   };
   if (vec && threadIdx.x < K) load_centroid(threadIdx.x);
+  // The rows' scaled queries, restricted to subspace m: qs[g][j] = q_g[m * sub + j];
+  // with a query transform, q_g is first made whole in qf and qs[g][j] is row
+  // m * sub + j of the transform times it (the CPU's rotate_query, to the bit).
+  const float* xf = it.query_transform;
+  float* qf = qs + GH * sub;  // [GH][D], only with a transform
+  const uint32_t j0 = xf != nullptr ? 0 : m * sub, width = xf != nullptr ? D : sub;
+  float* qdst = xf != nullptr ? qf : qs;
   if (b.grouped()) {
     // The group's mean query (GH = 1: one selection head, the KV head), as the
     // CPU's mean_query: the scaled queries summed in head order, then divided.
     const uint32_t G = b.shape.group();
-    const T* q = static_cast<const T*>(it.q) + size_t{kvh} * G * D + m * sub;
-    for (uint32_t j = threadIdx.x; j < sub; j += blockDim.x) {
+    const T* q = static_cast<const T*>(it.q) + size_t{kvh} * G * D + j0;
+    for (uint32_t j = threadIdx.x; j < width; j += blockDim.x) {
       float s = 0.f;
       for (uint32_t g = 0; g < G; ++g) s = __fadd_rn(s, __fmul_rn(Elem<T>::load(q + size_t{g} * D + j), scale));
-      qs[j] = __fdiv_rn(s, static_cast<float>(G));
+      qdst[j] = __fdiv_rn(s, static_cast<float>(G));
     }
   } else {
-    const T* q = static_cast<const T*>(it.q) + size_t{h0} * D + m * sub;
+    const T* q = static_cast<const T*>(it.q) + size_t{h0} * D + j0;
+    for (uint32_t i = threadIdx.x; i < GH * width; i += blockDim.x) {
+      const uint32_t g = i / width, j = i % width;
+      qdst[i] = Elem<T>::load(q + size_t{g} * D + j) * scale;
+    }
+  }
+  if (xf != nullptr) {
+    __syncthreads();
+    const float* rows = xf + (size_t{kvh} * D + m * sub) * D;
     for (uint32_t i = threadIdx.x; i < GH * sub; i += blockDim.x) {
       const uint32_t g = i / sub, j = i % sub;
-      qs[i] = Elem<T>::load(q + size_t{g} * D + j) * scale;
+      qs[i] = transform_row(rows + size_t{j} * D, qf + size_t{g} * D, D);
     }
   }
   __syncthreads();
@@ -425,6 +465,184 @@ __global__ void __launch_bounds__(kScoreThreads, GH >= 8 ? 1 : kScoreBlocksPerSm
   }
 }
 
+// 4-bit codes (SSA_PROXY_PQ4, _OPQ4, _QPQ4), scored as the CPU backend scores
+// them (lib/decode/quantized_lut.h): each row's float tables (bit for bit the
+// CPU's) quantised to bytes, lo_m = min_c, span = max_m (max_c - lo_m), entries
+// round((lut - lo_m) * 255 / span) in double, then a token's score is
+// fmaf(span / 255, sum_m byte[m][code_m], sum_m lo_m) with an exact integer sum:
+// the CPU's scores to the bit, so the same selection. Each block quantises its
+// rows' tables itself (512 entries a head: less than loading them). The byte
+// tables of four heads share one 32-bit word per (code, subspace), laid out
+// [code][subspace] as the float tables are: a lane's lookups at a step fall in
+// the bank of its subspace, and lanes walk the code rows in rotated order (the
+// upper half of a warp taking each byte's odd subspace first), so a warp's 32
+// lookups hit 32 banks. The word's even and odd bytes are added in two 16-bit
+// lanes each (sums of at most 256 x 255 < 2^16), four heads per lookup.
+template <int GH>
+__global__ void __launch_bounds__(kScoreThreads, GH >= 8 ? 1 : kScoreBlocksPerSm) pq4_score_kernel(const __grid_constant__ DecodeBatch b, Workspace ws,
+                                                                uint32_t tile) {
+  constexpr int P = (GH + 3) / 4;  // planes of four heads
+  extern __shared__ float4 smem4[];
+  const uint32_t M = b.shape.pq_subspaces, K = b.shape.pq_centroids, R = M / 2;
+  uint32_t* t8 = reinterpret_cast<uint32_t*>(smem4);  // [P][16][M]
+  uint32_t* codes_s = t8 + size_t{P} * 16 * M + threadIdx.x;  // [R][threads]
+  float* lo_s = reinterpret_cast<float*>(t8 + size_t{P} * 16 * M + size_t{R} * kScoreThreads);  // [GH][M]
+  float* hi_s = lo_s + GH * M;  // [GH][M]
+  uint32_t* hist_s = reinterpret_cast<uint32_t*>(hi_s + GH * M);  // [GH][bins]
+  __shared__ uint32_t smax[GH], smin[GH];
+  __shared__ ScoreBins bins_s[GH];
+  __shared__ float scale_s[GH], bias_s[GH];
+  __shared__ double inv_s[GH];
+  const uint32_t item = blockIdx.z;
+  const DecodeItem& it = b.item(item);
+  const uint32_t tile0 = blockIdx.x * tile;
+  if (!item_selects(it) || tile0 >= it.n_tokens) return;
+  const uint32_t G = b.sel_group();
+  const uint32_t chunks = G / GH;
+  const uint32_t kvh = blockIdx.y / chunks;
+  const uint32_t h0 = kvh * G + (blockIdx.y % chunks) * GH;
+  const uint32_t row0 = row_of(item, h0, b.sel_heads());
+  const uint32_t tile_end = min(it.n_tokens, tile0 + tile);
+  auto stage_codes = [&](uint32_t sub0) {
+    const uint32_t t0 = sub0 + threadIdx.x * kTokensPerThread;
+    if (t0 < tile_end) {
+      const uint32_t page = t0 >> b.shape.page_shift;
+      const uint32_t slot = t0 & (b.shape.page_tokens - 1);
+      const uint8_t* codes = it.code_pages[page] + size_t{kvh} * R * b.shape.page_tokens + slot;
+      for (uint32_t r = 0; r < R; ++r)
+        cp_async4(codes_s + r * kScoreThreads, codes + size_t{r} * b.shape.page_tokens);
+    }
+    cp_async_commit();
+  };
+  stage_codes(tile0);
+  stage_begin();
+  const float* lut = ws.lut + size_t{row0} * M * K;
+  for (uint32_t i = threadIdx.x; i < GH * M; i += kScoreThreads) {
+    const uint32_t g = i / M, m = i % M;
+    float lo = INFINITY, hi = -INFINITY;
+    for (uint32_t c = 0; c < K; ++c) {
+      const float v = lut[lut_offset<GH>(g, m, c, M, K)];
+      lo = fminf(lo, v);
+      hi = fmaxf(hi, v);
+    }
+    lo_s[i] = lo;
+    hi_s[i] = hi;
+  }
+  for (uint32_t i = threadIdx.x; i < P * 16 * M; i += kScoreThreads) t8[i] = 0u;
+  for (uint32_t i = threadIdx.x; i < GH * kScoreBins; i += kScoreThreads) hist_s[i] = 0u;
+  __syncthreads();
+  if (threadIdx.x < GH) {
+    const uint32_t g = threadIdx.x;
+    // In m order, as quantize_lut sums them.
+    double bias = 0.0, span = 0.0;
+    for (uint32_t m = 0; m < M; ++m) {
+      bias += lo_s[g * M + m];
+      span = fmax(span, static_cast<double>(hi_s[g * M + m]) - static_cast<double>(lo_s[g * M + m]));
+    }
+    const bool spread = span > 0.0 && isfinite(span);
+    bias_s[g] = static_cast<float>(bias);
+    scale_s[g] = spread ? static_cast<float>(span / 255.0) : 0.0f;
+    inv_s[g] = spread ? 255.0 / span : 0.0;
+    smax[g] = 0u;
+    smin[g] = 0xffffffffu;
+    bins_s[g] = pq_score_bins(ws.lut_range + size_t{row0 + g} * M * 2, M);
+    if (blockIdx.x == 0) bins_s[g].store(ws.rows[row0 + g]);
+  }
+  __syncthreads();
+  uint8_t* t8b = reinterpret_cast<uint8_t*>(t8);
+  for (uint32_t i = threadIdx.x; i < GH * M * K; i += kScoreThreads) {
+    const uint32_t g = i / (M * K), m = i / K % M, c = i % K;
+    if (inv_s[g] == 0.0) continue;  // no spread: every entry 0, every score the bias
+    const double lo = lo_s[g * M + m];
+    const double v = floor((static_cast<double>(lut[lut_offset<GH>(g, m, c, M, K)]) - lo) * inv_s[g] + 0.5);
+    t8b[((size_t{g / 4} * 16 + c) * M + m) * 4 + g % 4] = static_cast<uint8_t>(fmin(255.0, fmax(0.0, v)));
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+  ScoreBins bins[GH];
+  float scale[GH], bias[GH];
+#pragma unroll
+  for (int g = 0; g < GH; ++g) {
+    bins[g] = bins_s[g];
+    scale[g] = scale_s[g];
+    bias[g] = bias_s[g];
+  }
+  uint32_t local_max[GH], local_min[GH];
+#pragma unroll
+  for (int g = 0; g < GH; ++g) {
+    local_max[g] = 0u;
+    local_min[g] = 0xffffffffu;
+  }
+  const uint32_t lane = threadIdx.x & 31, r_first = lane % R, odd_first = (lane / R) & 1u;
+  for (uint32_t sub0 = tile0; sub0 < tile_end; sub0 += kSubTile) {
+    if (sub0 != tile0) stage_codes(sub0);
+    cp_async_wait<0>();
+    const uint32_t t0 = sub0 + threadIdx.x * kTokensPerThread;
+    if (t0 >= tile_end) break;
+    uint32_t even[P][kTokensPerThread], odd[P][kTokensPerThread];  // 16-bit lanes: heads 4p, 4p+2 / 4p+1, 4p+3
+#pragma unroll
+    for (int p = 0; p < P; ++p)
+#pragma unroll
+      for (int j = 0; j < kTokensPerThread; ++j) even[p][j] = odd[p][j] = 0u;
+    uint32_t r = r_first;
+#pragma unroll 2
+    for (uint32_t step = 0; step < R; ++step) {
+      const uint32_t cw = codes_s[r * kScoreThreads];
+      const uint32_t ma = 2 * r + odd_first, mb = 2 * r + 1 - odd_first;
+#pragma unroll
+      for (int j = 0; j < kTokensPerThread; ++j) {
+        const uint32_t byte = (cw >> (8 * j)) & 0xffu;
+        const uint32_t ca = odd_first ? byte >> 4 : byte & 0x0fu, cb = odd_first ? byte & 0x0fu : byte >> 4;
+#pragma unroll
+        for (int p = 0; p < P; ++p) {
+          const uint32_t wa = t8[(p * 16 + ca) * M + ma], wb = t8[(p * 16 + cb) * M + mb];
+          even[p][j] += (wa & 0x00ff00ffu) + (wb & 0x00ff00ffu);
+          odd[p][j] += ((wa >> 8) & 0x00ff00ffu) + ((wb >> 8) & 0x00ff00ffu);
+        }
+      }
+      r = r + 1 == R ? 0 : r + 1;
+    }
+#pragma unroll
+    for (int g = 0; g < GH; ++g) {
+      float s[kTokensPerThread];
+#pragma unroll
+      for (int j = 0; j < kTokensPerThread; ++j) {
+        const uint32_t w = g % 2 == 0 ? even[g / 4][j] : odd[g / 4][j];
+        const uint32_t sum = (g % 4 < 2 ? w : w >> 16) & 0xffffu;
+        const uint32_t t = t0 + j;
+        const bool cand = t >= it.sink_end && t < it.local_begin;
+        s[j] = cand ? fmaf(scale[g], static_cast<float>(sum), bias[g]) : -INFINITY;
+        if (cand) {
+          local_max[g] = max(local_max[g], float_key(s[j]));
+          local_min[g] = min(local_min[g], float_key(s[j]));
+          atomicAdd(&hist_s[g * kScoreBins + bins[g].bin(s[j])], 1u);
+        }
+      }
+      float* out = ws.scores + it.score_base + static_cast<size_t>(h0 + g) * it.n_pad + t0;
+      *reinterpret_cast<float4*>(out) = make_float4(s[0], s[1], s[2], s[3]);
+    }
+  }
+  cp_async_wait<0>();
+#pragma unroll
+  for (int g = 0; g < GH; ++g) {
+    const uint32_t w = __reduce_max_sync(0xffffffffu, local_max[g]);
+    const uint32_t v = __reduce_min_sync(0xffffffffu, local_min[g]);
+    if ((threadIdx.x & 31) == 0 && w != 0u) {
+      atomicMax(&smax[g], w);
+      atomicMin(&smin[g], v);
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x < GH && smax[threadIdx.x] != 0u) {
+    atomicMax(&ws.rows[row0 + threadIdx.x].max_key, smax[threadIdx.x]);
+    atomicMin(&ws.rows[row0 + threadIdx.x].min_key, smin[threadIdx.x]);
+  }
+  uint32_t* hist = ws.hist + size_t{row0} * kScoreBins;
+  for (uint32_t i = threadIdx.x; i < GH * kScoreBins; i += kScoreThreads) {
+    if (hist_s[i]) atomicAdd(&hist[i], hist_s[i]);
+  }
+}
+
 // Exact scores for all q heads of one KV head; groups of TPR lanes take tokens.
 template <int D, typename T>
 __global__ void __launch_bounds__(128) exact_score_kernel(const __grid_constant__ DecodeBatch b, Workspace ws) {
@@ -526,8 +744,20 @@ cudaError_t launch_pq_score_kernel(const DecodeBatch& b, const WorkspacePlan& pl
 }
 
 template <int GH>
+cudaError_t launch_pq4_score_kernel(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
+                                    cudaStream_t st) {
+  const size_t smem = score_smem_bytes(GH, b.shape);
+  cudaError_t e = ensure_dynamic_smem(reinterpret_cast<const void*>(pq4_score_kernel<GH>), smem);
+  if (e != cudaSuccess) return e;
+  const dim3 grid((plan.n_pad_max + plan.score_tile - 1) / plan.score_tile,
+                  b.shape.n_kv_heads * (b.sel_group() / GH), b.n_items);
+  return launch_stage(b, pq4_score_kernel<GH>, grid, kScoreThreads, smem, st, b, ws, plan.score_tile);
+}
+
+template <int GH>
 cudaError_t launch_pq_score_gh(const DecodeBatch& b, const WorkspacePlan& plan,
                                const Workspace& ws, cudaStream_t st) {
+  if (b.shape.pq_code_bits == 4) return launch_pq4_score_kernel<GH>(b, plan, ws, st);
   if constexpr (LutVec<GH>::W == 4) {
     if (b.shape.pq_subspaces == 16 && b.shape.pq_centroids == 256)
       return launch_pq_score_kernel<GH, true>(b, plan, ws, st);
@@ -538,6 +768,8 @@ cudaError_t launch_pq_score_gh(const DecodeBatch& b, const WorkspacePlan& plan,
 }  // namespace
 
 const char* pq_shape_unsupported(const DecodeShape& s) {
+  if (s.pq_code_bits == 4 && (s.pq_centroids > 16 || s.pq_subspaces % 2 != 0 || s.pq_subspaces > 256))
+    return "4-bit codes need at most 16 centroids and an even number of at most 256 subspaces";
   if (heads_per_pass(s, s.group()) == 0) return "the PQ lookup table of one head exceeds shared memory";
   if (s.page_tokens < 16) return "pages of fewer than 16 tokens";
   return nullptr;
@@ -550,7 +782,8 @@ cudaError_t launch_pq_scores(const DecodeBatch& b, const WorkspacePlan& plan, co
   auto run = [&](auto gh) {
     constexpr int GH = decltype(gh)::value;
     const dim3 lut_grid(b.shape.pq_subspaces, b.sel_heads() / GH, b.n_items);
-    const size_t qsmem = size_t{GH} * (b.shape.head_dim / b.shape.pq_subspaces) * sizeof(float);
+    // Room for whole queries too: an item may carry a query transform.
+    const size_t qsmem = size_t{GH} * (b.shape.head_dim / b.shape.pq_subspaces + b.shape.head_dim) * sizeof(float);
     dispatch_dtype(b.shape.dtype, [&](auto t) {
       using T = decltype(t);
       e = launch_stage(b, build_lut_kernel<T, GH>, lut_grid, lut_threads, qsmem, st, b, ws);

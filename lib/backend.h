@@ -76,6 +76,13 @@ class Backend {
   virtual bool device_buffers() const = 0;
   // OK when `p` is in the session's memory space, as far as the backend can tell.
   virtual absl::Status check_buffer(const ssa_session& s, const void* p, const char* name) const = 0;
+  // Copies `bytes` bytes at `p` (in the session's memory space, passed by
+  // check_buffer) into host memory `out`, complete on return (queries a layer is
+  // shown, ssa_session_observe_queries).
+  virtual absl::Status copy_to_host(const ssa_session& s, const void* p, size_t bytes, void* out) const {
+    memcpy(out, p, bytes);
+    return absl::OkStatus();
+  }
 
   // ---- append (the skeleton: lib/session.cc)
   // Before the session lock: checks of the stream of an asynchronous append, and

@@ -278,8 +278,17 @@ absl::Status session_observe_queries(ssa_session& s, uint32_t layer, const void*
   }
   SSA_RETURN_IF_ERROR(s.backend->check_buffer(s, q, "q"));
   const size_t count = static_cast<size_t>(n) * L.n_q_heads * L.head_dim;
+  // Device queries (CUDA sessions) come to the host first: the moments are
+  // accumulated by the same code, in double, on every backend.
+  std::vector<uint8_t> staged;
+  const void* src = q;
+  if (!host_buffers(s)) {
+    staged.resize(count * dtype_bytes(L.dtype));
+    SSA_RETURN_IF_ERROR(s.backend->copy_to_host(s, q, staged.size(), staged.data()));
+    src = staged.data();
+  }
   std::vector<float> qf(count);
-  simd::kernels().to_f32(L.dtype, q, qf.data(), count);
+  simd::kernels().to_f32(L.dtype, src, qf.data(), count);
   const size_t bad = first_non_finite(DType::kF32, qf.data(), count);
   if (bad != count) return invalid_argument("q[", bad, "] is NaN or infinite");
   std::unique_lock lock(s.mu);

@@ -46,6 +46,7 @@ class CudaBackend final : public Backend {
 
   bool device_buffers() const override { return true; }
   absl::Status check_buffer(const ssa_session& s, const void* p, const char* name) const override;
+  absl::Status copy_to_host(const ssa_session& s, const void* p, size_t bytes, void* out) const override;
 
   absl::Status prepare_append(const ssa_session& s, bool async, void* stream) const override;
   absl::Status gather_tail(ssa_session& s, LayerStore& layer, uint64_t new_n, bool codes,

@@ -74,7 +74,7 @@ absl::Status queue_device_rows(const ssa_session& s, const LayerTail& tail, cons
                                 (begin - old_n) * L.n_kv_heads * L.head_dim, slots, t, st),
                     "row copy kernel");
     if (books != nullptr) {
-      SSA_CUDA_RETURN(pq_encode(index_shape(L), t, t + pages.count, books, static_cast<uint32_t>(begin - page0),
+      SSA_CUDA_RETURN(pq_encode(index_shape(L, s.config.proxy), t, t + pages.count, books, static_cast<uint32_t>(begin - page0),
                                 static_cast<uint32_t>(end - page0), st),
                       "PQ encode kernel");
     }

@@ -65,6 +65,19 @@ absl::Status CudaBackend::check_buffer(const ssa_session& s, const void* p, cons
                           "create it with SSA_SESSION_HOST_POINTERS to pass host memory)");
 }
 
+// Device memory is read on the legacy default stream (after the work queued
+// there, as a synchronous append reads its rows), with the session's device current.
+absl::Status CudaBackend::copy_to_host(const ssa_session& s, const void* p, size_t bytes, void* out) const {
+  if (host_buffers(s)) {
+    memcpy(out, p, bytes);
+    return absl::OkStatus();
+  }
+  const DeviceGuard on(state(s).device);
+  SSA_CUDA_RETURN(on.error(), "cudaSetDevice");
+  SSA_CUDA_RETURN(cudaMemcpy(out, p, bytes, cudaMemcpyDeviceToHost), "query copy to the host");
+  return absl::OkStatus();
+}
+
 // What the decode paths would refuse once they run (targeted_decode.cc,
 // sharded_decode.cc, launch_set.cc), refused here first, before an index is
 // trained for the decode: an error-targeted decode waits on the host between

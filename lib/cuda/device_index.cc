@@ -1,6 +1,9 @@
 // The PQ index on the device: codebooks trained by k-means on the device (sample,
 // k-means++ seeds as the CPU backend picks them, Lloyd iterations), and codes
-// encoded with device codebooks.
+// encoded with device codebooks. The proxies beyond PQ (a learned transform, 4-bit
+// codes) train on the host from the device's sample of keys with the CPU
+// backend's own code, so that both backends learn the same index from the same
+// keys and queries; their codes are then encoded on the device.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -10,6 +13,7 @@
 #include "device_state.h"
 #include "file_staging.h"
 #include "index/pq_index.h"
+#include "runtime.h"
 
 namespace ssa::cuda {
 
@@ -21,21 +25,77 @@ absl::Status encode_range(const ssa_session& s, const float* books, const std::v
   DeviceMem kt, ct;
   SSA_RETURN_IF_ERROR(upload_table(kv, false, nullptr, &kt, first, count));
   SSA_RETURN_IF_ERROR(upload_table(codes, true, nullptr, &ct, first, count));
-  SSA_CUDA_RETURN(pq_encode(index_shape(s.layout), static_cast<const uint8_t* const*>(kt.p),
+  SSA_CUDA_RETURN(pq_encode(index_shape(s.layout, s.config.proxy), static_cast<const uint8_t* const*>(kt.p),
                             static_cast<uint8_t* const*>(ct.p), books, static_cast<uint32_t>(begin - first * P),
                             static_cast<uint32_t>(end - first * P), nullptr),
                   "PQ encode kernel");
   return absl::OkStatus();
 }
 
+namespace {
+
+// New code pages for every page of the layer.
+absl::StatusOr<std::vector<PageRef>> new_code_pages(const ssa_session& s, uint64_t n_tokens) {
+  std::vector<PageRef> codes;
+  const uint64_t pages = s.layout.pages_for(n_tokens);
+  for (uint64_t i = 0; i < pages; ++i) {
+    absl::StatusOr<PageRef> page = shard_state(s, shard_of_page(s, i)).code_pool->allocate();
+    if (!page.ok()) return page.status();
+    codes.push_back(*std::move(page));
+  }
+  return codes;
+}
+
+// Codebooks (and transforms) trained on the host by the CPU backend's
+// train_codebooks_on from the keys the device samples (the same tokens the CPU
+// backend samples, converted to float as it converts them) and the layer's
+// observed query moments; codes encoded on the device.
+absl::Status train_on_host(ssa_session& s, LayerStore& layer, const std::vector<PageRef>& kv) {
+  const KvLayout& L = s.layout;
+  const PqIndexShape shape = index_shape(L, s.config.proxy);
+  const uint64_t n = sample_count(layer.n_tokens, s.config.index_train_sample);
+  DeviceMem kt, work;
+  SSA_RETURN_IF_ERROR(upload_table(kv, false, nullptr, &kt));
+  SSA_CUDA_RETURN(work.alloc(kmeans_workspace_bytes(shape, static_cast<uint32_t>(n)), nullptr),
+                  "cudaMallocAsync of the key sample");
+  SSA_CUDA_RETURN(pq_gather_sample(shape, static_cast<const uint8_t* const*>(kt.p),
+                                   static_cast<uint32_t>(layer.n_tokens), static_cast<uint32_t>(n), work.p, nullptr),
+                  "key sample kernel");
+  // The sample is the workspace's first n_kv x n x head_dim floats (pq_index.h).
+  std::vector<float> keys(size_t{L.n_kv_heads} * n * L.head_dim);
+  SSA_CUDA_RETURN(cudaMemcpy(keys.data(), work.p, keys.size() * sizeof(float), cudaMemcpyDeviceToHost),
+                  "key sample download");
+  absl::StatusOr<CodebooksRef> books = train_codebooks_on(L, keys, n, s.config.index_iterations, s.config.proxy,
+                                                          s.config.pq_parallel_weight, layer.query_moments,
+                                                          *s.rt->pool);
+  if (!books.ok()) return books.status();
+  absl::StatusOr<const float*> dev = device_books(state(s), *books);
+  if (!dev.ok()) return dev.status();
+  absl::StatusOr<std::vector<PageRef>> codes = new_code_pages(s, layer.n_tokens);
+  if (!codes.ok()) return codes.status();
+  SSA_RETURN_IF_ERROR(encode_range(s, *dev, kv, *codes, 0, layer.n_tokens));
+  SSA_CUDA_RETURN(cudaStreamSynchronize(nullptr), "PQ encode");  // the copies in kv may go after this
+  layer.codebooks = *std::move(books);
+  layer.code_pages = *std::move(codes);
+  layer.trained_at_tokens = layer.n_tokens;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status CudaBackend::train_index(ssa_session& s, LayerStore& layer) const {
   if (s.rt->group != nullptr) return train_group_index(s, layer);  // group_index_device.cc
   const KvLayout& L = s.layout;
   SSA_CUDA_RETURN(cudaSetDevice(state(s).device), "cudaSetDevice");
+  if (s.config.proxy != SSA_PROXY_PQ) {
+    absl::StatusOr<std::vector<PageRef>> kv = readable_pages(s, layer);
+    if (!kv.ok()) return kv.status();
+    return train_on_host(s, layer, *kv);
+  }
   // On the legacy default stream, as appends. Decodes still queued keep reading
   // the old code pages and codebooks (their tables hold them).
   const uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(s.config.index_train_sample, layer.n_tokens));
-  const PqIndexShape shape = index_shape(L);
+  const PqIndexShape shape = index_shape(L, s.config.proxy);
   auto books = std::make_shared<PqCodebooks>();
   books->n_kv_heads = L.n_kv_heads;
   books->subspaces = L.pq_subspaces;
@@ -57,13 +117,9 @@ absl::Status CudaBackend::train_index(ssa_session& s, LayerStore& layer) const {
   SSA_CUDA_RETURN(pq_seed(shape, n, work.p, static_cast<float*>(bd.p), nullptr), "k-means++ seeding kernel");
   SSA_CUDA_RETURN(pq_lloyd(shape, n, s.config.index_iterations, work.p, static_cast<float*>(bd.p), nullptr),
                   "k-means kernels");
-  std::vector<PageRef> codes;
-  const uint64_t pages = L.pages_for(layer.n_tokens);
-  for (uint64_t i = 0; i < pages; ++i) {
-    absl::StatusOr<PageRef> page = shard_state(s, shard_of_page(s, i)).code_pool->allocate();
-    if (!page.ok()) return page.status();
-    codes.push_back(*std::move(page));
-  }
+  absl::StatusOr<std::vector<PageRef>> fresh = new_code_pages(s, layer.n_tokens);
+  if (!fresh.ok()) return fresh.status();
+  std::vector<PageRef> codes = *std::move(fresh);
   SSA_RETURN_IF_ERROR(encode_range(s, static_cast<const float*>(bd.p), *kv, codes, 0, layer.n_tokens));
   SSA_CUDA_RETURN(cudaMemcpy(books->data.data(), bd.p, books->data.size() * sizeof(float),
                              cudaMemcpyDeviceToHost), "codebook download");

@@ -5,6 +5,7 @@
 #include "device_error.h"
 #include "device_guard.h"
 #include "kernels/cuda_decode.h"
+#include "index/proxy_kind.h"
 #include "shard/callback_collective.h"
 #include "shard/shard_map.h"
 
@@ -16,10 +17,24 @@ absl::StatusOr<std::shared_ptr<SessionState::Books>> SessionState::device_books(
   forget_unused_books();
   auto b = std::make_shared<Books>();
   b->host = host;
-  const size_t bytes = host->data.size() * sizeof(float);
-  SSA_CUDA_RETURN(b->dev.alloc(bytes, stream), "cudaMallocAsync of codebooks");
-  SSA_CUDA_RETURN(cudaMemcpyAsync(b->dev.p, host->data.data(), bytes, cudaMemcpyHostToDevice, stream),
-                  "codebook upload");
+  // As device_books_layout (kernels/pq_index.h) places them: the centroids, then
+  // a transformed proxy's key transform and the query side's matrix.
+  const std::vector<float>* parts[3] = {&host->data, nullptr, nullptr};
+  if (host->rotated()) {
+    parts[1] = &host->rotation;
+    parts[2] = host->query_transform.empty() ? &host->rotation : &host->query_transform;
+  }
+  size_t floats = 0;
+  for (const std::vector<float>* v : parts) floats += v != nullptr ? v->size() : 0;
+  SSA_CUDA_RETURN(b->dev.alloc(floats * sizeof(float), stream), "cudaMallocAsync of codebooks");
+  size_t at = 0;
+  for (const std::vector<float>* v : parts) {
+    if (v == nullptr) continue;
+    SSA_CUDA_RETURN(cudaMemcpyAsync(static_cast<float*>(b->dev.p) + at, v->data(), v->size() * sizeof(float),
+                                    cudaMemcpyHostToDevice, stream),
+                    "codebook upload");
+    at += v->size();
+  }
   SSA_CUDA_RETURN(cudaStreamSynchronize(stream), "codebook upload");
   // Freed on the legacy default stream: asynchronous appends that encode with
   // them are ordered before it, not before this session's own stream.
@@ -118,6 +133,7 @@ absl::StatusOr<std::shared_ptr<SessionState::LayerCache>> tables_of(const ssa_se
   item->kv_pages = static_cast<const uint8_t* const*>(c->kv_table.p);
   item->code_pages = static_cast<const uint8_t* const*>(c->code_table.p);
   item->codebooks = c->books != nullptr ? static_cast<const float*>(c->books->dev.p) : nullptr;
+  item->query_transform = c->books != nullptr ? device_query_transform(*c->books) : nullptr;
   c->tokens_read = std::max<uint64_t>(c->tokens_read, extent);
   return c;
 }
@@ -169,8 +185,10 @@ static void truncate_wait(SessionState& st, uint64_t n_tokens) {
   for (const auto& c : st.retired) wait(*c);
 }
 
-PqIndexShape index_shape(const KvLayout& L) {
+PqIndexShape index_shape(const KvLayout& L, ssa_proxy proxy) {
   PqIndexShape s;
+  s.code_bits = L.code_bits;
+  s.key_transform = proxy_has_transform(proxy);
   s.n_kv_heads = L.n_kv_heads;
   s.head_dim = L.head_dim;
   s.subspaces = L.pq_subspaces;
@@ -188,18 +206,21 @@ DecodeShape decode_shape(const KvLayout& L) {
   s.n_kv_heads = L.n_kv_heads;
   s.head_dim = L.head_dim;
   s.page_tokens = L.page_tokens;
-  s.page_shift = index_shape(L).page_shift;
+  s.page_shift = index_shape(L, SSA_PROXY_PQ).page_shift;
   s.pq_subspaces = L.pq_subspaces;
   s.pq_centroids = L.pq_centroids;
+  s.pq_code_bits = L.code_bits;
   s.dtype = L.dtype;
   return s;
 }
 
 absl::Status CudaBackend::init_session(ssa_session& s) const {
-  // The device encoder and scoring kernels quantise keys as they are.
-  if (s.config.proxy != SSA_PROXY_PQ) {
+  // Every proxy runs on one device (transforms in the device encoder and lookup
+  // tables, 4-bit codes in pq4_score_kernel); the sharded paths train, encode and
+  // score untransformed 8-bit codes only.
+  if (s.config.proxy != SSA_PROXY_PQ && (s.rt->devices.size() > 1 || s.rt->group != nullptr)) {
     return unsupported("CUDA sessions: proxy ", static_cast<int>(s.config.proxy),
-                       " (only SSA_PROXY_PQ runs on the CUDA backend; the 4-bit and rotated proxies score on the CPU)");
+                       " on a runtime of several devices or processes (sharded CUDA sessions use SSA_PROXY_PQ)");
   }
   // The device trains and encodes with squared error only.
   if (s.config.pq_parallel_weight > 1.0f) {

@@ -177,6 +177,15 @@ absl::StatusOr<std::shared_ptr<SessionState>> new_state(int device, std::shared_
 // The device codebooks an append encodes with.
 absl::StatusOr<const float*> device_books(SessionState& st, const CodebooksRef& host);
 
+// The matrix queries are multiplied by before their tables are built, inside
+// device codebooks `b` (device_books_layout, kernels/pq_index.h); null for
+// codebooks without a transform.
+inline const float* device_query_transform(const SessionState::Books& b) {
+  const PqCodebooks& h = *b.host;
+  if (!h.rotated()) return nullptr;
+  return static_cast<const float*>(b.dev.p) + h.data.size() + h.rotation.size();
+}
+
 // The device page tables and codebooks of a layer for a decode (into item),
 // uploaded once per change of the layer. The tables they replace are retired,
 // not freed: decodes queued earlier may still read them.
@@ -199,7 +208,8 @@ absl::StatusOr<std::shared_ptr<SessionState::LayerCache>> layer_tables(const ssa
 cudaError_t queue_tier_readback(const ssa_session& s, SessionState::LayerCache& tables, cudaStream_t stream);
 
 // The kernels' view of a session's layout.
-PqIndexShape index_shape(const KvLayout& L);
+// The index shape of a session's layout and proxy (code width, key transform).
+PqIndexShape index_shape(const KvLayout& L, ssa_proxy proxy);
 DecodeShape decode_shape(const KvLayout& L);
 
 }  // namespace ssa::cuda

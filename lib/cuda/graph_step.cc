@@ -318,6 +318,7 @@ absl::Status queue_step_set(const ssa_decode_step_item* items, uint32_t n, uint3
     it.kv_pages = static_cast<const uint8_t* const*>(R.kv_table.p);
     it.code_pages = static_cast<const uint8_t* const*>(R.code_table.p);
     it.codebooks = static_cast<const float*>(R.books->dev.p);
+    it.query_transform = device_query_transform(*R.books);
     it.q = items[i].q;
     it.out = items[i].out;
     // The launches are planned once for the capacity: the longest context, the
@@ -368,7 +369,7 @@ absl::Status queue_step_set(const ssa_decode_step_item* items, uint32_t n, uint3
   if (e == cudaSuccess) e = launch_step_plan(b, sb, out, stream);
   if (e == cudaSuccess) e = launch_step_rows(b.shape, sb, out.position, stream);
   for (uint32_t i = 0; i < n && e == cudaSuccess; ++i) {
-    e = pq_encode_at(index_shape(L), b.items[i].kv_pages, code_tables[i], b.items[i].codebooks, out.position + i,
+    e = pq_encode_at(index_shape(L, items[i].session->config.proxy), b.items[i].kv_pages, code_tables[i], b.items[i].codebooks, out.position + i,
                      stream);
   }
   b.items_dev = out.items;

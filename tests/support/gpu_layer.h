@@ -116,8 +116,9 @@ struct TestLayer {
 
 inline void build_layer(TestLayer& t, uint32_t n_q, uint32_t n_kv, uint32_t d, DType dt,
                         uint32_t n, uint32_t page_tokens, uint32_t M, uint32_t K, uint64_t seed,
-                        float needle_gain = 3.0f, uint32_t code_period = 0) {
+                        float needle_gain = 3.0f, uint32_t code_period = 0, uint32_t code_bits = 8) {
   t.L.n_layers = 1;
+  t.L.code_bits = code_bits;  // 4: two codes per byte (K <= 16), the CPU backend's layout
   t.L.n_q_heads = n_q;
   t.L.n_kv_heads = n_kv;
   t.L.head_dim = d;
@@ -193,7 +194,7 @@ inline void build_layer(TestLayer& t, uint32_t n_q, uint32_t n_kv, uint32_t d, D
           store_from_f32(kvp.data() + t.L.k_offset(h, s), dt, j, t.k[(i * n_kv + h) * d + j]);
           store_from_f32(kvp.data() + t.L.v_offset(h, s), dt, j, t.v[(i * n_kv + h) * d + j]);
         }
-        for (uint32_t m = 0; m < M; ++m) cp[t.L.code_offset(h, m) + s] = t.codes[(i * n_kv + h) * M + m];
+        for (uint32_t m = 0; m < M; ++m) t.L.set_code(cp.data(), h, m, s, t.codes[(i * n_kv + h) * M + m]);
       }
     }
     uint8_t *a = nullptr, *b = nullptr;
@@ -228,6 +229,7 @@ inline cuda::DecodeShape shape_of(const KvLayout& L) {
   while ((1u << s.page_shift) < L.page_tokens) ++s.page_shift;
   s.pq_subspaces = L.pq_subspaces;
   s.pq_centroids = L.pq_centroids;
+  s.pq_code_bits = L.code_bits;
   s.dtype = L.dtype;
   return s;
 }

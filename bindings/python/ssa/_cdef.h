@@ -164,8 +164,10 @@ typedef enum ssa_dtype {
          (T^-T q) . (T k) = q . k. A layer trained before any query was observed
          uses the identity in place of the whitening. One-byte codes.
    QPQ4: QPQ's transform with PQ4's codes and scoring.
-   The CUDA backend supports PQ only: a session with another proxy is refused
-   there with SSA_ERR_UNSUPPORTED (at ssa_session_create and at load). */
+   Every proxy runs on both backends, with the same codebooks, transforms and
+   (up to near-ties of two centroids) codes from the same keys and queries; a
+   CUDA runtime of several devices or processes takes SSA_PROXY_PQ only (other
+   proxies: SSA_ERR_UNSUPPORTED at ssa_session_create and at load). */
 typedef enum ssa_proxy {
   SSA_PROXY_PQ = 0,
   SSA_PROXY_OPQ = 1,
@@ -454,8 +456,9 @@ void ssa_session_config_init(ssa_session_config *cfg);
    The runtime must outlive the session.
    Returns SSA_OK, SSA_ERR_INVALID_ARGUMENT (NULLs, bad struct_size, a shape or
    PQ setting out of range, an unknown proxy, 4-bit proxies with more than 16
-   centroids or an odd number of subspaces), SSA_ERR_UNSUPPORTED (a proxy other
-   than SSA_PROXY_PQ, or pq_parallel_weight above 1, on a CUDA runtime),
+   centroids or an odd number of subspaces), SSA_ERR_UNSUPPORTED (pq_parallel_weight
+   above 1 on a CUDA runtime, a proxy other than SSA_PROXY_PQ on a CUDA runtime
+   of several devices or processes),
    SSA_ERR_OUT_OF_MEMORY, SSA_ERR_DEVICE. */
 ssa_status ssa_session_create(ssa_runtime *rt, const ssa_session_config *cfg,
                                       ssa_session **out);
@@ -534,7 +537,9 @@ ssa_status ssa_session_update_index(ssa_session *s);
 /* Shows a layer queries for the query-aware proxies (SSA_PROXY_QPQ, _QPQ4) to
    learn their transform from: the queries the model attends the layer with, in
    the shape of a decode's q, n of them: q [n][n_q_heads][head_dim] in the
-   session's dtype (host memory for CPU sessions), borrowed. Per KV head the
+   session's dtype and memory space (CUDA sessions: device memory, read on the
+   legacy default stream before the call returns; host memory with
+   SSA_SESSION_HOST_POINTERS), borrowed. Per KV head the
    second moment of its query heads' queries is accumulated (head_dim^2
    multiply-adds per query head: a few hundred queries per layer are plenty, a
    prefill's last ones or the first decode steps'). Nothing is retrained here:
@@ -547,8 +552,8 @@ ssa_status ssa_session_update_index(ssa_session *s);
    layer's next training compares them and refuses on every rank otherwise).
    Returns SSA_OK, SSA_ERR_INVALID_ARGUMENT (s NULL, q NULL with n > 0,
    layer >= n_layers, a proxy that is not query-aware, NaN or infinity in q,
-   more than 2^28 values in q, more than 2^48 queries per KV head in all),
-   SSA_ERR_OUT_OF_MEMORY. */
+   more than 2^28 values in q, more than 2^48 queries per KV head in all, q not
+   in the session's memory space), SSA_ERR_OUT_OF_MEMORY, SSA_ERR_DEVICE. */
 ssa_status ssa_session_observe_queries(ssa_session *s, uint32_t layer, const void *q, uint64_t n);
 
 /* Keeps the first n_tokens tokens of every layer (agent rollback). n_tokens may
