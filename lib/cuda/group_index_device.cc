@@ -67,7 +67,7 @@ absl::Status train_group_index(ssa_session& s, LayerStore& layer) {
     return read_device_sample_keys(s, layer, n, i0, i1, out);
   };
   SSA_RETURN_IF_ERROR(gather_sample_keys(*s.rt->group, L, layer.n_tokens, s.rt->shard_tokens, n, read, &keys));
-  const PqIndexShape shape = index_shape(L);
+  const PqIndexShape shape = index_shape(L, s.config.proxy);
   const auto n32 = static_cast<uint32_t>(n);
   auto books = std::make_shared<PqCodebooks>();
   books->n_kv_heads = L.n_kv_heads;
