@@ -416,11 +416,11 @@ TEST_CASE("gpu proxies: refused queries and configurations change nothing") {
   ssa_runtime_options ro = ssa_test::runtime_options(SSA_BACKEND_CUDA);
   ro.devices = devices;
   ro.n_devices = 2;
-  ro.shard_tokens = 4096;
+  ro.shard_tokens = 8192;
   ssa_runtime* sharded = nullptr;
   const ssa_status rs = ssa_runtime_create(&ro, &sharded);
   ssa::allow_repeated_shard_devices(false);
-  INFO(ssa_last_error_message());
+  INFO(std::string(ssa_last_error_message()));
   REQUIRE(rs == SSA_OK);
   ssa_session* opq = nullptr;
   ssa_session_config oc = ssa_test::make_config(1, kNq, kNkv, kD, SSA_DTYPE_F16);
