@@ -112,15 +112,16 @@ absl::Status move_pages(LayerStore& layer, std::vector<std::pair<size_t, PageRef
 
 bool page_movable(const PageRef& p) { return p.use_count() == 1; }
 
+// A group rank's layer has no page where another rank holds the tokens (null).
 bool layer_has_host_pages(const LayerStore& layer) {
   for (const PageRef& p : layer.kv_pages)
-    if (p->tier() != PageTier::kDevice) return true;
+    if (p != nullptr && p->tier() != PageTier::kDevice) return true;
   return false;
 }
 
 bool layer_has_file_pages(const LayerStore& layer) {
   for (const PageRef& p : layer.kv_pages)
-    if (p->tier() == PageTier::kFile) return true;
+    if (p != nullptr && p->tier() == PageTier::kFile) return true;
   return false;
 }
 
