@@ -281,7 +281,7 @@ TEST_CASE("gpu process group: what a CUDA group does not do is refused, on every
   ssa_runtime* rt = nullptr;
   CHECK(ssa_runtime_create(&o, &rt) == SSA_ERR_UNSUPPORTED);
   o.device_kv_budget = 0;
-  const int32_t devices[] = {0, 0};
+  const int32_t devices[] = {0, 1};  // distinct (a repeated ordinal is invalid before the group is looked at)
   o.devices = devices;
   o.n_devices = 2;
   CHECK(ssa_runtime_create(&o, &rt) == SSA_ERR_UNSUPPORTED);
@@ -303,8 +303,10 @@ TEST_CASE("gpu process group: what a CUDA group does not do is refused, on every
     p.target_error = 0.05f;
     target[r] = group::decode_on(s, d, p, true).st;
     reserve[r] = ssa_session_reserve(s, 16);
-    p = params(SSA_METHOD_SSA, 1800);
-    p.n_sink = 10000;  // rank 0's chunk-aligned range would end at 10000, past its margin (9216)
+    // A budget beyond the sink tokens, so that the decode selects: rank 0's
+    // chunk-aligned range would end at 10000, past its margin (9216).
+    p = params(SSA_METHOD_SSA, 12000);
+    p.n_sink = 10000;
     sinks[r] = group::decode_on(s, d, p, true).st;
     std::vector<uint16_t> k(d.k.begin(), d.k.begin() + 10000 * kNkv * kD), v(k.size());
     std::copy(d.v.begin(), d.v.begin() + static_cast<std::ptrdiff_t>(v.size()), v.begin());
