@@ -311,6 +311,33 @@ __device__ __forceinline__ void lut_entries_m16(const char* m_base, uint32_t cw,
   }
 }
 
+// A score block's epilogue: each row's extreme score keys (the warps', then the
+// block's, then the row state's) and the block's score histograms added into the
+// rows' (the GH rows are consecutive from row0). Every thread of the block calls it.
+template <int GH>
+__device__ __forceinline__ void flush_block_stats(const uint32_t* local_max, const uint32_t* local_min, uint32_t* smax,
+                                                  uint32_t* smin, const uint32_t* hist_s, const Workspace& ws,
+                                                  uint32_t row0) {
+#pragma unroll
+  for (int g = 0; g < GH; ++g) {
+    const uint32_t w = __reduce_max_sync(0xffffffffu, local_max[g]);
+    const uint32_t v = __reduce_min_sync(0xffffffffu, local_min[g]);
+    if ((threadIdx.x & 31) == 0 && w != 0u) {
+      atomicMax(&smax[g], w);
+      atomicMin(&smin[g], v);
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x < GH && smax[threadIdx.x] != 0u) {
+    atomicMax(&ws.rows[row0 + threadIdx.x].max_key, smax[threadIdx.x]);
+    atomicMin(&ws.rows[row0 + threadIdx.x].min_key, smin[threadIdx.x]);
+  }
+  uint32_t* hist = ws.hist + size_t{row0} * kScoreBins;
+  for (uint32_t i = threadIdx.x; i < GH * kScoreBins; i += kScoreThreads) {
+    if (hist_s[i]) atomicAdd(&hist[i], hist_s[i]);
+  }
+}
+
 // kM16: 16 subspaces of 256 codes with GH >= 4 (lut_entries_m16); otherwise any
 // table shape through lut_entries.
 template <int GH, bool kM16>
@@ -444,25 +471,7 @@ __global__ void __launch_bounds__(kScoreThreads, GH >= 8 ? 1 : kScoreBlocksPerSm
     }
   }
   cp_async_wait<0>();
-#pragma unroll
-  for (int g = 0; g < GH; ++g) {
-    const uint32_t w = __reduce_max_sync(0xffffffffu, local_max[g]);
-    const uint32_t v = __reduce_min_sync(0xffffffffu, local_min[g]);
-    if ((threadIdx.x & 31) == 0 && w != 0u) {
-      atomicMax(&smax[g], w);
-      atomicMin(&smin[g], v);
-    }
-  }
-  __syncthreads();
-  if (threadIdx.x < GH && smax[threadIdx.x] != 0u) {
-    atomicMax(&ws.rows[row0 + threadIdx.x].max_key, smax[threadIdx.x]);
-    atomicMin(&ws.rows[row0 + threadIdx.x].min_key, smin[threadIdx.x]);
-  }
-  // The block's histograms into the rows' (the GH rows are consecutive).
-  uint32_t* hist = ws.hist + size_t{row0} * kScoreBins;
-  for (uint32_t i = threadIdx.x; i < GH * kScoreBins; i += kScoreThreads) {
-    if (hist_s[i]) atomicAdd(&hist[i], hist_s[i]);
-  }
+  flush_block_stats<GH>(local_max, local_min, smax, smin, hist_s, ws, row0);
 }
 
 // 4-bit codes (SSA_PROXY_PQ4, _OPQ4, _QPQ4), scored as the CPU backend scores
@@ -623,24 +632,7 @@ __global__ void __launch_bounds__(kScoreThreads, GH >= 8 ? 1 : kScoreBlocksPerSm
     }
   }
   cp_async_wait<0>();
-#pragma unroll
-  for (int g = 0; g < GH; ++g) {
-    const uint32_t w = __reduce_max_sync(0xffffffffu, local_max[g]);
-    const uint32_t v = __reduce_min_sync(0xffffffffu, local_min[g]);
-    if ((threadIdx.x & 31) == 0 && w != 0u) {
-      atomicMax(&smax[g], w);
-      atomicMin(&smin[g], v);
-    }
-  }
-  __syncthreads();
-  if (threadIdx.x < GH && smax[threadIdx.x] != 0u) {
-    atomicMax(&ws.rows[row0 + threadIdx.x].max_key, smax[threadIdx.x]);
-    atomicMin(&ws.rows[row0 + threadIdx.x].min_key, smin[threadIdx.x]);
-  }
-  uint32_t* hist = ws.hist + size_t{row0} * kScoreBins;
-  for (uint32_t i = threadIdx.x; i < GH * kScoreBins; i += kScoreThreads) {
-    if (hist_s[i]) atomicAdd(&hist[i], hist_s[i]);
-  }
+  flush_block_stats<GH>(local_max, local_min, smax, smin, hist_s, ws, row0);
 }
 
 // Exact scores for all q heads of one KV head; groups of TPR lanes take tokens.

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "backend.h"
+#include "store/kv_layout.h"
 
 namespace ssa::cuda {
 
@@ -87,6 +88,17 @@ class CudaBackend final : public Backend {
 // legacy default stream; the caller waits (device_index.cc).
 absl::Status encode_range(const ssa_session& s, const float* books, const std::vector<PageRef>& kv,
                           const std::vector<PageRef>& codes, uint64_t begin, uint64_t end);
+
+struct DeviceMem;  // device_mem.h
+
+// Codebooks of the layout's shape, zero, for a training to fill (device_index.cc).
+std::shared_ptr<PqCodebooks> empty_codebooks(const KvLayout& L);
+
+// The end of every device training: downloads the trained codebooks `bd`, waits
+// for the encoding queued before, makes them the session's device copy and puts
+// them and `codes` in the layer (device_index.cc).
+absl::Status install_trained_index(ssa_session& s, LayerStore& layer, std::shared_ptr<PqCodebooks> books,
+                                   DeviceMem&& bd, std::vector<PageRef> codes);
 
 // A rank of a group of processes: codebooks trained on the sample gathered over
 // the group (bitwise the unsharded session's), its own codes encoded

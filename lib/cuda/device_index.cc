@@ -96,12 +96,7 @@ absl::Status CudaBackend::train_index(ssa_session& s, LayerStore& layer) const {
   // the old code pages and codebooks (their tables hold them).
   const uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(s.config.index_train_sample, layer.n_tokens));
   const PqIndexShape shape = index_shape(L, s.config.proxy);
-  auto books = std::make_shared<PqCodebooks>();
-  books->n_kv_heads = L.n_kv_heads;
-  books->subspaces = L.pq_subspaces;
-  books->centroids = L.pq_centroids;
-  books->sub_dim = L.sub_dim();
-  books->data.resize(size_t{L.n_kv_heads} * L.pq_subspaces * L.pq_centroids * L.sub_dim());
+  std::shared_ptr<PqCodebooks> books = empty_codebooks(L);
   DeviceMem kt, work, bd;
   // Pages mapped from a file this device cannot read are read from pinned copies.
   absl::StatusOr<std::vector<PageRef>> kv = readable_pages(s, layer);
@@ -121,9 +116,25 @@ absl::Status CudaBackend::train_index(ssa_session& s, LayerStore& layer) const {
   if (!fresh.ok()) return fresh.status();
   std::vector<PageRef> codes = *std::move(fresh);
   SSA_RETURN_IF_ERROR(encode_range(s, static_cast<const float*>(bd.p), *kv, codes, 0, layer.n_tokens));
-  SSA_CUDA_RETURN(cudaMemcpy(books->data.data(), bd.p, books->data.size() * sizeof(float),
-                             cudaMemcpyDeviceToHost), "codebook download");
-  SSA_CUDA_RETURN(cudaStreamSynchronize(nullptr), "PQ encode");  // the copies in *kv may go after this
+  // The copies in *kv may go once the helper has waited for the encoding.
+  return install_trained_index(s, layer, std::move(books), std::move(bd), std::move(codes));
+}
+
+std::shared_ptr<PqCodebooks> empty_codebooks(const KvLayout& L) {
+  auto books = std::make_shared<PqCodebooks>();
+  books->n_kv_heads = L.n_kv_heads;
+  books->subspaces = L.pq_subspaces;
+  books->centroids = L.pq_centroids;
+  books->sub_dim = L.sub_dim();
+  books->data.resize(size_t{L.n_kv_heads} * L.pq_subspaces * L.pq_centroids * L.sub_dim());
+  return books;
+}
+
+absl::Status install_trained_index(ssa_session& s, LayerStore& layer, std::shared_ptr<PqCodebooks> books,
+                                   DeviceMem&& bd, std::vector<PageRef> codes) {
+  SSA_CUDA_RETURN(cudaMemcpy(books->data.data(), bd.p, books->data.size() * sizeof(float), cudaMemcpyDeviceToHost),
+                  "codebook download");
+  SSA_CUDA_RETURN(cudaStreamSynchronize(nullptr), "PQ encode");
   {
     // The session's device copy of these codebooks is the one just trained: the
     // next append or decode need not upload them again.

@@ -69,12 +69,7 @@ absl::Status train_group_index(ssa_session& s, LayerStore& layer) {
   SSA_RETURN_IF_ERROR(gather_sample_keys(*s.rt->group, L, layer.n_tokens, s.rt->shard_tokens, n, read, &keys));
   const PqIndexShape shape = index_shape(L, s.config.proxy);
   const auto n32 = static_cast<uint32_t>(n);
-  auto books = std::make_shared<PqCodebooks>();
-  books->n_kv_heads = L.n_kv_heads;
-  books->subspaces = L.pq_subspaces;
-  books->centroids = L.pq_centroids;
-  books->sub_dim = L.sub_dim();
-  books->data.resize(size_t{L.n_kv_heads} * L.pq_subspaces * L.pq_centroids * L.sub_dim());
+  std::shared_ptr<PqCodebooks> books = empty_codebooks(L);
   DeviceMem work, bd;
   SSA_CUDA_RETURN(work.alloc(kmeans_workspace_bytes(shape, n32), nullptr), "cudaMallocAsync of k-means workspace");
   SSA_CUDA_RETURN(bd.alloc(books->data.size() * sizeof(float), nullptr), "cudaMallocAsync of codebooks");
@@ -99,17 +94,7 @@ absl::Status train_group_index(ssa_session& s, LayerStore& layer) {
   }
   SSA_RETURN_IF_ERROR(encode_range(s, static_cast<const float*>(bd.p), layer.kv_pages, codes,
                                    held.lo(0), held.hi(layer.n_tokens)));
-  SSA_CUDA_RETURN(cudaMemcpy(books->data.data(), bd.p, books->data.size() * sizeof(float), cudaMemcpyDeviceToHost),
-                  "codebook download");
-  SSA_CUDA_RETURN(cudaStreamSynchronize(nullptr), "PQ encode");
-  {
-    absl::MutexLock lock(&state(s).mu);
-    state(s).seed_device_books(books, std::move(bd));
-  }
-  layer.codebooks = std::move(books);
-  layer.code_pages = std::move(codes);
-  layer.trained_at_tokens = layer.n_tokens;
-  return absl::OkStatus();
+  return install_trained_index(s, layer, std::move(books), std::move(bd), std::move(codes));
 }
 
 }  // namespace ssa::cuda
