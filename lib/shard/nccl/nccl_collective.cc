@@ -7,13 +7,18 @@
 #include <thread>
 
 #include "cuda/device_mem.h"
+#include "nccl_api.h"
 #include "status.h"
 
 namespace ssa {
 namespace {
 
+// The process's NCCL: NcclCollective::create checks that it loads before any
+// other call can be made.
+const NcclApi* nccl() { return *nccl_api(); }
+
 absl::Status nccl_error(ncclResult_t r, const char* what) {
-  return make_error(SSA_ERR_DEVICE, absl::StrCat(what, ": ", ncclGetErrorString(r)));
+  return make_error(SSA_ERR_DEVICE, absl::StrCat(what, ": ", nccl()->GetErrorString(r)));
 }
 absl::Status cuda_error(cudaError_t e, const char* what) {
   return make_error(SSA_ERR_DEVICE, absl::StrCat(what, ": ", cudaGetErrorString(e)));
@@ -36,10 +41,12 @@ absl::StatusOr<std::unique_ptr<NcclCollective>> NcclCollective::create(void* com
                                                                         uint32_t timeout_ms) {
   if (comm == nullptr) return invalid_argument("NCCL communicator is NULL");
   if (timeout_ms == 0) return invalid_argument("NCCL collectives need a timeout > 0");
+  absl::StatusOr<const NcclApi*> api = nccl_api();
+  if (!api.ok()) return api.status();
   int rank = 0, count = 0, device = 0;
-  SSA_NCCL(ncclCommUserRank(static_cast<ncclComm_t>(comm), &rank), "ncclCommUserRank");
-  SSA_NCCL(ncclCommCount(static_cast<ncclComm_t>(comm), &count), "ncclCommCount");
-  SSA_NCCL(ncclCommCuDevice(static_cast<ncclComm_t>(comm), &device), "ncclCommCuDevice");
+  SSA_NCCL(nccl()->CommUserRank(static_cast<ncclComm_t>(comm), &rank), "ncclCommUserRank");
+  SSA_NCCL(nccl()->CommCount(static_cast<ncclComm_t>(comm), &count), "ncclCommCount");
+  SSA_NCCL(nccl()->CommCuDevice(static_cast<ncclComm_t>(comm), &device), "ncclCommCuDevice");
   if (rank < 0 || count <= 0 || rank >= count) {
     return invalid_argument("NCCL communicator reports rank ", rank, " of ", count);
   }
@@ -90,19 +97,19 @@ absl::Status NcclCollective::finish(const char* what) {
     if (q == cudaSuccess) return absl::OkStatus();
     if (q != cudaErrorNotReady) return cuda_error(q, what);
     ncclResult_t async = ncclSuccess;
-    const ncclResult_t r = ncclCommGetAsyncError(c, &async);
+    const ncclResult_t r = nccl()->CommGetAsyncError(c, &async);
     const bool failed = r != ncclSuccess || (async != ncclSuccess && async != ncclInProgress);
     const bool late = std::chrono::steady_clock::now() >= deadline;
     if (failed || late) {
       // The collective cannot complete (a peer failed, left or never came): the
       // communicator is aborted, which also ends the kernels waiting on it.
-      ncclCommAbort(c);
+      nccl()->CommAbort(c);
       aborted_ = true;
       if (cudaStreamSynchronize(s) != cudaSuccess) cudaGetLastError();
       return make_error(SSA_ERR_IO,
                         absl::StrCat(what, " on NCCL rank ", rank_, " of ", size_, ": ",
                                      failed ? absl::StrCat("the communicator reported ",
-                                                           ncclGetErrorString(r != ncclSuccess ? r : async))
+                                                           nccl()->GetErrorString(r != ncclSuccess ? r : async))
                                             : absl::StrCat("not complete within ", timeout_ms_, " ms"),
                                      "; the communicator was aborted (ncclCommAbort)"));
     }
@@ -130,13 +137,13 @@ absl::Status NcclCollective::reduce(void* data, size_t n, size_t elem_bytes, int
   const auto c = static_cast<ncclComm_t>(comm_);
   SSA_CUDA(cudaSetDevice(device_), "cudaSetDevice");
   if (cuda::is_device_memory(data)) {
-    SSA_NCCL(ncclAllReduce(data, data, n, static_cast<ncclDataType_t>(type), static_cast<ncclRedOp_t>(op), c, s),
+    SSA_NCCL(nccl()->AllReduce(data, data, n, static_cast<ncclDataType_t>(type), static_cast<ncclRedOp_t>(op), c, s),
              "ncclAllReduce");
   } else {
     const size_t bytes = n * elem_bytes;
     SSA_RETURN_IF_ERROR(scratch(bytes));
     SSA_CUDA(cudaMemcpyAsync(staging_, data, bytes, cudaMemcpyHostToDevice, s), "cudaMemcpyAsync");
-    SSA_NCCL(ncclAllReduce(staging_, staging_, n, static_cast<ncclDataType_t>(type),
+    SSA_NCCL(nccl()->AllReduce(staging_, staging_, n, static_cast<ncclDataType_t>(type),
                            static_cast<ncclRedOp_t>(op), c, s),
              "ncclAllReduce");
     SSA_CUDA(cudaMemcpyAsync(data, staging_, bytes, cudaMemcpyDeviceToHost, s), "cudaMemcpyAsync");
@@ -158,13 +165,13 @@ absl::Status NcclCollective::all_gather(const void* send, size_t bytes, void* re
   const auto c = static_cast<ncclComm_t>(comm_);
   SSA_CUDA(cudaSetDevice(device_), "cudaSetDevice");
   if (cuda::is_device_memory(send) && cuda::is_device_memory(recv)) {
-    SSA_NCCL(ncclAllGather(send, recv, bytes, ncclUint8, c, s), "ncclAllGather");
+    SSA_NCCL(nccl()->AllGather(send, recv, bytes, ncclUint8, c, s), "ncclAllGather");
   } else {
     SSA_RETURN_IF_ERROR(scratch(bytes * (size_t{size_} + 1)));
     uint8_t* in = static_cast<uint8_t*>(staging_);
     uint8_t* out = in + bytes;
     SSA_CUDA(cudaMemcpyAsync(in, send, bytes, cudaMemcpyDefault, s), "cudaMemcpyAsync");
-    SSA_NCCL(ncclAllGather(in, out, bytes, ncclUint8, c, s), "ncclAllGather");
+    SSA_NCCL(nccl()->AllGather(in, out, bytes, ncclUint8, c, s), "ncclAllGather");
     SSA_CUDA(cudaMemcpyAsync(recv, out, bytes * size_, cudaMemcpyDefault, s), "cudaMemcpyAsync");
   }
   return finish("ncclAllGather");
