@@ -7,8 +7,8 @@ The model has Llama-3.1-8B's shape (32 layers, hidden 4096, 32 query / 8 KV head
 1M-token prefill of the model takes minutes on any engine), then generate() runs on
 a --tokens-token prompt, so it processes the last prompt token and the new ones.
 
-Measured: the fill's rate (append + PQ index, the K/V generated on the device before
-each timed append) beside a pinned host-to-device copy of the same number of bytes in
+Measured: the fill's rate (appends, the K/V generated on the device before each
+timed append; then the PQ index of every layer, trained and encoded, timed apart) beside a pinned host-to-device copy of the same number of bytes in
 the same run (a 1 GiB pinned buffer copied over and over), overall and apart for the
 layers filled into the device budget and those filled into the host tier; the time
 to page-lock the runtime's host pool (--host-pool-gib: ssa.Runtime(host_pool_bytes=),
@@ -21,6 +21,7 @@ generate: the observer's waits are not in the timed steps); device memory in use
 
   python3 bench/hf_million_bench.py                       # H200: 1M tokens, 32 layers, 96 GiB budget
   python3 bench/hf_million_bench.py --host-pool-gib 0     # the same, host memory pinned during the fill
+  python3 bench/hf_million_bench.py --eager               # generate's eager path (no CUDA graphs)
   python3 bench/hf_million_bench.py --tokens 524288 --device-kv-budget-gib 48 --dense
   python3 bench/hf_million_bench.py --device cpu --shape tiny --tokens 8192 --layers 2 --steps 4   # smoke
 """
@@ -128,11 +129,15 @@ def fill(cache, layers, n, nkv, d, chunk, device, dtype, mem):
     return spent, per_layer
 
 
+EAGER = False  # --eager: generate's eager path (no CUDA graphs) instead of its compiled one
+
+
 def timed_generate(model, ids, cache, steps, device):
     sync(device)
     t0 = time.perf_counter()
     with torch.no_grad():
-        out = model.generate(ids, past_key_values=cache, max_new_tokens=steps, min_new_tokens=steps, do_sample=False)
+        out = model.generate(ids, past_key_values=cache, max_new_tokens=steps, min_new_tokens=steps, do_sample=False,
+                             disable_compile=EAGER)
     sync(device)
     return time.perf_counter() - t0, out
 
@@ -155,6 +160,8 @@ def main():
     ap.add_argument("--group-selection", default=None, choices=["mixture", "mean_query"],
                     help="rows chosen per KV head for its query heads (default: per query head)")
     ap.add_argument("--dense", action="store_true", help="also time dense decode from the tiers (a few steps)")
+    ap.add_argument("--eager", action="store_true", help="generate without its compiled path (CUDA graphs)")
+    ap.add_argument("--reserve-tokens", type=int, default=None, help="SSACache(reserve_tokens=); default by runtime")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     device = torch.device(a.device)
@@ -185,7 +192,11 @@ def main():
         print("dense decode would hold %.1f GiB of K/V + %.1f GiB of weights = %.1f GiB on a %.1f GiB device%s"
               % (kv_bytes / 2 ** 30, weights / 2 ** 30, (kv_bytes + weights) / 2 ** 30, total / 2 ** 30,
                  ": it does not fit" if kv_bytes + weights > total else ""))
+    global EAGER
+    EAGER = a.eager
     extra = dict(group_selection=a.group_selection) if a.group_selection else {}
+    if a.reserve_tokens:
+        extra["reserve_tokens"] = a.reserve_tokens
     cache = ssa.hf.SSACache(model, runtime=rt, method="ssa", sparsity=a.sparsity, progress_min_tokens=None, **extra)
     n = a.tokens - 1
     t_fill, per_layer = fill(cache, a.layers, n, nkv, d, a.chunk, device, dtype, mem)
@@ -193,7 +204,7 @@ def main():
     fill_gbs = filled / t_fill / 1e9
     res = dict(tokens=a.tokens, layers=a.layers, shape=a.shape, budget_gib=a.device_kv_budget_gib,
                group_selection=a.group_selection, host_pool_gib=pool / 2 ** 30, host_pool_lock_s=lock_s,
-               fill_s=t_fill, fill_gb_s=fill_gbs)
+               fill_s=t_fill, fill_gb_s=fill_gbs, eager=a.eager, reserve_tokens=a.reserve_tokens)
     line = "fill: %d tokens x %d layers in %.1f s of appends: %.2f GB/s" % (n, a.layers, t_fill, fill_gbs)
     # Layers whose K/V fit in the budget's resident part (the first ones) against
     # the rest, which go (mostly) to the host tier.
@@ -214,6 +225,19 @@ def main():
         if "host_tier_fill_gb_s" in res:
             line += ", its host-tier layers at %.0f%%" % (100 * res["host_tier_fill_gb_s"] / res["h2d_gb_s"])
         line += " (target >= 50%)"
+    print(line, flush=True)
+    # The PQ index: trained at the first decode when nothing asks before; timed
+    # here on its own (every layer's codebooks and all codes), the fill's second part.
+    sync(device)
+    t0 = time.perf_counter()
+    cache.sessions[0].update_index()
+    sync(device)
+    res["index_s"] = time.perf_counter() - t0
+    res["fill_with_index_gb_s"] = filled / (t_fill + res["index_s"]) / 1e9
+    line = "index: %d layers trained and encoded in %.2f s; append + index: %.2f GB/s" % (
+        a.layers, res["index_s"], res["fill_with_index_gb_s"])
+    if "h2d_gb_s" in res:
+        line += " = %.0f%% of the pinned copy (target >= 50%%)" % (100 * res["fill_with_index_gb_s"] / res["h2d_gb_s"])
     print(line, flush=True)
     gen = torch.Generator(device=device).manual_seed(1)
     ids = torch.randint(0, 32000, (1, a.tokens), device=device, generator=gen)

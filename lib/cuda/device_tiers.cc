@@ -12,6 +12,10 @@ namespace {
 
 // Copies into the cache per decode, in bytes: a decode never waits long for them.
 constexpr size_t kAdmitBytesPerDecode = size_t{4} << 20;
+// Read counts that add up many decodes (a reservation's steps) admit that many
+// decodes' worth, up to this many: the copies run when the next reservation is
+// made, which waits for them.
+constexpr uint64_t kMaxDecodesAdmitted = 16;
 
 LayerTiers& layer_tiers(SessionState& st, uint32_t layer_index, uint32_t n_layers) {
   if (st.tiers.size() < n_layers) st.tiers.resize(n_layers);
@@ -28,8 +32,9 @@ std::map<uint64_t, LayerTiers::Copy>::iterator drop_copy(LayerTiers& lt,
   return lt.copies.erase(it);
 }
 
-// Takes in the rows per page of the newest decode of the layer once it has run:
-// recency of use for the placement, reads of host pages for the cache.
+// Takes in the rows per page of the newest decode (or reservation's steps) of the
+// layer once its read-back has run: recency of use for the placement, reads of
+// host pages for the cache.
 absl::Status take_in_reads(SessionState& st, LayerTiers& lt, const LayerStore& layer) {
   if (!lt.pending) return absl::OkStatus();
   const cudaError_t q = cudaEventQuery(lt.ready);
@@ -43,11 +48,12 @@ absl::Status take_in_reads(SessionState& st, LayerTiers& lt, const LayerStore& l
   for (size_t i = 0; i < n; ++i) {
     if (rows[i] == 0) continue;
     lt.last_read[i] = step;
-    if (layer.kv_pages[i]->tier() != PageTier::kDevice) reads.push_back({i, rows[i]});
+    if (layer.kv_pages[i]->tier() != PageTier::kDevice && i < lt.steps_write_from) reads.push_back({i, rows[i]});
   }
   const size_t page_bytes = st.kv_pool->page_bytes();
+  const uint64_t decodes = std::min<uint64_t>(std::max<uint64_t>(lt.rows_decodes, 1), kMaxDecodesAdmitted);
   const PageCachePolicy::Update u =
-      lt.policy.observe(reads, step, std::max<size_t>(1, kAdmitBytesPerDecode / page_bytes));
+      lt.policy.observe(reads, step, std::max<size_t>(1, decodes * kAdmitBytesPerDecode / page_bytes));
   for (uint64_t e : u.evict) {
     auto it = lt.copies.find(e);
     if (it != lt.copies.end()) drop_copy(lt, it);
@@ -171,7 +177,7 @@ absl::Status tier_view(SessionState& st, uint32_t layer_index, const LayerStore&
   SSA_RETURN_IF_ERROR(take_in_reads(st, lt, layer));
   // Copies of pages the layer no longer holds (truncated, moved, rewritten).
   for (auto it = lt.copies.begin(); it != lt.copies.end();) {
-    if (it->first >= n || layer.kv_pages[it->first]->data() != it->second.host) {
+    if (it->first >= n || it->first >= lt.steps_write_from || layer.kv_pages[it->first]->data() != it->second.host) {
       it = drop_copy(lt, it);
     } else {
       ++it;
@@ -195,14 +201,11 @@ absl::Status tier_view(SessionState& st, uint32_t layer_index, const LayerStore&
   return absl::OkStatus();
 }
 
-cudaError_t queue_tier_readback(const ssa_session& s, SessionState::LayerCache& tables, cudaStream_t stream) {
-  cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
-  cudaError_t e = cudaStreamIsCapturing(stream, &cap);
-  if (e != cudaSuccess || cap != cudaStreamCaptureStatusNone) return e;
-  SessionState& st = state(s);
-  absl::MutexLock lock(&st.mu);
-  LayerTiers& lt = layer_tiers(st, tables.layer, s.layout.n_layers);
-  const size_t n = tables.kv.size(), bytes = n * sizeof(uint32_t);
+cudaError_t queue_page_reads(SessionState& st, uint32_t layer_index, uint32_t n_layers, uint32_t* page_rows,
+                             size_t n, uint64_t decodes, cudaStream_t stream) {
+  LayerTiers& lt = layer_tiers(st, layer_index, n_layers);
+  const size_t bytes = n * sizeof(uint32_t);
+  cudaError_t e = cudaSuccess;
   if (lt.rows_host.bytes < bytes) {
     if (lt.pending && (e = cudaEventSynchronize(lt.ready)) != cudaSuccess) return e;
     lt.pending = false;
@@ -216,15 +219,31 @@ cudaError_t queue_tier_readback(const ssa_session& s, SessionState::LayerCache& 
   if (lt.ready == nullptr && (e = cudaEventCreateWithFlags(&lt.ready, cudaEventDisableTiming)) != cudaSuccess) {
     return e;
   }
-  if ((e = cudaMemcpyAsync(lt.rows_host.p, tables.page_rows.p, bytes, cudaMemcpyDeviceToHost, stream)) !=
-          cudaSuccess ||
-      (e = cudaMemsetAsync(tables.page_rows.p, 0, bytes, stream)) != cudaSuccess ||
+  if ((e = cudaMemcpyAsync(lt.rows_host.p, page_rows, bytes, cudaMemcpyDeviceToHost, stream)) != cudaSuccess ||
+      (e = cudaMemsetAsync(page_rows, 0, bytes, stream)) != cudaSuccess ||
       (e = cudaEventRecord(lt.ready, stream)) != cudaSuccess) {
     return e;
   }
   lt.pending = true;
   lt.rows_pages = n;
+  lt.rows_decodes = decodes;
   return cudaSuccess;
+}
+
+void set_steps_write_from(SessionState& st, uint32_t layer_index, uint32_t n_layers, uint64_t first_page) {
+  LayerTiers& lt = layer_tiers(st, layer_index, n_layers);
+  lt.steps_write_from = first_page;
+  for (auto it = lt.copies.lower_bound(first_page); it != lt.copies.end();) it = drop_copy(lt, it);
+}
+
+cudaError_t queue_tier_readback(const ssa_session& s, SessionState::LayerCache& tables, cudaStream_t stream) {
+  cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+  cudaError_t e = cudaStreamIsCapturing(stream, &cap);
+  if (e != cudaSuccess || cap != cudaStreamCaptureStatusNone) return e;
+  SessionState& st = state(s);
+  absl::MutexLock lock(&st.mu);
+  return queue_page_reads(st, tables.layer, s.layout.n_layers, static_cast<uint32_t*>(tables.page_rows.p),
+                          tables.kv.size(), 1, stream);
 }
 
 }  // namespace ssa::cuda

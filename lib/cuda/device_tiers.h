@@ -59,8 +59,12 @@ struct LayerTiers {
   // policies: valid once `ready` has passed.
   PinnedBuffer rows_host;
   size_t rows_pages = 0;
+  uint64_t rows_decodes = 1;  // decodes those rows add up (a reservation's steps: many)
   cudaEvent_t ready = nullptr;
   bool pending = false;
+  // Pages from this index on are written by a reservation's decode steps
+  // (graph_step.h) while it lasts: never cached, a copy would go stale.
+  uint64_t steps_write_from = UINT64_MAX;
 };
 
 // Pages of a layer a policy may move (held by this session alone).
@@ -83,6 +87,18 @@ absl::Status rebalance_layer(ssa_session& s, uint32_t layer_index, LayerStore& l
 absl::Status tier_view(SessionState& st, uint32_t layer_index, const LayerStore& layer,
                        std::vector<const uint8_t*>* addresses, std::vector<uint8_t>* tiers,
                        std::vector<std::shared_ptr<void>>* memory);
+
+// Queues the copy of `n` pages' read counts (device, zeroed after the copy) back
+// to the layer's bookkeeping for the next tier_view, which takes them in once
+// the copy has run; `decodes` is how many decodes they add up, so that many
+// decodes' worth of pages may be admitted to the cache. Caller holds st.mu.
+cudaError_t queue_page_reads(SessionState& st, uint32_t layer_index, uint32_t n_layers, uint32_t* page_rows,
+                             size_t n, uint64_t decodes, cudaStream_t stream);
+
+// A reservation's steps write the layer's pages from `first_page` on
+// (UINT64_MAX: no reservation any more): drops their cached copies and admits
+// none while it lasts. Caller holds st.mu.
+void set_steps_write_from(SessionState& st, uint32_t layer_index, uint32_t n_layers, uint64_t first_page);
 
 // True when some page of the layer is not a device page (its decodes count tiers).
 bool layer_has_host_pages(const LayerStore& layer);

@@ -17,8 +17,10 @@
 #include "cuda_backend.h"
 #include "decode/decode_plan.h"
 #include "device_error.h"
+#include "device_tiers.h"
 #include "kernels/cuda_decode.h"
 #include "kernels/step_plan.h"
+#include "kernels/tier_accounting.h"
 #include "launch_set.h"
 #include "method_plan.h"
 #include "session.h"
@@ -122,14 +124,94 @@ uint64_t budget_at(uint64_t n, const ssa_decode_params& p) {
 const char* unreservable(const ssa_session& s) {
   if (shard_count(s) > 1) return "sharded sessions (their decodes exchange selections between threads)";
   if (s.rt->group != nullptr) return "sessions of a group of processes (their decodes are collective calls)";
-  if (state(s).kv_pool->tiered()) return "tiered sessions (device_kv_budget: pages move between tiers on the host)";
   if (host_buffers(s)) return "sessions with SSA_SESSION_HOST_POINTERS (their buffers are staged by the host)";
+  // Host pages of a tiered session are pinned and mapped: steps read them in place.
   for (const LayerStore& l : s.layers) {
     for (const PageRef& pg : l.kv_pages) {
-      if (pg->tier() != PageTier::kDevice) return "sessions with pages mapped from a snapshot file (SSA_LOAD_MMAP)";
+      if (pg->tier() == PageTier::kFile) return "sessions with pages mapped from a snapshot file (SSA_LOAD_MMAP)";
     }
   }
   return nullptr;
+}
+
+
+// One layer of a reservation: its tail (tiered sessions: older pages make room
+// on the device first, as for an append) and the tables the steps read. A
+// tiered layer's kv table is the decode's tier view (cached copies included)
+// up to the tail, then the tail's pages; those are never cached while the
+// reservation lasts.
+absl::Status reserve_layer(ssa_session& s, uint32_t l, uint64_t n_tokens, StepReservation::Layer* out) {
+  SessionState& st = state(s);
+  const KvLayout& L = s.layout;
+  LayerStore& layer = s.layers[l];
+  if (layer.codebooks == nullptr) return internal_error("layer ", l, " reached the reservation without an index");
+  StepReservation::Layer& R = *out;
+  R.capacity = layer.n_tokens + n_tokens;
+  // The partly filled last page is made the session's own (copied if shared),
+  // as for an append: the steps write into it.
+  SSA_RETURN_IF_ERROR(s.backend->gather_tail(s, layer, R.capacity, true, &R.tail));
+  std::vector<PageRef> code(layer.code_pages.begin(), layer.code_pages.begin() + R.tail.first_page);
+  code.insert(code.end(), R.tail.code.begin(), R.tail.code.end());
+  SSA_RETURN_IF_ERROR(upload_table(code, false, st.stream, &R.code_table));
+  if (!st.kv_pool->tiered()) {
+    std::vector<PageRef> kv(layer.kv_pages.begin(), layer.kv_pages.begin() + R.tail.first_page);
+    kv.insert(kv.end(), R.tail.kv.begin(), R.tail.kv.end());
+    SSA_RETURN_IF_ERROR(upload_table(kv, false, st.stream, &R.kv_table));
+  } else {
+    std::vector<const uint8_t*> entries;
+    std::vector<uint8_t> tiers;
+    {
+      absl::MutexLock lock(&st.mu);
+      set_steps_write_from(st, l, L.n_layers, R.tail.first_page);
+      SSA_RETURN_IF_ERROR(tier_view(st, l, layer, &entries, &tiers, &R.memory));
+    }
+    entries.resize(R.tail.first_page);
+    tiers.resize(R.tail.first_page);
+    for (const PageRef& pg : R.tail.kv) {
+      entries.push_back(pg->data());
+      tiers.push_back(pg->tier() == PageTier::kDevice ? kTierDevice : kTierHost);
+      R.memory.push_back(pg->keeper());
+    }
+    R.tiered = true;
+    R.n_pages = entries.size();
+    SSA_RETURN_IF_ERROR(upload_array(entries.data(), entries.size() * sizeof(void*), st.stream, &R.kv_table));
+    SSA_RETURN_IF_ERROR(upload_array(tiers.data(), tiers.size(), st.stream, &R.tier_table));
+    SSA_CUDA_RETURN(R.page_rows.alloc(R.n_pages * sizeof(uint32_t), st.stream), "cudaMallocAsync of the tier accounting");
+    SSA_CUDA_RETURN(cudaMemsetAsync(R.page_rows.p, 0, R.n_pages * sizeof(uint32_t), st.stream), "tier accounting setup");
+  }
+  absl::MutexLock lock(&st.mu);
+  absl::StatusOr<std::shared_ptr<SessionState::Books>> b = st.device_books(layer.codebooks);
+  if (!b.ok()) return b.status();
+  R.books = *std::move(b);
+  return absl::OkStatus();
+}
+
+// The reservation's lengths, guard and event; complete on return.
+absl::Status arm_reservation(SessionState& st, const std::vector<uint32_t>& lengths, StepReservation* r) {
+  SSA_RETURN_IF_ERROR(upload_array(lengths.data(), lengths.size() * sizeof(uint32_t), st.stream, &r->lengths));
+  if (st.guard == nullptr) {
+    absl::StatusOr<StepGuard*> g = take_guard(st.device);
+    if (!g.ok()) return g.status();
+    st.guard = *g;
+  }
+  if (st.step_done == nullptr) {
+    absl::StatusOr<cudaEvent_t> e = take_step_event(st.device);
+    if (!e.ok()) return e.status();
+    st.step_done = *e;
+  }
+  r->generation = next_generation();
+  SSA_RETURN_IF_ERROR(write_guard(st, r->generation));
+  // Page copies of gather_tail (legacy default stream) and the uploads: done
+  // before any step, on whatever stream, may write the pages.
+  SSA_CUDA_RETURN(cudaStreamSynchronize(nullptr), "reserve");
+  return absl::OkStatus();
+}
+
+// The layers' pages may be cached again (the reservation ended or was not made).
+void end_tiered_steps(ssa_session& s) {
+  SessionState& st = state(s);
+  absl::MutexLock lock(&st.mu);
+  for (uint32_t l = 0; l < s.layout.n_layers; ++l) set_steps_write_from(st, l, s.layout.n_layers, UINT64_MAX);
 }
 
 }  // namespace
@@ -178,44 +260,19 @@ absl::Status CudaBackend::reserve_steps(ssa_session& s, uint64_t n_tokens) const
   auto r = std::make_shared<StepReservation>();
   for (uint32_t l = 0; l < L.n_layers; ++l) r->layers.push_back(std::make_unique<StepReservation::Layer>());
   std::vector<uint32_t> lengths(L.n_layers);
-  for (uint32_t l = 0; l < L.n_layers; ++l) {
-    LayerStore& layer = s.layers[l];
-    if (layer.codebooks == nullptr) return internal_error("layer ", l, " reached the reservation without an index");
-    StepReservation::Layer& R = *r->layers[l];
-    R.capacity = layer.n_tokens + n_tokens;
-    // The partly filled last page is made the session's own (copied if shared),
-    // as for an append: the steps write into it.
-    SSA_RETURN_IF_ERROR(ssa::gather_tail(layer, L, R.capacity, *st.kv_pool, st.code_pool.get(), &R.tail));
-    std::vector<PageRef> kv(layer.kv_pages.begin(), layer.kv_pages.begin() + R.tail.first_page);
-    std::vector<PageRef> code(layer.code_pages.begin(), layer.code_pages.begin() + R.tail.first_page);
-    kv.insert(kv.end(), R.tail.kv.begin(), R.tail.kv.end());
-    code.insert(code.end(), R.tail.code.begin(), R.tail.code.end());
-    SSA_RETURN_IF_ERROR(upload_table(kv, false, st.stream, &R.kv_table));
-    SSA_RETURN_IF_ERROR(upload_table(code, false, st.stream, &R.code_table));
-    {
-      absl::MutexLock lock(&st.mu);
-      absl::StatusOr<std::shared_ptr<SessionState::Books>> b = st.device_books(layer.codebooks);
-      if (!b.ok()) return b.status();
-      R.books = *std::move(b);
-    }
-    lengths[l] = static_cast<uint32_t>(layer.n_tokens);
+  const bool tiered = st.kv_pool->tiered();
+  absl::Status made = absl::OkStatus();
+  for (uint32_t l = 0; l < L.n_layers && made.ok(); ++l) made = reserve_layer(s, l, n_tokens, r->layers[l].get());
+  if (!made.ok()) {
+    if (tiered) end_tiered_steps(s);
+    return made;
   }
-  SSA_RETURN_IF_ERROR(upload_array(lengths.data(), lengths.size() * sizeof(uint32_t), st.stream, &r->lengths));
-  if (st.guard == nullptr) {
-    absl::StatusOr<StepGuard*> g = take_guard(st.device);
-    if (!g.ok()) return g.status();
-    st.guard = *g;
+  for (uint32_t l = 0; l < L.n_layers; ++l) lengths[l] = static_cast<uint32_t>(s.layers[l].n_tokens);
+  made = arm_reservation(st, lengths, r.get());
+  if (!made.ok()) {
+    if (tiered) end_tiered_steps(s);
+    return made;
   }
-  if (st.step_done == nullptr) {
-    absl::StatusOr<cudaEvent_t> e = take_step_event(st.device);
-    if (!e.ok()) return e.status();
-    st.step_done = *e;
-  }
-  r->generation = next_generation();
-  SSA_RETURN_IF_ERROR(write_guard(st, r->generation));
-  // Page copies of gather_tail (legacy default stream) and the uploads: done
-  // before any step, on whatever stream, may write the pages.
-  SSA_CUDA_RETURN(cudaStreamSynchronize(nullptr), "reserve");
   st.reservation = std::move(r);
   st.steps_reserved = true;
   return absl::OkStatus();
@@ -248,6 +305,19 @@ absl::Status CudaBackend::settle_steps(ssa_session& s, bool end, uint64_t* dropp
                             " committed, capacity ", R.capacity, ")");
     }
   }
+  if (r != nullptr && r->layers[0]->tiered) {
+    // What the steps read, for the placement and the cache (taken in when the
+    // next reservation or decode builds its tables).
+    absl::MutexLock lock(&st.mu);
+    for (uint32_t l = 0; l < s.layout.n_layers; ++l) {
+      const StepReservation::Layer& R = *r->layers[l];
+      const uint64_t steps = lengths[l] - s.layers[l].n_tokens;
+      if (steps == 0) continue;
+      SSA_CUDA_RETURN(queue_page_reads(st, l, s.layout.n_layers, static_cast<uint32_t*>(R.page_rows.p), R.n_pages,
+                                       steps, st.stream), "tier accounting read-back");
+    }
+    SSA_CUDA_RETURN(cudaStreamSynchronize(st.stream), "tier accounting read-back");
+  }
   for (uint32_t l = 0; r != nullptr && l < s.layout.n_layers; ++l) {
     LayerStore& layer = s.layers[l];
     const StepReservation::Layer& R = *r->layers[l];
@@ -271,6 +341,7 @@ absl::Status CudaBackend::settle_steps(ssa_session& s, bool end, uint64_t* dropp
   const unsigned long long generation = r == nullptr ? g.generation : end ? next_generation() : r->generation;
   SSA_RETURN_IF_ERROR(write_guard(st, generation));
   if (end && r != nullptr) {
+    if (r->layers[0]->tiered) end_tiered_steps(s);
     st.reservation.reset();  // unused pages back to the pools; tables and lengths freed
     st.steps_reserved = false;
   }
@@ -375,6 +446,34 @@ absl::Status queue_step_set(const ssa_decode_step_item* items, uint32_t n, uint3
   b.items_dev = out.items;
   b.step_dev = out.step;
   if (e == cudaSuccess) e = run_decode(b, plan, ws, stream);
+  // Tiered sessions: rows per page into the reservation's counts (read back at
+  // settle), and with stats the rows read from each tier.
+  TierBatch tb{};
+  bool any_tiered = false;
+  for (uint32_t i = 0; i < n; ++i) {
+    const StepReservation::Layer& R = *state(*items[i].session).reservation->layers[layer_index];
+    if (!R.tiered) continue;
+    any_tiered = true;
+    tb.items[i].page_tier = static_cast<const uint8_t*>(R.tier_table.p);
+    tb.items[i].page_rows = static_cast<uint32_t*>(R.page_rows.p);
+  }
+  DeviceMem tier_counts;
+  std::vector<unsigned long long> counts;
+  if (e == cudaSuccess && any_tiered) {
+    if (stats != nullptr) {
+      counts.assign(2 * size_t{n}, 0);
+      e = tier_counts.alloc(counts.size() * sizeof(unsigned long long), stream);
+      if (e == cudaSuccess) e = cudaMemsetAsync(tier_counts.p, 0, counts.size() * sizeof(unsigned long long), stream);
+      for (uint32_t i = 0; i < n; ++i) {
+        if (tb.items[i].page_tier != nullptr) tb.items[i].counts = static_cast<unsigned long long*>(tier_counts.p) + 2 * i;
+      }
+    }
+    if (e == cudaSuccess) e = launch_tier_accounting(b, ws, tb, stream);
+    if (e == cudaSuccess && stats != nullptr) {
+      e = cudaMemcpyAsync(counts.data(), tier_counts.p, counts.size() * sizeof(unsigned long long),
+                          cudaMemcpyDeviceToHost, stream);
+    }
+  }
   std::vector<RowState> rows;
   std::vector<DecodeItem> planned;
   if (e == cudaSuccess && stats != nullptr) {
@@ -400,13 +499,15 @@ absl::Status queue_step_set(const ssa_decode_step_item* items, uint32_t n, uint3
     SSA_CUDA_RETURN(cudaStreamSynchronize(stream), "decode step");
     std::vector<DecodePlan> plans;
     std::vector<RowState> kept_rows;
+    std::vector<unsigned long long> kept_counts;
     const uint32_t ns = b.sel_heads();
     for (uint32_t i = 0; i < n; ++i) {
       if (item_idle(planned[i])) continue;  // dropped: it did nothing
       plans.push_back(plan_decode(planned[i].n_tokens, p));
       if (read_rows) kept_rows.insert(kept_rows.end(), rows.begin() + size_t{i} * ns, rows.begin() + size_t{i + 1} * ns);
+      if (!counts.empty()) kept_counts.insert(kept_counts.end(), counts.begin() + 2 * i, counts.begin() + 2 * i + 2);
     }
-    add_set_stats(plans, b, kept_rows, {}, L, p, stats);
+    add_set_stats(plans, b, kept_rows, kept_counts, L, p, stats);
   }
   return absl::OkStatus();
 }

@@ -2,7 +2,9 @@
 // a reservation holds, so that a step captured into a CUDA graph can be replayed
 // for every token without the host. Per layer: the pages of the coming tokens
 // (gathered as an append gathers its tail, lib/store/layer_tail.h), device page
-// tables over the layer's pages and those, the codebooks the steps encode with;
+// tables over the layer's pages and those, the codebooks the steps encode with
+// (tiered sessions: the tables as a decode's tier_view gives them, frozen for
+// the reservation, and the per-page read counts its steps add up);
 // per session: the layers' lengths in device memory, which the steps read and
 // advance (kernels/step_plan.h), and a guard generation the steps check first.
 //
@@ -33,6 +35,13 @@ struct StepReservation {
     LayerTail tail;         // pages [tail.first_page, pages_for(capacity))
     DeviceMem kv_table, code_table;  // every page of the layer up to the capacity
     std::shared_ptr<SessionState::Books> books;
+    // Tiered sessions (device_kv_budget): the pages' tier codes and the rows per
+    // page the steps read (kernels/tier_accounting.h), taken in at each settle;
+    // `memory` keeps the cached copies the table points at.
+    bool tiered = false;
+    size_t n_pages = 0;
+    DeviceMem tier_table, page_rows;
+    std::vector<std::shared_ptr<void>> memory;
   };
   std::vector<std::unique_ptr<Layer>> layers;  // one per layer of the session
 };

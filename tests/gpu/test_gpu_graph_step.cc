@@ -3,7 +3,9 @@
 // give what the same step run eagerly gives, bitwise, while the session grows on
 // the device; and the same selection as the plain loop (ssa_session_append_async
 // then ssa_decode at step p.step + position), its output up to the attention's
-// rounding. Then what a graph cannot do is refused at capture, replays after a
+// rounding. A tiered session's steps (pages on the host, a cache of host pages
+// renewed with each reservation) equal the untiered session's, bitwise. Then
+// what a graph cannot do is refused at capture, replays after a
 // reservation ended (truncate, update_index, destroy) do nothing and are
 // counted, and the host's view after replays (lengths, a snapshot) is the
 // session the steps built.
@@ -298,6 +300,106 @@ TEST_CASE("gpu graph step: a batch over sessions of different lengths, captured 
   ssa_runtime_destroy(gpu);
 }
 
+TEST_CASE("gpu graph step: a tiered session's steps read host pages and equal the untiered session's, bitwise") {
+  SSA_GPU_TEST_OR_SKIP();
+  ssa_runtime* gpu = runtime(SSA_BACKEND_CUDA);
+  // 1 KiB of K/V per token, 128 KiB pages: the 3000-token prompt takes 24 pages,
+  // of which 12 fit the resident account; 4 pages of cache.
+  auto tiered_runtime = [] {
+    ssa_runtime_options o = ssa_test::runtime_options(SSA_BACKEND_CUDA);
+    o.device_kv_budget = uint64_t{2} << 20;
+    o.host_cache_bytes = uint64_t{512} << 10;
+    ssa_runtime* rt = nullptr;
+    REQUIRE(ssa_runtime_create(&o, &rt) == SSA_OK);
+    return rt;
+  };
+  ssa_runtime* t_graph = tiered_runtime();
+  ssa_runtime* t_eager = tiered_runtime();
+  const Loop L(3000, 240, 17);
+  constexpr uint32_t kChunk = 40;  // tokens per reservation: renewed six times (pages move, the cache learns)
+  cudaStream_t st;
+  REQUIRE(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) == cudaSuccess);
+  for (ssa_method m : {SSA_METHOD_SSA, SSA_METHOD_PQ_TOPK, SSA_METHOD_DENSE}) {
+    INFO("method ", m);
+    const ssa_decode_params p = step_params(m, st);
+    ssa_session* ref = prompted(gpu, L);         // untiered, eager steps
+    ssa_session* graphed = prompted(t_graph, L);  // tiered, a graph per reservation, replayed
+    ssa_session* eager = prompted(t_eager, L);    // tiered, eager steps, some with stats
+    DevBuf<uint16_t> out_ref(size_t{L.steps} * kOut), out_graph(out_ref.n), out_eager(out_ref.n);
+    uint64_t from_host = 0, cache_hits = 0;
+    uint32_t checked = 0;
+    for (uint32_t i0 = 0; i0 < L.steps; i0 += kChunk) {
+      REQUIRE(ssa_session_reserve(ref, kChunk) == SSA_OK);
+      REQUIRE(ssa_session_reserve(graphed, kChunk) == SSA_OK);
+      REQUIRE(ssa_session_reserve(eager, kChunk) == SSA_OK);
+      StepGraph g(graphed, p, st);
+      INFO(g.graph.message);
+      REQUIRE(g.graph.status == SSA_OK);
+      for (uint32_t i = i0; i < i0 + kChunk; ++i) {
+        const uint32_t t = L.prompt + i;
+        g.replay(L, t, i, out_graph.p + size_t{i} * kOut, st);
+        const bool with_stats = i % 10 == 0;
+        ssa_decode_stats sr, se;
+        ssa_decode_stats_init(&sr);
+        ssa_decode_stats_init(&se);
+        ssa_status r = ssa_decode_step(ref, 0, L.k_at(t), L.v_at(t), L.q_at(i), out_ref.p + size_t{i} * kOut, &p,
+                                       with_stats ? &sr : nullptr);
+        INFO("step ", i, ": ", ssa_last_error_message());
+        REQUIRE(r == SSA_OK);
+        r = ssa_decode_step(eager, 0, L.k_at(t), L.v_at(t), L.q_at(i), out_eager.p + size_t{i} * kOut, &p,
+                            with_stats ? &se : nullptr);
+        REQUIRE(r == SSA_OK);
+        if (with_stats) {  // the same selection; the rows of host pages counted by tier
+          CHECK(se.tokens_read == sr.tokens_read);
+          CHECK(se.draws == sr.draws);
+          CHECK(se.heavy_tokens == sr.heavy_tokens);
+          CHECK(sr.rows_from_host + sr.host_cache_hits == 0);
+          CHECK(se.rows_from_host + se.host_cache_hits <= se.tokens_read);
+          from_host += se.rows_from_host;
+          cache_hits += se.host_cache_hits;
+          ++checked;
+        }
+      }
+    }
+    REQUIRE(cudaStreamSynchronize(st) == cudaSuccess);
+    CHECK(checked == L.steps / 10);
+    CHECK(from_host > 0);  // the steps read host pages in place
+    // The cache admits the host pages that sparse steps read, at each renewal;
+    // a dense step marks no page.
+    if (m != SSA_METHOD_DENSE) CHECK(cache_hits > 0);
+    const auto gr = out_ref.download(out_ref.n), gg = out_graph.download(out_graph.n),
+               ge = out_eager.download(out_eager.n);
+    uint32_t equal_graph = 0, equal_eager = 0;
+    for (uint32_t i = 0; i < L.steps; ++i) {
+      equal_graph += slice(gg, i) == slice(gr, i);
+      equal_eager += slice(ge, i) == slice(gr, i);
+    }
+    CHECK(equal_graph == L.steps);
+    CHECK(equal_eager == L.steps);
+    // The host's view after the steps: the same session wherever its pages are.
+    for (ssa_session* s : {ref, graphed, eager}) {
+      REQUIRE(ssa_session_sync(s, nullptr) == SSA_OK);
+      CHECK(ssa_session_layer_length(s, 0) == L.prompt + L.steps);
+    }
+    Data probe = L.d;
+    const ssa_decode_params pd = params(m, 900, 3);
+    const auto want = decode(ref, probe, pd, true);
+    CHECK(decode(graphed, probe, pd, true) == want);
+    CHECK(decode(eager, probe, pd, true) == want);
+    // An append ends the reservation; the tiered session takes it as the untiered one.
+    REQUIRE(ssa_session_append(graphed, 0, L.k_at(0), L.v_at(0), 300) == SSA_OK);
+    REQUIRE(ssa_session_append(ref, 0, L.k_at(0), L.v_at(0), 300) == SSA_OK);
+    CHECK(decode(graphed, probe, pd, true) == decode(ref, probe, pd, true));
+    ssa_session_destroy(ref);
+    ssa_session_destroy(graphed);
+    ssa_session_destroy(eager);
+  }
+  cudaStreamDestroy(st);
+  ssa_runtime_destroy(t_eager);
+  ssa_runtime_destroy(t_graph);
+  ssa_runtime_destroy(gpu);
+}
+
 TEST_CASE("gpu graph step: what a graph cannot hold is refused at capture, with nothing changed") {
   SSA_GPU_TEST_OR_SKIP();
   ssa_runtime* gpu = runtime(SSA_BACKEND_CUDA);
@@ -343,17 +445,6 @@ TEST_CASE("gpu graph step: what a graph cannot hold is refused at capture, with 
   ssa_session_destroy(s);
 
   // Sessions a reservation cannot serve.
-  {
-    ssa_runtime_options o = ssa_test::runtime_options(SSA_BACKEND_CUDA);
-    o.device_kv_budget = uint64_t{1} << 20;
-    ssa_runtime* tiered = nullptr;
-    REQUIRE(ssa_runtime_create(&o, &tiered) == SSA_OK);
-    ssa_session* t = prompted(tiered, L);
-    CHECK(ssa_session_reserve(t, 8) == SSA_ERR_UNSUPPORTED);
-    refused_at_capture(t, p, SSA_ERR_INVALID_ARGUMENT);
-    ssa_session_destroy(t);
-    ssa_runtime_destroy(tiered);
-  }
   {
     ssa_session* h = session(gpu, SSA_SESSION_HOST_POINTERS);
     REQUIRE(ssa_session_append(h, 0, L.d.k.data(), L.d.v.data(), L.prompt) == SSA_OK);

@@ -820,8 +820,15 @@ ssa_status ssa_decode_batch(const ssa_decode_item *items, size_t n_items,
    works), stats while the stream is being captured, a layer at its reserved
    capacity by the host's count, and a step of a session without a reservation
    on a stream being captured (SSA_ERR_INVALID_ARGUMENT; its append would change
-   the session at the call). Sessions that cannot be reserved (sharded, tiered,
-   mapped, host pointers) therefore cannot be captured.
+   the session at the call). Sessions that cannot be reserved (sharded, mapped,
+   host pointers) therefore cannot be captured.
+   Tiered sessions (device_kv_budget) reserve and capture as others: the
+   reservation moves pages between tiers as an append would, and its steps read
+   the tables of that moment (host pages in place over the bus, cached copies
+   from the device); what they read is counted per page and taken in at the
+   next settle, and the device cache of host pages changes only at the next
+   reservation. A short reservation (say 128 tokens) lets pages move and the
+   cache learn more often.
    No index (re)training happens inside a reservation: its steps encode with the
    codebooks the layer had when it was reserved, and the index policy's
    retraining (index_regrow_factor) runs at the next append or update_index after
@@ -875,8 +882,9 @@ ssa_status ssa_decode_step_batch(const ssa_decode_step_item *items, size_t n_ite
    CPU sessions: checks the arguments and reserves nothing (their steps run
    eagerly). Returns SSA_OK, SSA_ERR_INVALID_ARGUMENT (s NULL, n_tokens 0, an
    empty layer, the layer limit exceeded), SSA_ERR_UNSUPPORTED (sharded sessions,
-   tiered ones (device_kv_budget), pages mapped from a file (SSA_LOAD_MMAP),
-   SSA_SESSION_HOST_POINTERS), SSA_ERR_OUT_OF_MEMORY, SSA_ERR_DEVICE. */
+   pages mapped from a file (SSA_LOAD_MMAP), SSA_SESSION_HOST_POINTERS),
+   SSA_ERR_OUT_OF_MEMORY, SSA_ERR_DEVICE. A tiered session (device_kv_budget)
+   first makes room on the device for the reserved pages, as an append would. */
 ssa_status ssa_session_reserve(ssa_session *s, uint64_t n_tokens);
 
 /* Waits for the session's queued decode steps (up to the last step queued or

@@ -203,24 +203,59 @@ def test_a_cache_outside_its_reservation_is_detected():
 
 
 def test_generate_on_a_tiered_runtime_spills_and_equals_the_device_only_tiers():
-    # A runtime with a device K/V budget (pages spill to the host) takes no
-    # reservations, so its caches decode eagerly (append, then decode) and are not
-    # compileable. With a budget that holds a third of the pages, generate gives the
-    # tokens of a budget that holds them all (tiered decodes are bitwise the same
-    # wherever the rows are), and reads rows from the host where the other reads none.
+    # A runtime with a device K/V budget (pages spill to the host): its caches take
+    # reservations and compile as others. With a budget that holds a third of the
+    # pages, generate gives the tokens of a budget that holds them all (tiered
+    # decodes are bitwise the same wherever the rows are), eagerly and compiled
+    # (CUDA graphs, the reservation renewed every 8 tokens: pages move and the
+    # cache of host pages learns at each renewal), and reads rows from the host
+    # where the other reads none.
     model = _model("ssa", torch.float32)
     ids = _ids(3000, 71)
-    kw = dict(method="ssa", sparsity=10, n_sink=16, n_local=64, seed=5)
+    kw = dict(method="ssa", sparsity=10, n_sink=16, n_local=64, seed=5, reserve_tokens=8)
     runs = []
     # 2 layers x 8 KV heads x 128 x 4 B x 2 (K and V): 16 KiB per token, 47 MiB in all.
-    for budget in (1 << 30, 16 << 20):
-        cache = ssa.hf.SSACache(model, runtime=ssa.Runtime(backend="cuda", device_kv_budget=budget), **kw)
-        assert not cache.is_compileable
-        out = _generate(model, cache, ids, 12, compiled=True)  # generate runs it eagerly
+    for budget, compiled in ((1 << 30, False), (16 << 20, False), (16 << 20, True)):
+        torch._dynamo.reset()
+        rt = ssa.Runtime(backend="cuda", device_kv_budget=budget, host_cache_bytes=4 << 20)
+        cache = ssa.hf.SSACache(model, runtime=rt, **kw)
+        assert cache.is_compileable
+        out = _generate(model, cache, ids, 24, compiled=compiled)
         seen = []
-        cache.observer = lambda layer, q, o, stats, c: seen.append(stats[0].rows_from_host)
-        _generate(model, cache, out, 2, compiled=False)
-        runs.append((out.tolist(), sum(seen)))
-    (all_on_device, none), (spilled, from_host) = runs
+        cache.observer = lambda layer, q, o, stats, c: seen.append((stats[0].rows_from_host,
+                                                                    stats[0].host_cache_hits))
+        _generate(model, cache, out, 9, compiled=False)  # renews once: the cache has learnt
+        runs.append((out.tolist(), sum(s[0] for s in seen), sum(s[1] for s in seen)))
+    (all_on_device, none, no_hits), (spilled, from_host, hits), (graphed, from_host_g, hits_g) = runs
+    print("tiered generate: rows from host %d / %d, cache hits %d / %d" % (from_host, from_host_g, hits, hits_g))
     assert spilled == all_on_device
-    assert none == 0 and from_host > 0
+    assert graphed == all_on_device
+    assert none == 0 and no_hits == 0
+    assert from_host > 0 and from_host_g > 0
+    assert hits > 0 and hits_g > 0
+    assert len(cache.sessions[0]) == 3000 + 23 + 8
+
+
+@pytest.mark.parametrize("budget", [0, 8 << 20])
+def test_a_chunk_after_decodes_runs_as_decode_steps_and_equals_appends_then_decodes(budget):
+    # A multi-token chunk after decodes (an agent's next message) goes through decode
+    # steps on CUDA, inside one reservation that holds the whole chunk on every layer,
+    # untiered and tiered (budget 8 MiB of 23 MiB: pages on the host). It generates
+    # what the per-token appends and decodes generate.
+    model = _model("ssa", torch.float32)
+    ids = _ids(1500, 81)
+    msg = _ids(37, 82)  # more than the 8 tokens a reservation takes
+    kw = dict(method="ssa", budget=200, n_sink=16, n_local=64, seed=3, reserve_tokens=8)
+    runs = []
+    for chunk_steps in (True, False):
+        cache = ssa.hf.SSACache(model, runtime=ssa.Runtime(backend="cuda", device_kv_budget=budget), **kw)
+        if not chunk_steps:
+            cache._chunk_steps = lambda mask, t: False
+        out = _generate(model, cache, ids, 4, compiled=False)
+        epoch = cache._epoch
+        got = _generate(model, cache, torch.cat([out, msg], dim=1), 6, compiled=False)
+        runs.append((got.tolist(), cache._epoch - epoch, len(cache.sessions[0])))
+    (steps, renewed, n_steps), (plain, _, n_plain) = runs
+    assert steps == plain
+    assert n_steps == n_plain == 1500 + 4 + 37 + 5
+    assert renewed >= 1  # the chunk's reservation

@@ -203,6 +203,8 @@ class _Decode:
                           % (self.layer.layer_idx, tuple(query.shape), c.batch_size, c.shape.n_q_heads,
                              c.shape.head_dim))
         fix = _model_scale_fix(c, kwargs, d)
+        if c._chunk_steps(mask, t):
+            return self._run_steps(c, query, fix, t)
         outs = []
         for i in range(t):
             for b in range(b_):
@@ -218,6 +220,27 @@ class _Decode:
             outs.append(c._decode(self.layer, q, self.pos + i).to(device=query.device, dtype=query.dtype))
         self.layer.stepping = c._stepping
         return torch.stack(outs, dim=1), None  # [batch, n_tokens, n_q_heads, head_dim]
+
+    def _run_steps(self, c, query, fix, t):
+        """The chunk as t decode steps (CUDA): each token's append and decode in one
+        native call, inside a reservation that holds the whole chunk for every layer
+        (made at the first layer), so a tiered session moves no page per token."""
+        layer = self.layer
+        if layer.slot == 0:
+            c._reserve_chunk(t)
+        dt = getattr(torch, c.dtype)
+        outs = []
+        for i in range(t):
+            q = query[:, :, i, :]
+            if fix != 1.0:
+                q = q * fix
+            k = self.keys[:, :, i, :].to(dt).contiguous()
+            v = self.values[:, :, i, :].to(dt).contiguous()
+            out = c._run_step(c._epoch, layer.layer_idx, q.to(dt).contiguous(), k, v, counted=True)
+            outs.append(out.to(device=query.device, dtype=query.dtype))
+            layer.inflight -= 1
+        layer.stepping = c._stepping
+        return torch.stack(outs, dim=1), None
 
 
 def _model_scale_fix(c, kwargs, d: int) -> float:
@@ -305,6 +328,8 @@ class SSACache(Cache):
         reserve_tokens: CUDA sessions: the tokens reserved ahead for decode steps
             (ssa_session_reserve; renewed when used up). A step runs on the device
             from device lengths, so a CUDA graph captures it once and replays it.
+            None: 1024, or 128 on a tiered runtime (device_kv_budget), whose pages
+            move between tiers and whose cache of host pages learns at each renewal.
         proxy: the sessions' proxy (None: the library's default, "pq"; see
             Runtime.create_session). The 4-bit ones ("pq4", "opq4", "qpq4") take
             32 subspaces of 16 centroids, PQ's 16 bytes per token per KV head. The
@@ -334,7 +359,7 @@ class SSACache(Cache):
                  progress_min_tokens: Optional[int] = 8192, group_selection: str = "off",
                  traces: bool = False, runtime: Optional[_core.Runtime] = None,
                  page_tokens: Optional[int] = None, process_group: Any = None, shard_tokens: int = 0,
-                 reserve_tokens: int = 1024, proxy: Optional[str] = None):
+                 reserve_tokens: Optional[int] = None, proxy: Optional[str] = None):
         self.shape = _model.shape_of(model)
         impl = getattr(_model.text_config(model), "_attn_implementation", None)
         if impl is not None and impl != "ssa":
@@ -357,8 +382,9 @@ class SSACache(Cache):
         if process_group is not None and runtime is not None:
             raise invalid("SSACache: pass runtime= or process_group= (a runtime built for the group), not both")
         self.progress_min_tokens = progress_min_tokens
-        if isinstance(reserve_tokens, bool) or not isinstance(reserve_tokens, int) or reserve_tokens < 1:
-            raise invalid("reserve_tokens must be an integer >= 1, got %r" % (reserve_tokens,))
+        if reserve_tokens is not None and (isinstance(reserve_tokens, bool) or not isinstance(reserve_tokens, int)
+                                           or reserve_tokens < 1):
+            raise invalid("reserve_tokens must be None or an integer >= 1, got %r" % (reserve_tokens,))
         self.reserve_tokens = reserve_tokens
         self.fingerprint = _model.fingerprint(model)
         self._model_device = next((p.device.type for p in model.parameters()), "cpu")
@@ -395,24 +421,34 @@ class SSACache(Cache):
     def _stepping(self) -> bool:
         """Whether single-token decodes go through ssa_decode_step (not with traces,
         which record per-row decodes, nor across a process group, nor on a CUDA
-        runtime whose sessions take no reservation: tiered or sharded ones)."""
+        runtime whose sessions take no reservation: sharded ones)."""
         return not self.traces and self.process_group is None and self._runtime_steps()
 
     def _runtime_steps(self) -> bool:
         """Whether the runtime's sessions take decode steps: CPU ones (eagerly) and
-        CUDA ones holding their pages on one device (ssa_session_reserve refuses
-        tiered and sharded sessions: their pages move or live elsewhere)."""
-        rt = self.runtime if self.runtime is not None else self._given_runtime
+        CUDA ones on one device, tiered or not (ssa_session_reserve refuses sharded
+        sessions: their pages live on several devices)."""
+        rt = self._any_runtime()
         if rt is None or rt.backend != "cuda":
             return True
         o = rt._options  # read on every eager decode: no copy, no native call
-        return not o["device_kv_budget"] and len(o["devices"] or ()) <= 1
+        return len(o["devices"] or ()) <= 1
+
+    def _any_runtime(self):
+        return self.runtime if self.runtime is not None else self._given_runtime
+
+    def _reserve_n(self) -> int:
+        """Tokens per reservation (reserve_tokens; its default by runtime)."""
+        if self.reserve_tokens is not None:
+            return self.reserve_tokens
+        rt = self._any_runtime()
+        return 128 if rt is not None and rt._options["device_kv_budget"] else 1024
 
     @property
     def is_compileable(self) -> bool:
         """Whether a compiled forward (torch.compile, CUDA graphs) can run this cache's
         decode steps: every layer full-attention, no observer, no traces, no process
-        group, a runtime whose sessions take steps (not tiered or sharded on CUDA),
+        group, a runtime whose sessions take steps (on CUDA: one device, tiered or not),
         and a group selection the device step supports."""
         if not self._stepping or self.observer is not None or len(self._slots) != self.shape.n_layers:
             return False
@@ -467,18 +503,44 @@ class SSACache(Cache):
             self._left = self._cap0 - self.sessions[0].layer_length(0)
         self._ensure_reserved()
 
-    def _ensure_reserved(self) -> None:
-        if self._reserved and self._left > 0:
+    def _chunk_steps(self, mask, t: int) -> bool:
+        """Whether a multi-token chunk after a decode goes through decode steps: CUDA
+        sessions that take them, no traces, and no padding inside the chunk (steps
+        store every token)."""
+        if not self.sessions or self.runtime.backend != "cuda" or not self._stepping:
+            return False
+        if not self._device_step_fits():
+            return False
+        for b in range(len(self.sessions)):
+            valid = _valid_keys(mask, b, t)
+            if valid is not None and not bool(valid.all()):
+                return False
+        return True
+
+    def _reserve_chunk(self, t: int) -> None:
+        """Before the first layer's steps of a t-token chunk: a reservation with room
+        for all t tokens on every layer (each layer takes the chunk's tokens after the
+        one before it has taken all of them), which the chunk then uses up."""
+        self._drop_prefill_kv()
+        if self._reserved:
+            self._settle()
+            self._left = self._cap0 - self.sessions[0].layer_length(0)
+        self._ensure_reserved(t)
+        self._left -= t
+
+    def _ensure_reserved(self, need: int = 1) -> None:
+        if self._reserved and self._left >= need:
             return
+        n = max(self._reserve_n(), need)
         try:
             for s in self.sessions:
-                s.reserve(self.reserve_tokens)
+                s.reserve(n)
         except Error as e:
             self._end_reservation()
-            raise _relabel(e, "SSACache: reserving %d tokens for decode steps" % self.reserve_tokens) from None
+            raise _relabel(e, "SSACache: reserving %d tokens for decode steps" % n) from None
         self._reserved = True
-        self._left = self.reserve_tokens
-        self._cap0 = self.sessions[0].layer_length(0) + self.reserve_tokens
+        self._left = n
+        self._cap0 = self.sessions[0].layer_length(0) + n
         self._new_token()
 
     def _step_params(self, stream):
@@ -512,9 +574,10 @@ class SSACache(Cache):
         self._epoch += 1
         self._token = _steps.new_token(self, self.device, self._epoch)
 
-    def _run_step(self, epoch: int, layer_idx: int, q, k, v):
+    def _run_step(self, epoch: int, layer_idx: int, q, k, v, counted: bool = False):
         """The decode step of every row at one layer (the body of ssa::decode_step):
-        q [batch, n_q_heads, head_dim], k/v [batch, n_kv_heads, head_dim]."""
+        q [batch, n_q_heads, head_dim], k/v [batch, n_kv_heads, head_dim]. counted:
+        the reservation already holds this token (a chunk's steps, _reserve_chunk)."""
         slot = self._slots[layer_idx]
         layer = self.layers[layer_idx]
         if layer.dense_k is not None:
@@ -528,7 +591,7 @@ class SSACache(Cache):
             return self._decode(layer, q, layer.seen - 1)
         stream = self._stream() if cuda else None
         if cuda:
-            if not torch.cuda.is_current_stream_capturing():
+            if not counted and not torch.cuda.is_current_stream_capturing():
                 # Run eagerly (no graph, or a graph's warm-up): the host keeps count.
                 if slot == 0 and self._reserved and self._left <= 0:
                     self._settle()
