@@ -20,7 +20,6 @@
 #include "device_tiers.h"
 #include "kernels/cuda_decode.h"
 #include "kernels/step_plan.h"
-#include "kernels/tier_accounting.h"
 #include "launch_set.h"
 #include "method_plan.h"
 #include "session.h"
@@ -263,12 +262,10 @@ absl::Status CudaBackend::reserve_steps(ssa_session& s, uint64_t n_tokens) const
   const bool tiered = st.kv_pool->tiered();
   absl::Status made = absl::OkStatus();
   for (uint32_t l = 0; l < L.n_layers && made.ok(); ++l) made = reserve_layer(s, l, n_tokens, r->layers[l].get());
-  if (!made.ok()) {
-    if (tiered) end_tiered_steps(s);
-    return made;
+  if (made.ok()) {
+    for (uint32_t l = 0; l < L.n_layers; ++l) lengths[l] = static_cast<uint32_t>(s.layers[l].n_tokens);
+    made = arm_reservation(st, lengths, r.get());
   }
-  for (uint32_t l = 0; l < L.n_layers; ++l) lengths[l] = static_cast<uint32_t>(s.layers[l].n_tokens);
-  made = arm_reservation(st, lengths, r.get());
   if (!made.ok()) {
     if (tiered) end_tiered_steps(s);
     return made;
@@ -460,19 +457,7 @@ absl::Status queue_step_set(const ssa_decode_step_item* items, uint32_t n, uint3
   DeviceMem tier_counts;
   std::vector<unsigned long long> counts;
   if (e == cudaSuccess && any_tiered) {
-    if (stats != nullptr) {
-      counts.assign(2 * size_t{n}, 0);
-      e = tier_counts.alloc(counts.size() * sizeof(unsigned long long), stream);
-      if (e == cudaSuccess) e = cudaMemsetAsync(tier_counts.p, 0, counts.size() * sizeof(unsigned long long), stream);
-      for (uint32_t i = 0; i < n; ++i) {
-        if (tb.items[i].page_tier != nullptr) tb.items[i].counts = static_cast<unsigned long long*>(tier_counts.p) + 2 * i;
-      }
-    }
-    if (e == cudaSuccess) e = launch_tier_accounting(b, ws, tb, stream);
-    if (e == cudaSuccess && stats != nullptr) {
-      e = cudaMemcpyAsync(counts.data(), tier_counts.p, counts.size() * sizeof(unsigned long long),
-                          cudaMemcpyDeviceToHost, stream);
-    }
+    e = queue_tier_counts(b, ws, tb, n, stream, &tier_counts, stats != nullptr ? &counts : nullptr);
   }
   std::vector<RowState> rows;
   std::vector<DecodeItem> planned;

@@ -65,6 +65,26 @@ void add_set_stats(const std::vector<DecodePlan>& plans, const DecodeBatch& b, c
   }
 }
 
+cudaError_t queue_tier_counts(const DecodeBatch& b, const Workspace& ws, TierBatch& tb, uint32_t n_items,
+                              cudaStream_t stream, DeviceMem* device, std::vector<unsigned long long>* counts) {
+  cudaError_t e = cudaSuccess;
+  if (counts != nullptr) {
+    counts->assign(2 * size_t{n_items}, 0);
+    const size_t bytes = counts->size() * sizeof(unsigned long long);
+    e = device->alloc(bytes, stream);
+    if (e == cudaSuccess) e = cudaMemsetAsync(device->p, 0, bytes, stream);
+    for (uint32_t i = 0; i < n_items; ++i) {
+      if (tb.items[i].page_tier != nullptr) tb.items[i].counts = static_cast<unsigned long long*>(device->p) + 2 * i;
+    }
+  }
+  if (e == cudaSuccess) e = launch_tier_accounting(b, ws, tb, stream);
+  if (e == cudaSuccess && counts != nullptr) {
+    e = cudaMemcpyAsync(counts->data(), device->p, counts->size() * sizeof(unsigned long long),
+                        cudaMemcpyDeviceToHost, stream);
+  }
+  return e;
+}
+
 // One launch set over jobs of one shape; stats (optional) summed over the jobs.
 absl::Status run_launch_set(const std::vector<Job>& jobs, uint32_t layer_index, const ssa_decode_params& p,
                             uint64_t seed, ssa_decode_stats* stats, LaunchHook* hook) {
@@ -171,25 +191,16 @@ absl::Status run_launch_set(const std::vector<Job>& jobs, uint32_t layer_index, 
   DeviceMem tier_counts;
   std::vector<unsigned long long> counts;
   if (e == cudaSuccess && any_tiered) {
-    if (stats != nullptr) {
-      counts.assign(2 * jobs.size(), 0);
-      e = tier_counts.alloc(counts.size() * sizeof(unsigned long long), stream);
-      if (e == cudaSuccess) e = cudaMemsetAsync(tier_counts.p, 0, counts.size() * sizeof(unsigned long long), stream);
-    }
     TierBatch tb{};
     for (size_t i = 0; i < jobs.size(); ++i) {
       if (!tables[i]->tiered) continue;
       tb.items[i].page_tier = static_cast<const uint8_t*>(tables[i]->tier_table.p);
       tb.items[i].page_rows = static_cast<uint32_t*>(tables[i]->page_rows.p);
-      if (stats != nullptr) tb.items[i].counts = static_cast<unsigned long long*>(tier_counts.p) + 2 * i;
     }
-    if (e == cudaSuccess) e = launch_tier_accounting(b, ws, tb, stream);
+    e = queue_tier_counts(b, ws, tb, static_cast<uint32_t>(jobs.size()), stream, &tier_counts,
+                          stats != nullptr ? &counts : nullptr);
     for (size_t i = 0; i < jobs.size() && e == cudaSuccess; ++i) {
       if (tables[i]->tiered) e = queue_tier_readback(*jobs[i].s, *tables[i], stream);
-    }
-    if (e == cudaSuccess && stats != nullptr) {
-      e = cudaMemcpyAsync(counts.data(), tier_counts.p, counts.size() * sizeof(unsigned long long),
-                          cudaMemcpyDeviceToHost, stream);
     }
   }
   std::vector<RowState> rows;

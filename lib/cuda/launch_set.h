@@ -9,7 +9,9 @@
 
 #include "absl/status/status.h"
 #include "decode/decode_plan.h"
+#include "device_mem.h"
 #include "kernels/decode_types.h"
+#include "kernels/tier_accounting.h"
 #include "store/kv_layout.h"
 #include "store/layer_store.h"
 #include "targeted_rounds.h"
@@ -45,6 +47,14 @@ absl::Status run_launch_set(const std::vector<LaunchJob>& jobs, uint32_t layer_i
 void add_set_stats(const std::vector<DecodePlan>& plans, const DecodeBatch& b, const std::vector<RowState>& rows,
                    const std::vector<unsigned long long>& counts, const KvLayout& layout,
                    const ssa_decode_params& p, ssa_decode_stats* stats);
+
+// Queues the tier count of a launch set's decode (kernels/tier_accounting.h) for
+// the items of `tb` with a tier table (their page rows). With `counts` (stats
+// wanted), also each item's rows per tier, 2 per item of n_items, copied back into
+// *counts: valid once the stream has run, *device holding the device buffer
+// until then.
+cudaError_t queue_tier_counts(const DecodeBatch& b, const Workspace& ws, TierBatch& tb, uint32_t n_items,
+                              cudaStream_t stream, DeviceMem* device, std::vector<unsigned long long>* counts);
 
 // The jobs grouped into launch sets: jobs of one layout and pointer space (host
 // or device q/out), up to kMaxBatchItems each, in the jobs' order.

@@ -494,14 +494,16 @@ class SSACache(Cache):
         generate, calls it before each forward."""
         self._before_step()
 
-    def _before_step(self) -> None:
+    def _before_step(self, need: int = 1) -> None:
+        """Commits the queued steps and renews the reservation unless `need` more
+        tokens fit in it (CUDA)."""
         self._drop_prefill_kv()
         if not self.sessions or self.runtime.backend != "cuda":
             return
         if self._reserved:
             self._settle()
             self._left = self._cap0 - self.sessions[0].layer_length(0)
-        self._ensure_reserved()
+        self._ensure_reserved(need)
 
     def _chunk_steps(self, mask, t: int) -> bool:
         """Whether a multi-token chunk after a decode goes through decode steps: CUDA
@@ -521,11 +523,7 @@ class SSACache(Cache):
         """Before the first layer's steps of a t-token chunk: a reservation with room
         for all t tokens on every layer (each layer takes the chunk's tokens after the
         one before it has taken all of them), which the chunk then uses up."""
-        self._drop_prefill_kv()
-        if self._reserved:
-            self._settle()
-            self._left = self._cap0 - self.sessions[0].layer_length(0)
-        self._ensure_reserved(t)
+        self._before_step(t)
         self._left -= t
 
     def _ensure_reserved(self, need: int = 1) -> None:
