@@ -203,7 +203,7 @@ class _Decode:
                           % (self.layer.layer_idx, tuple(query.shape), c.batch_size, c.shape.n_q_heads,
                              c.shape.head_dim))
         fix = _model_scale_fix(c, kwargs, d)
-        if c._chunk_steps(mask, t):
+        if self.pos > 0 and c._chunk_steps(mask, t):
             return self._run_steps(c, query, fix, t)
         outs = []
         for i in range(t):
@@ -506,9 +506,10 @@ class SSACache(Cache):
         self._ensure_reserved(need)
 
     def _chunk_steps(self, mask, t: int) -> bool:
-        """Whether a multi-token chunk after a decode goes through decode steps: CUDA
-        sessions that take them, no traces, and no padding inside the chunk (steps
-        store every token)."""
+        """Whether a chunk of a sequence already in the sessions goes through decode
+        steps: CUDA sessions that take them, no traces, and no padding inside the chunk
+        (steps store every token). A first prompt never does: a reservation needs the
+        prompt appended (a one-token prompt comes here with nothing stored)."""
         if not self.sessions or self.runtime.backend != "cuda" or not self._stepping:
             return False
         if not self._device_step_fits():
