@@ -234,14 +234,15 @@ def test_append_kv_continues_like_a_prefill(n):
 def test_append_kv_then_generate_sparse_equals_prefilled_cache():
     """generate on a cache filled by append_kv (all but the prompt's last token) gives
     the tokens of a cache whose prefill of those tokens ran in the model, SSA 6x, past
-    the index (in both, generate decodes the prompt's last token)."""
+    the index (in both, generate decodes the prompt's last token). PQ: a query-aware
+    index (the default) learns from the prefill's queries, which append_kv has not."""
     model = _llama()
     ids = _ids(700)
-    prefilled = ssa.hf.SSACache(model, **SPARSE)
+    prefilled = ssa.hf.SSACache(model, proxy="pq", **SPARSE)
     with torch.no_grad():
         model(ids[:, :-1], past_key_values=prefilled)
     ref = _generate(model, prefilled, ids, 8)
-    cache = ssa.hf.SSACache(model, **SPARSE)
+    cache = ssa.hf.SSACache(model, proxy="pq", **SPARSE)
     for layer, (k, v) in enumerate(_prefill_kv(model, ids[:, :-1])):
         cache.append_kv(layer, k, v)
     got = _generate(model, cache, ids, 8)

@@ -440,9 +440,13 @@ def test_proxy_option_is_checked_and_pq_sessions_observe_nothing(monkeypatch):
     with pytest.raises(ssa.InvalidArgument, match="proxy='ivf'"):
         ssa.hf.SSACache(model, proxy="ivf")
     seen = _spy_observations(monkeypatch)
-    for proxy in (None, "pq", "opq4"):
+    for proxy in ("pq", "opq4"):
         cache = ssa.hf.SSACache(model, method="pq_topk", sparsity=10, n_sink=4, n_local=4, proxy=proxy)
         _stepwise_logits(model, cache, _ids(200), 198)
-        want = ssa.Proxy.PQ if proxy is None else ssa.Proxy[proxy.upper()]
-        assert cache.sessions[0].config.proxy == want
+        assert cache.sessions[0].config.proxy == ssa.Proxy[proxy.upper()]
     assert seen == []
+    # The default is the query-aware proxy, shown the prefill's queries of every layer.
+    cache = ssa.hf.SSACache(model, method="pq_topk", sparsity=10, n_sink=4, n_local=4)
+    _stepwise_logits(model, cache, _ids(200), 198)
+    assert all(s.config.proxy == ssa.Proxy.QPQ for s in cache.sessions)
+    assert sorted({layer for layer, _ in seen}) == list(range(model.config.num_hidden_layers))

@@ -330,12 +330,15 @@ class SSACache(Cache):
             from device lengths, so a CUDA graph captures it once and replays it.
             None: 1024, or 128 on a tiered runtime (device_kv_budget), whose pages
             move between tiers and whose cache of host pages learns at each renewal.
-        proxy: the sessions' proxy (None: the library's default, "pq"; see
-            Runtime.create_session). The 4-bit ones ("pq4", "opq4", "qpq4") take
-            32 subspaces of 16 centroids, PQ's 16 bytes per token per KV head. The
-            query-aware ones ("qpq", "qpq4") are shown each prefill's last 256
-            queries of every layer (Session.observe_queries), which the layer's
-            index then learns from at its first decode. All but "pq": CPU only.
+        proxy: the sessions' proxy (see Runtime.create_session). None: "qpq", the
+            query-aware proxy (PQ's 16 bytes per token per KV head; the best recall
+            of the exact top keys measured, docs/FIDELITY.md), or "pq" on a CUDA
+            runtime of several devices (whose sessions take PQ only) and with a
+            process group (QPQ across ranks not measured through ssa.hf). The 4-bit ones ("pq4", "opq4", "qpq4") take 32 subspaces of 16
+            centroids, PQ's bytes. The query-aware ones ("qpq", "qpq4") are shown
+            each prefill's last 256 queries of every layer (Session.observe_queries),
+            which the layer's index then learns from at its first decode; a cache
+            filled without a prefill (append_kv) trains as PQ after a rotation.
 
     Decode steps (one new token per row after the prompt) are one native call per
     layer, ssa_decode_step: the token's K/V appended and its query decoded. The cache
@@ -753,8 +756,22 @@ class SSACache(Cache):
     def _new_session(self) -> _core.Session:
         # No PQ training during appends: a layer's index is trained by its first
         # decode that needs one (or its first reservation), off the prefill's path.
-        return self.runtime.create_session(**self._session_shape(), **self._storage,
+        storage = dict(self._storage)
+        if "proxy" not in storage:
+            storage["proxy"] = self._default_proxy()
+        return self.runtime.create_session(**self._session_shape(), **storage,
                                            index_min_tokens=_TRAIN_AT_FIRST_DECODE)
+
+    def _default_proxy(self) -> str:
+        """proxy=None: the query-aware proxy, which ranks best on every model measured
+        at PQ's bytes (docs/FIDELITY.md, the default proxy) and learns from the
+        queries each prefill shows it. PQ on a CUDA runtime of several devices (its
+        sessions take no other) and with a process group (not measured there)."""
+        if self.process_group is not None:
+            return "pq"
+        if self.runtime.backend == "cuda" and len(self.runtime._options["devices"] or ()) > 1:
+            return "pq"
+        return "qpq"
 
     def _observe_prefill(self, layer: SSALayer, query, mask, kwargs) -> None:
         """Shows a query-aware session the prefill chunk's last queries of each row
