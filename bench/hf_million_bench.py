@@ -162,6 +162,7 @@ def main():
     ap.add_argument("--dense", action="store_true", help="also time dense decode from the tiers (a few steps)")
     ap.add_argument("--eager", action="store_true", help="generate without its compiled path (CUDA graphs)")
     ap.add_argument("--reserve-tokens", type=int, default=None, help="SSACache(reserve_tokens=); default by runtime")
+    ap.add_argument("--proxy", default=None, help="SSACache(proxy=); default ssa.hf's (qpq; the fill shows it no queries)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     device = torch.device(a.device)
@@ -197,6 +198,8 @@ def main():
     extra = dict(group_selection=a.group_selection) if a.group_selection else {}
     if a.reserve_tokens:
         extra["reserve_tokens"] = a.reserve_tokens
+    if a.proxy:
+        extra["proxy"] = a.proxy
     cache = ssa.hf.SSACache(model, runtime=rt, method="ssa", sparsity=a.sparsity, progress_min_tokens=None, **extra)
     n = a.tokens - 1
     t_fill, per_layer = fill(cache, a.layers, n, nkv, d, a.chunk, device, dtype, mem)

@@ -143,10 +143,12 @@ class Agent:
 
 
 def kv_bytes_per_token(cache):
-    """K/V + PQ codes (16 subspaces, one byte each) per token over the cache's libssa layers."""
+    """K/V + proxy codes (a byte per subspace, half that for 4-bit codes) per token over
+    the cache's libssa layers."""
     c = cache.sessions[0].config
     elem = {"float32": 4, "float16": 2, "bfloat16": 2}[cache.dtype]
-    return c.n_layers * c.n_kv_heads * (2 * c.head_dim * elem + c.pq_subspaces)
+    code = c.pq_subspaces // 2 if c.pq_centroids <= 16 else c.pq_subspaces
+    return c.n_layers * c.n_kv_heads * (2 * c.head_dim * elem + code)
 
 
 # ---------------------------------------------------------------- the CPU run
@@ -192,7 +194,8 @@ def run_cpu(a):
     torch.set_num_threads(a.threads)
     tok, model = load_model(a.model)
     runtime = ssa.Runtime(backend="cpu", threads=a.threads)
-    cache_kw = dict(method="ssa", sparsity=a.sparsity, n_sink=16, n_local=64, seed=7, page_tokens=a.page_tokens)
+    cache_kw = dict(method="ssa", sparsity=a.sparsity, n_sink=16, n_local=64, seed=7, page_tokens=a.page_tokens,
+                    proxy=a.proxy)
     agents = [Agent(i, os.path.join(a.state, "agent%d" % i)) for i in range(a.agents)]
     for ag in agents:
         say("agent %d: %s" % (ag.index, ag.resume(model, runtime, cache_kw)))
@@ -284,7 +287,7 @@ def run_bench(a):
         say("host pool: %.1f GiB page-locked in %.1f s (%.2f GB/s), not in the times below"
             % (pool / 2 ** 30, lock_s, pool / lock_s / 1e9))
     model = llama8b_random(a.layers)
-    cache_kw = dict(method="ssa", sparsity=a.sparsity, seed=7, page_tokens=a.page_tokens)
+    cache_kw = dict(method="ssa", sparsity=a.sparsity, seed=7, page_tokens=a.page_tokens, proxy=a.proxy)
     say("# %d sessions x %d tokens, %d layers (Llama-3.1-8B shape, bf16), SSA %gx; %s; %s" % (
         a.agents, a.context, a.layers, a.sparsity, runtime, torch.cuda.get_device_name()))
     agents = [Agent(i, os.path.join(a.state, "agent%d" % i)) for i in range(a.agents)]
@@ -396,6 +399,7 @@ def main():
                     help="K/V page size of the sessions (default 16 on the CPU, 64 for --bench)")
     ap.add_argument("--bench", action="store_true", help="the GPU benchmark")
     ap.add_argument("--layers", type=int, default=32)
+    ap.add_argument("--proxy", default=None, help="SSACache(proxy=) of the sessions (default: ssa.hf's)")
     ap.add_argument("--message-tokens", type=int, default=64)
     ap.add_argument("--device-kv-budget-gib", type=float, default=64.0, help="0: no budget")
     ap.add_argument("--warm-restore", action="store_true",
