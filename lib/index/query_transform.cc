@@ -35,13 +35,21 @@ void query_aware_transform(const float* x, size_t n, uint32_t d, uint32_t subspa
       }
     }
   }
+  // y = A x for every key, each y[r] summed over j in order, all r at once
+  // (A^T's rows are contiguous in r): the sums of a row-by-row dot product,
+  // without its chain of dependent additions.
+  std::vector<double> a_t(size_t{d} * d), acc(d);
+  for (uint32_t r = 0; r < d; ++r)
+    for (uint32_t j = 0; j < d; ++j) a_t[size_t{j} * d + r] = a[size_t{r} * d + j];
   std::vector<float> y(n * d);
   for (size_t i = 0; i < n; ++i) {
-    for (uint32_t r = 0; r < d; ++r) {
-      double acc = 0.0;
-      for (uint32_t j = 0; j < d; ++j) acc += a[size_t{r} * d + j] * x[i * d + j];
-      y[i * d + r] = static_cast<float>(acc);
+    std::fill(acc.begin(), acc.end(), 0.0);
+    for (uint32_t j = 0; j < d; ++j) {
+      const double xj = x[i * d + j];
+      const double* col = a_t.data() + size_t{j} * d;
+      for (uint32_t r = 0; r < d; ++r) acc[r] += col[r] * xj;
     }
+    for (uint32_t r = 0; r < d; ++r) y[i * d + r] = static_cast<float>(acc[r]);
   }
   const std::vector<double> rot = balanced_pca_rotation(y.data(), n, d, subspaces);
   for (uint32_t i = 0; i < d; ++i) {
