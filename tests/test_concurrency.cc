@@ -52,7 +52,9 @@ TEST_CASE("decodes beside appends, truncates and forks see whole committed state
       }
     });
   }
-  for (int round = 0; round < 3; ++round) {
+  // At least three rounds, and more until the readers have checked enough decodes
+  // (on a loaded machine the writer can finish three rounds before a reader runs).
+  for (int round = 0; round < 3 || (decodes.load() <= 30 && round < 1000); ++round) {
     for (size_t i = 0; i < steps; ++i) {
       const size_t t0 = base + i * step;
       append_f32(s.get(), 0, rows(ctx.K, t0, t0 + step), rows(ctx.V, t0, t0 + step), step, SSA_DTYPE_F32);
@@ -66,6 +68,6 @@ TEST_CASE("decodes beside appends, truncates and forks see whole committed state
   stop = true;
   for (auto& t : readers) t.join();
   MESSAGE(decodes.load() << " concurrent decodes checked");
-  CHECK(decodes.load() > 10);
+  CHECK(decodes.load() > 30);
   CHECK(torn.load() == 0);
 }
