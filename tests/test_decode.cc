@@ -184,26 +184,39 @@ TEST_CASE("a lossless PQ proxy makes PQ_TOPK equal ORACLE_TOPK") {
 }
 
 TEST_CASE("same seed and step reproduce bitwise; other steps differ; thread count does not matter") {
+  // For every kind of proxy and for exact scores.
   const uint32_t d = 128, nq = 8, nkv = 2;
   const size_t n = 12000;
   const auto ctx = make_structured_context(n, nkv, nq, d);
-  std::vector<std::vector<float>> outs;
-  for (int threads : {1, 2, 3}) {
-    auto rt = make_runtime(threads, 77);
-    auto s = make_session(rt.get(), make_config(1, nq, nkv, d, SSA_DTYPE_F16));
-    append_f32(s.get(), 0, ctx.K, ctx.V, n, SSA_DTYPE_F16);
-    for (ssa_method m : {SSA_METHOD_SSA, SSA_METHOD_SSA_ADAPTIVE, SSA_METHOD_HYBRID_UNIFORM, SSA_METHOD_DENSE}) {
-      auto p = params(m, 0, 20.0f);
-      p.step = 5;
-      outs.push_back(run_decode(s.get(), 0, ctx.q, SSA_DTYPE_F16, p));
-      if (m != SSA_METHOD_DENSE && threads == 1) {
-        p.step = 6;
-        CHECK(run_decode(s.get(), 0, ctx.q, SSA_DTYPE_F16, p) != outs.back());
+  const ssa_method methods[] = {SSA_METHOD_SSA, SSA_METHOD_SSA_ADAPTIVE, SSA_METHOD_HYBRID_UNIFORM,
+                                SSA_METHOD_ORACLE_TOPK, SSA_METHOD_DENSE};
+  const size_t nm = sizeof methods / sizeof methods[0];
+  for (ssa_proxy proxy : {SSA_PROXY_PQ, SSA_PROXY_PQ4, SSA_PROXY_QPQ}) {
+    CAPTURE(proxy);
+    std::vector<std::vector<float>> outs;
+    for (int threads : {1, 2, 3}) {
+      auto rt = make_runtime(threads, 77);
+      ssa_session_config c = make_config(1, nq, nkv, d, SSA_DTYPE_F16);
+      c.proxy = proxy;
+      if (proxy == SSA_PROXY_PQ4) {
+        c.pq_subspaces = 32;
+        c.pq_centroids = 16;
+      }
+      auto s = make_session(rt.get(), c);
+      append_f32(s.get(), 0, ctx.K, ctx.V, n, SSA_DTYPE_F16);
+      for (ssa_method m : methods) {
+        auto p = params(m, 0, 20.0f);
         p.step = 5;
-        p.seed = 77;  // explicit seed equal to the runtime's default
-        CHECK(run_decode(s.get(), 0, ctx.q, SSA_DTYPE_F16, p) == outs.back());
+        outs.push_back(run_decode(s.get(), 0, ctx.q, SSA_DTYPE_F16, p));
+        if (m != SSA_METHOD_DENSE && m != SSA_METHOD_ORACLE_TOPK && threads == 1) {
+          p.step = 6;
+          CHECK(run_decode(s.get(), 0, ctx.q, SSA_DTYPE_F16, p) != outs.back());
+          p.step = 5;
+          p.seed = 77;  // explicit seed equal to the runtime's default
+          CHECK(run_decode(s.get(), 0, ctx.q, SSA_DTYPE_F16, p) == outs.back());
+        }
       }
     }
+    for (size_t i = nm; i < outs.size(); ++i) CHECK(outs[i] == outs[i % nm]);
   }
-  for (size_t i = 4; i < outs.size(); ++i) CHECK(outs[i] == outs[i % 4]);
 }

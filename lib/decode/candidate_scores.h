@@ -20,4 +20,18 @@ namespace ssa {
 void score_tokens(const KvLayout& layout, const LayerStore& layer, uint32_t kv_head, const float* q,
                   ssa_method method, uint64_t t0, uint64_t t1, std::vector<float>* lut, float* scores);
 
+// The same scores for the g query heads of KV head kv_head (q: g queries of
+// head_dim floats), head j's in scores[j * stride + t - t0], each bitwise what
+// score_tokens gives for that head. A chunk of tokens at a time is scored for
+// every head before the next, so the codes (or keys) come from memory once per
+// group rather than once per head: at long contexts the scan is bound by reading
+// them.
+void score_tokens_group(const KvLayout& layout, const LayerStore& layer, uint32_t kv_head, const float* q,
+                        uint32_t g, ssa_method method, uint64_t t0, uint64_t t1, std::vector<std::vector<float>>* luts,
+                        float* scores, size_t stride);
+
+// Tokens per chunk of score_tokens_group (rounded down to whole pages, at least
+// one): 16 KB of codes per KV head at PQ's 16 bytes per token.
+constexpr uint64_t kGroupChunkTokens = 1024;
+
 }  // namespace ssa
