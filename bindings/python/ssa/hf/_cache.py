@@ -333,9 +333,10 @@ class SSACache(Cache):
         proxy: the sessions' proxy (see Runtime.create_session). None: "qpq", the
             query-aware proxy (PQ's 16 bytes per token per KV head; the best recall
             of the exact top keys measured, docs/FIDELITY.md), or "pq" on a CUDA
-            runtime of several devices (whose sessions take PQ only) and with a
-            process group (QPQ across ranks not measured through ssa.hf). The 4-bit ones ("pq4", "opq4", "qpq4") take 32 subspaces of 16
-            centroids, PQ's bytes. The query-aware ones ("qpq", "qpq4") are shown
+            runtime of several devices (whose sessions take PQ only). A process
+            group's ranks are shown the same queries, so their index is the one a
+            single process trains. The 4-bit ones ("pq4", "opq4", "qpq4") take 32
+            subspaces of 16 centroids, PQ's bytes. The query-aware ones ("qpq", "qpq4") are shown
             each prefill's last 256 queries of every layer (Session.observe_queries),
             which the layer's index then learns from at its first decode; a cache
             filled without a prefill (append_kv) trains as PQ after a rotation.
@@ -765,10 +766,8 @@ class SSACache(Cache):
     def _default_proxy(self) -> str:
         """proxy=None: the query-aware proxy, which ranks best on every model measured
         at PQ's bytes (docs/FIDELITY.md, the default proxy) and learns from the
-        queries each prefill shows it. PQ on a CUDA runtime of several devices (its
-        sessions take no other) and with a process group (not measured there)."""
-        if self.process_group is not None:
-            return "pq"
+        queries each prefill shows it; PQ on a CUDA runtime of several devices, whose
+        sessions take no other."""
         if self.runtime.backend == "cuda" and len(self.runtime._options["devices"] or ()) > 1:
             return "pq"
         return "qpq"
