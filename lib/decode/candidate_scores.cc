@@ -9,9 +9,14 @@
 namespace ssa {
 namespace {
 
+// Tokens per chunk of score_tokens_group (rounded down to whole pages, at least
+// one): 16 KB of codes per KV head at PQ's 16 bytes per token.
+constexpr uint64_t kGroupChunkTokens = 1024;
+
 // The proxy's lookup table for query q (rotated or transformed first for the
 // proxies that learn one), held in `lut`: the float table [M][K], room for the
-// rotated query, then (4-bit codes) the [M][16] byte table and its scale and bias.
+// rotated query, then (4-bit codes) the [M][16] byte table, whose scale and bias
+// are in `quant`.
 struct ProxyTable {
   const float* f32 = nullptr;
   const uint8_t* u8 = nullptr;
@@ -92,7 +97,9 @@ void score_tokens_group(const KvLayout& layout, const LayerStore& layer, uint32_
   std::vector<ProxyTable> tables;
   if (method != SSA_METHOD_ORACLE_TOPK) {
     luts->resize(g);
-    for (uint32_t j = 0; j < g; ++j) tables.push_back(build_table(layout, layer, kv_head, q + size_t{j} * d, &(*luts)[j]));
+    for (uint32_t j = 0; j < g; ++j) {
+      tables.push_back(build_table(layout, layer, kv_head, q + size_t{j} * d, &(*luts)[j]));
+    }
   }
   // Chunks of whole pages (their codes or keys stay in the core's caches while
   // each head of the group scans them); every token's score is the one

@@ -30,8 +30,4 @@ void score_tokens_group(const KvLayout& layout, const LayerStore& layer, uint32_
                         uint32_t g, ssa_method method, uint64_t t0, uint64_t t1, std::vector<std::vector<float>>* luts,
                         float* scores, size_t stride);
 
-// Tokens per chunk of score_tokens_group (rounded down to whole pages, at least
-// one): 16 KB of codes per KV head at PQ's 16 bytes per token.
-constexpr uint64_t kGroupChunkTokens = 1024;
-
 }  // namespace ssa

@@ -83,36 +83,32 @@ void append_range(uint64_t t0, uint64_t t1, HeadTrace* trace) {
 }
 
 // Stages 1-3 for one query head: proxy scores, heavy set, residual samples.
-// (Scoring a KV head's query heads together reads the codes once, but then the
-// selections read g heads' scores back from memory rather than one head's from
-// the caches: at 1M tokens on 2 threads the decode was no faster.)
 HeadStats select_head(const ssa_session& s, const LayerStore& layer, uint32_t layer_index,
                       uint32_t q_head, const float* q, const DecodePlan& plan,
                       const ssa_decode_params& p, uint64_t seed, Selection* sel) {
   const KvLayout& layout = s.layout;
   const uint32_t kv_head = q_head / layout.group_size();
-  thread_local std::vector<float> own, lut;
+  thread_local std::vector<float> scores, lut;
   thread_local SelectScratch scratch;
   HeadStats st;
   sel->clear();
   if (plan.selects()) {
-    const uint64_t nc = plan.candidates();
     const auto t_score = Clock::now();
-    own.resize(nc);
-    candidate_scores(layout, layer, kv_head, q, plan, p.method, &lut, own.data());
+    const uint64_t nc = plan.candidates();
+    scores.resize(nc);
+    candidate_scores(layout, layer, kv_head, q, plan, p.method, &lut, scores.data());
     st.time.scoring = seconds_since(t_score);
-    const float* scores = own.data();
     const RngStream rng = make_rng_stream(seed, p.step, layer_index, q_head);
     if (plan.targeted) {
       const StoreRows rows(layout, layer, kv_head, q);
       const TargetParams tp{p.method,        p.heavy_fraction,     p.pi_min,
                             plan.kprime,     plan.kprime_cap,      plan.fixed_tokens(),
                             p.target_error,  p.target_delta};
-      select_targeted(tp, scores, nc, static_cast<uint32_t>(plan.sink_end), rows,
+      select_targeted(tp, scores.data(), nc, static_cast<uint32_t>(plan.sink_end), rows,
                       fixed_rows_sum(rows, plan), rng, scratch, sel, &st.target);
     } else {
       const SelectParams sp{p.method, plan.kprime, p.heavy_fraction, p.pi_min};
-      select_tokens(sp, scores, nc, static_cast<uint32_t>(plan.sink_end), rng, scratch, sel);
+      select_tokens(sp, scores.data(), nc, static_cast<uint32_t>(plan.sink_end), rng, scratch, sel);
     }
     st.scored = nc;
     st.time.heavy = sel->heavy_seconds;

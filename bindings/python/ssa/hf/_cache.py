@@ -243,6 +243,12 @@ class _Decode:
         return torch.stack(outs, dim=1), None
 
 
+def _several_devices(rt) -> bool:
+    """Whether rt is a CUDA runtime sharding its sessions over several devices
+    (read on every eager decode: no copy, no native call)."""
+    return rt is not None and rt.backend == "cuda" and len(rt._options["devices"] or ()) > 1
+
+
 def _model_scale_fix(c, kwargs, d: int) -> float:
     """libssa scales scores by 1/sqrt(head_dim); the factor that puts another model
     scale into q."""
@@ -432,11 +438,7 @@ class SSACache(Cache):
         """Whether the runtime's sessions take decode steps: CPU ones (eagerly) and
         CUDA ones on one device, tiered or not (ssa_session_reserve refuses sharded
         sessions: their pages live on several devices)."""
-        rt = self._any_runtime()
-        if rt is None or rt.backend != "cuda":
-            return True
-        o = rt._options  # read on every eager decode: no copy, no native call
-        return len(o["devices"] or ()) <= 1
+        return not _several_devices(self._any_runtime())
 
     def _any_runtime(self):
         return self.runtime if self.runtime is not None else self._given_runtime
@@ -768,9 +770,7 @@ class SSACache(Cache):
         at PQ's bytes (docs/FIDELITY.md, the default proxy) and learns from the
         queries each prefill shows it; PQ on a CUDA runtime of several devices, whose
         sessions take no other."""
-        if self.runtime.backend == "cuda" and len(self.runtime._options["devices"] or ()) > 1:
-            return "pq"
-        return "qpq"
+        return "pq" if _several_devices(self.runtime) else "qpq"
 
     def _observe_prefill(self, layer: SSALayer, query, mask, kwargs) -> None:
         """Shows a query-aware session the prefill chunk's last queries of each row
