@@ -9,6 +9,7 @@
 
 #include "cpu/thread_pool.h"
 #include "ssa.h"
+#include "store/budget_peers.h"
 #include "store/device_budget.h"
 #include "store/held_range.h"
 
@@ -43,6 +44,9 @@ struct ssa_runtime {
   // The device memory its CUDA sessions' K/V pages may use (never null; unlimited
   // unless ssa_runtime_options.device_kv_budget was set).
   std::shared_ptr<ssa::DeviceBudget> budget;
+  // Its CUDA sessions that trade a limited budget between them (null when the
+  // budget is unlimited).
+  std::shared_ptr<ssa::BudgetPeers> budget_peers;
   // Pinned host memory page-locked at creation for its CUDA sessions' host tier
   // (ssa_runtime_options.host_pool_bytes); null without one, and on the CPU.
   std::shared_ptr<ssa::cuda::PinnedChunkPool> host_pool;

@@ -25,6 +25,7 @@ class RwLock {
   // The Lockable and SharedLockable interfaces (std::unique_lock, std::shared_lock).
   void lock() { pthread_rwlock_wrlock(&rw_); }
   void unlock() { pthread_rwlock_unlock(&rw_); }
+  bool try_lock() { return pthread_rwlock_trywrlock(&rw_) == 0; }
   void lock_shared() { pthread_rwlock_rdlock(&rw_); }
   void unlock_shared() { pthread_rwlock_unlock(&rw_); }
 

@@ -17,6 +17,10 @@
 #include "versioned_struct.h"
 #include "store/layer_tail.h"
 
+ssa_session::~ssa_session() {
+  if (rt != nullptr && rt->budget_peers != nullptr) rt->budget_peers->leave(this);
+}
+
 namespace ssa {
 namespace {
 

@@ -26,6 +26,13 @@ class PqEncoder;        // lib/index/pq_index.h
 }  // namespace ssa
 
 struct ssa_session {
+  ssa_session() = default;
+  ssa_session(const ssa_session&) = delete;
+  ssa_session& operator=(const ssa_session&) = delete;
+  // Leaves the runtime's budget peers first (lib/store/budget_peers.h): a
+  // session taking its turn may be visiting this one to move its pages.
+  ~ssa_session();
+
   ssa_runtime* rt = nullptr;
   ssa_session_config config{};  // as given at create, defaults resolved
   ssa::KvLayout layout;

@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <atomic>
 #include <map>
 #include <random>
@@ -13,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "store/budget_peers.h"
 #include "store/device_budget.h"
 #include "store/page_cache_policy.h"
 #include "store/tier_policy.h"
@@ -83,6 +85,121 @@ TEST_CASE("tier policy: rebalancing brings pinned pages back and moves the least
     INFO("trial ", trial);
     CHECK(plan.to_host == victims);
   }
+}
+
+TEST_CASE("tier policy: a session taking its turn brings its host pages in, pinned first, then most recently read") {
+  std::mt19937_64 rng(9);
+  for (int trial = 0; trial < 300; ++trial) {
+    const uint32_t P = 16u << (rng() % 4);
+    const uint64_t n = 1 + rng() % 20000;
+    const size_t pages = (n + P - 1) / P;
+    std::vector<PagePlacement> pl(pages);
+    for (auto& p : pl) {
+      p.tier = rng() % 2 == 0 ? PageTier::kHost : PageTier::kDevice;
+      p.shared = rng() % 7 == 0;
+      p.last_read = rng() % 4 == 0 ? 0 : rng() % 30;
+    }
+    const std::vector<size_t> order = plan_bring_in(pl, n, P);
+    // Reference: repeatedly the best remaining unshared host page, by (pinned,
+    // last read, position), all highest first.
+    std::set<size_t> left;
+    for (size_t i = 0; i < pages; ++i)
+      if (!pl[i].shared && pl[i].tier == PageTier::kHost) left.insert(i);
+    std::vector<size_t> want;
+    while (!left.empty()) {
+      size_t best = *left.begin();
+      for (size_t i : left) {
+        const bool pi = pinned_reference(i, n, P), pb = pinned_reference(best, n, P);
+        if (pi != pb ? pi : pl[i].last_read != pl[best].last_read ? pl[i].last_read > pl[best].last_read : i > best)
+          best = i;
+      }
+      want.push_back(best);
+      left.erase(best);
+    }
+    INFO("trial ", trial);
+    CHECK(order == want);
+  }
+}
+
+TEST_CASE("tier policy: an idle session gives up its least recently read movable device pages, over all layers") {
+  std::mt19937_64 rng(13);
+  for (int trial = 0; trial < 200; ++trial) {
+    const uint32_t P = 16u << (rng() % 3);
+    const uint32_t layers = 1 + rng() % 4;
+    std::vector<std::vector<PagePlacement>> pl(layers);
+    std::vector<uint64_t> n(layers);
+    for (uint32_t l = 0; l < layers; ++l) {
+      n[l] = 1 + rng() % 6000;
+      pl[l].resize((n[l] + P - 1) / P);
+      for (auto& p : pl[l]) {
+        p.tier = rng() % 3 == 0 ? PageTier::kHost : PageTier::kDevice;
+        p.shared = rng() % 9 == 0;
+        p.last_read = rng() % 3 == 0 ? 0 : rng() % 20;
+      }
+    }
+    const uint64_t count = rng() % 40;
+    const std::vector<LayerPage> got = plan_give_up(pl, n, P, count);
+    // Reference: one at a time, the least recently read movable device page,
+    // then the lowest position, then the lowest layer.
+    std::vector<LayerPage> left;
+    for (uint32_t l = 0; l < layers; ++l)
+      for (size_t i = 0; i < pl[l].size(); ++i)
+        if (!pl[l][i].shared && pl[l][i].tier == PageTier::kDevice && !pinned_reference(i, n[l], P))
+          left.push_back({l, i});
+    std::vector<LayerPage> want;
+    while (want.size() < count && !left.empty()) {
+      size_t best = 0;
+      for (size_t k = 1; k < left.size(); ++k) {
+        const LayerPage& a = left[k];
+        const LayerPage& b = left[best];
+        const uint64_t ra = pl[a.layer][a.page].last_read, rb = pl[b.layer][b.page].last_read;
+        if (ra != rb ? ra < rb : a.page != b.page ? a.page < b.page : a.layer < b.layer) best = k;
+      }
+      want.push_back(left[best]);
+      left.erase(left.begin() + static_cast<ptrdiff_t>(best));
+    }
+    INFO("trial ", trial);
+    CHECK(got == want);
+  }
+}
+
+TEST_CASE("budget peers: the idle are visited least recently active first; never self, never one not yet active") {
+  BudgetPeers peers;
+  std::vector<ssa_session*> s;
+  for (uintptr_t i = 1; i <= 5; ++i) s.push_back(reinterpret_cast<ssa_session*>(i * 64));  // identities only
+  for (ssa_session* x : s) peers.join(x);
+  auto visited = [&](ssa_session* self, size_t stop_after = 100) {
+    std::vector<ssa_session*> v;
+    peers.visit_idle(self, [&](ssa_session* t) {
+      v.push_back(t);
+      return v.size() >= stop_after;
+    });
+    return v;
+  };
+  CHECK(visited(s[0]).empty());  // none has been active: none can be a creation in progress
+  for (int i : {3, 1, 4, 0}) peers.mark_active(s[i]);
+  CHECK(visited(s[0]) == std::vector<ssa_session*>{s[3], s[1], s[4]});
+  CHECK(visited(s[2]) == std::vector<ssa_session*>{s[3], s[1], s[4], s[0]});
+  CHECK(visited(s[2], 2) == std::vector<ssa_session*>{s[3], s[1]});  // stops when the visitor has enough
+  peers.mark_active(s[3]);
+  peers.leave(s[1]);
+  CHECK(visited(s[2]) == std::vector<ssa_session*>{s[4], s[0], s[3]});
+  CHECK(peers.size() == 4);
+  // leave() waits for a visit under way: a visitor never sees a session after it left.
+  std::atomic<bool> inside{false}, left_done{false};
+  std::thread visitor([&] {
+    peers.visit_idle(s[2], [&](ssa_session*) {
+      inside = true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      CHECK(!left_done.load());
+      return true;
+    });
+  });
+  while (!inside.load()) std::this_thread::yield();
+  peers.leave(s[4]);
+  left_done = true;
+  visitor.join();
+  CHECK(peers.size() == 3);
 }
 
 // The documented cache rule, written as a plain simulation.

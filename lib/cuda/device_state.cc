@@ -253,6 +253,7 @@ absl::Status CudaBackend::init_session(ssa_session& s) const {
   shards[0]->other_shards.assign(shards.begin() + 1, shards.end());
   SSA_CUDA_RETURN(cudaSetDevice(s.rt->device), "cudaSetDevice");
   s.backend_state = std::move(shards[0]);
+  if (s.rt->budget_peers != nullptr && s.rt->group == nullptr) s.rt->budget_peers->join(&s);
   return absl::OkStatus();
 }
 
@@ -270,6 +271,7 @@ absl::Status CudaBackend::init_fork(const ssa_session& from, ssa_session& fork) 
   shards[0]->other_shards.assign(shards.begin() + 1, shards.end());
   SSA_CUDA_RETURN(cudaSetDevice(state(from).device), "cudaSetDevice");
   fork.backend_state = std::move(shards[0]);
+  if (fork.rt->budget_peers != nullptr && fork.rt->group == nullptr) fork.rt->budget_peers->join(&fork);
   return absl::OkStatus();
 }
 

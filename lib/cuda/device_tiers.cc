@@ -5,6 +5,7 @@
 #include "device_error.h"
 #include "device_state.h"
 #include "session.h"
+#include "snapshot/record.h"
 #include "store/tier_policy.h"
 
 namespace ssa::cuda {
@@ -16,13 +17,6 @@ constexpr size_t kAdmitBytesPerDecode = size_t{4} << 20;
 // decodes' worth, up to this many: the copies run when the next reservation is
 // made, which waits for them.
 constexpr uint64_t kMaxDecodesAdmitted = 16;
-
-LayerTiers& layer_tiers(SessionState& st, uint32_t layer_index, uint32_t n_layers) {
-  if (st.tiers.size() < n_layers) st.tiers.resize(n_layers);
-  std::unique_ptr<LayerTiers>& t = st.tiers[layer_index];
-  if (t == nullptr) t = std::make_unique<LayerTiers>(st.cache_pages_per_layer);
-  return *t;
-}
 
 // Drops the cached copy `it`: the next decode's table points at the host page again
 // (tables are rebuilt when an entry's address changes).
@@ -89,14 +83,71 @@ absl::Status take_in_reads(SessionState& st, LayerTiers& lt, const LayerStore& l
   return absl::OkStatus();
 }
 
-// Copies each (page index, new page) of `moves` from the layer's page, all
-// queued on the legacy default stream (where the library allocates and writes
-// pages) with one wait at the end, then puts the new pages in the layer; the
-// old pages are dropped only then, after their copies. One wait per batch, not
-// per page: a fill that moves many pages is not bounded by the copies' latency.
-// On a copy error no page of the layer changes. Empties `moves`.
-absl::Status move_pages(LayerStore& layer, std::vector<std::pair<size_t, PageRef>>& moves, size_t bytes,
+// The session's snapshot record's reference to page i of layer l (record.h:
+// the pages its file holds, by identity), or null when it holds another page
+// or none. The caller holds s exclusively: checkpoints change the record under
+// a shared hold.
+PageRef* recorded_page(ssa_session& s, uint32_t l, size_t i) {
+  if (s.snapshot == nullptr || s.snapshot->record == nullptr) return nullptr;
+  SnapshotRecord& rec = *s.snapshot->record;
+  if (l >= rec.layers.size() || i >= rec.layers[l].kv.size()) return nullptr;
+  PageRef& p = rec.layers[l].kv[i];
+  return p == s.layers[l].kv_pages[i] ? &p : nullptr;
+}
+
+}  // namespace
+
+bool page_movable(ssa_session& s, uint32_t l, size_t i) {
+  const PageRef& p = s.layers[l].kv_pages[i];
+  return p->tier() != PageTier::kFile && p.use_count() == 1 + (recorded_page(s, l, i) != nullptr ? 1 : 0);
+}
+
+void replace_page(ssa_session& s, uint32_t l, size_t i, PageRef page) {
+  if (PageRef* r = recorded_page(s, l, i)) *r = page;  // the same bytes: the next checkpoint writes nothing for it
+  s.layers[l].kv_pages[i] = std::move(page);
+}
+
+LayerTiers& layer_tiers(SessionState& st, uint32_t layer_index, uint32_t n_layers) {
+  if (st.tiers.size() < n_layers) st.tiers.resize(n_layers);
+  std::unique_ptr<LayerTiers>& t = st.tiers[layer_index];
+  if (t == nullptr) t = std::make_unique<LayerTiers>(st.cache_pages_per_layer);
+  return *t;
+}
+
+std::vector<PagePlacement> placement_of(ssa_session& s, uint32_t l, LayerTiers& lt) {
+  const LayerStore& layer = s.layers[l];
+  lt.last_read.resize(layer.kv_pages.size(), 0);
+  std::vector<PagePlacement> placement(layer.kv_pages.size());
+  for (size_t i = 0; i < placement.size(); ++i) {
+    placement[i].tier = layer.kv_pages[i]->tier() == PageTier::kDevice ? PageTier::kDevice : PageTier::kHost;
+    placement[i].shared = !page_movable(s, l, i);
+    placement[i].last_read = lt.last_read[i];
+  }
+  return placement;
+}
+
+void drop_copies(LayerTiers& lt, uint64_t first_page) {
+  for (auto it = lt.copies.lower_bound(first_page); it != lt.copies.end();) it = drop_copy(lt, it);
+}
+
+PageRef take_backing(LayerTiers& lt, size_t index, const PageRef& page) {
+  auto b = lt.backing.find(index);
+  if (b == lt.backing.end()) return nullptr;
+  PageRef host = b->second.device.lock() == page ? std::move(b->second.host) : nullptr;
+  lt.backing.erase(b);
+  return host;
+}
+
+void drop_written(LayerTiers& lt, uint64_t first_page) {
+  drop_copies(lt, first_page);
+  lt.backing.erase(lt.backing.lower_bound(first_page), lt.backing.end());
+}
+
+// One wait per batch, not per page: a fill that moves many pages is not bounded
+// by the copies' latency.
+absl::Status move_pages(ssa_session& s, uint32_t l, std::vector<std::pair<size_t, PageRef>>& moves, size_t bytes,
                         const char* what) {
+  const LayerStore& layer = s.layers[l];
   if (moves.empty()) return absl::OkStatus();
   cudaError_t e = cudaSuccess;
   for (auto& [i, to] : moves) {
@@ -107,16 +158,12 @@ absl::Status move_pages(LayerStore& layer, std::vector<std::pair<size_t, PageRef
   const cudaError_t done = cudaStreamSynchronize(nullptr);
   if (e == cudaSuccess) e = done;
   if (e == cudaSuccess) {
-    for (auto& [i, to] : moves) layer.kv_pages[i] = std::move(to);
+    for (auto& [i, to] : moves) replace_page(s, l, i, std::move(to));
   }
   moves.clear();
   SSA_CUDA_RETURN(e, what);
   return absl::OkStatus();
 }
-
-}  // namespace
-
-bool page_movable(const PageRef& p) { return p.use_count() == 1; }
 
 // A group rank's layer has no page where another rank holds the tokens (null).
 bool layer_has_host_pages(const LayerStore& layer) {
@@ -138,34 +185,32 @@ absl::Status rebalance_layer(ssa_session& s, uint32_t layer_index, LayerStore& l
   absl::MutexLock lock(&st.mu);
   LayerTiers& lt = layer_tiers(st, layer_index, s.layout.n_layers);
   // The append writes rows into these pages in place: their copies would miss them.
-  for (auto it = lt.copies.lower_bound(first_written); it != lt.copies.end();) it = drop_copy(lt, it);
+  drop_written(lt, first_written);
   if (!pool.tiered()) return absl::OkStatus();
   st.prune_retired();  // tables no queued decode reads any more give their pages' charges back
-  lt.last_read.resize(layer.kv_pages.size(), 0);
-  std::vector<PagePlacement> placement(layer.kv_pages.size());
-  for (size_t i = 0; i < placement.size(); ++i) {
-    placement[i].tier = layer.kv_pages[i]->tier() == PageTier::kDevice ? PageTier::kDevice : PageTier::kHost;
-    placement[i].shared = !page_movable(layer.kv_pages[i]) || layer.kv_pages[i]->tier() == PageTier::kFile;
-    placement[i].last_read = lt.last_read[i];
-  }
+  const std::vector<PagePlacement> placement = placement_of(s, layer_index, lt);
   const DeviceBudget& budget = pool.budget();
   const uint64_t limit = budget.limit(DeviceBudget::kResident), used = budget.used(DeviceBudget::kResident);
   const uint64_t room = used < limit ? (limit - used) / pool.page_bytes() : 0;
   const RebalancePlan plan = plan_rebalance(placement, layer.n_tokens, s.layout.page_tokens, new_pages, room);
   std::vector<std::pair<size_t, PageRef>> moves;
   for (size_t i : plan.to_host) {
+    if (PageRef backed = take_backing(lt, i, layer.kv_pages[i])) {  // the same bytes on the host already
+      replace_page(s, layer_index, i, std::move(backed));
+      continue;
+    }
     absl::StatusOr<PageRef> host = pool.host_page();
     if (!host.ok()) break;  // no host memory: the page stays (the append may still fit)
     moves.emplace_back(i, *std::move(host));
   }
-  SSA_RETURN_IF_ERROR(move_pages(layer, moves, pool.page_bytes(), "page move to the host tier"));
+  SSA_RETURN_IF_ERROR(move_pages(s, layer_index, moves, pool.page_bytes(), "page move to the host tier"));
   // The device pages that left gave their charges back: room for these.
   for (size_t i : plan.to_device) {
     absl::StatusOr<PageRef> dev = pool.device_page(DeviceBudget::kResident);
     if (!dev.ok() || *dev == nullptr) break;  // no room yet: a later append brings it back
     moves.emplace_back(i, *std::move(dev));
   }
-  return move_pages(layer, moves, pool.page_bytes(), "page move to the device");
+  return move_pages(s, layer_index, moves, pool.page_bytes(), "page move to the device");
 }
 
 absl::Status tier_view(SessionState& st, uint32_t layer_index, const LayerStore& layer,
@@ -233,7 +278,7 @@ cudaError_t queue_page_reads(SessionState& st, uint32_t layer_index, uint32_t n_
 void set_steps_write_from(SessionState& st, uint32_t layer_index, uint32_t n_layers, uint64_t first_page) {
   LayerTiers& lt = layer_tiers(st, layer_index, n_layers);
   lt.steps_write_from = first_page;
-  for (auto it = lt.copies.lower_bound(first_page); it != lt.copies.end();) it = drop_copy(lt, it);
+  drop_written(lt, first_page);
 }
 
 cudaError_t queue_tier_readback(const ssa_session& s, SessionState::LayerCache& tables, cudaStream_t stream) {

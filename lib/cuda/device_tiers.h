@@ -18,6 +18,7 @@
 #include "kernels/tier_accounting.h"
 #include "store/layer_store.h"
 #include "store/page_cache_policy.h"
+#include "store/tier_policy.h"
 
 struct ssa_session;
 
@@ -53,6 +54,15 @@ struct LayerTiers {
     PageRef copy;                   // device page charged to the cache account
   };
   std::map<uint64_t, Copy> copies;  // by page index
+  // Pages a turn brought in from the host (budget_trade.h) keep their host page:
+  // while the device page is the layer's and unwritten, moving it out again is
+  // a pointer swap, not a copy. Dropped when an append or a reservation's steps
+  // write the page.
+  struct Backing {
+    PageRef host;
+    std::weak_ptr<Page> device;  // the page brought in (expired or replaced: stale)
+  };
+  std::map<uint64_t, Backing> backing;  // by page index
   std::vector<uint64_t> last_read;  // per page: decode step that last read it (0 = never)
   uint64_t step = 0;                // decodes of this layer so far
   // Rows per page of the newest decode that recorded them, copied back for the
@@ -67,8 +77,35 @@ struct LayerTiers {
   uint64_t steps_write_from = UINT64_MAX;
 };
 
-// Pages of a layer a policy may move (held by this session alone).
-bool page_movable(const PageRef& p);
+// Whether a policy may move page i of layer l: held by this session alone (its
+// snapshot record aside, which follows the move), not mapped from a file. The
+// session is held exclusively.
+bool page_movable(ssa_session& s, uint32_t l, size_t i);
+// Puts `page` (the same bytes) in place of page i of layer l, in the layer and
+// in the session's snapshot record when it holds the old one, so the next
+// checkpoint sees the page unchanged. The session is held exclusively.
+void replace_page(ssa_session& s, uint32_t l, size_t i, PageRef page);
+
+// The layer's tier bookkeeping, made on first use. Caller holds st.mu.
+LayerTiers& layer_tiers(SessionState& st, uint32_t layer_index, uint32_t n_layers);
+// What the placement policies see of the layer's pages (lib/store/tier_policy.h).
+// Caller holds st.mu.
+std::vector<PagePlacement> placement_of(ssa_session& s, uint32_t l, LayerTiers& lt);
+// Drops the cached copies of pages from `first_page` on. Caller holds st.mu.
+void drop_copies(LayerTiers& lt, uint64_t first_page);
+// The host page backing page `index` (LayerTiers::backing) when `page` is
+// still the one brought in, else null; the backing is dropped either way.
+PageRef take_backing(LayerTiers& lt, size_t index, const PageRef& page);
+// Drops the cached copies and host backings of pages from `first_page` on, which
+// are about to be written. Caller holds st.mu.
+void drop_written(LayerTiers& lt, uint64_t first_page);
+// Copies each (page index, new page) of `moves` from layer l's page, all
+// queued on the legacy default stream (where the library allocates and writes
+// pages) with one wait at the end, then puts the new pages in place (replace_page); the
+// old pages are dropped only then, after their copies. On a copy error no page
+// of the layer changes. Empties `moves`. The session is held exclusively.
+absl::Status move_pages(ssa_session& s, uint32_t l, std::vector<std::pair<size_t, PageRef>>& moves, size_t bytes,
+                        const char* what);
 
 // Before an append to `layer` that writes its pages from `first_written` on
 // and allocates `new_pages` pages: drops the cached copies of the pages it

@@ -14,6 +14,7 @@
 #include <map>
 #include <mutex>
 
+#include "budget_trade.h"
 #include "cuda_backend.h"
 #include "decode/decode_plan.h"
 #include "device_error.h"
@@ -260,7 +261,8 @@ absl::Status CudaBackend::reserve_steps(ssa_session& s, uint64_t n_tokens) const
   for (uint32_t l = 0; l < L.n_layers; ++l) r->layers.push_back(std::make_unique<StepReservation::Layer>());
   std::vector<uint32_t> lengths(L.n_layers);
   const bool tiered = st.kv_pool->tiered();
-  absl::Status made = absl::OkStatus();
+  // Its pages come in (idle sessions' go out) before the layers' tables freeze.
+  absl::Status made = tiered ? take_turn(s, n_tokens) : absl::OkStatus();
   for (uint32_t l = 0; l < L.n_layers && made.ok(); ++l) made = reserve_layer(s, l, n_tokens, r->layers[l].get());
   if (made.ok()) {
     for (uint32_t l = 0; l < L.n_layers; ++l) lengths[l] = static_cast<uint32_t>(s.layers[l].n_tokens);

@@ -48,4 +48,26 @@ struct RebalancePlan {
 RebalancePlan plan_rebalance(const std::vector<PagePlacement>& pages, uint64_t n_tokens, uint32_t page_tokens,
                              uint64_t new_pages, uint64_t room);
 
+// Sessions that take turns trade the budget (docs/TIERED_MEMORY.md, "Sessions
+// taking turns"): the session about to decode brings its pages in, idle ones
+// give theirs up.
+//
+// The host pages of a layer that its session brings back to the device when it
+// becomes the one decoding, in order: pinned pages first (every decode reads
+// them), then the most recently read, then the newest. Shared pages stay.
+std::vector<size_t> plan_bring_in(const std::vector<PagePlacement>& pages, uint64_t n_tokens, uint32_t page_tokens);
+
+struct LayerPage {
+  uint32_t layer = 0;
+  size_t page = 0;
+  bool operator==(const LayerPage& o) const { return layer == o.layer && page == o.page; }
+};
+
+// At most `count` device pages an idle session gives up for another's bring-in,
+// over all its layers (`pages[l]`, layer l holding n_tokens[l] tokens): the
+// movable ones (not pinned, not shared), least recently read first (never read:
+// oldest position first, then lowest layer).
+std::vector<LayerPage> plan_give_up(const std::vector<std::vector<PagePlacement>>& pages,
+                                    const std::vector<uint64_t>& n_tokens, uint32_t page_tokens, uint64_t count);
+
 }  // namespace ssa

@@ -884,7 +884,10 @@ ssa_status ssa_decode_step_batch(const ssa_decode_step_item *items, size_t n_ite
    empty layer, the layer limit exceeded), SSA_ERR_UNSUPPORTED (sharded sessions,
    pages mapped from a file (SSA_LOAD_MMAP), SSA_SESSION_HOST_POINTERS),
    SSA_ERR_OUT_OF_MEMORY, SSA_ERR_DEVICE. A tiered session (device_kv_budget)
-   first makes room on the device for the reserved pages, as an append would. */
+   first takes its turn: idle sessions of the runtime (no reservation, not in a
+   call) move device pages to the host, least recently active first, and it
+   brings its host pages in, leaving room for the reserved pages
+   (docs/TIERED_MEMORY.md, "Sessions taking turns"). */
 ssa_status ssa_session_reserve(ssa_session *s, uint64_t n_tokens);
 
 /* Waits for the session's queued decode steps (up to the last step queued or
