@@ -2,6 +2,8 @@
 logits through SSACache against transformers' own sdpa forward over the whole
 sequence, batches with padding, sliding-window layers, save/load, fork, truncate,
 the wrong-model refusal and bad parameters."""
+import types
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -445,8 +447,13 @@ def test_proxy_option_is_checked_and_pq_sessions_observe_nothing(monkeypatch):
         _stepwise_logits(model, cache, _ids(200), 198)
         assert cache.sessions[0].config.proxy == ssa.Proxy[proxy.upper()]
     assert seen == []
-    # The default is the query-aware proxy, shown the prefill's queries of every layer.
+    # The default on the CPU is the query-aware proxy, shown the prefill's queries of every layer.
     cache = ssa.hf.SSACache(model, method="pq_topk", sparsity=10, n_sink=4, n_local=4)
     _stepwise_logits(model, cache, _ids(200), 198)
     assert all(s.config.proxy == ssa.Proxy.QPQ for s in cache.sessions)
     assert sorted({layer for layer, _ in seen}) == list(range(model.config.num_hidden_layers))
+    # On CUDA runtimes PQ (the others' k-means trains on the host there): the rule,
+    # read from the cache's runtime.
+    rule = ssa.hf.SSACache._default_proxy
+    assert rule(cache) == "qpq" and cache.runtime.backend == "cpu"
+    assert rule(types.SimpleNamespace(runtime=types.SimpleNamespace(backend="cuda"))) == "pq"

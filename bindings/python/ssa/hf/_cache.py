@@ -766,11 +766,13 @@ class SSACache(Cache):
                                            index_min_tokens=_TRAIN_AT_FIRST_DECODE)
 
     def _default_proxy(self) -> str:
-        """proxy=None: the query-aware proxy, which ranks best on every model measured
-        at PQ's bytes (docs/FIDELITY.md, the default proxy) and learns from the
-        queries each prefill shows it; PQ on a CUDA runtime of several devices, whose
-        sessions take no other."""
-        return "pq" if _several_devices(self.runtime) else "qpq"
+        """proxy=None: on the CPU the query-aware proxy, which ranks best on every model
+        measured at PQ's bytes (docs/FIDELITY.md, the default proxy) and learns from the
+        queries each prefill shows it. On CUDA runtimes PQ: a CUDA session trains the
+        other proxies' k-means on the host, about 50 times PQ's training on the device,
+        and the first decode after a prefill trains every layer (sharded sessions take
+        PQ only)."""
+        return "pq" if self.runtime is not None and self.runtime.backend == "cuda" else "qpq"
 
     def _observe_prefill(self, layer: SSALayer, query, mask, kwargs) -> None:
         """Shows a query-aware session the prefill chunk's last queries of each row
