@@ -259,15 +259,17 @@ def device_memory_in_use():
 
 
 def host_pool_bytes(a, budget):
-    """--host-pool-gib in bytes, a multiple of 64 MiB; "auto": the K/V beyond the
-    budget's resident part (7/8 of it, the library's default cache share) plus 2%
-    and 1 GiB for partly filled pages; 0 without a budget."""
+    """--host-pool-gib in bytes, a multiple of 64 MiB; "auto": all the sessions' K/V
+    plus 2% and 1 GiB for partly filled pages (sessions taking turns trade the budget,
+    and each keeps a host copy of the pages it brought in: docs/TIERED_MEMORY.md), at
+    most 3/4 of the machine's memory; 0 without a budget."""
     if not budget or a.host_pool_gib in ("0", None):
         return 0
     chunk = 64 << 20
     if a.host_pool_gib == "auto":
         kv = a.agents * a.context * a.layers * 8 * 128 * 2 * 2
-        want = max(0, kv - budget * 7 // 8) * 1.02 + (1 << 30)
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        want = min(kv * 1.02 + (1 << 30), ram * 3 // 4)
     else:
         want = float(a.host_pool_gib) * (1 << 30)
     return int(-(-want // chunk) * chunk)
@@ -410,8 +412,9 @@ def main():
     ap.add_argument("--warm-restore", action="store_true",
                     help="restore from the page cache as the save left it (default: the files are evicted first)")
     ap.add_argument("--host-pool-gib", default="auto",
-                    help="pinned host memory page-locked at each runtime's creation: GiB, 'auto' (the K/V beyond "
-                         "the budget; default) or 0 (none: pinned during the fill and the restore)")
+                    help="pinned host memory page-locked at each runtime's creation: GiB, 'auto' (all the "
+                         "sessions' K/V, at most 3/4 of the memory; default) or 0 (none: pinned as "
+                         "the host tiers grow)")
     a = ap.parse_args()
     if a.bench:
         a.context = a.context or 131072
