@@ -13,23 +13,18 @@
 namespace ssa::cuda {
 namespace {
 
-// Resident pages the budget has room for now.
-uint64_t resident_room(const TieredKvPool& pool) {
-  const DeviceBudget& b = pool.budget();
-  const uint64_t limit = b.limit(DeviceBudget::kResident), used = b.used(DeviceBudget::kResident);
-  return used < limit ? (limit - used) / pool.page_bytes() : 0;
-}
-
-// Host pages of `s` that it would bring in, over all layers.
-uint64_t host_pages_wanted(ssa_session& s) {
+// Per layer, the host pages `s` would bring in, in order (plan_bring_in). Its
+// pages do not change until it brings them in: it is held exclusively, and its
+// peers giving up theirs leave its own alone.
+std::vector<std::vector<size_t>> bring_in_orders(ssa_session& s) {
   SessionState& st = state(s);
   absl::MutexLock lock(&st.mu);
-  uint64_t n = 0;
+  std::vector<std::vector<size_t>> orders(s.layout.n_layers);
   for (uint32_t l = 0; l < s.layout.n_layers; ++l) {
     LayerTiers& lt = layer_tiers(st, l, s.layout.n_layers);
-    n += plan_bring_in(placement_of(s, l, lt), s.layers[l].n_tokens, s.layout.page_tokens).size();
+    orders[l] = plan_bring_in(placement_of(s, l, lt), s.layers[l].n_tokens, s.layout.page_tokens);
   }
-  return n;
+  return orders;
 }
 
 // Moves up to `count` of idle peer `t`'s movable device pages to its host tier
@@ -42,11 +37,7 @@ absl::Status give_up(ssa_session& t, uint64_t count, uint64_t* moved) {
   if (!st.kv_pool->tiered() || st.steps_reserved.load()) return absl::OkStatus();  // its steps read its tables
   TieredKvPool& pool = *st.kv_pool;
   absl::MutexLock lock(&st.mu);
-  for (const auto& c : st.layers)
-    if (c != nullptr) c->last_use.wait();
-  for (const auto& c : st.retired) c->last_use.wait();
-  st.layers.clear();
-  st.retired.clear();
+  st.drop_tables();
   const uint32_t n_layers = t.layout.n_layers;
   std::vector<std::vector<PagePlacement>> placement(n_layers);
   std::vector<uint64_t> n_tokens(n_layers);
@@ -76,17 +67,17 @@ absl::Status give_up(ssa_session& t, uint64_t count, uint64_t* moved) {
   return absl::OkStatus();
 }
 
-// Brings layer l's host pages of `s` to the device while the budget has room
-// beyond `keep` pages (the reservation's new pages, allocated after).
-absl::Status bring_in(ssa_session& s, uint32_t l, uint64_t keep) {
+// Brings layer l's host pages of `s` to the device, in `order`, while the
+// budget has room beyond `keep` pages (the reservation's new pages, allocated after).
+absl::Status bring_in(ssa_session& s, uint32_t l, const std::vector<size_t>& order, uint64_t keep) {
   SessionState& st = state(s);
   TieredKvPool& pool = *st.kv_pool;
   LayerStore& layer = s.layers[l];
   std::vector<std::pair<size_t, PageRef>> moves;
   absl::MutexLock lock(&st.mu);
   LayerTiers& lt = layer_tiers(st, l, s.layout.n_layers);
-  for (size_t i : plan_bring_in(placement_of(s, l, lt), layer.n_tokens, s.layout.page_tokens)) {
-    if (resident_room(pool) <= keep) break;
+  for (size_t i : order) {
+    if (pool.resident_room() <= keep) break;
     absl::StatusOr<PageRef> dev = pool.device_page(DeviceBudget::kResident);
     if (!dev.ok()) return dev.status();
     if (*dev == nullptr) break;  // the budget is full
@@ -110,7 +101,9 @@ absl::Status take_turn(ssa_session& s, uint64_t n_tokens) {
   if (!st.kv_pool->tiered() || s.rt->budget_peers == nullptr) return absl::OkStatus();
   BudgetPeers& peers = *s.rt->budget_peers;
   peers.mark_active(&s);
-  const uint64_t host_pages = host_pages_wanted(s);
+  const std::vector<std::vector<size_t>> orders = bring_in_orders(s);
+  uint64_t host_pages = 0;
+  for (const std::vector<size_t>& o : orders) host_pages += o.size();
   uint64_t new_pages = 0;  // the reservation's, allocated by reserve_layer after this
   for (const LayerStore& layer : s.layers) {
     new_pages += s.layout.pages_for(layer.n_tokens + n_tokens) - s.layout.pages_for(layer.n_tokens);
@@ -124,7 +117,7 @@ absl::Status take_turn(ssa_session& s, uint64_t n_tokens) {
     absl::MutexLock lock(&st.mu);
     st.prune_retired();  // charges of tables no queued decode reads
   }
-  const uint64_t room = resident_room(*st.kv_pool);
+  const uint64_t room = st.kv_pool->resident_room();
   if (wanted > room) {
     uint64_t moved = 0;
     absl::Status status = absl::OkStatus();
@@ -136,7 +129,7 @@ absl::Status take_turn(ssa_session& s, uint64_t n_tokens) {
     });
     SSA_RETURN_IF_ERROR(status);
   }
-  for (uint32_t l = 0; l < s.layout.n_layers; ++l) SSA_RETURN_IF_ERROR(bring_in(s, l, new_pages));
+  for (uint32_t l = 0; l < s.layout.n_layers; ++l) SSA_RETURN_IF_ERROR(bring_in(s, l, orders[l], new_pages));
   return absl::OkStatus();
 }
 

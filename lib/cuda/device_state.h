@@ -110,11 +110,7 @@ struct SessionState final : BackendSession {
   ~SessionState() {
     retire_steps(*this);  // waits for queued steps; their replays then do nothing
     absl::MutexLock lock(&mu);
-    for (const auto& c : layers)
-      if (c) c->last_use.wait();
-    for (const auto& c : retired) c->last_use.wait();
-    layers.clear();
-    retired.clear();
+    drop_tables();
     tiers.clear();
     books.clear();  // (scan_result and codebooks are freed on the legacy default stream)
     if (stream != nullptr) {
@@ -143,6 +139,17 @@ struct SessionState final : BackendSession {
     for (auto i = books.begin(); i != books.end();) {
       if (i->second->host.use_count() == 1) i = books.erase(i); else ++i;
     }
+  }
+
+  // Waits for every queued decode through the cached tables, then drops them:
+  // the memory they held (pages, codebooks) goes back now; the next decode
+  // builds its tables again.
+  void drop_tables() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    for (const auto& c : layers)
+      if (c) c->last_use.wait();
+    for (const auto& c : retired) c->last_use.wait();
+    layers.clear();
+    retired.clear();
   }
 
   // Frees retired tables whose decodes have all run.

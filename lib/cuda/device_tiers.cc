@@ -189,10 +189,8 @@ absl::Status rebalance_layer(ssa_session& s, uint32_t layer_index, LayerStore& l
   if (!pool.tiered()) return absl::OkStatus();
   st.prune_retired();  // tables no queued decode reads any more give their pages' charges back
   const std::vector<PagePlacement> placement = placement_of(s, layer_index, lt);
-  const DeviceBudget& budget = pool.budget();
-  const uint64_t limit = budget.limit(DeviceBudget::kResident), used = budget.used(DeviceBudget::kResident);
-  const uint64_t room = used < limit ? (limit - used) / pool.page_bytes() : 0;
-  const RebalancePlan plan = plan_rebalance(placement, layer.n_tokens, s.layout.page_tokens, new_pages, room);
+  const RebalancePlan plan =
+      plan_rebalance(placement, layer.n_tokens, s.layout.page_tokens, new_pages, pool.resident_room());
   std::vector<std::pair<size_t, PageRef>> moves;
   for (size_t i : plan.to_host) {
     if (PageRef backed = take_backing(lt, i, layer.kv_pages[i])) {  // the same bytes on the host already

@@ -28,6 +28,11 @@ class TieredKvPool {
   bool tiered() const { return host_ != nullptr; }
   size_t page_bytes() const { return page_bytes_; }
   DeviceBudget& budget() const { return *budget_; }
+  // Pages the budget's resident account has room for now.
+  uint64_t resident_room() const {
+    const uint64_t limit = budget_->limit(DeviceBudget::kResident), used = budget_->used(DeviceBudget::kResident);
+    return used < limit ? (limit - used) / page_bytes_ : 0;
+  }
   const std::shared_ptr<PinnedPagePool>& host() const { return host_; }
 
   // A writable page where the placement puts a new one: the device when the
