@@ -137,3 +137,113 @@ TEST_CASE("fixed heavy count: round(h k'), top-k methods take all, sampling none
   CHECK(ssa::fixed_heavy_count(SSA_METHOD_PQ_TOPK, 100, 0.0f) == 100);
   CHECK(ssa::fixed_heavy_count(SSA_METHOD_ORACLE_TOPK, 100, 0.0f) == 100);
 }
+
+namespace {
+
+// select_tokens' selection made the long way, pass by pass, from the stages'
+// own definitions: the max, every proposal weight, their fixed-point total, the
+// top-k over all scores, the hierarchy summed from the weights, one draw at a
+// time, the draws sorted and made unique.
+ssa::Selection reference_selection(const ssa::SelectParams& p, const std::vector<float>& x, uint32_t base,
+                                   const ssa::RngStream& rng) {
+  const size_t n = x.size();
+  ssa::Selection out;
+  const bool residual = p.method != SSA_METHOD_PQ_TOPK && p.method != SSA_METHOD_ORACLE_TOPK;
+  const float mx = *std::max_element(x.begin(), x.end());
+  std::vector<float> w(n);
+  ssa::proposal_weights(x.data(), n, mx, w.data());
+  const uint64_t total = ssa::fixed_sum(w.data(), n);
+  std::vector<uint32_t> heavy;
+  if (p.method == SSA_METHOD_SSA_ADAPTIVE) {
+    std::vector<uint32_t> order(n);
+    std::iota(order.begin(), order.end(), 0u);
+    std::stable_sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) { return x[a] > x[b]; });
+    order.resize(p.kprime);
+    std::vector<double> q(order.size());
+    for (size_t i = 0; i < q.size(); ++i) q[i] = static_cast<double>(w[order[i]]) / ssa::fixed_to_double(total);
+    order.resize(ssa::adaptive_heavy_count(q.data(), q.size(), p.kprime));
+    heavy = order;
+  } else {
+    ssa::topk_indices(x.data(), n, ssa::fixed_heavy_count(p.method, p.kprime, p.heavy_fraction), 0, &heavy);
+  }
+  std::sort(heavy.begin(), heavy.end());
+  for (uint32_t j : heavy) {
+    out.tokens.push_back(base + j);
+    out.log_pi.push_back(0.0f);
+  }
+  out.heavy = heavy.size();
+  if (!residual) return out;
+  uint64_t heavy_total = 0;
+  for (uint32_t j : heavy) heavy_total += ssa::fixed_weight(w[j]);
+  out.residual_mass = ssa::residual_mass_of(total, heavy_total);
+  ssa::residual_weights(p.method, w.data(), n);
+  for (uint32_t j : heavy) w[j] = 0.0f;
+  ssa::FixedHierarchy h;
+  h.build(w.data(), base, n);
+  const uint64_t m = p.kprime - heavy.size();
+  out.draws = m;
+  std::vector<uint32_t> drawn;
+  for (uint64_t j = 0; j < m && h.total() > 0; ++j) {
+    const ssa::Philox4 r = ssa::rng_draw(rng, static_cast<uint32_t>(j));
+    drawn.push_back(static_cast<uint32_t>(h.pick(ssa::fixed_target(h.total(), r.v[0]), r.v[1], r.v[2])));
+  }
+  std::sort(drawn.begin(), drawn.end());
+  drawn.erase(std::unique(drawn.begin(), drawn.end()), drawn.end());
+  ssa::add_samples(drawn, w.data(), base, h.total(), m, p.pi_min, 0, &out);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("select_tokens makes, bitwise, the selection of its stages run one pass at a time") {
+  // Every method; candidate counts around a block (32) and a chunk (1024);
+  // candidates starting anywhere in a block; budgets from 1 to n - 1; scores
+  // with many ties, and scores whose top values crowd into few blocks (more
+  // than the threshold's cap then pass it, and the whole-context top-k runs).
+  std::mt19937 rng(29);
+  std::normal_distribution<float> g(0.0f, 2.0f);
+  int fallbacks = 0, cases = 0;
+  for (ssa_method method : {SSA_METHOD_PQ_TOPK, SSA_METHOD_ORACLE_TOPK, SSA_METHOD_HYBRID_UNIFORM,
+                            SSA_METHOD_SAMPLING, SSA_METHOD_SSA, SSA_METHOD_SSA_ADAPTIVE}) {
+    for (size_t n : {2u, 31u, 33u, 64u, 1000u, 1025u, 5000u, 70001u}) {
+      for (int shape = 0; shape < 4; ++shape) {
+        std::vector<float> x(n);
+        for (size_t i = 0; i < n; ++i) {
+          x[i] = g(rng);
+          if (shape == 1) x[i] = std::round(x[i]);                                // ties
+          if (shape == 2) x[i] = (i / 64) % 17 == 0 ? 8.0f + x[i] : x[i] - 4.0f;  // crowded tops
+          if (shape == 3) x[i] = i % 1000 == 7 ? 2.0f : 1.0f;                     // one value nearly everywhere
+        }
+        const uint32_t base = static_cast<uint32_t>(rng() % 100);
+        const uint64_t kprime = shape == 3 ? std::max<uint64_t>(1, n / 10) : 1 + rng() % (n - 1);
+        const float h = std::uniform_real_distribution<float>(0.0f, 0.9f)(rng);
+        const ssa::SelectParams sp{method, kprime, h, 1e-4f};
+        const ssa::RngStream stream = ssa::make_rng_stream(3, static_cast<uint32_t>(n), shape, method);
+        ssa::SelectScratch scratch;
+        ssa::Selection got;
+        ssa::select_tokens(sp, x.data(), n, base, stream, scratch, &got);
+        const ssa::Selection want = reference_selection(sp, x, base, stream);
+        ++cases;
+        const uint64_t k = method == SSA_METHOD_SSA_ADAPTIVE ? kprime : ssa::fixed_heavy_count(method, kprime, h);
+        fallbacks += k > 0 && (scratch.pass.n_above < k || scratch.pass.n_above > 4 * k + 1024) ? 1 : 0;
+        CAPTURE(method);
+        CAPTURE(n);
+        CAPTURE(shape);
+        CAPTURE(kprime);
+        REQUIRE(got.heavy == want.heavy);
+        CHECK(got.draws == want.draws);
+        CHECK(got.unique == want.unique);
+        CHECK(got.residual_mass == want.residual_mass);
+        // Heavy tokens in any order, then the samples in token order.
+        std::vector<uint32_t> heavy_got(got.tokens.begin(), got.tokens.begin() + got.heavy);
+        std::sort(heavy_got.begin(), heavy_got.end());
+        CHECK(heavy_got == std::vector<uint32_t>(want.tokens.begin(), want.tokens.begin() + want.heavy));
+        CHECK(std::vector<uint32_t>(got.tokens.begin() + got.heavy, got.tokens.end()) ==
+              std::vector<uint32_t>(want.tokens.begin() + want.heavy, want.tokens.end()));
+        CHECK(got.log_pi == want.log_pi);
+      }
+    }
+  }
+  MESSAGE(fallbacks << " of " << cases << " selections took the whole-context top-k");
+  CHECK(fallbacks > 0);
+}

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/dtype.h"
+#include "common/fixed_weight.h"
 #include "cpu/simd.h"
 
 TEST_CASE("f16 conversion round-trips every half value and matches F16C") {
@@ -209,6 +210,54 @@ TEST_CASE("attend_rows of every kernel set equals a float64 softmax over the row
           }
         }
       }
+    }
+  }
+}
+
+TEST_CASE("block_max and proposal_blocks of every kernel set equal their scalar definitions") {
+  std::vector<const ssa::simd::Kernels*> sets{&ssa::simd::generic_kernels()};
+  if (ssa::simd::avx2_kernels() != nullptr) sets.push_back(ssa::simd::avx2_kernels());
+  std::mt19937 rng(17);
+  std::normal_distribution<float> g(0.0f, 4.0f);
+  for (const ssa::simd::Kernels* k : sets) {
+    for (size_t blocks : {1u, 3u, 40u}) {
+      const size_t n = blocks * 32;
+      std::vector<float> x(n);
+      for (auto& v : x) v = g(rng);
+      x[n / 2] = -150.0f;  // a weight that underflows (exp below -87 is 0)
+      std::vector<float> bm(blocks), sample(blocks);
+      const float all = k->block_max(x.data(), blocks, bm.data(), sample.data());
+      CHECK(all == *std::max_element(x.begin(), x.end()));
+      for (size_t b = 0; b < blocks; ++b) {
+        CHECK(bm[b] == *std::max_element(x.begin() + b * 32, x.begin() + b * 32 + 32));
+        CHECK(sample[b] == x[b * 32 + ssa::simd::sample_lane(b)]);
+      }
+      // The weights are exp_shifted's bits, their block sums fixed_weight's.
+      const float shift = all, threshold = 2.5f;
+      std::vector<float> w(n), want_w(n);
+      k->exp_shifted(x.data(), shift, want_w.data(), n, nullptr);
+      for (size_t cap : {size_t{0}, size_t{3}, n}) {
+        std::vector<uint64_t> sums(blocks, 7);
+        std::vector<uint32_t> cand(n, 0);
+        const size_t above = k->proposal_blocks(x.data(), blocks, shift, threshold, w.data(), sums.data(),
+                                                cand.data(), cap, 1000);
+        std::vector<uint32_t> want_cand;
+        for (size_t i = 0; i < n; ++i) {
+          if (x[i] >= threshold) want_cand.push_back(static_cast<uint32_t>(1000 + i));
+        }
+        CHECK(above == want_cand.size());
+        const size_t stored = std::min(cap, above);
+        CHECK(std::equal(cand.begin(), cand.begin() + stored, want_cand.begin()));
+        CHECK(memcmp(w.data(), want_w.data(), n * sizeof(float)) == 0);
+        for (size_t b = 0; b < blocks; ++b) {
+          uint64_t want = 0;
+          for (size_t i = b * 32; i < b * 32 + 32; ++i) want += ssa::fixed_weight(want_w[i]);
+          CHECK(sums[b] == want);
+        }
+      }
+      // Without weights: only the indices, nothing written to w or the sums.
+      std::vector<uint32_t> cand(n);
+      CHECK(k->proposal_blocks(x.data(), blocks, shift, INFINITY, nullptr, nullptr, cand.data(), n, 0) == 0);
     }
   }
 }

@@ -35,6 +35,18 @@ struct Kernels {
   double (*exp_shifted)(const float* x, float shift, float* out, size_t n, double* block_sums);
   // max_i x[i] (-inf for n = 0); x holds no NaN.
   float (*max_value)(const float* x, size_t n);
+  // For b < n_blocks (>= 1): maxima[b] = max of x[32 b, 32 b + 32), and
+  // sample[b] = x[32 b + sample_lane(b)]; returns the largest maximum. x holds
+  // no NaN.
+  float (*block_max)(const float* x, size_t n_blocks, float* maxima, float* sample);
+  // The selection's one pass over whole blocks of 32 scores
+  // (lib/select/proposal_pass.h). When w is not null: w[i] = exp(x[i] - shift),
+  // bitwise exp_shifted's, and block_fixed[b] = the sum of fixed_weight(w[i])
+  // over block b (common/fixed_weight.h; exact integers). And always: the
+  // indices index_base + i of the x[i] >= threshold, in order, the first
+  // cand_cap of them stored in cand. Returns how many x[i] >= threshold.
+  size_t (*proposal_blocks)(const float* x, size_t n_blocks, float shift, float threshold, float* w,
+                            uint64_t* block_fixed, uint32_t* cand, size_t cand_cap, uint32_t index_base);
   // argmin_c ||x - c||^2 over K centroids, computed as |c|^2 - 2 x.c with the
   // centroids transposed (cent_t[j * K + c]) and their squared norms; ties go to
   // the lower index. The AVX2 path takes K a multiple of 64 (else generic).
@@ -70,6 +82,10 @@ void widen_and_attend(void (*to_f32)(DType, const void*, float*, size_t),
                       const float* q, uint32_t g, const float* offset, float* m, float* l, float* acc);
 uint32_t generic_nearest_centroid(const float* x, const float* cent_t, const float* norms,
                                   uint32_t K, uint32_t dim);
+
+// The element of block b that block_max samples: every lane in turn (13 is odd),
+// so scores that repeat with the block's period do not bias the sample.
+inline uint32_t sample_lane(size_t b) { return static_cast<uint32_t>(b * 13 % 32); }
 
 // The kernels for this CPU: AVX-512 where available, else AVX2, else portable;
 // SSA_SIMD=generic or SSA_SIMD=avx2 caps the choice.

@@ -287,6 +287,60 @@ SSA_AVX2 inline float hmax(__m256 v) {
   return _mm_cvtss_f32(x);
 }
 
+SSA_AVX2 float block_max(const float* x, size_t n_blocks, float* maxima, float* sample) {
+  __m256 all = _mm256_set1_ps(-INFINITY);
+  for (size_t b = 0; b < n_blocks; ++b) {
+    const float* xb = x + b * 32;
+    const __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_loadu_ps(xb), _mm256_loadu_ps(xb + 8)),
+                                   _mm256_max_ps(_mm256_loadu_ps(xb + 16), _mm256_loadu_ps(xb + 24)));
+    maxima[b] = hmax(m);
+    sample[b] = xb[sample_lane(b)];
+    all = _mm256_max_ps(all, m);
+  }
+  return hmax(all);
+}
+
+// The fixed-point weights round(w * 2^38) of four floats as 64-bit integers:
+// w * 2^38 is exact in double and below 2^51, so adding 2^52 rounds it to an
+// integer (to nearest even, as cvtss2si does) held in the low mantissa bits.
+SSA_AVX2 inline __m256i fixed4(__m128 w) {
+  const __m256d magic = _mm256_set1_pd(4503599627370496.0);  // 2^52
+  const __m256d v = _mm256_fmadd_pd(_mm256_cvtps_pd(w), _mm256_set1_pd(274877906944.0), magic);
+  return _mm256_sub_epi64(_mm256_castpd_si256(v), _mm256_castpd_si256(magic));
+}
+
+SSA_AVX2 size_t proposal_blocks(const float* x, size_t n_blocks, float shift, float threshold, float* w,
+                                uint64_t* block_fixed, uint32_t* cand, size_t cand_cap, uint32_t index_base) {
+  const __m256 s = _mm256_set1_ps(shift), t = _mm256_set1_ps(threshold);
+  size_t above = 0;
+  for (size_t b = 0; b < n_blocks; ++b) {
+    const size_t i0 = b * 32;
+    __m256i acc = _mm256_setzero_si256();
+    for (size_t i = i0; i < i0 + 32; i += 8) {
+      const __m256 v = _mm256_loadu_ps(x + i);
+      if (w != nullptr) {
+        const __m256 e = exp_nonpositive(_mm256_sub_ps(v, s));
+        _mm256_storeu_ps(w + i, e);
+        acc = _mm256_add_epi64(acc, _mm256_add_epi64(fixed4(_mm256_castps256_ps128(e)),
+                                                     fixed4(_mm256_extractf128_ps(e, 1))));
+      }
+      // Few scores pass the threshold: the mask is almost always empty.
+      unsigned mask = static_cast<unsigned>(_mm256_movemask_ps(_mm256_cmp_ps(v, t, _CMP_GE_OQ)));
+      while (mask != 0) {
+        if (above < cand_cap) cand[above] = index_base + static_cast<uint32_t>(i + __builtin_ctz(mask));
+        ++above;
+        mask &= mask - 1;
+      }
+    }
+    if (w != nullptr) {
+      alignas(32) uint64_t lanes[4];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), acc);
+      block_fixed[b] = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
+    }
+  }
+  return above;
+}
+
 // The 8-lane ISA of the attend_rows tiles (attend_rows_tiles.inc).
 struct Isa {
   using V = __m256;
@@ -330,8 +384,9 @@ SSA_AVX2 void attend_rows(DType t, const void* const* k_rows, const void* const*
 const Kernels* avx2_kernels() {
   static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
                          __builtin_cpu_supports("f16c");
-  static const Kernels k{to_f32,           dot,          pq_scores_scalar, pq4_scores, exp_shifted,
-                         max_value,        nearest_centroid, attend_block, attend_rows, "avx2"};
+  static const Kernels k{to_f32,           dot,          pq_scores_scalar, pq4_scores,   exp_shifted,
+                         max_value,        block_max,    proposal_blocks,  nearest_centroid, attend_block,
+                         attend_rows,      "avx2"};
   return ok ? &k : nullptr;
 }
 

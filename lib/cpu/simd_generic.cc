@@ -3,6 +3,7 @@
 
 #include <vector>
 
+#include "common/fixed_weight.h"
 #include "simd.h"
 
 namespace ssa::simd {
@@ -37,6 +38,37 @@ float max_value(const float* x, size_t n) {
   float m = -INFINITY;
   for (size_t i = 0; i < n; ++i) m = x[i] > m ? x[i] : m;
   return m;
+}
+
+float block_max(const float* x, size_t n_blocks, float* maxima, float* sample) {
+  float all = -INFINITY;
+  for (size_t b = 0; b < n_blocks; ++b) {
+    maxima[b] = max_value(x + b * 32, 32);
+    sample[b] = x[b * 32 + sample_lane(b)];
+    all = maxima[b] > all ? maxima[b] : all;
+  }
+  return all;
+}
+
+size_t proposal_blocks(const float* x, size_t n_blocks, float shift, float threshold, float* w,
+                       uint64_t* block_fixed, uint32_t* cand, size_t cand_cap, uint32_t index_base) {
+  size_t above = 0;
+  for (size_t b = 0; b < n_blocks; ++b) {
+    const float* xb = x + b * 32;
+    if (w != nullptr) {
+      exp_shifted(xb, shift, w + b * 32, 32, nullptr);
+      uint64_t sum = 0;
+      for (size_t i = 0; i < 32; ++i) sum += fixed_weight(w[b * 32 + i]);
+      block_fixed[b] = sum;
+    }
+    for (size_t i = 0; i < 32; ++i) {
+      if (xb[i] >= threshold) {
+        if (above < cand_cap) cand[above] = index_base + static_cast<uint32_t>(b * 32 + i);
+        ++above;
+      }
+    }
+  }
+  return above;
 }
 
 void attend_rows(DType t, const void* const* k_rows, const void* const* v_rows, size_t n, uint32_t d,
@@ -175,7 +207,7 @@ uint32_t generic_nearest_centroid(const float* x, const float* cent_t, const flo
 
 const Kernels& generic_kernels() {
   static const Kernels k{to_f32,         dot, pq_scores_scalar, pq4_scores_scalar, exp_shifted, max_value,
-                         generic_nearest_centroid, generic_attend_block, attend_rows, "generic"};
+                         block_max,      proposal_blocks, generic_nearest_centroid, generic_attend_block, attend_rows, "generic"};
   return k;
 }
 

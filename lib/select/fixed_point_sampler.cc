@@ -33,34 +33,58 @@ void FixedHierarchy::build(const float* w, uint64_t first, size_t n) {
   w_ = w;
   first_ = first;
   n_ = n;
-  total_ = 0;
   blocks_.clear();
+  if (n > 0) {
+    const uint64_t b0 = first / kBlockTokens, b1 = (first + n - 1) / kBlockTokens + 1;
+    blocks_.assign(b1 - b0, 0);
+    // A block at a time (the sums are integers: the grouping changes nothing).
+    for (size_t i = 0; i < n;) {
+      const uint64_t block = (first + i) / kBlockTokens;
+      const size_t end = static_cast<size_t>(std::min<uint64_t>(n, (block + 1) * kBlockTokens - first));
+      uint64_t sum = 0;
+      for (; i < end; ++i) sum += fixed_weight(w[i]);
+      blocks_[block - b0] = sum;
+    }
+  }
+  sum_chunks();
+}
+
+void FixedHierarchy::adopt(const float* w, uint64_t first, size_t n, std::vector<uint64_t>* blocks) {
+  w_ = w;
+  first_ = first;
+  n_ = n;
+  blocks_.swap(*blocks);
+  blocks->clear();
+  sum_chunks();
+}
+
+void FixedHierarchy::sum_chunks() {
+  total_ = 0;
   chunks_.clear();
   prefix_.clear();
-  if (n == 0) return;
-  const uint64_t b0 = first / kBlockTokens, b1 = (first + n - 1) / kBlockTokens + 1;
-  const uint64_t c0 = first / kChunkTokens, c1 = (first + n - 1) / kChunkTokens + 1;
-  blocks_.assign(b1 - b0, 0);
+  if (n_ == 0) return;
+  const uint64_t b0 = first_ / kBlockTokens;
+  const uint64_t c0 = first_ / kChunkTokens, c1 = (first_ + n_ - 1) / kChunkTokens + 1;
   chunks_.assign(c1 - c0, 0);
   prefix_.resize(c1 - c0);
-  // A block at a time (the sums are integers: the grouping changes nothing).
-  for (size_t i = 0; i < n;) {
-    const uint64_t block = (first + i) / kBlockTokens;
-    const size_t end = static_cast<size_t>(std::min<uint64_t>(n, (block + 1) * kBlockTokens - first));
-    uint64_t sum = 0;
-    for (; i < end; ++i) sum += fixed_weight(w[i]);
-    blocks_[block - b0] = sum;
-    chunks_[block / kBlocksPerChunk - c0] += sum;
-  }
+  for (size_t b = 0; b < blocks_.size(); ++b) chunks_[(b0 + b) / kBlocksPerChunk - c0] += blocks_[b];
   for (size_t c = 0; c < chunks_.size(); ++c) {
     total_ += chunks_[c];
     prefix_[c] = total_;
   }
 }
 
-uint64_t FixedHierarchy::pick(uint64_t x, uint32_t r1, uint32_t r2) const {
+uint64_t FixedHierarchy::block_of(uint64_t x, uint32_t r1) const {
   // Chunk: the first whose inclusive prefix exceeds x (it has weight: x < total).
-  const size_t c = static_cast<size_t>(std::upper_bound(prefix_.begin(), prefix_.end(), x) - prefix_.begin());
+  // A binary search without branches: a draw's comparisons are coin flips, and
+  // mispredicting them cost more than the rest of the draw.
+  const uint64_t* lo = prefix_.data();
+  for (size_t len = prefix_.size(); len > 1;) {
+    const size_t half = len / 2;
+    lo += static_cast<size_t>(lo[half - 1] <= x) * half;
+    len -= half;
+  }
+  const size_t c = static_cast<size_t>(lo - prefix_.data()) + (*lo <= x ? 1 : 0);
   const uint64_t b0 = first_ / kBlockTokens, c_abs = first_ / kChunkTokens + c;
   // Its blocks, clipped to this range.
   const uint64_t bb = std::max(c_abs * kBlocksPerChunk, b0) - b0;
@@ -71,10 +95,18 @@ uint64_t FixedHierarchy::pick(uint64_t x, uint32_t r1, uint32_t r2) const {
     run += blocks_[b];
     if (run > t1) break;
   }
+  return b;
+}
+
+uint64_t FixedHierarchy::block_begin(uint64_t b) const {
+  return std::max((first_ / kBlockTokens + b) * kBlockTokens, first_);
+}
+
+uint64_t FixedHierarchy::token_in_block(uint64_t b, uint32_t r2) const {
   // Its tokens, clipped to this range.
-  const uint64_t tb = std::max((b0 + b) * kBlockTokens, first_), te = std::min((b0 + b + 1) * kBlockTokens, first_ + n_);
+  const uint64_t tb = block_begin(b), te = std::min((first_ / kBlockTokens + b + 1) * kBlockTokens, first_ + n_);
   const uint64_t t2 = fixed_target(blocks_[b], r2);
-  run = 0;
+  uint64_t run = 0;
   uint64_t t = tb;
   for (; t + 1 < te; ++t) {
     run += fixed_weight(w_[t - first_]);
@@ -83,15 +115,36 @@ uint64_t FixedHierarchy::pick(uint64_t x, uint32_t r1, uint32_t r2) const {
   return t;
 }
 
+uint64_t FixedHierarchy::pick(uint64_t x, uint32_t r1, uint32_t r2) const {
+  return token_in_block(block_of(x, r1), r2);
+}
+
 void draw_range(const FixedHierarchy& h, uint64_t offset, uint64_t grand_total, uint64_t m,
                 const RngStream& rng, std::vector<uint32_t>* drawn) {
   if (h.total() == 0) return;
+  // Draws go in batches: every draw's block first, its weights fetched ahead,
+  // then the tokens. A block's weights are one random read of the context's
+  // weights, and one at a time each draw waited for its own.
+  constexpr uint32_t kBatch = 16;
+  uint64_t block[kBatch];
+  uint32_t word[kBatch];
+  uint32_t queued = 0;
+  auto flush = [&] {
+    for (uint32_t i = 0; i < queued; ++i) drawn->push_back(static_cast<uint32_t>(h.token_in_block(block[i], word[i])));
+    queued = 0;
+  };
   for (uint64_t j = 0; j < m; ++j) {
     const Philox4 r = rng_draw(rng, static_cast<uint32_t>(j));
     const uint64_t x = fixed_target(grand_total, r.v[0]);
     if (x < offset || x - offset >= h.total()) continue;
-    drawn->push_back(static_cast<uint32_t>(h.pick(x - offset, r.v[1], r.v[2])));
+    block[queued] = h.block_of(x - offset, r.v[1]);
+    word[queued] = r.v[2];
+    const float* wb = h.weights_of(block[queued]);
+    __builtin_prefetch(wb);
+    __builtin_prefetch(wb + kBlockTokens - 1);
+    if (++queued == kBatch) flush();
   }
+  flush();
 }
 
 }  // namespace ssa

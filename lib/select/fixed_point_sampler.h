@@ -20,28 +20,11 @@
 
 #include <vector>
 
-#if defined(__x86_64__)
-#include <xmmintrin.h>
-#endif
-
+#include "common/fixed_weight.h"
 #include "common/philox.h"
 
 namespace ssa {
 
-constexpr float kFixedWeightOne = 274877906944.0f;  // 2^38
-
-// round(w * 2^38) for w in [0, 1] (w * 2^38 is exact in float), to nearest even as
-// nearbyintf in the default rounding mode. On x86-64 by one cvtss2si: baseline
-// x86-64 has no roundss, so nearbyintf is a libm call per weight, and the
-// sampler's sums take one per candidate (equal for every w in [0, 1]: checked
-// over all of them).
-inline uint64_t fixed_weight(float w) {
-#if defined(__x86_64__)
-  return static_cast<uint64_t>(_mm_cvtss_si64(_mm_set_ss(w * kFixedWeightOne)));
-#else
-  return static_cast<uint64_t>(__builtin_nearbyintf(w * kFixedWeightOne));
-#endif
-}
 inline double fixed_to_double(uint64_t w) { return static_cast<double>(w) * (1.0 / 274877906944.0); }
 
 // floor(sum * u) for the uniform u = (word + 0.5) / 2^32 of rng_uniform: < sum.
@@ -61,10 +44,19 @@ uint64_t fixed_sum(const float* w, size_t n);
 class FixedHierarchy {
  public:
   void build(const float* w, uint64_t first, size_t n);
+  // The same from block sums already made (proposal_pass.h's, heavy tokens
+  // taken out): *blocks is taken, left empty.
+  void adopt(const float* w, uint64_t first, size_t n, std::vector<uint64_t>* blocks);
   uint64_t total() const { return total_; }
   // The token (absolute) of a draw whose first-level target x (< total()) falls
   // here; r1, r2: the draw's words for the block and the token.
   uint64_t pick(uint64_t x, uint32_t r1, uint32_t r2) const;
+  // pick in its two steps: the block (an index into this range's blocks) of the
+  // target x with the word r1, then the token (absolute) of the block with r2.
+  uint64_t block_of(uint64_t x, uint32_t r1) const;
+  uint64_t token_in_block(uint64_t b, uint32_t r2) const;
+  // The weights of block b, from its first token in this range.
+  const float* weights_of(uint64_t b) const { return w_ + (block_begin(b) - first_); }
 
  private:
   const float* w_ = nullptr;
@@ -72,6 +64,8 @@ class FixedHierarchy {
   size_t n_ = 0;
   std::vector<uint64_t> blocks_, chunks_, prefix_;
   uint64_t total_ = 0;
+  void sum_chunks();
+  uint64_t block_begin(uint64_t b) const;
 };
 
 // Draws j in [0, m) of the stream whose first-level target floor(u0 * grand_total)

@@ -10,6 +10,7 @@
 
 #include "common/philox.h"
 #include "fixed_point_sampler.h"
+#include "proposal_pass.h"
 #include "ssa.h"
 
 namespace ssa {
@@ -44,8 +45,12 @@ struct SelectScratch {
   std::vector<float> weights;
   std::vector<float> proposal;  // error-targeted selection: weights before any are zeroed
   std::vector<double> block_sums, chunk_sums, chunk_prefix;
-  std::vector<uint32_t> heavy, drawn;
+  std::vector<uint32_t> heavy, drawn, top, above_order, top_blocks;
   std::vector<uint8_t> is_heavy;
+  std::vector<uint64_t> seen;  // select_tokens' drawn tokens, one bit each
+  BlockSummary blocks;  // select_tokens' heavy-set threshold
+  std::vector<float> above_scores;
+  ProposalPass pass;
   FixedHierarchy hierarchy;  // select_tokens' residual sampler
 };
 
