@@ -83,32 +83,41 @@ void append_range(uint64_t t0, uint64_t t1, HeadTrace* trace) {
 }
 
 // Stages 1-3 for one query head: proxy scores, heavy set, residual samples.
+// `scored`: the head's scores when its KV group scored them together (then
+// `score_seconds` is its share of that time), else null.
 HeadStats select_head(const ssa_session& s, const LayerStore& layer, uint32_t layer_index,
                       uint32_t q_head, const float* q, const DecodePlan& plan,
-                      const ssa_decode_params& p, uint64_t seed, Selection* sel) {
+                      const ssa_decode_params& p, uint64_t seed, Selection* sel,
+                      const float* scored = nullptr, double score_seconds = 0.0) {
   const KvLayout& layout = s.layout;
   const uint32_t kv_head = q_head / layout.group_size();
-  thread_local std::vector<float> scores, lut;
+  thread_local std::vector<float> own_scores, lut;
   thread_local SelectScratch scratch;
   HeadStats st;
   sel->clear();
   if (plan.selects()) {
-    const auto t_score = Clock::now();
     const uint64_t nc = plan.candidates();
-    scores.resize(nc);
-    candidate_scores(layout, layer, kv_head, q, plan, p.method, &lut, scores.data());
-    st.time.scoring = seconds_since(t_score);
+    const float* scores = scored;
+    if (scores == nullptr) {
+      const auto t_score = Clock::now();
+      own_scores.resize(nc);
+      candidate_scores(layout, layer, kv_head, q, plan, p.method, &lut, own_scores.data());
+      st.time.scoring = seconds_since(t_score);
+      scores = own_scores.data();
+    } else {
+      st.time.scoring = score_seconds;
+    }
     const RngStream rng = make_rng_stream(seed, p.step, layer_index, q_head);
     if (plan.targeted) {
       const StoreRows rows(layout, layer, kv_head, q);
       const TargetParams tp{p.method,        p.heavy_fraction,     p.pi_min,
                             plan.kprime,     plan.kprime_cap,      plan.fixed_tokens(),
                             p.target_error,  p.target_delta};
-      select_targeted(tp, scores.data(), nc, static_cast<uint32_t>(plan.sink_end), rows,
+      select_targeted(tp, scores, nc, static_cast<uint32_t>(plan.sink_end), rows,
                       fixed_rows_sum(rows, plan), rng, scratch, sel, &st.target);
     } else {
       const SelectParams sp{p.method, plan.kprime, p.heavy_fraction, p.pi_min};
-      select_tokens(sp, scores.data(), nc, static_cast<uint32_t>(plan.sink_end), rng, scratch, sel);
+      select_tokens(sp, scores, nc, static_cast<uint32_t>(plan.sink_end), rng, scratch, sel);
     }
     st.scored = nc;
     st.time.heavy = sel->heavy_seconds;
@@ -127,6 +136,15 @@ HeadStats select_head(const ssa_session& s, const LayerStore& layer, uint32_t la
   st.unique = sel->unique;
   st.residual = sel->residual_mass;
   return st;
+}
+
+// Whether per-head selection runs a task per KV head, scoring the group's heads
+// in one pass over the codes: when there are KV heads enough to keep every
+// thread busy (else a task per query head balances better), the heads share a
+// KV head, and the decode is not error-targeted (its selection reads rows too).
+bool group_tasks(const KvLayout& layout, const DecodePlan& plan, const ssa_decode_params& p, ThreadPool& pool) {
+  return plan.selects() && !plan.targeted && layout.group_size() > 1 &&
+         layout.n_kv_heads >= static_cast<uint32_t>(pool.num_threads());
 }
 
 // Stages 1-3 once for the g query heads of one KV head (group selection): the
@@ -270,6 +288,25 @@ absl::Status cpu_decode_layer(const ssa_session& s, const LayerStore& layer, uin
                      &sels[kv * g], &hstats[kv * g]);
         for (uint32_t j = 0; traces != nullptr && j < g; ++j) {
           trace_selection(plan, sels[kv * g + j], &(*traces)[kv * g + j]);
+        }
+      });
+    } else if (group_tasks(layout, plan, p, pool)) {
+      // A task per KV head: its heads' scores in one pass over the codes, then
+      // each head's selection (the same scores and selections as a task per head).
+      pool.parallel_for(layout.n_kv_heads, [&](size_t kv) {
+        thread_local std::vector<float> scores;
+        thread_local std::vector<std::vector<float>> luts;
+        const uint64_t nc = plan.candidates();
+        scores.resize(nc * g);
+        const auto t_score = Clock::now();
+        score_tokens_group(layout, layer, static_cast<uint32_t>(kv), q.data() + kv * g * d, g, p.method,
+                           plan.sink_end, plan.local_begin, &luts, scores.data(), nc);
+        const double share = seconds_since(t_score) / g;
+        for (uint32_t j = 0; j < g; ++j) {
+          const size_t h = kv * g + j;
+          hstats[h] = select_head(s, layer, layer_index, static_cast<uint32_t>(h), q.data() + h * d, plan, p,
+                                  seed, &sels[h], scores.data() + j * nc, share);
+          if (traces != nullptr) trace_selection(plan, sels[h], &(*traces)[h]);
         }
       });
     } else {

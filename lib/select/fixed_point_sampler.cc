@@ -74,8 +74,8 @@ void FixedHierarchy::sum_chunks() {
   }
 }
 
-uint64_t FixedHierarchy::block_of(uint64_t x, uint32_t r1) const {
-  // Chunk: the first whose inclusive prefix exceeds x (it has weight: x < total).
+size_t FixedHierarchy::chunk_of(uint64_t x) const {
+  // The first chunk whose inclusive prefix exceeds x (it has weight: x < total).
   // A binary search without branches: a draw's comparisons are coin flips, and
   // mispredicting them cost more than the rest of the draw.
   const uint64_t* lo = prefix_.data();
@@ -84,18 +84,27 @@ uint64_t FixedHierarchy::block_of(uint64_t x, uint32_t r1) const {
     lo += static_cast<size_t>(lo[half - 1] <= x) * half;
     len -= half;
   }
-  const size_t c = static_cast<size_t>(lo - prefix_.data()) + (*lo <= x ? 1 : 0);
+  return static_cast<size_t>(lo - prefix_.data()) + (*lo <= x ? 1 : 0);
+}
+
+std::pair<uint64_t, uint64_t> FixedHierarchy::blocks_of_chunk(size_t c) const {
   const uint64_t b0 = first_ / kBlockTokens, c_abs = first_ / kChunkTokens + c;
-  // Its blocks, clipped to this range.
-  const uint64_t bb = std::max(c_abs * kBlocksPerChunk, b0) - b0;
-  const uint64_t be = std::min<uint64_t>((c_abs + 1) * kBlocksPerChunk - b0, blocks_.size());
+  return {std::max(c_abs * kBlocksPerChunk, b0) - b0,
+          std::min<uint64_t>((c_abs + 1) * kBlocksPerChunk - b0, blocks_.size())};
+}
+
+uint64_t FixedHierarchy::block_in_chunk(size_t c, uint32_t r1) const {
+  // The first block whose running sum exceeds t1 (the last one at most). The
+  // running sums never fall, so that is the first block plus how many of the
+  // others' do not exceed it: counted without a branch per block.
+  const auto [bb, be] = blocks_of_chunk(c);
   const uint64_t t1 = fixed_target(chunks_[c], r1);
-  uint64_t run = 0, b = bb;
-  for (; b + 1 < be; ++b) {
+  uint64_t run = 0, below = 0;
+  for (uint64_t b = bb; b + 1 < be; ++b) {
     run += blocks_[b];
-    if (run > t1) break;
+    below += run <= t1;
   }
-  return b;
+  return bb + below;
 }
 
 uint64_t FixedHierarchy::block_begin(uint64_t b) const {
@@ -105,43 +114,52 @@ uint64_t FixedHierarchy::block_begin(uint64_t b) const {
 uint64_t FixedHierarchy::token_in_block(uint64_t b, uint32_t r2) const {
   // Its tokens, clipped to this range.
   const uint64_t tb = block_begin(b), te = std::min((first_ / kBlockTokens + b + 1) * kBlockTokens, first_ + n_);
+  // As for the block: the first token whose running sum exceeds t2.
   const uint64_t t2 = fixed_target(blocks_[b], r2);
-  uint64_t run = 0;
-  uint64_t t = tb;
-  for (; t + 1 < te; ++t) {
-    run += fixed_weight(w_[t - first_]);
-    if (run > t2) break;
+  const float* w = w_ + (tb - first_);
+  uint64_t run = 0, below = 0;
+  for (uint64_t i = 0; tb + i + 1 < te; ++i) {
+    run += fixed_weight(w[i]);
+    below += run <= t2;
   }
-  return t;
+  return tb + below;
 }
 
 uint64_t FixedHierarchy::pick(uint64_t x, uint32_t r1, uint32_t r2) const {
-  return token_in_block(block_of(x, r1), r2);
+  return token_in_block(block_in_chunk(chunk_of(x), r1), r2);
 }
 
 void draw_range(const FixedHierarchy& h, uint64_t offset, uint64_t grand_total, uint64_t m,
                 const RngStream& rng, std::vector<uint32_t>* drawn) {
   if (h.total() == 0) return;
-  // Draws go in batches: every draw's block first, its weights fetched ahead,
-  // then the tokens. A block's weights are one random read of the context's
-  // weights, and one at a time each draw waited for its own.
+  // Draws go in batches, each level of the hierarchy for the whole batch before
+  // the next, the next level's data fetched ahead: a chunk's block sums and a
+  // block's weights are each one random read of arrays far larger than the
+  // caches, and one draw at a time each waited for its own.
   constexpr uint32_t kBatch = 16;
+  size_t chunk[kBatch];
   uint64_t block[kBatch];
-  uint32_t word[kBatch];
+  uint32_t word1[kBatch], word2[kBatch];
   uint32_t queued = 0;
   auto flush = [&] {
-    for (uint32_t i = 0; i < queued; ++i) drawn->push_back(static_cast<uint32_t>(h.token_in_block(block[i], word[i])));
+    for (uint32_t i = 0; i < queued; ++i) {
+      block[i] = h.block_in_chunk(chunk[i], word1[i]);
+      const float* wb = h.weights_of(block[i]);
+      __builtin_prefetch(wb);
+      __builtin_prefetch(wb + kBlockTokens - 1);
+    }
+    for (uint32_t i = 0; i < queued; ++i) drawn->push_back(static_cast<uint32_t>(h.token_in_block(block[i], word2[i])));
     queued = 0;
   };
   for (uint64_t j = 0; j < m; ++j) {
     const Philox4 r = rng_draw(rng, static_cast<uint32_t>(j));
     const uint64_t x = fixed_target(grand_total, r.v[0]);
     if (x < offset || x - offset >= h.total()) continue;
-    block[queued] = h.block_of(x - offset, r.v[1]);
-    word[queued] = r.v[2];
-    const float* wb = h.weights_of(block[queued]);
-    __builtin_prefetch(wb);
-    __builtin_prefetch(wb + kBlockTokens - 1);
+    chunk[queued] = h.chunk_of(x - offset);
+    word1[queued] = r.v[1];
+    word2[queued] = r.v[2];
+    const uint64_t* sums = h.block_sums_of(chunk[queued]);
+    for (uint32_t line = 0; line < kBlocksPerChunk; line += 8) __builtin_prefetch(sums + line);
     if (++queued == kBatch) flush();
   }
   flush();

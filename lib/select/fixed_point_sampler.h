@@ -18,6 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <utility>
 #include <vector>
 
 #include "common/fixed_weight.h"
@@ -51,11 +52,14 @@ class FixedHierarchy {
   // The token (absolute) of a draw whose first-level target x (< total()) falls
   // here; r1, r2: the draw's words for the block and the token.
   uint64_t pick(uint64_t x, uint32_t r1, uint32_t r2) const;
-  // pick in its two steps: the block (an index into this range's blocks) of the
-  // target x with the word r1, then the token (absolute) of the block with r2.
-  uint64_t block_of(uint64_t x, uint32_t r1) const;
+  // pick in its three steps: the chunk (an index into this range's chunks) of
+  // the target x, its block (an index into this range's blocks) with the word
+  // r1, then the block's token (absolute) with r2.
+  size_t chunk_of(uint64_t x) const;
+  uint64_t block_in_chunk(size_t c, uint32_t r1) const;
   uint64_t token_in_block(uint64_t b, uint32_t r2) const;
-  // The weights of block b, from its first token in this range.
+  // What the next step reads: chunk c's block sums, block b's weights.
+  const uint64_t* block_sums_of(size_t c) const { return blocks_.data() + blocks_of_chunk(c).first; }
   const float* weights_of(uint64_t b) const { return w_ + (block_begin(b) - first_); }
 
  private:
@@ -66,6 +70,7 @@ class FixedHierarchy {
   uint64_t total_ = 0;
   void sum_chunks();
   uint64_t block_begin(uint64_t b) const;
+  std::pair<uint64_t, uint64_t> blocks_of_chunk(size_t c) const;  // [first, end) in blocks_
 };
 
 // Draws j in [0, m) of the stream whose first-level target floor(u0 * grand_total)
