@@ -231,7 +231,9 @@ void select_group(const ssa_session& s, const LayerStore& layer, uint32_t layer_
 void attend_selected(const ssa_session& s, const LayerStore& layer, const float* q,
                      const DecodePlan& plan, const std::vector<Selection>& sels, bool shared,
                      std::vector<AttnPartial>* heads) {
-  std::vector<AttnPartial> parts;
+  // Kept by the calling thread: the partials' accumulators are reused, not
+  // allocated anew for every decode.
+  thread_local std::vector<AttnPartial> parts;
   sparse_split_partials(s.layout, layer, 0, plan, q, sels, shared, *s.rt->pool, &parts);
   merge_split_partials(s.layout, parts, splits_for(layer.n_tokens), heads);
 }

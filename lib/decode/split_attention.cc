@@ -5,12 +5,37 @@
 #include "fixed_splits.h"
 
 namespace ssa {
+namespace {
+
+// A stable sort of entries by token (tokens < n): least significant digit
+// first, 11 bits a pass, as many passes as n needs (two up to 4M tokens).
+// std::sort of a 1M-token group's ~80K entries was a tenth of the attention
+// stage.
+void sort_by_token(std::vector<GroupEntry>* e, uint64_t n) {
+  constexpr uint32_t kBits = 11, kBuckets = 1u << kBits;
+  thread_local std::vector<GroupEntry> tmp;
+  tmp.resize(e->size());
+  for (uint32_t shift = 0; shift < 32 && (n - 1) >> shift != 0; shift += kBits) {
+    uint32_t count[kBuckets] = {};
+    for (const GroupEntry& x : *e) ++count[(x.token >> shift) & (kBuckets - 1)];
+    uint32_t run = 0;
+    for (uint32_t& c : count) {
+      const uint32_t here = c;
+      c = run;
+      run += here;
+    }
+    for (const GroupEntry& x : *e) tmp[count[(x.token >> shift) & (kBuckets - 1)]++] = x;
+    e->swap(tmp);
+  }
+}
+
+}  // namespace
 
 void dense_split_partials(const KvLayout& layout, const LayerStore& layer, const float* q, ThreadPool& pool,
                           std::vector<AttnPartial>* parts) {
   const uint32_t d = layout.head_dim, g = layout.group_size();
   const uint64_t n = layer.n_tokens, n_splits = splits_for(n);
-  parts->assign(layout.n_kv_heads * n_splits * g, AttnPartial{});
+  parts->resize(layout.n_kv_heads * n_splits * g);  // every task resets its own
   pool.parallel_for(layout.n_kv_heads * n_splits, [&](size_t task) {
     const uint32_t kv = static_cast<uint32_t>(task / n_splits);
     const uint64_t sp = task % n_splits;
@@ -28,20 +53,31 @@ void sparse_split_partials(const KvLayout& layout, const LayerStore& layer, uint
   const uint64_t n = layer.n_tokens, n_splits = splits_for(n);
   shared = shared && g > 1;
   // The union of a group's selections in token order (then head), and where
-  // each split's entries begin.
-  std::vector<std::vector<GroupEntry>> entries(nkv);
-  std::vector<std::vector<size_t>> split_begin(nkv);
+  // each split's entries begin. Kept by the calling thread from one decode to
+  // the next: at 1M tokens they hold ~1 MB per group, and allocating them anew
+  // for every decode cost page faults.
+  // (References: inside the tasks below a thread_local would name the running
+  // thread's own.)
+  thread_local std::vector<std::vector<GroupEntry>> kept_entries;
+  thread_local std::vector<std::vector<size_t>> kept_split_begin;
+  auto& entries = kept_entries;
+  auto& split_begin = kept_split_begin;
+  entries.resize(nkv);
+  split_begin.resize(nkv);
   // Built and sorted in parallel: a group selection at 1M tokens and 50x holds
   // ~80K entries per group.
   pool.parallel_for(nkv, [&](size_t kv) {
     auto& e = entries[kv];
+    e.clear();
+    size_t count = 0;
+    for (uint32_t j = 0; j < (shared ? 1 : g); ++j) count += sels[kv * g + j].tokens.size();
+    e.reserve(count);
     for (uint32_t j = 0; j < (shared ? 1 : g); ++j) {
       const Selection& sel = sels[kv * g + j];
       for (size_t r = 0; r < sel.tokens.size(); ++r) e.push_back({sel.tokens[r], j, sel.log_pi[r]});
     }
-    std::sort(e.begin(), e.end(), [](const GroupEntry& a, const GroupEntry& b) {
-      return a.token != b.token ? a.token < b.token : a.head < b.head;
-    });
+    // Pushed in head order, so a stable sort by token orders by (token, head).
+    sort_by_token(&e, n);
     auto& sb = split_begin[kv];
     sb.resize(n_splits + 1);
     for (uint64_t sp = 0; sp <= n_splits; ++sp) {
@@ -57,7 +93,7 @@ void sparse_split_partials(const KvLayout& layout, const LayerStore& layer, uint
     *c1 = std::min(b, origin + s1);
     *c1 = *c1 > origin ? *c1 - origin : 0;
   };
-  parts->assign(nkv * n_splits * g, AttnPartial{});
+  parts->resize(nkv * n_splits * g);  // every task resets its own
   pool.parallel_for(nkv * n_splits, [&](size_t task) {
     const uint32_t kv = static_cast<uint32_t>(task / n_splits);
     const uint64_t sp = task % n_splits;
