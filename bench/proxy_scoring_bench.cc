@@ -16,9 +16,13 @@
 // With --query-aware 1, the query-aware proxies too (qpq8, qpq4: the same codes
 // and scan, plus the query's d x d transform that score_tokens applies once per
 // query head and step), in the same alternation.
+// With --group G (> 1), also score_group: what a decode's task per KV head pays
+// per query head when it scores its G query heads together
+// (score_tokens_group: every head's table over a chunk of codes before the
+// next chunk), CPU ns per token per query head.
 // Output: a table of median ns per token, then one JSON line per result.
 //
-//   proxy_scoring_bench [--tokens 1048576] [--reps 9] [--query-aware 1]
+//   proxy_scoring_bench [--tokens 1048576] [--reps 9] [--query-aware 1] [--group 4]
 #include <math.h>
 #include <stdio.h>
 #include <time.h>
@@ -134,12 +138,14 @@ int main(int argc, char** argv) {
   uint64_t n = 1 << 20;
   int reps = 9;
   bool query_aware = false;
+  uint32_t group = 1;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!strcmp(argv[i], "--tokens")) n = strtoull(argv[i + 1], nullptr, 10);
     else if (!strcmp(argv[i], "--reps")) reps = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--query-aware")) query_aware = atoi(argv[i + 1]) != 0;
+    else if (!strcmp(argv[i], "--group")) group = static_cast<uint32_t>(atoi(argv[i + 1]));
     else {
-      fprintf(stderr, "usage: %s [--tokens N] [--reps R] [--query-aware 0|1]\n", argv[0]);
+      fprintf(stderr, "usage: %s [--tokens N] [--reps R] [--query-aware 0|1] [--group G]\n", argv[0]);
       return 2;
     }
   }
@@ -148,7 +154,9 @@ int main(int argc, char** argv) {
   if (ssa::simd::avx512_kernels() != nullptr) sets.push_back(ssa::simd::avx512_kernels());
   printf("proxy scoring, one thread, %llu tokens, median of %d; decode kernels: %s\n",
          static_cast<unsigned long long>(n), reps, ssa::simd::kernels().name);
+  if (group < 1) group = 1;
   printf("%-6s %-6s %-14s %14s", "d", "bytes", "proxy", "score_tokens");
+  if (group > 1) printf("  score_group/%-2u", group);
   for (const auto* k : sets) printf("  scan/%-8s", k->name);
   printf("   (CPU ns per token per KV head)\n");
   std::vector<std::string> json;
@@ -165,9 +173,11 @@ int main(int argc, char** argv) {
         proxies.push_back(make_proxy(d, bytes, true, transformed, n, rng));
       }
       const int P = static_cast<int>(proxies.size());
-      std::vector<float> q(d), scores(n), lut;
+      std::vector<float> q(d), scores(n), lut, qg(size_t{group} * d), group_scores(group > 1 ? n * group : 0);
       for (float& x : q) x = nd(rng) / sqrtf(static_cast<float>(d));
-      std::vector<std::vector<Time>> whole(P);
+      for (float& x : qg) x = nd(rng) / sqrtf(static_cast<float>(d));
+      std::vector<std::vector<float>> luts;
+      std::vector<std::vector<Time>> whole(P), grouped(P);
       std::vector<std::vector<std::vector<Time>>> scans(P, std::vector<std::vector<Time>>(sets.size()));
       double checksum = 0.0;
       for (int r = 0; r < reps; ++r) {
@@ -178,6 +188,13 @@ int main(int argc, char** argv) {
           ssa::score_tokens(p.layout, p.layer, 0, q.data(), SSA_METHOD_PQ_TOPK, 0, n, &lut, scores.data());
           whole[slot].push_back(Time{t0.cpu(), t0.wall()});
           checksum += scores[n / 3];
+          if (group > 1) {
+            const Timer tg;
+            ssa::score_tokens_group(p.layout, p.layer, 0, qg.data(), group, SSA_METHOD_PQ_TOPK, 0, n, &luts,
+                                    group_scores.data(), n);
+            grouped[slot].push_back(Time{tg.cpu() / group, tg.wall() / group});
+            checksum += group_scores[n / 5];
+          }
           // The tables score_tokens built, for the scans alone.
           const ssa::KvLayout& L = p.layout;
           std::vector<float> table(size_t{L.pq_subspaces} * L.pq_centroids);
@@ -205,6 +222,11 @@ int main(int argc, char** argv) {
                         "\",\"tokens\":" + std::to_string(n) + ",\"score_tokens_cpu_ns\":" +
                         std::to_string(median(whole[pi], &Time::cpu) * per) + ",\"score_tokens_wall_ns\":" +
                         std::to_string(median(whole[pi], &Time::wall) * per);
+        if (group > 1) {
+          printf("  %15.3f", median(grouped[pi], &Time::cpu) * per);
+          j += ",\"group\":" + std::to_string(group) + ",\"score_group_cpu_ns\":" +
+               std::to_string(median(grouped[pi], &Time::cpu) * per);
+        }
         for (size_t k = 0; k < sets.size(); ++k) {
           printf("  %13.3f", median(scans[pi][k], &Time::cpu) * per);
           j += std::string(",\"scan_") + sets[k]->name + "_cpu_ns\":" +
