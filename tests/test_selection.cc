@@ -142,8 +142,8 @@ namespace {
 
 // select_tokens' selection made the long way, pass by pass, from the stages'
 // own definitions: the max, every proposal weight, their fixed-point total, the
-// top-k over all scores, the hierarchy summed from the weights, one draw at a
-// time, the draws sorted and made unique.
+// top-k over all scores, each draw through the hierarchy by linear scans, the
+// draws sorted and made unique.
 ssa::Selection reference_selection(const ssa::SelectParams& p, const std::vector<float>& x, uint32_t base,
                                    const ssa::RngStream& rng) {
   const size_t n = x.size();
@@ -178,18 +178,67 @@ ssa::Selection reference_selection(const ssa::SelectParams& p, const std::vector
   out.residual_mass = ssa::residual_mass_of(total, heavy_total);
   ssa::residual_weights(p.method, w.data(), n);
   for (uint32_t j : heavy) w[j] = 0.0f;
-  ssa::FixedHierarchy h;
-  h.build(w.data(), base, n);
+  // The hierarchy's rule (fixed_point_sampler.h) by linear scans: chunks of
+  // 1024 and blocks of 32 absolute tokens clipped to the candidates; at each
+  // level the first entry whose running sum exceeds the draw's target, the last
+  // one if none does.
+  const uint64_t first = base, end = base + n;
+  auto sum_of = [&](uint64_t t0, uint64_t t1) {
+    uint64_t sum = 0;
+    for (uint64_t t = t0; t < t1; ++t) sum += ssa::fixed_weight(w[t - first]);
+    return sum;
+  };
+  std::vector<std::pair<uint64_t, uint64_t>> chunks;  // token ranges
+  for (uint64_t t = first; t < end; t = std::min(end, (t / 1024 + 1) * 1024)) {
+    chunks.push_back({t, std::min(end, (t / 1024 + 1) * 1024)});
+  }
+  std::vector<uint64_t> block_sum_at(end / 32 + 1);  // by absolute block
+  for (uint64_t t = first; t < end; t = std::min(end, (t / 32 + 1) * 32)) {
+    block_sum_at[t / 32] = sum_of(t, std::min(end, (t / 32 + 1) * 32));
+  }
+  std::vector<uint64_t> chunk_sums;
+  uint64_t residual_total = 0;
+  for (const auto& c : chunks) {
+    chunk_sums.push_back(sum_of(c.first, c.second));
+    residual_total += chunk_sums.back();
+  }
   const uint64_t m = p.kprime - heavy.size();
   out.draws = m;
   std::vector<uint32_t> drawn;
-  for (uint64_t j = 0; j < m && h.total() > 0; ++j) {
+  for (uint64_t j = 0; j < m && residual_total > 0; ++j) {
     const ssa::Philox4 r = ssa::rng_draw(rng, static_cast<uint32_t>(j));
-    drawn.push_back(static_cast<uint32_t>(h.pick(ssa::fixed_target(h.total(), r.v[0]), r.v[1], r.v[2])));
+    const uint64_t x = ssa::fixed_target(residual_total, r.v[0]);
+    uint64_t run = 0;
+    size_t c = 0;
+    for (; c + 1 < chunks.size(); ++c) {
+      run += chunk_sums[c];
+      if (run > x) break;
+    }
+    std::vector<std::pair<uint64_t, uint64_t>> blocks;  // token ranges, with their sums below
+    std::vector<uint64_t> block_sums;
+    for (uint64_t t = chunks[c].first; t < chunks[c].second; t = std::min(chunks[c].second, (t / 32 + 1) * 32)) {
+      blocks.push_back({t, std::min(chunks[c].second, (t / 32 + 1) * 32)});
+      block_sums.push_back(block_sum_at[t / 32]);
+    }
+    const uint64_t t1 = ssa::fixed_target(chunk_sums[c], r.v[1]);
+    run = 0;
+    size_t b = 0;
+    for (; b + 1 < blocks.size(); ++b) {
+      run += block_sums[b];
+      if (run > t1) break;
+    }
+    const uint64_t t2 = ssa::fixed_target(block_sums[b], r.v[2]);
+    run = 0;
+    uint64_t t = blocks[b].first;
+    for (; t + 1 < blocks[b].second; ++t) {
+      run += ssa::fixed_weight(w[t - first]);
+      if (run > t2) break;
+    }
+    drawn.push_back(static_cast<uint32_t>(t));
   }
   std::sort(drawn.begin(), drawn.end());
   drawn.erase(std::unique(drawn.begin(), drawn.end()), drawn.end());
-  ssa::add_samples(drawn, w.data(), base, h.total(), m, p.pi_min, 0, &out);
+  ssa::add_samples(drawn, w.data(), base, residual_total, m, p.pi_min, 0, &out);
   return out;
 }
 
