@@ -283,7 +283,13 @@ absl::Status cpu_decode_layer(const ssa_session& s, const LayerStore& layer, uin
     }
     if (profile != nullptr) profile->attention += seconds_since(t_start);
   } else {
-    std::vector<Selection> sels(nq);
+    // Kept by the calling thread, as the attention's partials are: at 1M tokens
+    // and 50x each head's selection holds ~21K rows, grown anew at every decode
+    // before. (A reference: inside the tasks a thread_local names their own.)
+    thread_local std::vector<Selection> kept_sels;
+    std::vector<Selection>& sels = kept_sels;
+    sels.resize(nq);
+    for (Selection& sel : sels) sel.clear();
     if (p.group_selection != SSA_GROUP_OFF) {
       pool.parallel_for(layout.n_kv_heads, [&](size_t kv) {
         select_group(s, layer, layer_index, static_cast<uint32_t>(kv), q.data(), plan, p, seed,

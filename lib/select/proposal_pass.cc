@@ -41,14 +41,18 @@ float rth_largest(const std::vector<float>& x, size_t r, std::vector<uint32_t>* 
 
 float heavy_threshold(const BlockSummary& blocks, size_t k, std::vector<uint32_t>* scratch) {
   const size_t count = blocks.maxima.size();
-  const float by_maxima = k <= count ? rth_largest(blocks.maxima, k, scratch) : -INFINITY;
   // The sample holds one score in 32: the r-th largest of it is reached by about
   // 32 r scores. Aim at 1.2 k, and four standard deviations of a binomial count
   // above that.
   const double expect = static_cast<double>(k) / kBlockTokens;
   const size_t r = static_cast<size_t>(ceil(1.2 * expect + 4.0 * sqrt(expect))) + 1;
   const float by_sample = r <= count ? rth_largest(blocks.sample, r, scratch) : -INFINITY;
-  return std::max(by_maxima, by_sample);
+  if (k > count) return by_sample;
+  // The k-th largest maximum is the larger only if k maxima reach the sample's:
+  // counting them is cheaper than selecting it.
+  size_t reach = 0;
+  for (float m : blocks.maxima) reach += m >= by_sample ? 1 : 0;
+  return reach < k ? by_sample : rth_largest(blocks.maxima, k, scratch);
 }
 
 namespace {
