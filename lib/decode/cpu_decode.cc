@@ -233,7 +233,7 @@ void attend_selected(const ssa_session& s, const LayerStore& layer, const float*
                      std::vector<AttnPartial>* heads) {
   // Kept by the calling thread: the partials' accumulators are reused, not
   // allocated anew for every decode.
-  thread_local std::vector<AttnPartial> parts;
+  std::vector<AttnPartial> parts;
   sparse_split_partials(s.layout, layer, 0, plan, q, sels, shared, *s.rt->pool, &parts);
   merge_split_partials(s.layout, parts, splits_for(layer.n_tokens), heads);
 }
@@ -286,10 +286,7 @@ absl::Status cpu_decode_layer(const ssa_session& s, const LayerStore& layer, uin
     // Kept by the calling thread, as the attention's partials are: at 1M tokens
     // and 50x each head's selection holds ~21K rows, grown anew at every decode
     // before. (A reference: inside the tasks a thread_local names their own.)
-    thread_local std::vector<Selection> kept_sels;
-    std::vector<Selection>& sels = kept_sels;
-    sels.resize(nq);
-    for (Selection& sel : sels) sel.clear();
+    std::vector<Selection> sels(nq);
     if (p.group_selection != SSA_GROUP_OFF) {
       pool.parallel_for(layout.n_kv_heads, [&](size_t kv) {
         select_group(s, layer, layer_index, static_cast<uint32_t>(kv), q.data(), plan, p, seed,

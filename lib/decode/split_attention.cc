@@ -58,12 +58,8 @@ void sparse_split_partials(const KvLayout& layout, const LayerStore& layer, uint
   // for every decode cost page faults.
   // (References: inside the tasks below a thread_local would name the running
   // thread's own.)
-  thread_local std::vector<std::vector<GroupEntry>> kept_entries;
-  thread_local std::vector<std::vector<size_t>> kept_split_begin;
-  auto& entries = kept_entries;
-  auto& split_begin = kept_split_begin;
-  entries.resize(nkv);
-  split_begin.resize(nkv);
+  std::vector<std::vector<GroupEntry>> entries(nkv);
+  std::vector<std::vector<size_t>> split_begin(nkv);
   // Built and sorted in parallel: a group selection at 1M tokens and 50x holds
   // ~80K entries per group.
   pool.parallel_for(nkv, [&](size_t kv) {
