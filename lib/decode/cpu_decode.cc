@@ -231,8 +231,6 @@ void select_group(const ssa_session& s, const LayerStore& layer, uint32_t layer_
 void attend_selected(const ssa_session& s, const LayerStore& layer, const float* q,
                      const DecodePlan& plan, const std::vector<Selection>& sels, bool shared,
                      std::vector<AttnPartial>* heads) {
-  // Kept by the calling thread: the partials' accumulators are reused, not
-  // allocated anew for every decode.
   std::vector<AttnPartial> parts;
   sparse_split_partials(s.layout, layer, 0, plan, q, sels, shared, *s.rt->pool, &parts);
   merge_split_partials(s.layout, parts, splits_for(layer.n_tokens), heads);
@@ -283,9 +281,6 @@ absl::Status cpu_decode_layer(const ssa_session& s, const LayerStore& layer, uin
     }
     if (profile != nullptr) profile->attention += seconds_since(t_start);
   } else {
-    // Kept by the calling thread, as the attention's partials are: at 1M tokens
-    // and 50x each head's selection holds ~21K rows, grown anew at every decode
-    // before. (A reference: inside the tasks a thread_local names their own.)
     std::vector<Selection> sels(nq);
     if (p.group_selection != SSA_GROUP_OFF) {
       pool.parallel_for(layout.n_kv_heads, [&](size_t kv) {

@@ -53,18 +53,13 @@ void sparse_split_partials(const KvLayout& layout, const LayerStore& layer, uint
   const uint64_t n = layer.n_tokens, n_splits = splits_for(n);
   shared = shared && g > 1;
   // The union of a group's selections in token order (then head), and where
-  // each split's entries begin. Kept by the calling thread from one decode to
-  // the next: at 1M tokens they hold ~1 MB per group, and allocating them anew
-  // for every decode cost page faults.
-  // (References: inside the tasks below a thread_local would name the running
-  // thread's own.)
+  // each split's entries begin.
   std::vector<std::vector<GroupEntry>> entries(nkv);
   std::vector<std::vector<size_t>> split_begin(nkv);
   // Built and sorted in parallel: a group selection at 1M tokens and 50x holds
   // ~80K entries per group.
   pool.parallel_for(nkv, [&](size_t kv) {
     auto& e = entries[kv];
-    e.clear();
     size_t count = 0;
     for (uint32_t j = 0; j < (shared ? 1 : g); ++j) count += sels[kv * g + j].tokens.size();
     e.reserve(count);

@@ -125,10 +125,6 @@ uint64_t FixedHierarchy::token_in_block(uint64_t b, uint32_t r2) const {
   return tb + below;
 }
 
-uint64_t FixedHierarchy::pick(uint64_t x, uint32_t r1, uint32_t r2) const {
-  return token_in_block(block_in_chunk(chunk_of(x), r1), r2);
-}
-
 void draw_range(const FixedHierarchy& h, uint64_t offset, uint64_t grand_total, uint64_t m,
                 const RngStream& rng, std::vector<uint32_t>* drawn) {
   if (h.total() == 0) return;

@@ -49,12 +49,10 @@ class FixedHierarchy {
   // taken out): *blocks is taken, left empty.
   void adopt(const float* w, uint64_t first, size_t n, std::vector<uint64_t>* blocks);
   uint64_t total() const { return total_; }
-  // The token (absolute) of a draw whose first-level target x (< total()) falls
-  // here; r1, r2: the draw's words for the block and the token.
-  uint64_t pick(uint64_t x, uint32_t r1, uint32_t r2) const;
-  // pick in its three steps: the chunk (an index into this range's chunks) of
-  // the target x, its block (an index into this range's blocks) with the word
-  // r1, then the block's token (absolute) with r2.
+  // A draw whose first-level target x (< total()) falls here, in three steps
+  // (draw_range runs each for a batch of draws): the chunk (an index into this
+  // range's chunks) of x, its block (an index into this range's blocks) with
+  // the draw's word r1, then the block's token (absolute) with its word r2.
   size_t chunk_of(uint64_t x) const;
   uint64_t block_in_chunk(size_t c, uint32_t r1) const;
   uint64_t token_in_block(uint64_t b, uint32_t r2) const;
