@@ -325,11 +325,13 @@ def run_bench(a):
     new_kv = 0
     for t in range(a.turns):
         turn_bytes = turn_kv = 0
-        turn_tokens = turn_s = 0.0
+        turn_tokens = turn_s = turn_reserve = 0.0
         for ag in agents:
             msg = torch.randint(0, 32000, (a.message_tokens,), generator=gen).tolist()
             before = ag.cache.get_seq_length()
+            r0 = ag.cache.reserve_seconds
             reply, dt = ag.turn(model, msg, a.reply_tokens)
+            turn_reserve += ag.cache.reserve_seconds - r0
             gen_tokens += len(reply)
             gen_s += dt
             turn_tokens += len(reply)
@@ -347,9 +349,10 @@ def run_bench(a):
             later_tokens += turn_tokens
             later_s += turn_s
         say("turn %d: %.1f tokens/s this turn, %.1f over all sessions so far; checkpoints %.0f MB/s, this turn's "
-            "%.2fx its new K/V + codes (%.2fx over all turns)" % (t, turn_tokens / turn_s, gen_tokens / gen_s,
-                                                                 ck_bytes / ck_s / 1e6, turn_bytes / turn_kv,
-                                                                 ck_bytes / new_kv))
+            "%.2fx its new K/V + codes (%.2fx over all turns); reservations %.1f ms per agent's turn (the "
+            "budget trade's page moves)" % (t, turn_tokens / turn_s, gen_tokens / gen_s, ck_bytes / ck_s / 1e6,
+                                            turn_bytes / turn_kv, ck_bytes / new_kv,
+                                            1e3 * turn_reserve / len(agents)))
     steady = " (turns after the first: %.2f tokens/s, %.1f ms per token)" % (
         later_tokens / later_s, 1e3 * later_s / later_tokens) if later_s else ""
     say("decode: %.2f generated tokens/s over %d sessions taking turns (%.1f ms per token, the turns' messages "

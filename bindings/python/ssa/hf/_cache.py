@@ -1,5 +1,6 @@
 """SSACache: a transformers Cache whose full-attention layers live in libssa sessions."""
 import math
+import time
 from typing import Any, Callable, Dict, List, Optional
 
 import torch
@@ -424,6 +425,9 @@ class SSACache(Cache):
         self._reserved = False
         self._left = 0
         self._epoch = 0
+        # Seconds spent in ssa_session_reserve (on a tiered runtime: the session's
+        # pages brought to the device, idle sessions' sent to the host), for benchmarks.
+        self.reserve_seconds = 0.0
         self._token: Optional[torch.Tensor] = None
 
     # -- decode steps
@@ -537,12 +541,15 @@ class SSACache(Cache):
         if self._reserved and self._left >= need:
             return
         n = max(self._reserve_n(), need)
+        t0 = time.perf_counter()
         try:
             for s in self.sessions:
                 s.reserve(n)
         except Error as e:
             self._end_reservation()
             raise _relabel(e, "SSACache: reserving %d tokens for decode steps" % n) from None
+        finally:
+            self.reserve_seconds += time.perf_counter() - t0
         self._reserved = True
         self._left = n
         self._cap0 = self.sessions[0].layer_length(0) + n
