@@ -65,16 +65,37 @@ __host__ __device__ __forceinline__ uint32_t lut_offset(uint32_t g, uint32_t m, 
   return ((g / W * K + c) * M + m) * W + g % W;
 }
 
+// 4-bit codes: the byte tables of four heads [planes][16][M] (words), one pass of
+// code words [M / 2][threads], each table's least and largest entry [2][GH][M],
+// the GH rows' histograms.
+size_t pq4_nibble_smem_bytes(int gh, const DecodeShape& s) {
+  const size_t planes = (static_cast<uint32_t>(gh) + 3) / 4;
+  return (planes * 16 * s.pq_subspaces + size_t{s.pq_subspaces / 2} * kScoreThreads +
+          2 * size_t{static_cast<uint32_t>(gh)} * s.pq_subspaces + size_t{static_cast<uint32_t>(gh)} * kScoreBins) *
+         sizeof(uint32_t);
+}
+
+// A code byte holds the codes of subspaces 2r and 2r + 1; a table per byte
+// position r gives both entries' sum in one lookup (pq4_score_kernel). Tables
+// [planes][256][RS] of two words (16-bit lanes: heads 4p and 4p + 2, then 4p + 1 and
+// 4p + 3). The row stride RS is a multiple of 16: the 16 lanes of a half-warp,
+// at 16 consecutive byte positions, then hit 32 different banks.
+uint32_t pq4_pair_stride(const DecodeShape& s) { return (s.pq_subspaces / 2 + 15) / 16 * 16; }
+size_t pq4_pair_bytes(int gh, const DecodeShape& s) {
+  const size_t planes = (static_cast<uint32_t>(gh) + 3) / 4;
+  return planes * 256 * pq4_pair_stride(s) * sizeof(uint2);
+}
+// Whether the 4-bit kernel of GH heads per pass has room for the byte-pair
+// tables (up to 64 subspaces with four heads a pass); else it looks up nibbles.
+bool pq4_pairs(int gh, const DecodeShape& s) {
+  return pq4_nibble_smem_bytes(gh, s) + pq4_pair_bytes(gh, s) <= kScoreSmemLimit;
+}
+
 size_t score_smem_bytes(int gh, const DecodeShape& s) {
-  const size_t hist = size_t{static_cast<uint32_t>(gh)} * kScoreBins * sizeof(uint32_t);
-  if (s.pq_code_bits == 4) {
-    // byte tables as words of four heads [planes][16][M], one pass of code words
-    // [M / 2][threads], each table's least and largest entry [2][GH][M], histograms
-    const size_t planes = (static_cast<uint32_t>(gh) + 3) / 4;
-    return (planes * 16 * s.pq_subspaces + size_t{s.pq_subspaces / 2} * kScoreThreads +
-            2 * size_t{static_cast<uint32_t>(gh)} * s.pq_subspaces) * sizeof(uint32_t) + hist;
-  }
+  if (s.pq_code_bits == 4)
+    return pq4_nibble_smem_bytes(gh, s) + (pq4_pairs(gh, s) ? pq4_pair_bytes(gh, s) : 0);
   // tables + one pass of code words + the GH rows' top-k histograms
+  const size_t hist = size_t{static_cast<uint32_t>(gh)} * kScoreBins * sizeof(uint32_t);
   return (size_t{static_cast<uint32_t>(gh)} * s.pq_centroids + kScoreThreads) *
              s.pq_subspaces * sizeof(float) + hist;
 }
@@ -482,18 +503,27 @@ __global__ void __launch_bounds__(kScoreThreads, GH >= 8 ? 1 : kScoreBlocksPerSm
 // the CPU's scores to the bit, so the same selection. Each block quantises its
 // rows' tables itself (512 entries a head: less than loading them). The byte
 // tables of four heads share one 32-bit word per (code, subspace), laid out
-// [code][subspace] as the float tables are: a lane's lookups at a step fall in
-// the bank of its subspace, and lanes walk the code rows in rotated order (the
-// upper half of a warp taking each byte's odd subspace first), so a warp's 32
-// lookups hit 32 banks. The word's even and odd bytes are added in two 16-bit
-// lanes each (sums of at most 256 x 255 < 2^16), four heads per lookup.
-template <int GH>
+// [code][subspace] as the float tables are. The word's even and odd bytes are
+// added in two 16-bit lanes each (sums of at most 256 x 510 < 2^16), four heads
+// per lookup.
+//
+// kPairs: the block then adds each code byte's two entries into a table per byte
+// position (pq4_pair_bytes), and a token's score takes one 8-byte lookup per
+// byte: about 5 instructions per byte where the nibbles' lookups take about 18
+// (two nibbles, their rotated subspaces, two lookups, four masks). Lanes walk
+// the byte positions in rotated order, so a half-warp's lookups hit 32 banks.
+// Without it (tables too large for shared memory) each nibble is looked up: a
+// lane's lookups at a step fall in the bank of its subspace, the upper half of a
+// warp taking each byte's odd subspace first, so a warp's 32 lookups hit 32 banks.
+template <int GH, bool kPairs>
 __global__ void __launch_bounds__(kScoreThreads, GH >= 8 ? 1 : kScoreBlocksPerSm) pq4_score_kernel(const __grid_constant__ DecodeBatch b, Workspace ws,
                                                                 uint32_t tile) {
   constexpr int P = (GH + 3) / 4;  // planes of four heads
   extern __shared__ float4 smem4[];
   const uint32_t M = b.shape.pq_subspaces, K = b.shape.pq_centroids, R = M / 2;
-  uint32_t* t8 = reinterpret_cast<uint32_t*>(smem4);  // [P][16][M]
+  const uint32_t RS = (R + 15) / 16 * 16;  // pq4_pair_stride
+  uint2* pairs = reinterpret_cast<uint2*>(smem4);  // [P][256][RS] (kPairs), then the rest
+  uint32_t* t8 = reinterpret_cast<uint32_t*>(pairs + (kPairs ? size_t{P} * 256 * RS : 0));  // [P][16][M]
   uint32_t* codes_s = t8 + size_t{P} * 16 * M + threadIdx.x;  // [R][threads]
   float* lo_s = reinterpret_cast<float*>(t8 + size_t{P} * 16 * M + size_t{R} * kScoreThreads);  // [GH][M]
   float* hi_s = lo_s + GH * M;  // [GH][M]
@@ -566,6 +596,17 @@ __global__ void __launch_bounds__(kScoreThreads, GH >= 8 ? 1 : kScoreBlocksPerSm
     const double v = floor((static_cast<double>(lut[lut_offset<GH>(g, m, c, M, K)]) - lo) * inv_s[g] + 0.5);
     t8b[((size_t{g / 4} * 16 + c) * M + m) * 4 + g % 4] = static_cast<uint8_t>(fmin(255.0, fmax(0.0, v)));
   }
+  if constexpr (kPairs) {
+    __syncthreads();
+    // Entry (p, byte c, position r): the low nibble's entry of subspace 2r plus the
+    // high nibble's of 2r + 1, four heads in two words of 16-bit lanes.
+    for (uint32_t i = threadIdx.x; i < P * 256 * R; i += kScoreThreads) {
+      const uint32_t p = i / (256 * R), c = i / R % 256, r = i % R;
+      const uint32_t wa = t8[(p * 16 + (c & 15u)) * M + 2 * r], wb = t8[(p * 16 + (c >> 4)) * M + 2 * r + 1];
+      pairs[(size_t{p} * 256 + c) * RS + r] =
+          make_uint2((wa & 0x00ff00ffu) + (wb & 0x00ff00ffu), ((wa >> 8) & 0x00ff00ffu) + ((wb >> 8) & 0x00ff00ffu));
+    }
+  }
   cp_async_wait<0>();
   __syncthreads();
   ScoreBins bins[GH];
@@ -594,22 +635,41 @@ __global__ void __launch_bounds__(kScoreThreads, GH >= 8 ? 1 : kScoreBlocksPerSm
 #pragma unroll
       for (int j = 0; j < kTokensPerThread; ++j) even[p][j] = odd[p][j] = 0u;
     uint32_t r = r_first;
+    if constexpr (kPairs) {
 #pragma unroll 2
-    for (uint32_t step = 0; step < R; ++step) {
-      const uint32_t cw = codes_s[r * kScoreThreads];
-      const uint32_t ma = 2 * r + odd_first, mb = 2 * r + 1 - odd_first;
+      for (uint32_t step = 0; step < R; ++step) {
+        const uint32_t cw = codes_s[r * kScoreThreads];
+        const uint2* row = pairs + r;
 #pragma unroll
-      for (int j = 0; j < kTokensPerThread; ++j) {
-        const uint32_t byte = (cw >> (8 * j)) & 0xffu;
-        const uint32_t ca = odd_first ? byte >> 4 : byte & 0x0fu, cb = odd_first ? byte & 0x0fu : byte >> 4;
+        for (int j = 0; j < kTokensPerThread; ++j) {
+          const uint32_t c = __byte_perm(cw, 0u, 0x4440u | static_cast<uint32_t>(j));  // byte j of cw
 #pragma unroll
-        for (int p = 0; p < P; ++p) {
-          const uint32_t wa = t8[(p * 16 + ca) * M + ma], wb = t8[(p * 16 + cb) * M + mb];
-          even[p][j] += (wa & 0x00ff00ffu) + (wb & 0x00ff00ffu);
-          odd[p][j] += ((wa >> 8) & 0x00ff00ffu) + ((wb >> 8) & 0x00ff00ffu);
+          for (int p = 0; p < P; ++p) {
+            const uint2 v = row[(p * 256u + c) * RS];
+            even[p][j] += v.x;
+            odd[p][j] += v.y;
+          }
         }
+        r = r + 1 == R ? 0 : r + 1;
       }
-      r = r + 1 == R ? 0 : r + 1;
+    } else {
+#pragma unroll 2
+      for (uint32_t step = 0; step < R; ++step) {
+        const uint32_t cw = codes_s[r * kScoreThreads];
+        const uint32_t ma = 2 * r + odd_first, mb = 2 * r + 1 - odd_first;
+#pragma unroll
+        for (int j = 0; j < kTokensPerThread; ++j) {
+          const uint32_t byte = (cw >> (8 * j)) & 0xffu;
+          const uint32_t ca = odd_first ? byte >> 4 : byte & 0x0fu, cb = odd_first ? byte & 0x0fu : byte >> 4;
+#pragma unroll
+          for (int p = 0; p < P; ++p) {
+            const uint32_t wa = t8[(p * 16 + ca) * M + ma], wb = t8[(p * 16 + cb) * M + mb];
+            even[p][j] += (wa & 0x00ff00ffu) + (wb & 0x00ff00ffu);
+            odd[p][j] += ((wa >> 8) & 0x00ff00ffu) + ((wb >> 8) & 0x00ff00ffu);
+          }
+        }
+        r = r + 1 == R ? 0 : r + 1;
+      }
     }
 #pragma unroll
     for (int g = 0; g < GH; ++g) {
@@ -735,21 +795,24 @@ cudaError_t launch_pq_score_kernel(const DecodeBatch& b, const WorkspacePlan& pl
   return launch_stage(b, pq_score_kernel<GH, kM16>, grid, kScoreThreads, smem, st, b, ws, plan.score_tile);
 }
 
-template <int GH>
+template <int GH, bool kPairs>
 cudaError_t launch_pq4_score_kernel(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
                                     cudaStream_t st) {
   const size_t smem = score_smem_bytes(GH, b.shape);
-  cudaError_t e = ensure_dynamic_smem(reinterpret_cast<const void*>(pq4_score_kernel<GH>), smem);
+  cudaError_t e = ensure_dynamic_smem(reinterpret_cast<const void*>(pq4_score_kernel<GH, kPairs>), smem);
   if (e != cudaSuccess) return e;
   const dim3 grid((plan.n_pad_max + plan.score_tile - 1) / plan.score_tile,
                   b.shape.n_kv_heads * (b.sel_group() / GH), b.n_items);
-  return launch_stage(b, pq4_score_kernel<GH>, grid, kScoreThreads, smem, st, b, ws, plan.score_tile);
+  return launch_stage(b, pq4_score_kernel<GH, kPairs>, grid, kScoreThreads, smem, st, b, ws, plan.score_tile);
 }
 
 template <int GH>
 cudaError_t launch_pq_score_gh(const DecodeBatch& b, const WorkspacePlan& plan,
                                const Workspace& ws, cudaStream_t st) {
-  if (b.shape.pq_code_bits == 4) return launch_pq4_score_kernel<GH>(b, plan, ws, st);
+  if (b.shape.pq_code_bits == 4) {
+    return pq4_pairs(GH, b.shape) ? launch_pq4_score_kernel<GH, true>(b, plan, ws, st)
+                                  : launch_pq4_score_kernel<GH, false>(b, plan, ws, st);
+  }
   if constexpr (LutVec<GH>::W == 4) {
     if (b.shape.pq_subspaces == 16 && b.shape.pq_centroids == 256)
       return launch_pq_score_kernel<GH, true>(b, plan, ws, st);
