@@ -171,8 +171,34 @@ SSA_AVX2 float max_value(const float* x, size_t n) {
   return m;
 }
 
+// 16 centroids (4-bit codes): two vectors of 8, the argmin reduced in registers.
+// Encoding a 4-bit index calls this once per (token, KV head, subspace) over a
+// few dimensions, so the scalar loop's 16 x dim multiply-adds and branches were
+// most of an index build's time.
+SSA_AVX2 uint32_t nearest_of_16(const float* x, const float* cent_t, const float* norms, uint32_t dim) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+  for (uint32_t j = 0; j < dim; ++j) {
+    const __m256 xj = _mm256_set1_ps(x[j]);
+    a0 = _mm256_fmadd_ps(xj, _mm256_loadu_ps(cent_t + size_t{j} * 16), a0);
+    a1 = _mm256_fmadd_ps(xj, _mm256_loadu_ps(cent_t + size_t{j} * 16 + 8), a1);
+  }
+  const __m256 two = _mm256_set1_ps(2.0f);
+  const __m256 d0 = _mm256_fnmadd_ps(two, a0, _mm256_loadu_ps(norms));
+  const __m256 d1 = _mm256_fnmadd_ps(two, a1, _mm256_loadu_ps(norms + 8));
+  // The least distance, then the first index holding it (the scalar loop's tie rule).
+  __m256 m = _mm256_min_ps(d0, d1);
+  m = _mm256_min_ps(m, _mm256_permute2f128_ps(m, m, 1));
+  m = _mm256_min_ps(m, _mm256_shuffle_ps(m, m, _MM_SHUFFLE(1, 0, 3, 2)));
+  m = _mm256_min_ps(m, _mm256_shuffle_ps(m, m, _MM_SHUFFLE(2, 3, 0, 1)));
+  const uint32_t eq = static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(d0, m, _CMP_EQ_OQ))) |
+                      static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(d1, m, _CMP_EQ_OQ))) << 8;
+  // No lane equal: a NaN distance (non-finite input); the scalar loop keeps 0 then too.
+  return eq != 0 ? static_cast<uint32_t>(__builtin_ctz(eq)) : 0u;
+}
+
 SSA_AVX2 uint32_t nearest_centroid(const float* x, const float* cent_t, const float* norms,
                                    uint32_t K, uint32_t dim) {
+  if (K == 16) return nearest_of_16(x, cent_t, norms, dim);
   if (K % 64 != 0) return generic_nearest_centroid(x, cent_t, norms, K, dim);
   // 64 centroids per pass in 8 independent accumulators (hides FMA latency);
   // a per-lane running minimum with its index, reduced once at the end.
