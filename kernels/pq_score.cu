@@ -80,7 +80,7 @@ size_t pq4_nibble_smem_bytes(int gh, const DecodeShape& s) {
 // [planes][256][RS] of two words (16-bit lanes: heads 4p and 4p + 2, then 4p + 1 and
 // 4p + 3). The row stride RS is a multiple of 16: the 16 lanes of a half-warp,
 // at 16 consecutive byte positions, then hit 32 different banks.
-uint32_t pq4_pair_stride(const DecodeShape& s) { return (s.pq_subspaces / 2 + 15) / 16 * 16; }
+__host__ __device__ uint32_t pq4_pair_stride(const DecodeShape& s) { return (s.pq_subspaces / 2 + 15) / 16 * 16; }
 size_t pq4_pair_bytes(int gh, const DecodeShape& s) {
   const size_t planes = (static_cast<uint32_t>(gh) + 3) / 4;
   return planes * 256 * pq4_pair_stride(s) * sizeof(uint2);
@@ -521,7 +521,7 @@ __global__ void __launch_bounds__(kScoreThreads, GH >= 8 ? 1 : kScoreBlocksPerSm
   constexpr int P = (GH + 3) / 4;  // planes of four heads
   extern __shared__ float4 smem4[];
   const uint32_t M = b.shape.pq_subspaces, K = b.shape.pq_centroids, R = M / 2;
-  const uint32_t RS = (R + 15) / 16 * 16;  // pq4_pair_stride
+  const uint32_t RS = pq4_pair_stride(b.shape);
   uint2* pairs = reinterpret_cast<uint2*>(smem4);  // [P][256][RS] (kPairs), then the rest
   uint32_t* t8 = reinterpret_cast<uint32_t*>(pairs + (kPairs ? size_t{P} * 256 * RS : 0));  // [P][16][M]
   uint32_t* codes_s = t8 + size_t{P} * 16 * M + threadIdx.x;  // [R][threads]

@@ -192,7 +192,8 @@ SSA_AVX2 uint32_t nearest_of_16(const float* x, const float* cent_t, const float
   m = _mm256_min_ps(m, _mm256_shuffle_ps(m, m, _MM_SHUFFLE(2, 3, 0, 1)));
   const uint32_t eq = static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(d0, m, _CMP_EQ_OQ))) |
                       static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(d1, m, _CMP_EQ_OQ))) << 8;
-  // No lane equal: a NaN distance (non-finite input); the scalar loop keeps 0 then too.
+  // No lane equal only with a NaN distance, which finite centroids and keys (appends
+  // refuse non-finite rows) never give.
   return eq != 0 ? static_cast<uint32_t>(__builtin_ctz(eq)) : 0u;
 }
 
