@@ -23,8 +23,10 @@ from ._core import (
     Runtime,
     Session,
     SessionConfig,
+    SnapshotInfo,
     Status,
     header_version,
+    inspect,
     version,
 )
 from ._errors import (
@@ -44,8 +46,8 @@ from ._errors import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "Runtime", "Session", "SessionConfig", "DecodeStats", "DecodeTrace", "Status", "Backend", "DType", "GroupSelection", "Method", "Proxy",
-    "METHODS", "version", "header_version",
+    "Runtime", "Session", "SessionConfig", "SnapshotInfo", "DecodeStats", "DecodeTrace", "Status", "Backend", "DType", "GroupSelection", "Method", "Proxy",
+    "METHODS", "version", "header_version", "inspect",
     "Error", "InvalidArgument", "OutOfMemory", "IOError", "Corrupt", "Version", "Mismatch",
     "Unsupported", "Device", "Busy", "Internal",
 ]

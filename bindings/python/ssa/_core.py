@@ -184,6 +184,45 @@ class SessionConfig:
 
 
 @dataclass(frozen=True)
+class SnapshotInfo:
+    """What a snapshot file holds, read without loading it (ssa_snapshot_info)."""
+
+    format_version: int
+    generation: int
+    file_bytes: int
+    live_bytes: int
+    n_sections: int
+    n_layers: int
+    n_q_heads: int
+    n_kv_heads: int
+    head_dim: int
+    dtype: DType
+    pq_subspaces: int
+    pq_centroids: int
+    page_tokens: int
+    indexed_layers: int
+    model_fingerprint: int
+    length: int
+    max_layer_length: int
+    metadata_bytes: int
+
+
+def inspect(path: PathLike) -> SnapshotInfo:
+    """Describes the snapshot at path (a session's file or a group's manifest)
+    without loading it: its shape, length and generation. The config, layer and
+    metadata sections are read and their checksums verified; K/V pages, codes and
+    codebooks are not read. Raises ssa.IOError, ssa.Corrupt, ssa.Version."""
+    info = ffi.new("ssa_snapshot_info *")
+    lib.ssa_snapshot_info_init(info)
+    check(lib.ssa_snapshot_inspect(_path(path), info), "ssa_snapshot_inspect")
+    i = info[0]
+    return SnapshotInfo(i.format_version, i.generation, i.file_bytes, i.live_bytes, i.n_sections, i.n_layers,
+                        i.n_q_heads, i.n_kv_heads, i.head_dim, DType(i.kv_dtype), i.pq_subspaces, i.pq_centroids,
+                        i.page_tokens, i.indexed_layers, i.model_fingerprint, i.length, i.max_layer_length,
+                        i.metadata_bytes)
+
+
+@dataclass(frozen=True)
 class DecodeStats:
     """What a decode did (ssa_decode_stats); sums are over query heads."""
 

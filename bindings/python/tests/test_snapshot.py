@@ -83,6 +83,32 @@ def test_checkpoint_then_continue(rt, rng, tmp_path):
             assert np.array_equal(t.decode(0, q, **kw), s.decode(0, q, **kw))
 
 
+def test_inspect_describes_without_loading(rt, rng, tmp_path):
+    s, _, _ = _filled(rt, rng)
+    path = tmp_path / "i.ssa"
+    with s:
+        _save_or_skip(s, path)
+        info = ssa.inspect(path)
+        c = s.config
+        assert (info.n_layers, info.n_q_heads, info.n_kv_heads, info.head_dim, info.dtype) == \
+            (c.n_layers, c.n_q_heads, c.n_kv_heads, c.head_dim, c.dtype)
+        assert (info.pq_subspaces, info.pq_centroids, info.page_tokens) == (c.pq_subspaces, c.pq_centroids, c.page_tokens)
+        assert info.model_fingerprint == 0x1234_5678_9ABC
+        assert (info.length, info.max_layer_length, info.generation) == (750, 1500, 1)
+        assert 0 < info.live_bytes <= info.file_bytes <= os.path.getsize(path)
+        k2, v2 = random_kv(rng, 300)
+        s.append(1, k2, v2)
+        s.checkpoint(path)
+        again = ssa.inspect(path)
+        assert (again.length, again.generation) == (1050, 2)
+    with pytest.raises(ssa.IOError):
+        ssa.inspect(tmp_path / "missing.ssa")
+    junk = tmp_path / "junk.ssa"
+    junk.write_bytes(os.urandom(4096))
+    with pytest.raises((ssa.Corrupt, ssa.Version)):
+        ssa.inspect(junk)
+
+
 def test_corrupt_and_truncated_files(rt, rng, tmp_path):
     s, _, _ = _filled(rt, rng, 600)
     path = str(tmp_path / "x.ssa")

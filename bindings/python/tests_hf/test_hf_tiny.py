@@ -194,6 +194,59 @@ def test_save_load_fork_resume_equal_uninterrupted(make, tmp_path):
     assert again.get_seq_length() == cache.get_seq_length() == 211
 
 
+@pytest.mark.parametrize("storage", [dict(proxy="pq4"), dict(proxy="opq4"), dict(proxy="qpq4"), dict(proxy="opq"),
+                                     dict(proxy="pq", page_tokens=64), {}],
+                         ids=["pq4", "opq4", "qpq4", "opq", "pq-pages64", "default"])
+def test_save_load_keeps_the_proxy_and_page_size(storage, tmp_path):
+    """Every proxy and page size a cache can be made with loads back as itself
+    (4-bit proxies have another PQ shape than the default), continues as the
+    cache that was never saved, and makes its new sessions the same way after a reset."""
+    model = _llama()
+    ids = _ids(300)
+    kw = dict(method="ssa", sparsity=6, n_sink=4, n_local=4, seed=5)
+    full = _generate(model, ssa.hf.SSACache(model, **kw, **storage), ids, 10)
+    cache = ssa.hf.SSACache(model, **kw, **storage)
+    first = _generate(model, cache, ids, 4)
+    saved = cache.sessions[0].config
+    cache.save(tmp_path / "c")
+    loaded = ssa.hf.SSACache.load(tmp_path / "c", model)
+    got = loaded.sessions[0].config
+    assert (got.proxy, got.pq_subspaces, got.pq_centroids, got.page_tokens) == \
+        (saved.proxy, saved.pq_subspaces, saved.pq_centroids, saved.page_tokens)
+    assert _generate(model, loaded, first, 6).tolist() == full.tolist()
+    loaded.reset()
+    _generate(model, loaded, ids[:, :40], 1)
+    again = loaded.sessions[0].config
+    assert (again.proxy, again.pq_subspaces, again.page_tokens) == (saved.proxy, saved.pq_subspaces, saved.page_tokens)
+
+
+def test_load_checks_the_storage_against_the_rows(tmp_path):
+    import json
+    model = _llama()
+    cache = ssa.hf.SSACache(model, method="ssa", sparsity=6, proxy="pq4", page_tokens=64)
+    _generate(model, cache, _ids(120), 2)
+    cache.save(tmp_path / "c")
+    man = tmp_path / "c" / "cache.json"
+    good = json.loads(man.read_text())
+    assert good["storage"] == {"proxy": "pq4", "pq_subspaces": 32, "pq_centroids": 16, "page_tokens": 64}
+    for storage, msg in ((dict(good["storage"], proxy="qpq4"), "holds proxy 'pq4'"),
+                         (dict(good["storage"], page_tokens=128), "has page_tokens 64"),
+                         (dict(good["storage"], pq_subspaces=16), "which no SSACache makes"),
+                         (dict(good["storage"], proxy="pq5"), "proxy='pq5'"),
+                         (dict(good["storage"], page_tokens=100), "page_tokens=100"),
+                         (dict(good["storage"], colour=1), "invalid storage entry"),
+                         ("pq4", "invalid storage entry"),
+                         ({"proxy": "pq"}, "pq_subspaces 32, expected 16")):
+        man.write_text(json.dumps(dict(good, storage=storage)))
+        with pytest.raises(ssa.Error, match=msg):
+            ssa.hf.SSACache.load(tmp_path / "c", model)
+    # A manifest from before the storage was recorded: the rows' own PQ shape.
+    man.write_text(json.dumps({k: v for k, v in good.items() if k != "storage"}))
+    old = ssa.hf.SSACache.load(tmp_path / "c", model)
+    assert old.sessions[0].config.pq_subspaces == 32 and old._storage["proxy"] == "pq4"
+    assert old.get_seq_length() == cache.get_seq_length()
+
+
 def test_truncate_rolls_back_to_an_earlier_state():
     model = _llama()
     ids = _ids(220)

@@ -64,6 +64,9 @@ def save(cache, path) -> None:
         "fingerprint": cache.fingerprint,
         "model": cache._config_summary,
         "params": cache.params,
+        # The sessions' storage as SSACache(page_tokens=, proxy=) set it; load makes
+        # new sessions (after a reset) the same way and checks the rows against it.
+        "storage": dict(cache._storage),
         "positions": cache.get_seq_length(),
         "batch": len(cache.sessions),
         "dtype": cache.dtype,
@@ -94,6 +97,41 @@ def _committed_positions(rows, sessions, positions: int) -> int:
             raise invalid("SSACache.load: %s holds %d tokens, the manifest says %d (rows hold %s)"
                           % (r, n, positions, lengths))
     return positions
+
+
+def _storage(manifest: dict, mpath: str) -> dict:
+    """The manifest's storage settings, checked as SSACache checks its arguments;
+    {} (the defaults) in manifests saved before they were recorded."""
+    storage = manifest.get("storage", {})
+    if not isinstance(storage, dict) or set(storage) - {"page_tokens", "proxy", "pq_subspaces", "pq_centroids"}:
+        raise invalid("SSACache.load: %s has an invalid storage entry %r" % (mpath, storage))
+    try:
+        made = _runtime.check_storage(storage.get("page_tokens"))
+        made.update(_runtime.check_proxy(storage.get("proxy")))
+    except Error as e:
+        raise invalid("SSACache.load: %s: storage %s" % (mpath, e.message)) from None
+    if made != storage:
+        raise invalid("SSACache.load: %s has storage %r, which no SSACache makes (%r)" % (mpath, storage, made))
+    return made
+
+
+def _inspect(path: str, row: str):
+    try:
+        return _core.inspect(os.path.join(path, row))
+    except Error as e:
+        raise type(e)("SSACache.load: %s: %s" % (os.path.join(path, row), e.message), e.status,
+                      e.function) from None
+
+
+def _check_storage(session, storage: dict, rpath: str, mpath: str) -> None:
+    """A row must hold the proxy and page size its manifest names."""
+    c = session.config
+    if "proxy" in storage and c.proxy.name.lower() != storage["proxy"]:
+        raise invalid("SSACache.load: %s holds proxy %r, %s says %r"
+                      % (rpath, c.proxy.name.lower(), mpath, storage["proxy"]))
+    if "page_tokens" in storage and c.page_tokens != storage["page_tokens"]:
+        raise invalid("SSACache.load: %s has page_tokens %d, %s says %d"
+                      % (rpath, c.page_tokens, mpath, storage["page_tokens"]))
 
 
 def load(cls, path, model, backend, observer, threads, device, runtime=None, group=None):
@@ -128,11 +166,19 @@ def load(cls, path, model, backend, observer, threads, device, runtime=None, gro
     if dtype not in ("float32", "float16", "bfloat16"):
         raise invalid("SSACache.load: %s has an invalid dtype %r" % (mpath, dtype))
     params = _params.check(params)  # every value checked again
+    storage = _storage(manifest, mpath)
     cache = cls(model, observer=observer, threads=threads, backend=backend, runtime=runtime, **params,
-                **(group or {}))
+                page_tokens=storage.get("page_tokens"), proxy=storage.get("proxy"), **(group or {}))
     be, dev = _runtime.load_target(cache, model, device)
     cache._open(be, dtype, dev, 0)
     expect = cache._session_shape()
+    if "storage" not in manifest:
+        # Saved before the manifest recorded the storage: the PQ shape is the rows'
+        # own (a 4-bit proxy's 32 x 16), which every row must then share.
+        info = _inspect(path, rows[0])
+        expect.update(pq_subspaces=info.pq_subspaces, pq_centroids=info.pq_centroids)
+    else:
+        expect.update({k: storage[k] for k in ("pq_subspaces", "pq_centroids") if k in storage})
     sessions = []
     try:
         for r in rows:
@@ -142,6 +188,9 @@ def load(cls, path, model, backend, observer, threads, device, runtime=None, gro
                 raise type(e)("SSACache.load: %s: %s" % (os.path.join(path, r), e.message), e.status,
                               e.function) from None
             sessions.append(s)
+            _check_storage(s, storage, os.path.join(path, r), mpath)
+        if "storage" not in manifest and sessions[0].config.proxy.name.endswith("4"):
+            cache._storage.update(_runtime.check_proxy(sessions[0].config.proxy.name))
         if manifest.get("padded") is False:
             positions = _committed_positions(rows, sessions, positions)
     except BaseException:
