@@ -78,7 +78,8 @@ absl::Status bring_in(ssa_session& s, uint32_t l, const std::vector<size_t>& ord
   LayerTiers& lt = layer_tiers(st, l, s.layout.n_layers);
   for (size_t i : order) {
     if (pool.resident_room() <= keep) break;
-    absl::StatusOr<PageRef> dev = pool.device_page(DeviceBudget::kResident);
+    // Not zeroed: move_pages overwrites the whole page.
+    absl::StatusOr<PageRef> dev = pool.device_page(DeviceBudget::kResident, false);
     if (!dev.ok()) return dev.status();
     if (*dev == nullptr) break;  // the budget is full
     moves.emplace_back(i, *std::move(dev));

@@ -17,7 +17,7 @@ DevicePagePool::~DevicePagePool() {
   for (void* p : free_) cudaFreeAsync(p, nullptr);
 }
 
-absl::StatusOr<PageRef> DevicePagePool::allocate() {
+absl::StatusOr<PageRef> DevicePagePool::allocate(bool zeroed) {
   void* block = nullptr;
   {
     absl::MutexLock lock(&mu_);
@@ -44,7 +44,7 @@ absl::StatusOr<PageRef> DevicePagePool::allocate() {
     }
     // Kernels read whole 4-token code words and page copies move whole pages,
     // past the rows written so far: zeroed once, those unused bytes are defined.
-    if (cudaMemsetAsync(block, 0, page_bytes_, nullptr) != cudaSuccess) {
+    if (zeroed && cudaMemsetAsync(block, 0, page_bytes_, nullptr) != cudaSuccess) {
       cudaGetLastError();
       cudaFreeAsync(block, nullptr);
       return make_error(SSA_ERR_DEVICE, absl::StrCat("zeroing a new ", page_bytes_, "-byte page"));

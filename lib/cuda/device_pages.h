@@ -24,7 +24,9 @@ class DevicePagePool : public std::enable_shared_from_this<DevicePagePool> {
   ~DevicePagePool();
 
   // A writable device page; SSA_ERR_OUT_OF_MEMORY when the allocation fails.
-  absl::StatusOr<PageRef> allocate();
+  // A new block is zeroed unless `zeroed` is false (the caller overwrites the
+  // whole page before anything reads it).
+  absl::StatusOr<PageRef> allocate(bool zeroed = true);
   // A writable device copy of `src` (device to device).
   absl::StatusOr<PageRef> copy_of(const Page& src);
 

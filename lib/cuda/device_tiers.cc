@@ -3,10 +3,12 @@
 #include <algorithm>
 
 #include "device_error.h"
+#include "device_mem.h"
 #include "device_state.h"
 #include "session.h"
 #include "snapshot/record.h"
 #include "store/tier_policy.h"
+#include "kernels/page_copy.h"
 
 namespace ssa::cuda {
 namespace {
@@ -143,16 +145,33 @@ void drop_written(LayerTiers& lt, uint64_t first_page) {
   lt.backing.erase(lt.backing.lower_bound(first_page), lt.backing.end());
 }
 
-// One wait per batch, not per page: a fill that moves many pages is not bounded
-// by the copies' latency.
+// One launch and one wait per batch, not a copy call per page: a move of
+// thousands of pages is bounded by the bus, not by the calls' host time
+// (kernels/page_copy.h).
 absl::Status move_pages(ssa_session& s, uint32_t l, std::vector<std::pair<size_t, PageRef>>& moves, size_t bytes,
                         const char* what) {
   const LayerStore& layer = s.layers[l];
   if (moves.empty()) return absl::OkStatus();
-  cudaError_t e = cudaSuccess;
+  std::vector<PageCopy> copies;
+  copies.reserve(moves.size());
+  bool in_place = true;  // every page device memory or pinned host memory (a tiered session's tiers)
   for (auto& [i, to] : moves) {
-    e = cudaMemcpyAsync(to->mutable_data(), layer.kv_pages[i]->data(), bytes, cudaMemcpyDefault, nullptr);
-    if (e != cudaSuccess) break;
+    copies.push_back({layer.kv_pages[i]->data(), to->mutable_data()});
+    in_place = in_place && layer.kv_pages[i]->tier() != PageTier::kFile && to->tier() != PageTier::kFile;
+  }
+  cudaError_t e = cudaSuccess;
+  if (in_place && page_copies_aligned(copies.data(), copies.size(), bytes)) {
+    DeviceMem list;
+    e = list.alloc(copies.size() * sizeof(PageCopy), nullptr);
+    if (e == cudaSuccess)
+      e = cudaMemcpyAsync(list.p, copies.data(), copies.size() * sizeof(PageCopy), cudaMemcpyHostToDevice, nullptr);
+    if (e == cudaSuccess)
+      e = launch_copy_pages(static_cast<const PageCopy*>(list.p), static_cast<uint32_t>(copies.size()), bytes, nullptr);
+  } else {
+    for (const PageCopy& c : copies) {
+      e = cudaMemcpyAsync(c.dst, c.src, bytes, cudaMemcpyDefault, nullptr);
+      if (e != cudaSuccess) break;
+    }
   }
   // Also after a failed launch: the copies queued before it still write the new pages.
   const cudaError_t done = cudaStreamSynchronize(nullptr);
@@ -204,7 +223,8 @@ absl::Status rebalance_layer(ssa_session& s, uint32_t layer_index, LayerStore& l
   SSA_RETURN_IF_ERROR(move_pages(s, layer_index, moves, pool.page_bytes(), "page move to the host tier"));
   // The device pages that left gave their charges back: room for these.
   for (size_t i : plan.to_device) {
-    absl::StatusOr<PageRef> dev = pool.device_page(DeviceBudget::kResident);
+    // Not zeroed: move_pages overwrites the whole page.
+    absl::StatusOr<PageRef> dev = pool.device_page(DeviceBudget::kResident, false);
     if (!dev.ok() || *dev == nullptr) break;  // no room yet: a later append brings it back
     moves.emplace_back(i, *std::move(dev));
   }

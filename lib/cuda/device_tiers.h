@@ -99,9 +99,9 @@ PageRef take_backing(LayerTiers& lt, size_t index, const PageRef& page);
 // Drops the cached copies and host backings of pages from `first_page` on, which
 // are about to be written. Caller holds st.mu.
 void drop_written(LayerTiers& lt, uint64_t first_page);
-// Copies each (page index, new page) of `moves` from layer l's page, all
-// queued on the legacy default stream (where the library allocates and writes
-// pages) with one wait at the end, then puts the new pages in place (replace_page); the
+// Copies each (page index, new page) of `moves` from layer l's page, in one
+// launch on the legacy default stream (where the library allocates and writes
+// pages; kernels/page_copy.h) with one wait at the end, then puts the new pages in place (replace_page); the
 // old pages are dropped only then, after their copies. On a copy error no page
 // of the layer changes. Empties `moves`. The session is held exclusively.
 absl::Status move_pages(ssa_session& s, uint32_t l, std::vector<std::pair<size_t, PageRef>>& moves, size_t bytes,

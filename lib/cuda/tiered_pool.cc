@@ -23,10 +23,10 @@ struct Charge {
 
 }  // namespace
 
-absl::StatusOr<PageRef> TieredKvPool::device_page(DeviceBudget::Account account) {
-  if (!tiered()) return device_->allocate();
+absl::StatusOr<PageRef> TieredKvPool::device_page(DeviceBudget::Account account, bool zeroed) {
+  if (!tiered()) return device_->allocate(zeroed);
   if (!budget_->try_charge(account, page_bytes_)) return PageRef{};
-  absl::StatusOr<PageRef> inner = device_->allocate();
+  absl::StatusOr<PageRef> inner = device_->allocate(zeroed);
   if (!inner.ok()) {
     budget_->release(account, page_bytes_);
     return inner.status();

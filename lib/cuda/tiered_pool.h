@@ -42,7 +42,7 @@ class TieredKvPool {
   absl::StatusOr<PageRef> copy_of(const Page& src);
   // A device page charged to `account`, or null (no error) when the account has
   // no room; errors are allocation failures.
-  absl::StatusOr<PageRef> device_page(DeviceBudget::Account account);
+  absl::StatusOr<PageRef> device_page(DeviceBudget::Account account, bool zeroed = true);
   // A host-tier page (tiered pools only).
   absl::StatusOr<PageRef> host_page();
 
