@@ -387,6 +387,50 @@ func (r *Runtime) Load(path string, opts LoadOptions) (*Session, error) {
 	return r.adopt(out)
 }
 
+// SnapshotInfo is what a snapshot file holds, read without loading it.
+type SnapshotInfo struct {
+	FormatVersion                    uint32
+	Generation                       uint64 // 1 after a full save, +1 per checkpoint
+	FileBytes, LiveBytes             uint64 // bytes the snapshot spans; bytes still in use
+	Sections                         int
+	Layers, QHeads, KVHeads, HeadDim int
+	DType                            DType
+	PQSubspaces, PQCentroids         int
+	PageTokens                       int
+	IndexedLayers                    int // layers saved with trained PQ codebooks
+	ModelFingerprint                 uint64
+	Length                           uint64 // tokens in every layer
+	MaxLayerLength                   uint64 // tokens of the longest layer
+	MetadataBytes                    uint64
+}
+
+// Inspect describes the snapshot at path (a session's file or a group's manifest)
+// without loading it: the config, layer and metadata sections are read and their
+// checksums verified; K/V pages, codes and codebooks are not read.
+func Inspect(path string) (SnapshotInfo, error) {
+	cpath, err := cString(path)
+	if err != nil {
+		return SnapshotInfo{}, err
+	}
+	defer C.free(unsafe.Pointer(cpath))
+	var i C.ssa_snapshot_info
+	C.ssa_snapshot_info_init(&i)
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	if err := check(C.ssa_snapshot_inspect(cpath, &i), "ssa_snapshot_inspect"); err != nil {
+		return SnapshotInfo{}, err
+	}
+	return SnapshotInfo{
+		FormatVersion: uint32(i.format_version), Generation: uint64(i.generation),
+		FileBytes: uint64(i.file_bytes), LiveBytes: uint64(i.live_bytes), Sections: int(i.n_sections),
+		Layers: int(i.n_layers), QHeads: int(i.n_q_heads), KVHeads: int(i.n_kv_heads), HeadDim: int(i.head_dim),
+		DType: DType(i.kv_dtype), PQSubspaces: int(i.pq_subspaces), PQCentroids: int(i.pq_centroids),
+		PageTokens: int(i.page_tokens), IndexedLayers: int(i.indexed_layers),
+		ModelFingerprint: uint64(i.model_fingerprint), Length: uint64(i.length),
+		MaxLayerLength: uint64(i.max_layer_length), MetadataBytes: uint64(i.metadata_bytes),
+	}, nil
+}
+
 func cString(s string) (*C.char, error) {
 	for i := 0; i < len(s); i++ {
 		if s[i] == 0 {

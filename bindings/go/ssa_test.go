@@ -571,9 +571,21 @@ func TestSnapshotRoundTripOrUnsupported(t *testing.T) {
 		}
 		l.Close()
 	}
+	info, err := Inspect(path)
+	must(t, err)
+	c := s.Config()
+	if info.Layers != c.Layers || info.QHeads != c.QHeads || info.KVHeads != c.KVHeads || info.HeadDim != c.HeadDim ||
+		info.DType != c.DType || info.PQSubspaces != c.PQSubspaces || info.PageTokens != c.PageTokens ||
+		info.Length != 1500 || info.MaxLayerLength != 1500 || info.Generation != 1 ||
+		info.LiveBytes == 0 || info.LiveBytes > info.FileBytes {
+		t.Fatalf("inspect: %+v for config %+v", info, c)
+	}
 	extra := normals(r, 100*row, 1)
 	must(t, s.AppendF32(0, extra, extra))
 	must(t, s.Checkpoint(path))
+	if info, err = Inspect(path); err != nil || info.Generation != 2 || info.Length != 1500 || info.MaxLayerLength != 1600 {
+		t.Fatalf("inspect after a checkpoint: %+v, %v", info, err)
+	}
 	l, err := rt.Load(path, LoadOptions{Verify: true})
 	must(t, err)
 	defer l.Close()
@@ -596,6 +608,12 @@ func TestLoadErrors(t *testing.T) {
 	}
 	if _, err := rt.Load("a\x00b", LoadOptions{}); !errors.Is(err, ErrInvalidArgument) {
 		t.Fatalf("NUL in path: %v", err)
+	}
+	if _, err := Inspect(filepath.Join(t.TempDir(), "missing.ssa")); !errors.Is(err, ErrIO) {
+		t.Fatalf("inspect of a missing file: %v", err)
+	}
+	if _, err := Inspect("a\x00b"); !errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("inspect, NUL in path: %v", err)
 	}
 }
 

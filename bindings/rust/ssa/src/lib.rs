@@ -31,7 +31,7 @@ pub use error::{Error, Result, Status};
 pub use ssa_sys as sys;
 pub use types::{
     Backend, DType, DecodeParams, DecodeStats, Element, GroupSelection, LoadOptions, Method, RuntimeOptions,
-    SessionConfig,
+    SessionConfig, SnapshotInfo,
 };
 
 /// (major, minor, patch) of the libssa actually loaded.
@@ -43,6 +43,21 @@ pub fn version() -> (u32, u32, u32) {
 
 /// (major, minor, patch) of the ssa.h these bindings were generated from.
 pub const HEADER_VERSION: (u32, u32, u32) = (sys::SSA_VERSION_MAJOR, sys::SSA_VERSION_MINOR, sys::SSA_VERSION_PATCH);
+
+/// Describes the snapshot at `path` (a session's file or a group's manifest) without
+/// loading it: the config, layer and metadata sections are read and their checksums
+/// verified; K/V pages, codes and codebooks are not read.
+pub fn inspect(path: impl AsRef<Path>) -> Result<SnapshotInfo> {
+    let p = path_cstring(path.as_ref())?;
+    // SAFETY: ssa_snapshot_info is plain data; init sets struct_size.
+    let mut info: sys::ssa_snapshot_info = unsafe { std::mem::zeroed() };
+    // SAFETY: info is valid for writes.
+    unsafe { sys::ssa_snapshot_info_init(&mut info) };
+    // SAFETY: NUL-terminated path, info initialised.
+    error::check(unsafe { sys::ssa_snapshot_inspect(p.as_ptr(), &mut info) }, "ssa_snapshot_inspect")?;
+    SnapshotInfo::from_raw(&info)
+        .ok_or_else(|| Error::invalid(format!("snapshot has an unknown dtype {}", info.kv_dtype)))
+}
 
 struct RuntimeInner {
     raw: NonNull<sys::ssa_runtime>,

@@ -498,6 +498,72 @@ impl DecodeStats {
     }
 }
 
+/// What a snapshot file holds, read without loading it ([`crate::inspect`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SnapshotInfo {
+    /// Format version of the committed superblock.
+    pub format_version: u32,
+    /// 1 after a full save, +1 per checkpoint.
+    pub generation: u64,
+    /// Bytes the committed snapshot spans in the file.
+    pub file_bytes: u64,
+    /// Bytes of sections the snapshot still uses (the rest were superseded by checkpoints).
+    pub live_bytes: u64,
+    /// Entries in the committed section table.
+    pub n_sections: u32,
+    /// Layers.
+    pub n_layers: u32,
+    /// Query heads.
+    pub n_q_heads: u32,
+    /// KV heads.
+    pub n_kv_heads: u32,
+    /// Head dimension.
+    pub head_dim: u32,
+    /// Element type of K and V.
+    pub dtype: DType,
+    /// PQ subspaces.
+    pub pq_subspaces: u32,
+    /// PQ centroids per subspace.
+    pub pq_centroids: u32,
+    /// Tokens per KV page.
+    pub page_tokens: u32,
+    /// Layers saved with trained PQ codebooks.
+    pub indexed_layers: u32,
+    /// The fingerprint the session was created with.
+    pub model_fingerprint: u64,
+    /// Tokens present in every layer.
+    pub length: u64,
+    /// Tokens of the longest layer.
+    pub max_layer_length: u64,
+    /// Size of the user metadata saved.
+    pub metadata_bytes: u64,
+}
+
+impl SnapshotInfo {
+    pub(crate) fn from_raw(i: &sys::ssa_snapshot_info) -> Option<Self> {
+        Some(SnapshotInfo {
+            format_version: i.format_version,
+            generation: i.generation,
+            file_bytes: i.file_bytes,
+            live_bytes: i.live_bytes,
+            n_sections: i.n_sections,
+            n_layers: i.n_layers,
+            n_q_heads: i.n_q_heads,
+            n_kv_heads: i.n_kv_heads,
+            head_dim: i.head_dim,
+            dtype: DType::from_raw(i.kv_dtype)?,
+            pq_subspaces: i.pq_subspaces,
+            pq_centroids: i.pq_centroids,
+            page_tokens: i.page_tokens,
+            indexed_layers: i.indexed_layers,
+            model_fingerprint: i.model_fingerprint,
+            length: i.length,
+            max_layer_length: i.max_layer_length,
+            metadata_bytes: i.metadata_bytes,
+        })
+    }
+}
+
 /// Flags of [`crate::Runtime::load`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct LoadOptions {

@@ -287,9 +287,20 @@ fn snapshot_round_trip_or_unsupported() {
         }
         assert!(rel_err(&to_f64(&t.decode_vec(1, &q, &dense()).unwrap()), &refr(&q, &k, &v)) < 1e-5);
     }
+    let info = ssa::inspect(&path).unwrap();
+    let c = s.config();
+    assert_eq!(
+        (info.n_layers, info.n_q_heads, info.n_kv_heads, info.head_dim, info.dtype),
+        (c.n_layers, c.n_q_heads, c.n_kv_heads, c.head_dim, c.dtype)
+    );
+    assert_eq!((info.pq_subspaces, info.pq_centroids, info.page_tokens), (c.pq_subspaces, c.pq_centroids, c.page_tokens));
+    assert_eq!((info.length, info.max_layer_length, info.generation), (1500, 1500, 1));
+    assert!(info.live_bytes > 0 && info.live_bytes <= info.file_bytes);
     let more = rng.normals(100 * ROW, 1.0);
     s.append(0, &more, &more).unwrap();
     s.checkpoint(&path).unwrap();
+    let info = ssa::inspect(&path).unwrap();
+    assert_eq!((info.length, info.max_layer_length, info.generation), (1500, 1600, 2));
     let t = rt.load(&path, LoadOptions { verify: true, mmap: false }).unwrap();
     assert_eq!(t.layer_len(0), 1600);
     let mut bytes = std::fs::read(&path).unwrap();
@@ -307,4 +318,8 @@ fn load_missing_file_fails_cleanly() {
     assert!(matches!(e.status(), Status::Io | Status::Unsupported), "{}", e);
     let e = rt.load("a\0b", LoadOptions::default()).unwrap_err();
     assert_eq!((e.status(), e.function()), (Status::InvalidArgument, None));
+    let e = ssa::inspect(tmp("does-not-exist.ssa")).unwrap_err();
+    assert_eq!(e.status(), Status::Io, "{}", e);
+    let e = ssa::inspect("a\0b").unwrap_err();
+    assert_eq!(e.status(), Status::InvalidArgument, "{}", e);
 }
