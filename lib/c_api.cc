@@ -10,6 +10,7 @@
 #include "absl/strings/string_view.h"
 #include "backend.h"
 #include "decode/decode.h"
+#include "decode/decode_buffers.h"
 #include "decode/decode_plan.h"
 #include "decode/decode_step.h"
 #include "decode/decode_traced.h"
@@ -188,6 +189,7 @@ ssa_status ssa_runtime_create(const ssa_runtime_options* opts, ssa_runtime** out
     rt->shard_tokens = *shard_tokens;
     rt->seed = o.seed;
     rt->pool = std::make_unique<ssa::ThreadPool>(threads);
+    rt->decode_buffers = std::make_shared<ssa::DecodeBufferPool>();
     const uint64_t cache = o.host_cache_bytes != 0 ? o.host_cache_bytes : o.device_kv_budget / 8;
     rt->budget = std::make_shared<ssa::DeviceBudget>(o.device_kv_budget, cache);
     if (o.device_kv_budget != 0) rt->budget_peers = std::make_shared<ssa::BudgetPeers>();

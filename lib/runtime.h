@@ -14,6 +14,7 @@
 #include "store/held_range.h"
 
 namespace ssa {
+class DecodeBufferPool;  // lib/decode/decode_buffers.h
 class ProcessGroup;  // lib/shard/callback_collective.h
 namespace cuda {
 class PinnedChunkPool;  // lib/cuda/pinned_chunks.h
@@ -41,6 +42,8 @@ struct ssa_runtime {
   ssa::HeldRange own;
   uint64_t seed = 0x5EED;
   std::unique_ptr<ssa::ThreadPool> pool;
+  // Buffers its CPU decodes reuse from call to call (never null).
+  std::shared_ptr<ssa::DecodeBufferPool> decode_buffers;
   // The device memory its CUDA sessions' K/V pages may use (never null; unlimited
   // unless ssa_runtime_options.device_kv_budget was set).
   std::shared_ptr<ssa::DeviceBudget> budget;

@@ -71,3 +71,82 @@ TEST_CASE("decodes beside appends, truncates and forks see whole committed state
   CHECK(decodes.load() > 30);
   CHECK(torn.load() == 0);
 }
+
+// A runtime keeps its decodes' buffers between calls (lib/decode/decode_buffers.h):
+// decodes of other shapes, lengths, methods and group modes, one after another
+// and from several threads at once, must each give what the same decode gives
+// on a runtime that never decoded before.
+TEST_CASE("decodes that reuse a runtime's buffers equal decodes on a fresh runtime") {
+  struct Shape {
+    uint32_t nq, nkv, d;
+    size_t n;
+  };
+  const Shape shapes[] = {{8, 2, 64, 5000}, {4, 4, 32, 700}, {6, 1, 48, 9000}};
+  struct Case {
+    int shape;
+    ssa_method method;
+    ssa_group_selection group;
+    float sparsity;
+  };
+  std::vector<Case> cases;
+  for (int sh = 0; sh < 3; ++sh) {
+    for (ssa_method m : {SSA_METHOD_SSA, SSA_METHOD_PQ_TOPK, SSA_METHOD_SSA_ADAPTIVE, SSA_METHOD_DENSE}) {
+      cases.push_back({sh, m, SSA_GROUP_OFF, 20.0f});
+    }
+    cases.push_back({sh, SSA_METHOD_SSA, SSA_GROUP_MIXTURE, 10.0f});
+    cases.push_back({sh, SSA_METHOD_SAMPLING, SSA_GROUP_MEAN_QUERY, 50.0f});
+  }
+  auto fill = [&](ssa_runtime* rt, int sh) {
+    const Shape& x = shapes[sh];
+    StructuredOptions o;
+    o.seed = 17u + static_cast<uint64_t>(sh);
+    const auto ctx = make_structured_context(x.n, x.nkv, x.nq, x.d, o);
+    auto cfg = make_config(1, x.nq, x.nkv, x.d, SSA_DTYPE_F32);
+    cfg.index_min_tokens = 512;
+    auto s = make_session(rt, cfg);
+    append_f32(s.get(), 0, ctx.K, ctx.V, x.n, SSA_DTYPE_F32);
+    return std::make_pair(std::move(s), ctx.q);
+  };
+  auto decode = [&](ssa_session* s, const std::vector<float>& q, const Case& c, uint64_t step) {
+    ssa_decode_params p = params(c.method, 0, c.sparsity);
+    p.group_selection = c.group;
+    p.step = step;
+    p.n_sink = 16;
+    p.n_local = 32;
+    return run_decode(s, 0, q, SSA_DTYPE_F32, p);
+  };
+  // References: each case on its own runtime, its first decode.
+  std::vector<std::vector<float>> want;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    auto rt = make_runtime(2);
+    auto [s, q] = fill(rt.get(), cases[i].shape);
+    want.push_back(decode(s.get(), q, cases[i], i));
+  }
+  auto rt = make_runtime(2);
+  std::vector<std::pair<SessionPtr, std::vector<float>>> sessions;
+  for (int sh = 0; sh < 3; ++sh) sessions.push_back(fill(rt.get(), sh));
+  // In turn, largest context first so later, smaller decodes find larger buffers.
+  for (int round = 0; round < 2; ++round) {
+    for (size_t k = 0; k < cases.size(); ++k) {
+      const size_t i = round == 0 ? (k + 2 * cases.size() / 3) % cases.size() : cases.size() - 1 - k;
+      auto& [s, q] = sessions[cases[i].shape];
+      CHECK_MESSAGE(decode(s.get(), q, cases[i], i) == want[i], "case " << i << " round " << round);
+    }
+  }
+  // At once: three threads, each through every case in its own order.
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 3; ++t) {
+    threads.emplace_back([&, t] {
+      for (int r = 0; r < 3; ++r) {
+        for (size_t k = 0; k < cases.size(); ++k) {
+          const size_t i = (k * (t + 1) + r) % cases.size();
+          auto& [s, q] = sessions[cases[i].shape];
+          if (decode(s.get(), q, cases[i], i) != want[i]) ++wrong;
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  CHECK(wrong.load() == 0);
+}

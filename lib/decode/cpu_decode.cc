@@ -10,6 +10,7 @@
 #include "cpu/attention.h"
 #include "cpu/simd.h"
 #include "candidate_scores.h"
+#include "decode_buffers.h"
 #include "decode_plan.h"
 #include "fixed_splits.h"
 #include "shard/sharded_decode.h"
@@ -229,11 +230,9 @@ void select_group(const ssa_session& s, const LayerStore& layer, uint32_t layer_
 // Stage 4 for all heads: partials over the fixed splits (lib/decode/split_attention.h)
 // of sink, local and selected rows, merged in split order.
 void attend_selected(const ssa_session& s, const LayerStore& layer, const float* q,
-                     const DecodePlan& plan, const std::vector<Selection>& sels, bool shared,
-                     std::vector<AttnPartial>* heads) {
-  std::vector<AttnPartial> parts;
-  sparse_split_partials(s.layout, layer, 0, plan, q, sels, shared, *s.rt->pool, &parts);
-  merge_split_partials(s.layout, parts, splits_for(layer.n_tokens), heads);
+                     const DecodePlan& plan, DecodeBuffers& buf, bool shared, std::vector<AttnPartial>* heads) {
+  sparse_split_partials(s.layout, layer, 0, plan, q, buf.sels, shared, *s.rt->pool, &buf.split, &buf.parts);
+  merge_split_partials(s.layout, buf.parts, splits_for(layer.n_tokens), heads);
 }
 
 void trace_selection(const DecodePlan& plan, const Selection& sel, HeadTrace* trace) {
@@ -269,11 +268,11 @@ absl::Status cpu_decode_layer(const ssa_session& s, const LayerStore& layer, uin
   std::vector<HeadStats> hstats(nq);
   if (traces != nullptr) traces->assign(nq, HeadTrace{});
 
+  const DecodeBufferPool::Lease buf = s.rt->decode_buffers->acquire();
   const auto t_start = Clock::now();
   if (plan.dense) {
-    std::vector<AttnPartial> parts;
-    dense_split_partials(layout, layer, q.data(), pool, &parts);
-    merge_split_partials(layout, parts, splits_for(plan.n), &heads);
+    dense_split_partials(layout, layer, q.data(), pool, &buf->parts);
+    merge_split_partials(layout, buf->parts, splits_for(plan.n), &heads);
     for (uint32_t h = 0; h < nq; ++h) {
       hstats[h].read = plan.n;
       if (plan.targeted) hstats[h].target.budget = plan.n;
@@ -281,7 +280,9 @@ absl::Status cpu_decode_layer(const ssa_session& s, const LayerStore& layer, uin
     }
     if (profile != nullptr) profile->attention += seconds_since(t_start);
   } else {
-    std::vector<Selection> sels(nq);
+    std::vector<Selection>& sels = buf->sels;
+    sels.resize(nq);
+    for (Selection& sel : sels) sel.clear();  // a kept set's capacity, not its contents
     if (p.group_selection != SSA_GROUP_OFF) {
       pool.parallel_for(layout.n_kv_heads, [&](size_t kv) {
         select_group(s, layer, layer_index, static_cast<uint32_t>(kv), q.data(), plan, p, seed,
@@ -317,7 +318,7 @@ absl::Status cpu_decode_layer(const ssa_session& s, const LayerStore& layer, uin
       });
     }
     const auto t_attn = Clock::now();
-    attend_selected(s, layer, q.data(), plan, sels, p.group_selection != SSA_GROUP_OFF, &heads);
+    attend_selected(s, layer, q.data(), plan, *buf, p.group_selection != SSA_GROUP_OFF, &heads);
     if (profile != nullptr) profile->attention += seconds_since(t_attn) * pool.num_threads();
   }
 

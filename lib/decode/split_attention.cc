@@ -48,20 +48,23 @@ void dense_split_partials(const KvLayout& layout, const LayerStore& layer, const
 
 void sparse_split_partials(const KvLayout& layout, const LayerStore& layer, uint64_t origin,
                            const DecodePlan& plan, const float* q, const std::vector<Selection>& sels,
-                           bool shared, ThreadPool& pool, std::vector<AttnPartial>* parts) {
+                           bool shared, ThreadPool& pool, SplitEntries* scratch, std::vector<AttnPartial>* parts) {
   const uint32_t d = layout.head_dim, g = layout.group_size(), nkv = layout.n_kv_heads;
   const uint64_t n = layer.n_tokens, n_splits = splits_for(n);
   shared = shared && g > 1;
   // The union of a group's selections in token order (then head), and where
   // each split's entries begin.
-  std::vector<std::vector<GroupEntry>> entries(nkv);
-  std::vector<std::vector<size_t>> split_begin(nkv);
+  std::vector<std::vector<GroupEntry>>& entries = scratch->entries;
+  std::vector<std::vector<size_t>>& split_begin = scratch->split_begin;
+  entries.resize(nkv);
+  split_begin.resize(nkv);
   // Built and sorted in parallel: a group selection at 1M tokens and 50x holds
   // ~80K entries per group.
   pool.parallel_for(nkv, [&](size_t kv) {
     auto& e = entries[kv];
     size_t count = 0;
     for (uint32_t j = 0; j < (shared ? 1 : g); ++j) count += sels[kv * g + j].tokens.size();
+    e.clear();
     e.reserve(count);
     for (uint32_t j = 0; j < (shared ? 1 : g); ++j) {
       const Selection& sel = sels[kv * g + j];

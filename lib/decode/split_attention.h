@@ -10,6 +10,7 @@
 
 #include "cpu/attention.h"
 #include "cpu/thread_pool.h"
+#include "decode_buffers.h"
 #include "decode_plan.h"
 #include "select/selection.h"
 #include "store/kv_layout.h"
@@ -29,10 +30,12 @@ void dense_split_partials(const KvLayout& layout, const LayerStore& layer, const
 // sparse: the plan's sink and local rows (absolute tokens, clipped to this
 // layer's part) and the selected rows of every query head (sels[h].tokens in
 // this layer's own indices; with `shared`, sels[kv * g] serves the whole group,
-// read once for all its heads).
+// read once for all its heads). scratch: the group entries' buffers (any
+// contents; lib/decode/decode_buffers.h).
 void sparse_split_partials(const KvLayout& layout, const LayerStore& layer, uint64_t origin,
                            const DecodePlan& plan, const float* q, const std::vector<Selection>& sels,
-                           bool shared, ThreadPool& pool, std::vector<AttnPartial>* parts);
+                           bool shared, ThreadPool& pool, SplitEntries* scratch,
+                           std::vector<AttnPartial>* parts);
 
 // heads[h] = the merge of head h's partials in split order (parts laid out as
 // above, n_splits per KV head).

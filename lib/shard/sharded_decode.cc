@@ -330,8 +330,9 @@ absl::Status rank_decode(Shared& sh, Collective& comm) {
     std::vector<Selection> sels(layout.n_q_heads);
     if (sh.plan.selects()) SSA_RETURN_IF_ERROR(select_units(sh, comm, view, &sels));
     if (sh.rank_sels != nullptr) (*sh.rank_sels)[comm.rank()] = sels;
+    SplitEntries scratch;
     sparse_split_partials(layout, view, range.begin, sh.plan, sh.q.data(), sels,
-                          sh.p.group_selection != SSA_GROUP_OFF, pool, &parts);
+                          sh.p.group_selection != SSA_GROUP_OFF, pool, &scratch, &parts);
   }
   return merge_partials(sh, comm, parts);
 }

@@ -1,0 +1,56 @@
+// What a CPU decode of one layer fills and drops at every call: each query
+// head's selection, the group entries the split attention sorts, the partials.
+// At a million tokens these are megabytes; allocated fresh per call, the kernel
+// maps, zero-fills and unmaps them every time (about a twentieth of a decode's
+// time). A runtime keeps a few sets between decodes (DecodeBufferPool), one per
+// decode running at once, so their capacity is reused. The contents carry no
+// meaning between decodes: every user clears or overwrites what it reads.
+#pragma once
+
+#include <stddef.h>
+
+#include <memory>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "cpu/attention.h"
+#include "select/selection.h"
+
+namespace ssa {
+
+// The union of a KV group's selections in token order and where each split's
+// entries begin (lib/decode/split_attention.cc), one vector per KV head.
+struct SplitEntries {
+  std::vector<std::vector<GroupEntry>> entries;
+  std::vector<std::vector<size_t>> split_begin;
+};
+
+struct DecodeBuffers {
+  std::vector<Selection> sels;
+  SplitEntries split;
+  std::vector<AttnPartial> parts;
+};
+
+class DecodeBufferPool {
+ public:
+  struct Return {
+    DecodeBufferPool* pool;
+    void operator()(DecodeBuffers* b) const { pool->give_back(b); }
+  };
+  using Lease = std::unique_ptr<DecodeBuffers, Return>;
+
+  // A set of buffers for one decode (a kept one, or new); it goes back to the
+  // pool when the lease ends. Thread-safe. The pool must outlive its leases.
+  Lease acquire();
+
+ private:
+  void give_back(DecodeBuffers* b);
+
+  // Sets kept beyond this many are freed: they were made by a burst of
+  // concurrent decodes, and each may hold megabytes.
+  static constexpr size_t kKeep = 4;
+  absl::Mutex mu_;
+  std::vector<std::unique_ptr<DecodeBuffers>> free_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace ssa
