@@ -466,7 +466,12 @@ func (r *Runtime) decodeBatch(b []batchEntry, layer int, params *DecodeParams) e
 	for _, e := range b {
 		total += 2 * e.nq * e.elem
 	}
-	items := (*[1 << 28]C.ssa_decode_item)(C.malloc(C.size_t(len(b)) * C.size_t(unsafe.Sizeof(C.ssa_decode_item{}))))[:len(b):len(b)]
+	// Zeroed: storing a pointer field from Go runs the write barrier, which also
+	// reads the field's old value as a pointer. Left from malloc, that value can be
+	// a stale address inside the Go heap (a C buffer that once held a q or out
+	// pointer of a single decode), and the collector then fails with "found bad
+	// pointer in Go heap".
+	items := (*[1 << 28]C.ssa_decode_item)(C.calloc(C.size_t(len(b)), C.size_t(unsafe.Sizeof(C.ssa_decode_item{}))))[:len(b):len(b)]
 	defer C.free(unsafe.Pointer(&items[0]))
 	buf := C.malloc(C.size_t(total))
 	defer C.free(buf)
