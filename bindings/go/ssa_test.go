@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"runtime"
 	"sync"
 	"testing"
 	"unsafe"
@@ -508,6 +509,50 @@ func TestBatch(t *testing.T) {
 	if !errors.As(err, &e) || e.Op != "ssa_decode_batch" {
 		t.Fatalf("bad layer: %v", err)
 	}
+}
+
+// Batches while the collector runs: the binding stores Go-typed pointer fields
+// into C memory, and the write barrier reads what each field held before. Single
+// decodes in between leave Go addresses (their q and out) in freed C memory that
+// a batch's staging can reuse; left uninitialised, the collector finds them.
+func TestBatchDuringCollection(t *testing.T) {
+	rt := cpuRuntime(t, 0)
+	r := rand.New(rand.NewSource(21))
+	a, b := newSession(t, rt, 1, F32), newSession(t, rt, 1, F32)
+	kv := normals(r, 200*row, 1)
+	must(t, a.AppendF32(0, kv, kv))
+	must(t, b.AppendF32(0, kv, kv))
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				runtime.GC()
+			}
+		}
+	}()
+	p := WithMethod(MethodDense)
+	for i := 0; i < 3000; i++ {
+		q := normals(r, qLen, 1)
+		single := make([]float32, qLen)
+		_, err := a.DecodeF32(0, q, single, p)
+		must(t, err)
+		// Batches of 1 to 6 items: item arrays of several allocation sizes.
+		items := make([]BatchItemF32, 1+i%6)
+		for j := range items {
+			items[j] = BatchItemF32{[]*Session{a, b}[j%2], q, make([]float32, qLen)}
+		}
+		must(t, rt.DecodeBatchF32(items, 0, p))
+		if !reflect.DeepEqual(items[0].Out, single) {
+			t.Fatalf("batch %d differs from the single decode", i)
+		}
+	}
+	close(stop)
+	<-done
 }
 
 func TestCloseOrder(t *testing.T) {
