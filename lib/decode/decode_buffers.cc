@@ -5,7 +5,7 @@ namespace ssa {
 DecodeBufferPool::Lease DecodeBufferPool::acquire() {
   std::unique_ptr<DecodeBuffers> b;
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     if (!free_.empty()) {
       b = std::move(free_.back());
       free_.pop_back();
@@ -17,7 +17,7 @@ DecodeBufferPool::Lease DecodeBufferPool::acquire() {
 
 void DecodeBufferPool::give_back(DecodeBuffers* b) {
   std::unique_ptr<DecodeBuffers> owned(b);
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   if (free_.size() < kKeep) free_.push_back(std::move(owned));
 }
 
