@@ -115,12 +115,16 @@ def _storage(manifest: dict, mpath: str) -> dict:
     return made
 
 
-def _inspect(path: str, row: str):
+def _row_error(e: Error, rpath: str) -> Error:
+    """The library's error about a row snapshot, naming the row."""
+    return type(e)("SSACache.load: %s: %s" % (rpath, e.message), e.status, e.function)
+
+
+def _inspect(rpath: str):
     try:
-        return _core.inspect(os.path.join(path, row))
+        return _core.inspect(rpath)
     except Error as e:
-        raise type(e)("SSACache.load: %s: %s" % (os.path.join(path, row), e.message), e.status,
-                      e.function) from None
+        raise _row_error(e, rpath) from None
 
 
 def _check_storage(session, storage: dict, rpath: str, mpath: str) -> None:
@@ -175,20 +179,20 @@ def load(cls, path, model, backend, observer, threads, device, runtime=None, gro
     if "storage" not in manifest:
         # Saved before the manifest recorded the storage: the PQ shape is the rows'
         # own (a 4-bit proxy's 32 x 16), which every row must then share.
-        info = _inspect(path, rows[0])
+        info = _inspect(os.path.join(path, rows[0]))
         expect.update(pq_subspaces=info.pq_subspaces, pq_centroids=info.pq_centroids)
     else:
         expect.update({k: storage[k] for k in ("pq_subspaces", "pq_centroids") if k in storage})
     sessions = []
     try:
         for r in rows:
+            rpath = os.path.join(path, r)
             try:
-                s = cache.runtime.load(os.path.join(path, r), expect=expect)
+                s = cache.runtime.load(rpath, expect=expect)
             except Error as e:
-                raise type(e)("SSACache.load: %s: %s" % (os.path.join(path, r), e.message), e.status,
-                              e.function) from None
+                raise _row_error(e, rpath) from None
             sessions.append(s)
-            _check_storage(s, storage, os.path.join(path, r), mpath)
+            _check_storage(s, storage, rpath, mpath)
         if "storage" not in manifest and sessions[0].config.proxy.name.endswith("4"):
             cache._storage.update(_runtime.check_proxy(sessions[0].config.proxy.name))
         if manifest.get("padded") is False:
