@@ -128,6 +128,8 @@ class Snapshot:
         rot = 4 * square if self.rotated else 0
         if self.query_aware:
             rot += 4 * square + 8 * n_kv + 8 * square
+            if self.version >= 4:  # the recent queries: counts, then [n_kv][256][d] floats
+                rot += 8 * n_kv + 4 * n_kv * 256 * self.d
         if (n_kv, M, K, sub * M) != (self.n_kv, self.M, self.K, self.d) or s[0][3] != 16 + 4 * n_kv * M * K * sub + rot:
             raise ValueError("codebook shape")
         return np.frombuffer(self.buf, np.float32, n_kv * M * K * sub, off + 16).reshape(n_kv, M, K, sub)

@@ -49,7 +49,7 @@ uint32_t CentroidSearch::nearest(const float* x) const {
 }
 
 void kmeans_pp_seed(const float* points, size_t n, uint32_t dim, uint32_t k, uint64_t seed,
-                    float* centroids) {
+                    float* centroids, const float* weights) {
   if (n == 0) {
     memset(centroids, 0, sizeof(float) * k * dim);
     return;
@@ -65,15 +65,22 @@ void kmeans_pp_seed(const float* points, size_t n, uint32_t dim, uint32_t k, uin
 
   // k-means++ (first centroid uniform, each next with probability ~ D(x)^2, in
   // the integer weights of kmeans_pp_rule.h) on an evenly spread subset.
-  std::vector<float> subset;
+  std::vector<float> subset, subset_weights;
   if (n > kKmeansPpMaxPoints) {
     subset.resize(size_t{kKmeansPpMaxPoints} * dim);
+    if (weights != nullptr) subset_weights.resize(kKmeansPpMaxPoints);
     for (size_t i = 0; i < kKmeansPpMaxPoints; ++i) {
-      memcpy(&subset[i * dim], points + kmeans_pp_subset_point(i, n) * dim, sizeof(float) * dim);
+      const uint64_t src = kmeans_pp_subset_point(i, n);
+      memcpy(&subset[i * dim], points + src * dim, sizeof(float) * dim);
+      if (weights != nullptr) subset_weights[i] = weights[src];
     }
     points = subset.data();
+    if (weights != nullptr) weights = subset_weights.data();
     n = kKmeansPpMaxPoints;
   }
+  // A point's draw weight: D^2, times its weight if it has one (a float
+  // product, so the integer rule's bounds hold for it as for D^2).
+  auto draw = [weights](float dist2, size_t i) { return weights != nullptr ? dist2 * weights[i] : dist2; };
   std::vector<float> d2(n);
   size_t first = static_cast<size_t>(rng.next() * static_cast<double>(n));
   if (first >= n) first = n - 1;
@@ -81,11 +88,11 @@ void kmeans_pp_seed(const float* points, size_t n, uint32_t dim, uint32_t k, uin
   float max_d2 = 0.0f;
   for (size_t i = 0; i < n; ++i) {
     d2[i] = kmeans_pp_sq_dist(points + i * dim, centroids, dim);
-    max_d2 = std::max(max_d2, d2[i]);
+    max_d2 = std::max(max_d2, draw(d2[i], i));
   }
   const double scale = kmeans_pp_scale(max_d2);
   uint64_t total = 0;
-  for (size_t i = 0; i < n; ++i) total += kmeans_pp_weight(d2[i], scale);
+  for (size_t i = 0; i < n; ++i) total += kmeans_pp_weight(draw(d2[i], i), scale);
   for (uint32_t c = 1; c < k; ++c) {
     size_t pick = n - 1;
     const double u = rng.next();
@@ -93,7 +100,7 @@ void kmeans_pp_seed(const float* points, size_t n, uint32_t dim, uint32_t k, uin
       const uint64_t target = kmeans_pp_target(u, total);
       uint64_t run = 0;
       for (size_t i = 0; i < n; ++i) {
-        run += kmeans_pp_weight(d2[i], scale);
+        run += kmeans_pp_weight(draw(d2[i], i), scale);
         if (run > target) {
           pick = i;
           break;
@@ -108,14 +115,14 @@ void kmeans_pp_seed(const float* points, size_t n, uint32_t dim, uint32_t k, uin
     for (size_t i = 0; i < n; ++i) {
       const float d = kmeans_pp_sq_dist(points + i * dim, cen, dim);
       if (d < d2[i]) d2[i] = d;
-      total += kmeans_pp_weight(d2[i], scale);
+      total += kmeans_pp_weight(draw(d2[i], i), scale);
     }
   }
 }
 
 double kmeans_train(const float* points, size_t n, uint32_t dim, uint32_t k,
-                    uint32_t iterations, uint64_t seed, float* centroids) {
-  kmeans_pp_seed(points, n, dim, k, seed, centroids);
+                    uint32_t iterations, uint64_t seed, float* centroids, const float* weights) {
+  kmeans_pp_seed(points, n, dim, k, seed, centroids, weights);
   if (n <= k) return 0.0;
   const RngStream restarts = kmeans_stream(seed);
   uint32_t n_restarts = 0;
@@ -124,6 +131,7 @@ double kmeans_train(const float* points, size_t n, uint32_t dim, uint32_t k,
   std::vector<uint32_t> assign(n);
   std::vector<double> sums(size_t{k} * dim);
   std::vector<uint32_t> counts(k);
+  std::vector<double> mass(weights != nullptr ? k : 0);  // the clusters' summed weights
   double mse = 0.0;
   for (uint32_t it = 0; it <= iterations; ++it) {
     mse = 0.0;
@@ -137,10 +145,17 @@ double kmeans_train(const float* points, size_t n, uint32_t dim, uint32_t k,
     if (it == iterations) break;
     std::fill(sums.begin(), sums.end(), 0.0);
     std::fill(counts.begin(), counts.end(), 0u);
+    std::fill(mass.begin(), mass.end(), 0.0);
     for (size_t i = 0; i < n; ++i) {
       double* s = sums.data() + size_t{assign[i]} * dim;
       const float* x = points + i * dim;
-      for (uint32_t j = 0; j < dim; ++j) s[j] += x[j];
+      if (weights != nullptr) {
+        const double w = weights[i];
+        for (uint32_t j = 0; j < dim; ++j) s[j] += w * x[j];
+        mass[assign[i]] += w;
+      } else {
+        for (uint32_t j = 0; j < dim; ++j) s[j] += x[j];
+      }
       ++counts[assign[i]];
     }
     for (uint32_t c = 0; c < k; ++c) {
@@ -152,7 +167,7 @@ double kmeans_train(const float* points, size_t n, uint32_t dim, uint32_t k,
         memcpy(cen, points + pick * dim, sizeof(float) * dim);
         continue;
       }
-      const double inv = 1.0 / counts[c];
+      const double inv = 1.0 / (weights != nullptr ? mass[c] : counts[c]);
       for (uint32_t j = 0; j < dim; ++j) cen[j] = static_cast<float>(sums[size_t{c} * dim + j] * inv);
     }
   }

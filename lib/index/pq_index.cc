@@ -5,6 +5,7 @@
 
 #include "common/dtype.h"
 #include "cpu/simd.h"
+#include "key_weights.h"
 #include "kmeans.h"
 #include "kmeans_rng.h"
 #include "proxy_kind.h"
@@ -181,6 +182,24 @@ absl::StatusOr<CodebooksRef> train_codebooks_on(const KvLayout& layout, const st
                             books->query_transform.data() + h * d * d);
     });
   }
+  // The query-aware proxies weigh each training key by how often the layer's
+  // recent queries rank it high (key_weights.h); without recent queries every
+  // key weighs 1.
+  std::vector<float> weights;
+  const QueryMoments* seen = proxy_is_query_aware(proxy) ? moments.get() : nullptr;
+  bool weighted = false;
+  if (seen != nullptr && seen->recent_count.size() == H) {
+    for (uint32_t h = 0; h < H; ++h) weighted |= seen->recent_count[h] > 0;
+  }
+  if (weighted) {
+    weights.assign(size_t{H} * n, 1.0f);
+    pool.parallel_for(H, [&](size_t h) {
+      const uint32_t kv = static_cast<uint32_t>(h);
+      if (seen->recent_count[kv] == 0) return;
+      heavy_key_weights(keys.data() + h * n * d, n, d, seen->recent_of(kv), static_cast<uint32_t>(seen->recent_count[kv]),
+                        weights.data() + h * n);
+    });
+  }
   // Subspace-major, so every (head, subspace) k-means reads one contiguous
   // [n][dsub] array.
   std::vector<float> points(size_t{H} * M * n * dsub);
@@ -194,7 +213,7 @@ absl::StatusOr<CodebooksRef> train_codebooks_on(const KvLayout& layout, const st
     pool.parallel_for(size_t{H} * M, [&](size_t hm) {
       const uint32_t h = static_cast<uint32_t>(hm / M), m = static_cast<uint32_t>(hm % M);
       kmeans_train(points.data() + hm * n * dsub, n, dsub, K, iterations, codebook_seed(h, m, M),
-                   books->mutable_centroid(h, m, 0));
+                   books->mutable_centroid(h, m, 0), weighted ? weights.data() + size_t{h} * n : nullptr);
     });
     if (round + 1 == rounds) break;
     pool.parallel_for(H, [&](size_t h) {

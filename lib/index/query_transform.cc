@@ -74,6 +74,10 @@ std::shared_ptr<QueryMoments> add_query_moments(const QueryMoments* prev, uint32
     m->count.assign(n_kv, 0);
     m->sum.assign(size_t{n_kv} * d * d, 0.0);
   }
+  if (m->recent_count.empty()) {  // moments read from a file that kept no recent queries
+    m->recent_count.assign(n_kv, 0);
+    m->recent.assign(size_t{n_kv} * kRecentQueries * d, 0.0f);
+  }
   const uint32_t g = n_q / n_kv;
   for (uint32_t h = 0; h < n_kv; ++h) {
     double* s = m->sum.data() + size_t{h} * d * d;
@@ -90,6 +94,22 @@ std::shared_ptr<QueryMoments> add_query_moments(const QueryMoments* prev, uint32
     for (uint32_t a = 0; a < d; ++a)  // the sums stay exactly symmetric
       for (uint32_t b = 0; b < a; ++b) s[size_t{a} * d + b] = s[size_t{b} * d + a];
     m->count[h] += n * g;
+    // The window of recent queries: the kept ones, then these, the last
+    // kRecentQueries of them.
+    float* kept = m->recent.data() + size_t{h} * kRecentQueries * d;
+    const uint64_t fresh = n * g, have = m->recent_count[h];
+    const uint64_t keep_old = fresh >= kRecentQueries ? 0 : std::min<uint64_t>(have, kRecentQueries - fresh);
+    std::vector<float> window;
+    window.reserve(size_t{kRecentQueries} * d);
+    window.insert(window.end(), kept + (have - keep_old) * d, kept + have * d);
+    for (uint64_t i = fresh - std::min<uint64_t>(fresh, kRecentQueries); i < fresh; ++i) {
+      const uint64_t t = i / g, j = i % g;
+      const float* x = q + (t * n_q + size_t{h} * g + j) * d;
+      window.insert(window.end(), x, x + d);
+    }
+    std::fill(kept, kept + size_t{kRecentQueries} * d, 0.0f);
+    std::copy(window.begin(), window.end(), kept);
+    m->recent_count[h] = window.size() / d;
   }
   return m;
 }
@@ -97,7 +117,9 @@ std::shared_ptr<QueryMoments> add_query_moments(const QueryMoments* prev, uint32
 uint64_t query_moments_hash(const QueryMoments* m) {
   if (m == nullptr) return 0;
   const uint64_t seed = XXH3_64bits(m->count.data(), m->count.size() * sizeof(uint64_t));
-  const uint64_t h = XXH3_64bits_withSeed(m->sum.data(), m->sum.size() * sizeof(double), seed);
+  const uint64_t sums = XXH3_64bits_withSeed(m->sum.data(), m->sum.size() * sizeof(double), seed);
+  const uint64_t counts = XXH3_64bits_withSeed(m->recent_count.data(), m->recent_count.size() * sizeof(uint64_t), sums);
+  const uint64_t h = XXH3_64bits_withSeed(m->recent.data(), m->recent.size() * sizeof(float), counts);
   return h == 0 ? 1 : h;
 }
 

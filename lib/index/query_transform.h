@@ -35,11 +35,13 @@ void query_aware_transform(const float* x, size_t n, uint32_t d, uint32_t subspa
 
 // `prev` (null: none yet) plus n queries q ([n][n_q][d] floats; query head h
 // belongs to KV head h / (n_q / n_kv)): each KV head's count grows by n times
-// its group size and its sum by q q^T of each of its query heads' queries.
+// its group size and its sum by q q^T of each of its query heads' queries, and
+// its recent queries end with these (the last kRecentQueries in all).
 std::shared_ptr<QueryMoments> add_query_moments(const QueryMoments* prev, uint32_t n_kv, uint32_t n_q, uint32_t d,
                                                 const float* q, uint64_t n);
 
-// A hash of the counts and sums (0 for null: no query observed), so that
+// A hash of the counts, sums and recent queries (0 for null: no query
+// observed), so that
 // processes that must have observed the same queries can compare them.
 uint64_t query_moments_hash(const QueryMoments* m);
 

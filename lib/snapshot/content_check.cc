@@ -199,6 +199,31 @@ absl::Status check_query_moments(const QueryMoments& qm, const std::string& path
       }
     }
   }
+  if (qm.recent_count.empty()) return absl::OkStatus();  // a version 3 file: none kept
+  for (uint32_t h = 0; h < qm.n_kv_heads; ++h) {
+    const uint64_t kept = qm.recent_count[h];
+    if (kept > kRecentQueries || kept > qm.count[h]) {
+      return make_error(SSA_ERR_CORRUPT, absl::StrCat("snapshot '", path, "': layer ", layer, " KV head ", h, " keeps ",
+                                                      kept, " recent queries of ", qm.count[h], " observed (at most ",
+                                                      kRecentQueries, ")"));
+    }
+    // Each kept query is one of the observed ones, so its squared entries are
+    // parts of the moment sums' diagonal; the rows after the kept ones are zero.
+    const double* s = qm.sum_of(h);
+    const float* rows = qm.recent_of(h);
+    for (uint64_t r = 0; r < kRecentQueries; ++r) {
+      for (uint32_t a = 0; a < d; ++a) {
+        const double v = rows[r * d + a];
+        const bool bad = !std::isfinite(v) || (r >= kept ? v != 0.0 : v * v > s[size_t{a} * d + a] * (1 + 1e-6) + 1e-30);
+        if (bad) {
+          return make_error(SSA_ERR_CORRUPT,
+                            absl::StrCat("snapshot '", path, "': layer ", layer, " KV head ", h, " recent query ", r,
+                                         " entry ", a, " = ", v, " is not one of the observed queries (", kept,
+                                         " kept)"));
+        }
+      }
+    }
+  }
   return absl::OkStatus();
 }
 

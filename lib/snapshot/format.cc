@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "index/proxy_kind.h"
+#include "store/query_moments.h"
 
 namespace ssa::snap {
 
@@ -142,13 +143,16 @@ absl::Status decode_config(const uint8_t in[kConfigBytes], uint32_t format_versi
   return absl::OkStatus();
 }
 
-uint64_t codebooks_section_bytes(const ssa_session_config& cfg) {
+uint64_t codebooks_section_bytes(const ssa_session_config& cfg, uint32_t format_version) {
   const uint64_t floats = uint64_t{cfg.n_kv_heads} * cfg.pq_centroids * cfg.head_dim;
   const uint64_t square = uint64_t{cfg.n_kv_heads} * cfg.head_dim * cfg.head_dim;
-  const uint64_t transforms = proxy_is_query_aware(cfg.proxy) ? 2 * square : proxy_has_rotation(cfg.proxy) ? square : 0;
-  const uint64_t moments =
-      proxy_is_query_aware(cfg.proxy) ? uint64_t{cfg.n_kv_heads} * sizeof(uint64_t) + square * sizeof(double) : 0;
-  return kCodebooksHeaderBytes + (floats + transforms) * sizeof(float) + moments;
+  const bool query_aware = proxy_is_query_aware(cfg.proxy);
+  const uint64_t transforms = query_aware ? 2 * square : proxy_has_rotation(cfg.proxy) ? square : 0;
+  const uint64_t moments = query_aware ? uint64_t{cfg.n_kv_heads} * sizeof(uint64_t) + square * sizeof(double) : 0;
+  const uint64_t recent = query_aware && format_version >= 4
+                              ? uint64_t{cfg.n_kv_heads} * (sizeof(uint64_t) + sizeof(float) * uint64_t{kRecentQueries} * cfg.head_dim)
+                              : 0;
+  return kCodebooksHeaderBytes + (floats + transforms) * sizeof(float) + moments + recent;
 }
 
 SectionEntry decode_entry(const uint8_t* p) {

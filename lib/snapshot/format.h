@@ -25,7 +25,9 @@ namespace ssa::snap {
 // the 4-bit proxies (values 2 and 3 of that word; code pages of two codes per
 // byte), the query-aware proxies 4 and 5 (transforms and query moments in the
 // codebooks section) and the config's float at offset 80 (pq_parallel_weight).
-inline constexpr uint32_t kFormatVersion = 3;
+// Version 4 adds the recent queries after the query moments of a query-aware
+// codebooks section.
+inline constexpr uint32_t kFormatVersion = 4;
 
 inline constexpr char kMagic[8] = {'\x89', 'S', 'S', 'A', 'S', 'N', 'P', '\n'};
 inline constexpr char kTableMagic[8] = {'S', 'S', 'A', 'T', 'A', 'B', 'L', 'E'};
@@ -118,7 +120,9 @@ inline constexpr uint32_t kLayerHasCodebooks = 1u;
 // the centroids, then (SSA_PROXY_OPQ, _OPQ4) the rotations [n_kv_heads][d][d],
 // or (SSA_PROXY_QPQ, _QPQ4) the key transforms and the query transforms (each
 // [n_kv_heads][d][d] f32), the query counts [n_kv_heads] u64 and the query
-// moment sums [n_kv_heads][d][d] f64 they were learned from.
+// moment sums [n_kv_heads][d][d] f64 they were learned from, then (version >= 4)
+// the recent query counts [n_kv_heads] u64 and the recent queries
+// [n_kv_heads][kRecentQueries][d] f32 (store/query_moments.h).
 inline constexpr uint32_t kCodebooksHeaderBytes = 16;
 inline constexpr size_t kConfigProxyOff = 52;   // version >= 2; reserved (ignored) in 1
 inline constexpr size_t kConfigWeightOff = 80;  // version >= 3; reserved (ignored) before
@@ -132,8 +136,9 @@ void encode_config(const ssa_session_config& cfg, uint64_t kv_page_bytes,
 absl::Status decode_config(const uint8_t in[kConfigBytes], uint32_t format_version,
                            ssa_session_config* cfg, uint64_t* kv_page_bytes,
                            uint64_t* code_page_bytes);
-// Bytes of a codebooks section for cfg (head_dim = pq_subspaces * sub_dim).
-uint64_t codebooks_section_bytes(const ssa_session_config& cfg);
+// Bytes of a codebooks section for cfg (head_dim = pq_subspaces * sub_dim) in a
+// file of format_version.
+uint64_t codebooks_section_bytes(const ssa_session_config& cfg, uint32_t format_version);
 
 // Shard section (64 bytes): u64 set_id, u32 rank, u32 n_ranks, u64
 // shard_tokens, 40 reserved zero bytes. The file holds the pages of the tokens

@@ -519,7 +519,7 @@ absl::Status parse(const std::string& path, int fd, Parsed* p) {
         return corrupt(path, describe(e, i), L.has_codebooks ? " is a second one for its layer"
                                                              : " belongs to a layer without codebooks");
       }
-      const uint64_t bytes = snap::codebooks_section_bytes(p->cfg);
+      const uint64_t bytes = snap::codebooks_section_bytes(p->cfg, p->sb.format_version);
       if (e.length != bytes) {
         return corrupt(path, describe(e, i), " has ", e.length, " bytes, expected ", bytes);
       }
@@ -941,6 +941,14 @@ absl::StatusOr<std::unique_ptr<ssa_session>> load(ssa_runtime* rt, const char* p
           at += qm->count.size() * sizeof(uint64_t);
           qm->sum.resize(square);
           memcpy(qm->sum.data(), at, square * sizeof(double));
+          at += square * sizeof(double);
+          if (p.sb.format_version >= 4) {
+            qm->recent_count.resize(cb->n_kv_heads);
+            memcpy(qm->recent_count.data(), at, qm->recent_count.size() * sizeof(uint64_t));
+            at += qm->recent_count.size() * sizeof(uint64_t);
+            qm->recent.resize(size_t{cb->n_kv_heads} * kRecentQueries * qm->head_dim);
+            memcpy(qm->recent.data(), at, qm->recent.size() * sizeof(float));
+          }
           SSA_RETURN_IF_ERROR(snap::check_query_moments(*qm, p.path, e.layer));
           // No queries observed: none to train from (a layer shown none has no moments).
           bool any = false;

@@ -411,7 +411,10 @@ absl::Status write_body(const ssa_session& s, const SnapshotState& st, const Sna
                                          rotation_floats, " and ", query_aware ? square : 0));
         }
         const QueryMoments* qm = cb.trained_moments.get();
-        if (qm != nullptr && (qm->count.size() != cb.n_kv_heads || qm->sum.size() != square)) {
+        const size_t recent_floats = size_t{cb.n_kv_heads} * kRecentQueries * cb.head_dim();
+        if (qm != nullptr && (qm->count.size() != cb.n_kv_heads || qm->sum.size() != square ||
+                              (!qm->recent_count.empty() && (qm->recent_count.size() != cb.n_kv_heads ||
+                                                             qm->recent.size() != recent_floats)))) {
           return make_error(SSA_ERR_INTERNAL, absl::StrCat("layer ", l, " query moments do not fit the codebooks"));
         }
         if (cb.data.size() != floats) {
@@ -438,6 +441,14 @@ absl::Status write_body(const ssa_session& s, const SnapshotState& st, const Sna
           const std::vector<double>& sum = qm != nullptr ? qm->sum : no_sum;
           SSA_RETURN_IF_ERROR(w.write(count.data(), count.size() * sizeof(uint64_t)));
           SSA_RETURN_IF_ERROR(w.write(sum.data(), sum.size() * sizeof(double)));
+          // Moments read from a version 3 file keep no recent queries: zero counts and rows.
+          const bool recent = qm != nullptr && !qm->recent_count.empty();
+          const std::vector<uint64_t> no_recent_count(recent ? 0 : cb.n_kv_heads, 0);
+          const std::vector<float> no_recent(recent ? 0 : recent_floats, 0.0f);
+          const std::vector<uint64_t>& recent_count = recent ? qm->recent_count : no_recent_count;
+          const std::vector<float>& recent_rows = recent ? qm->recent : no_recent;
+          SSA_RETURN_IF_ERROR(w.write(recent_count.data(), recent_count.size() * sizeof(uint64_t)));
+          SSA_RETURN_IF_ERROR(w.write(recent_rows.data(), recent_rows.size() * sizeof(float)));
         }
         w.end();
       }

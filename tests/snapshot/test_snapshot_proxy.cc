@@ -1,9 +1,11 @@
-// The proxy in snapshots (format versions 2 and 3): OPQ and 4-bit sessions
-// round-trip with their rotations, packed codes and score-aware weight, every
-// loaded rotation, code nibble and weight is checked, damage to the new bytes is
-// refused or harmless, and older files still load: version 1 files, which hold
-// no proxy, as PQ; version 2 files (written by the version 2 library and kept in
-// tests/snapshot/data) as PQ or OPQ with squared-error codebooks.
+// The proxy in snapshots (format versions 2 to 4): OPQ, 4-bit and query-aware
+// sessions round-trip with their rotations, packed codes, score-aware weight,
+// query moments and recent queries, every loaded rotation, code nibble, weight
+// and query value is checked, damage to the new bytes is refused or harmless,
+// and older files still load: version 1 files, which hold no proxy, as PQ;
+// version 2 files (written by the version 2 library and kept in
+// tests/snapshot/data) as PQ or OPQ with squared-error codebooks; version 3
+// query-aware files (likewise kept) without recent queries.
 #include <doctest/doctest.h>
 #include <math.h>
 
@@ -347,7 +349,7 @@ TEST_CASE("4-bit and score-aware sessions round-trip: packed codes, rotations, w
       ssa_snapshot_info info{};
       info.struct_size = sizeof info;
       REQUIRE(snapshot_inspect(path.c_str(), &info).ok());
-      CHECK(info.format_version == 3);
+      CHECK(info.format_version == snap::kFormatVersion);
     }
   }
 }
@@ -444,7 +446,7 @@ TEST_CASE("version 2 files: the word at 80 is reserved (any value loads as weigh
   }
 }
 
-TEST_CASE("files written by the version 2 library load (PQ, OPQ), decode, and a checkpoint rewrites them as version 3") {
+TEST_CASE("files written by the version 2 library load (PQ, OPQ), decode, and a checkpoint rewrites them in the current version") {
   auto rt = make_runtime();
   const std::string dir = temp_dir();
   int loaded = 0;
@@ -485,7 +487,7 @@ TEST_CASE("files written by the version 2 library load (PQ, OPQ), decode, and a 
     ssa_snapshot_info info{};
     info.struct_size = sizeof info;
     REQUIRE(snapshot_inspect(path.c_str(), &info).ok());
-    CHECK(info.format_version == 3);
+    CHECK(info.format_version == snap::kFormatVersion);
     absl::StatusOr<std::unique_ptr<ssa_session>> again = snapshot_load(rt.get(), path.c_str(), SSA_LOAD_VERIFY);
     REQUIRE(again.ok());
     CHECK(store_diff(**r, **again) == "");
@@ -549,6 +551,9 @@ TEST_CASE("a query-aware session round-trips its transforms and query moments; l
         REQUIRE(b.trained_moments != nullptr);
         CHECK(a.trained_moments->count == b.trained_moments->count);
         CHECK(a.trained_moments->sum == b.trained_moments->sum);
+        CHECK(a.trained_moments->recent_count == b.trained_moments->recent_count);
+        CHECK(a.trained_moments->recent == b.trained_moments->recent);
+        CHECK(b.trained_moments->recent_count[0] == 2 * (20 + l));
         CHECK((*r)->layers[l].query_moments == b.trained_moments);
       }
     }
@@ -634,5 +639,143 @@ TEST_CASE("damaged query transforms or query moments are refused by every load")
         CHECK(std::string(st.message()).find(e.says) != std::string::npos);
       }
     }
+  }
+}
+
+TEST_CASE("damaged recent queries are refused by every load") {
+  auto rt = make_runtime();
+  const std::string dir = temp_dir(), path = dir + "/qr.snap", bad = dir + "/bad.snap";
+  qpq_session(rt.get(), SSA_PROXY_QPQ4, path);
+  SnapshotImage base;
+  base.bytes = read_file(path);
+  REQUIRE(base.parse());
+  const ssa_session_config c = qpq_file_config(SSA_PROXY_QPQ4);
+  const uint32_t d = c.head_dim;
+  const size_t square = size_t{c.n_kv_heads} * d * d;
+  const size_t count_off = rotation_offset(c) + 2 * square * sizeof(float);
+  const size_t sum_off = count_off + c.n_kv_heads * sizeof(uint64_t);
+  const size_t recent_count_off = sum_off + square * sizeof(double);
+  const size_t recent_off = recent_count_off + c.n_kv_heads * sizeof(uint64_t);
+  const size_t head1 = recent_off + sizeof(float) * size_t{kRecentQueries} * d;  // KV head 1's rows
+  for (uint32_t layer = 0; layer < 2; ++layer) {
+    const int cb = live_codebooks(base, layer);
+    REQUIRE(cb >= 0);
+    const uint64_t kept = 2 * (20 + layer);
+    REQUIRE(snap::get_u64(base.body(cb) + recent_count_off) == kept);
+    REQUIRE(base.entries[size_t(cb)].length == snap::codebooks_section_bytes(c, snap::kFormatVersion));
+    struct Edit {
+      const char* what;
+      size_t at;
+      int kind;  // 0: u64 := value, 1: float := value
+      double value;
+      const char* says;
+    };
+    const Edit edits[] = {
+        {"more kept than observed", recent_count_off, 0, double(kept + 1), "recent queries of"},
+        {"more kept than kept at most", recent_count_off + 8, 0, double(kRecentQueries + 1), "recent queries of"},
+        {"a kept entry NaN", recent_off + 4 * (3 * d + 5), 1, NAN, "is not one of the observed queries"},
+        {"a kept entry infinite", head1 + 4 * 7, 1, INFINITY, "is not one of the observed queries"},
+        {"a kept entry beyond the moments' diagonal", recent_off + 4 * 2, 1, 1e4, "is not one of the observed queries"},
+        {"a row after the kept ones not zero", head1 + 4 * (kept * d + 1), 1, 0.25, "is not one of the observed queries"},
+    };
+    for (const Edit& e : edits) {
+      CAPTURE(layer);
+      CAPTURE(e.what);
+      SnapshotImage img = base;
+      uint8_t* p = img.body(cb) + e.at;
+      if (e.kind == 0) {
+        snap::put_u64(p, static_cast<uint64_t>(e.value));
+      } else {
+        const float v = static_cast<float>(e.value);
+        memcpy(p, &v, 4);
+      }
+      img.rehash(cb);
+      for (uint32_t flags : kAllFlags) {
+        const absl::Status st = load_edited(rt.get(), img, bad, flags);
+        REQUIRE(!st.ok());
+        CHECK(status_code(st) == SSA_ERR_CORRUPT);
+        CHECK(std::string(st.message()).find(e.says) != std::string::npos);
+      }
+    }
+  }
+  // Fewer kept than observed is fine (a window of the last ones): the count
+  // lowered with its rows zeroed loads.
+  {
+    SnapshotImage img = base;
+    const int cb = live_codebooks(base, 0);
+    snap::put_u64(img.body(cb) + recent_count_off, 3);
+    memset(img.body(cb) + recent_off + 4 * 3 * d, 0, 4 * (kRecentQueries - 3) * d);
+    img.rehash(cb);
+    CHECK(load_edited(rt.get(), img, bad, SSA_LOAD_VERIFY).ok());
+  }
+}
+
+// tests/snapshot/data/v3_qpq4_f16.ssa was written by the version 3 library: 2
+// layers, 4 q / 2 KV heads, head dim 32, f16, SSA_PROXY_QPQ4 of 16 subspaces x 16
+// centroids, page_tokens 16, index_min_tokens 64, train sample 256, 2
+// iterations, model fingerprint 0x0B0B0003; layer l shown 20 + l random queries
+// (4 leading dimensions of scale 3, the rest 0.5), then 70 random tokens.
+TEST_CASE("version 3 query-aware files load without recent queries, retrain from new ones, and checkpoint as version 4") {
+  auto rt = make_runtime();
+  const std::string dir = temp_dir(), path = dir + "/v3_qpq4_f16.ssa";
+  const std::vector<uint8_t> bytes = read_file(std::string(SSA_SNAPSHOT_DATA_DIR) + "/v3_qpq4_f16.ssa");
+  REQUIRE(!bytes.empty());
+  REQUIRE(write_file(path, bytes.data(), bytes.size()));
+  SnapshotImage img;
+  img.bytes = bytes;
+  REQUIRE(img.parse());
+  CHECK(img.sb.format_version == 3);
+  for (uint32_t flags : kAllFlags) {
+    CAPTURE(flags);
+    absl::StatusOr<std::unique_ptr<ssa_session>> r = snapshot_load(rt.get(), path.c_str(), flags);
+    REQUIRE(r.ok());
+    ssa_session& s = **r;
+    CHECK(s.config.proxy == SSA_PROXY_QPQ4);
+    CHECK(s.config.model_fingerprint == 0x0B0B0003ull);
+    CHECK(session_length(s) == 70);
+    {
+      std::shared_lock lock(s.mu);
+      for (uint32_t l = 0; l < 2; ++l) {
+        const QueryMoments* qm = s.layers[l].query_moments.get();
+        REQUIRE(qm != nullptr);
+        CHECK(qm->count[0] == 2 * (20 + l));
+        CHECK(qm->recent_count.empty());
+      }
+    }
+    CHECK(check_loaded_session(s, flags != SSA_LOAD_MMAP) == "");
+  }
+  // Shown new queries, a layer keeps only those as recent and retrains from
+  // them; the checkpoint writes version 4 and loads back the same.
+  absl::StatusOr<std::unique_ptr<ssa_session>> r = snapshot_load(rt.get(), path.c_str(), 0);
+  REQUIRE(r.ok());
+  std::mt19937_64 rng(54);
+  const std::vector<uint8_t> q = random_queries(**r, 5, rng);
+  REQUIRE(session_observe_queries(**r, 0, q.data(), 5).ok());
+  REQUIRE(session_update_index(**r).ok());
+  {
+    std::shared_lock lock((*r)->mu);
+    const QueryMoments& qm = *(*r)->layers[0].codebooks->trained_moments;
+    CHECK(qm.count[1] == 2 * (20 + 5));
+    CHECK(qm.recent_count[1] == 2 * 5);
+  }
+  REQUIRE(snapshot_checkpoint(**r, path.c_str()).ok());
+  ssa_snapshot_info info{};
+  info.struct_size = sizeof info;
+  REQUIRE(snapshot_inspect(path.c_str(), &info).ok());
+  CHECK(info.format_version == 4);
+  absl::StatusOr<std::unique_ptr<ssa_session>> again = snapshot_load(rt.get(), path.c_str(), SSA_LOAD_VERIFY);
+  REQUIRE(again.ok());
+  CHECK(store_diff(**r, **again) == "");
+  CHECK(decode_fingerprint(**r, 6) == decode_fingerprint(**again, 6));
+  std::shared_lock la((*r)->mu), lb((*again)->mu);
+  for (uint32_t l = 0; l < 2; ++l) {
+    const QueryMoments* a = (*r)->layers[l].codebooks->trained_moments.get();
+    const QueryMoments* b = (*again)->layers[l].codebooks->trained_moments.get();
+    REQUIRE(b != nullptr);
+    CHECK(a->sum == b->sum);
+    // Layer 1 was not retrained: its moments came from the version 3 file and
+    // are written with no recent queries.
+    CHECK(b->recent_count == std::vector<uint64_t>(2, l == 0 ? 10 : 0));
+    if (l == 0) CHECK(a->recent == b->recent);
   }
 }
