@@ -11,6 +11,7 @@
 #include <functional>
 #include <random>
 #include <shared_mutex>
+#include <tuple>
 #include <vector>
 
 #include "decode/candidate_scores.h"
