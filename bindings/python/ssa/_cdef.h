@@ -162,7 +162,10 @@ typedef enum ssa_dtype {
          variance-balanced rotation spreads the transformed keys over the
          subspaces. The query scores as T^-T q (once per decode step), so
          (T^-T q) . (T k) = q . k. A layer trained before any query was observed
-         uses the identity in place of the whitening. One-byte codes.
+         uses the identity in place of the whitening. k-means weighs each
+         training key by how many of the layer's last 256 observed queries rank
+         it in their top 5% (1 + 256 x that share), so the keys queries read get
+         the codebooks' resolution. One-byte codes.
    QPQ4: QPQ's transform with PQ4's codes and scoring.
    Every proxy runs on both backends, with the same codebooks, transforms and
    (up to near-ties of two centroids) codes from the same keys and queries; a
@@ -542,11 +545,13 @@ ssa_status ssa_session_update_index(ssa_session *s);
    SSA_SESSION_HOST_POINTERS), borrowed. Per KV head the
    second moment of its query heads' queries is accumulated (head_dim^2
    multiply-adds per query head: a few hundred queries per layer are plenty, a
-   prefill's last ones or the first decode steps'). Nothing is retrained here:
+   prefill's last ones or the first decode steps'), and its last 256 queries
+   are kept to weight the training keys by. Nothing is retrained here:
    the layer's next training uses every query observed so far (the automatic
-   policy, or ssa_session_update_index). The moments a layer's index was trained
-   from are saved with it in snapshots, and a loaded session keeps observing
-   from them; queries observed after a layer's last training are not saved.
+   policy, or ssa_session_update_index). The moments and recent queries a
+   layer's index was trained from are saved with it in snapshots, and a loaded
+   session keeps observing from them; queries observed after a layer's last
+   training are not saved.
    n 0 does nothing. Takes the session exclusively. A rank of a group of
    processes observes locally: every rank must pass the same queries (the
    layer's next training compares them and refuses on every rank otherwise).
