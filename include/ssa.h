@@ -1038,6 +1038,9 @@ typedef struct ssa_snapshot_info {
   uint64_t length;            /* tokens present in every layer (min over layers)  */
   uint64_t max_layer_length;  /* tokens of the longest layer                      */
   uint64_t metadata_bytes;    /* size of the user metadata saved                  */
+  ssa_proxy proxy;            /* the sessions' proxy (SSA_PROXY_PQ for files that
+                                 predate the proxies)                            */
+  float pq_parallel_weight;   /* the score-aware weight (1: squared error)        */
 } ssa_snapshot_info;
 
 /* Zeroes *info and sets struct_size. info must not be NULL. */

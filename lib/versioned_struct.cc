@@ -70,7 +70,8 @@ constexpr FieldSpan kSnapshotInfo[] = {
     SSA_FIELD(ssa_snapshot_info, pq_centroids),    SSA_FIELD(ssa_snapshot_info, page_tokens),
     SSA_FIELD(ssa_snapshot_info, indexed_layers),  SSA_FIELD(ssa_snapshot_info, model_fingerprint),
     SSA_FIELD(ssa_snapshot_info, length),          SSA_FIELD(ssa_snapshot_info, max_layer_length),
-    SSA_FIELD(ssa_snapshot_info, metadata_bytes),
+    SSA_FIELD(ssa_snapshot_info, metadata_bytes),  SSA_FIELD(ssa_snapshot_info, proxy),
+    SSA_FIELD(ssa_snapshot_info, pq_parallel_weight),
 };
 
 template <size_t N>

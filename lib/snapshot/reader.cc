@@ -1097,6 +1097,8 @@ absl::Status snapshot_inspect(const char* path_c, ssa_snapshot_info* info) {
     full.indexed_layers += L.has_codebooks ? 1 : 0;
   }
   full.metadata_bytes = p.metadata.size();
+  full.proxy = p.cfg.proxy;
+  full.pq_parallel_weight = p.cfg.pq_parallel_weight;
   write_struct(full, info);
   return absl::OkStatus();
 }

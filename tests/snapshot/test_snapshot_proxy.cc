@@ -350,6 +350,8 @@ TEST_CASE("4-bit and score-aware sessions round-trip: packed codes, rotations, w
       info.struct_size = sizeof info;
       REQUIRE(snapshot_inspect(path.c_str(), &info).ok());
       CHECK(info.format_version == snap::kFormatVersion);
+      CHECK(info.proxy == proxy);
+      CHECK(info.pq_parallel_weight == weight);
     }
   }
 }
@@ -461,6 +463,13 @@ TEST_CASE("files written by the version 2 library load (PQ, OPQ), decode, and a 
     REQUIRE(img.parse());
     CHECK(img.sb.format_version == 2);
     const bool rotated = std::string(name).find("opq") != std::string::npos;
+    {
+      ssa_snapshot_info info{};
+      info.struct_size = sizeof info;
+      REQUIRE(snapshot_inspect(path.c_str(), &info).ok());
+      CHECK(info.proxy == (rotated ? SSA_PROXY_OPQ : SSA_PROXY_PQ));
+      CHECK(info.pq_parallel_weight == 1.0f);
+    }
     for (uint32_t flags : kAllFlags) {
       absl::StatusOr<std::unique_ptr<ssa_session>> r = snapshot_load(rt.get(), path.c_str(), flags);
       REQUIRE(r.ok());
@@ -725,6 +734,13 @@ TEST_CASE("version 3 query-aware files load without recent queries, retrain from
   img.bytes = bytes;
   REQUIRE(img.parse());
   CHECK(img.sb.format_version == 3);
+  {
+    ssa_snapshot_info info{};
+    info.struct_size = sizeof info;
+    REQUIRE(snapshot_inspect(path.c_str(), &info).ok());
+    CHECK(info.proxy == SSA_PROXY_QPQ4);
+    CHECK(info.pq_parallel_weight == 1.0f);
+  }
   for (uint32_t flags : kAllFlags) {
     CAPTURE(flags);
     absl::StatusOr<std::unique_ptr<ssa_session>> r = snapshot_load(rt.get(), path.c_str(), flags);

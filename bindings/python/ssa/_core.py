@@ -205,11 +205,13 @@ class SnapshotInfo:
     length: int
     max_layer_length: int
     metadata_bytes: int
+    proxy: Proxy
+    pq_parallel_weight: float
 
 
 def inspect(path: PathLike) -> SnapshotInfo:
     """Describes the snapshot at path (a session's file or a group's manifest)
-    without loading it: its shape, length and generation. The config, layer and
+    without loading it: its shape, proxy, length and generation. The config, layer and
     metadata sections are read and their checksums verified; K/V pages, codes and
     codebooks are not read. Raises ssa.IOError, ssa.Corrupt, ssa.Version."""
     info = ffi.new("ssa_snapshot_info *")
@@ -219,7 +221,7 @@ def inspect(path: PathLike) -> SnapshotInfo:
     return SnapshotInfo(i.format_version, i.generation, i.file_bytes, i.live_bytes, i.n_sections, i.n_layers,
                         i.n_q_heads, i.n_kv_heads, i.head_dim, DType(i.kv_dtype), i.pq_subspaces, i.pq_centroids,
                         i.page_tokens, i.indexed_layers, i.model_fingerprint, i.length, i.max_layer_length,
-                        i.metadata_bytes)
+                        i.metadata_bytes, Proxy(i.proxy), i.pq_parallel_weight)
 
 
 @dataclass(frozen=True)

@@ -94,6 +94,7 @@ def test_inspect_describes_without_loading(rt, rng, tmp_path):
             (c.n_layers, c.n_q_heads, c.n_kv_heads, c.head_dim, c.dtype)
         assert (info.pq_subspaces, info.pq_centroids, info.page_tokens) == (c.pq_subspaces, c.pq_centroids, c.page_tokens)
         assert info.model_fingerprint == 0x1234_5678_9ABC
+        assert (info.proxy, info.pq_parallel_weight) == (c.proxy, c.pq_parallel_weight)
         assert (info.length, info.max_layer_length, info.generation) == (750, 1500, 1)
         assert 0 < info.live_bytes <= info.file_bytes <= os.path.getsize(path)
         k2, v2 = random_kv(rng, 300)

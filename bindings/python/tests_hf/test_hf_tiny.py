@@ -247,6 +247,25 @@ def test_load_checks_the_storage_against_the_rows(tmp_path):
     assert old.get_seq_length() == cache.get_seq_length()
 
 
+@pytest.mark.parametrize("proxy", ["opq", "qpq", "pq4"])
+def test_a_manifest_without_storage_makes_new_sessions_as_its_rows(proxy, tmp_path):
+    """A cache saved before the manifest recorded the storage: after a reset, its
+    new sessions take the rows' proxy, not the default."""
+    import json
+    model = _llama()
+    cache = ssa.hf.SSACache(model, method="ssa", sparsity=6, proxy=proxy)
+    _generate(model, cache, _ids(120), 2)
+    cache.save(tmp_path / "c")
+    man = tmp_path / "c" / "cache.json"
+    good = json.loads(man.read_text())
+    man.write_text(json.dumps({k: v for k, v in good.items() if k != "storage"}))
+    assert ssa.inspect(tmp_path / "c" / good["rows"][0]).proxy.name.lower() == proxy
+    old = ssa.hf.SSACache.load(tmp_path / "c", model)
+    old.reset()
+    _generate(model, old, _ids(40), 1)
+    assert old.sessions[0].config.proxy.name.lower() == proxy
+
+
 def test_truncate_rolls_back_to_an_earlier_state():
     model = _llama()
     ids = _ids(220)

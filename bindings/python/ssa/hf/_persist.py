@@ -193,7 +193,7 @@ def load(cls, path, model, backend, observer, threads, device, runtime=None, gro
                 raise _row_error(e, rpath) from None
             sessions.append(s)
             _check_storage(s, storage, rpath, mpath)
-        if "storage" not in manifest and sessions[0].config.proxy.name.endswith("4"):
+        if "storage" not in manifest:  # new sessions (after reset) as the rows were made
             cache._storage.update(_runtime.check_proxy(sessions[0].config.proxy.name))
         if manifest.get("padded") is False:
             positions = _committed_positions(rows, sessions, positions)

@@ -1763,12 +1763,14 @@ pub struct ssa_snapshot_info {
     pub length: u64,
     pub max_layer_length: u64,
     pub metadata_bytes: u64,
+    pub proxy: ssa_proxy,
+    pub pq_parallel_weight: f32,
 }
 #[test]
 fn bindgen_test_layout_ssa_snapshot_info() {
     assert_eq!(
         ::std::mem::size_of::<ssa_snapshot_info>(),
-        104usize,
+        112usize,
         concat!("Size of: ", stringify!(ssa_snapshot_info))
     );
     assert_eq!(
@@ -2099,6 +2101,40 @@ fn bindgen_test_layout_ssa_snapshot_info() {
         );
     }
     test_field_metadata_bytes();
+    fn test_field_proxy() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<ssa_snapshot_info>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).proxy) as usize - ptr as usize
+            },
+            104usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(ssa_snapshot_info),
+                "::",
+                stringify!(proxy)
+            )
+        );
+    }
+    test_field_proxy();
+    fn test_field_pq_parallel_weight() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<ssa_snapshot_info>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).pq_parallel_weight) as usize - ptr as usize
+            },
+            108usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(ssa_snapshot_info),
+                "::",
+                stringify!(pq_parallel_weight)
+            )
+        );
+    }
+    test_field_pq_parallel_weight();
 }
 extern "C" {
     pub fn ssa_snapshot_info_init(info: *mut ssa_snapshot_info);
