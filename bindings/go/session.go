@@ -147,6 +147,46 @@ func appendHost[T hostElem](s *Session, layer int, k, v []T, f32 bool) error {
 	return err
 }
 
+// ObserveQueriesF32 shows one layer of an F32 session n queries, q
+// [n][QHeads][HeadDim] flattened, for the query-aware proxies to learn from
+// (ssa_session_observe_queries): the layer's next index training uses them.
+func (s *Session) ObserveQueriesF32(layer int, q []float32) error {
+	return observeHost(s, layer, q, true)
+}
+
+// ObserveQueriesU16 is ObserveQueriesF32 for F16 and BF16 sessions (raw bits).
+func (s *Session) ObserveQueriesU16(layer int, q []uint16) error {
+	return observeHost(s, layer, q, false)
+}
+
+func observeHost[T hostElem](s *Session, layer int, q []T, f32 bool) error {
+	if err := s.hostElems(f32); err != nil {
+		return err
+	}
+	row := s.cfg.QHeads * s.cfg.HeadDim
+	if len(q)%row != 0 {
+		return invalid("q has %d elements, not a multiple of QHeads*HeadDim = %d", len(q), row)
+	}
+	if len(q) == 0 {
+		return nil
+	}
+	err := s.ObserveQueriesPtr(layer, unsafe.Pointer(&q[0]), uint64(len(q)/row))
+	runtime.KeepAlive(q)
+	return err
+}
+
+// ObserveQueriesPtr shows n queries from a pointer in the session's memory
+// space (device pointers for CUDA sessions). The caller guarantees its size.
+func (s *Session) ObserveQueriesPtr(layer int, q unsafe.Pointer, n uint64) error {
+	l, err := layerArg(layer)
+	if err != nil {
+		return err
+	}
+	return s.use(func(p *C.ssa_session) error {
+		return check(C.ssa_session_observe_queries(p, l, q, C.uint64_t(n)), "ssa_session_observe_queries")
+	})
+}
+
 // AppendPtr appends nTokens tokens from pointers in the session's memory space
 // (device pointers for CUDA sessions). The caller guarantees their sizes.
 func (s *Session) AppendPtr(layer int, k, v unsafe.Pointer, nTokens uint64) error {

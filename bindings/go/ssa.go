@@ -71,6 +71,13 @@ func (d DType) String() string {
 	return fmt.Sprintf("ssa_dtype(%d)", uint32(d))
 }
 
+func (p Proxy) String() string {
+	if n, ok := proxyNames[p]; ok {
+		return n
+	}
+	return fmt.Sprintf("ssa_proxy(%d)", uint32(p))
+}
+
 func (m Method) String() string {
 	if n, ok := methodNames[m]; ok {
 		return n
@@ -273,6 +280,11 @@ type SessionConfig struct {
 	IndexRegrowFactor                float32
 	IndexTrainSample                 int
 	IndexIterations                  int
+	// Proxy is the score candidates are ranked and sampled by (ssa.h, ssa_proxy);
+	// ProxyQPQ and ProxyQPQ4 learn from the queries shown with ObserveQueries.
+	Proxy Proxy
+	// PQParallelWeight is the score-aware loss's weight (1: plain squared error).
+	PQParallelWeight float32
 }
 
 // NewSessionConfig returns a config with the given shape and dtype and the library's
@@ -293,6 +305,7 @@ func configFromC(c *C.ssa_session_config) SessionConfig {
 		HostPointers:   c.flags&C.SSA_SESSION_HOST_POINTERS != 0,
 		IndexMinTokens: int(c.index_min_tokens), IndexRegrowFactor: float32(c.index_regrow_factor),
 		IndexTrainSample: int(c.index_train_sample), IndexIterations: int(c.index_iterations),
+		Proxy: Proxy(c.proxy), PQParallelWeight: float32(c.pq_parallel_weight),
 	}
 }
 
@@ -328,6 +341,8 @@ func (cfg *SessionConfig) toC() (C.ssa_session_config, error) {
 	c.kv_dtype = C.ssa_dtype(cfg.DType)
 	c.model_fingerprint = C.uint64_t(cfg.ModelFingerprint)
 	c.index_regrow_factor = C.float(cfg.IndexRegrowFactor)
+	c.proxy = C.ssa_proxy(cfg.Proxy)
+	c.pq_parallel_weight = C.float(cfg.PQParallelWeight)
 	c.flags = 0
 	if cfg.HostPointers {
 		c.flags |= C.SSA_SESSION_HOST_POINTERS
@@ -402,6 +417,8 @@ type SnapshotInfo struct {
 	Length                           uint64 // tokens in every layer
 	MaxLayerLength                   uint64 // tokens of the longest layer
 	MetadataBytes                    uint64
+	Proxy                            Proxy
+	PQParallelWeight                 float32
 }
 
 // Inspect describes the snapshot at path (a session's file or a group's manifest)
@@ -428,6 +445,7 @@ func Inspect(path string) (SnapshotInfo, error) {
 		PageTokens: int(i.page_tokens), IndexedLayers: int(i.indexed_layers),
 		ModelFingerprint: uint64(i.model_fingerprint), Length: uint64(i.length),
 		MaxLayerLength: uint64(i.max_layer_length), MetadataBytes: uint64(i.metadata_bytes),
+		Proxy: Proxy(i.proxy), PQParallelWeight: float32(i.pq_parallel_weight),
 	}, nil
 }
 

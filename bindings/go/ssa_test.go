@@ -791,3 +791,69 @@ func TestShardedRuntimeDecodesAsUnsharded(t *testing.T) {
 		t.Fatalf("duplicate devices: %v", err)
 	}
 }
+
+// Every proxy through the config: it reaches the library (the session's config,
+// Inspect of its file, the loaded session), the query-aware ones take the
+// queries shown with ObserveQueriesF32 and the others refuse them, and a loaded
+// session decodes as the saved one.
+func TestProxiesObserveQueriesInspect(t *testing.T) {
+	rt := cpuRuntime(t, 3)
+	r := rand.New(rand.NewSource(21))
+	const qh, kvh, d, n = 4, 2, 32, 700
+	k, v := normals(r, n*kvh*d, 1), normals(r, n*kvh*d, 1)
+	shown := normals(r, 40*qh*d, 1)
+	q := normals(r, qh*d, 1)
+	params := WithMethod(MethodPQTopK)
+	params.Budget, params.NSink, params.NLocal = 40, 4, 4
+	for _, p := range []Proxy{ProxyPQ, ProxyOPQ, ProxyPQ4, ProxyOPQ4, ProxyQPQ, ProxyQPQ4} {
+		cfg := NewSessionConfig(1, qh, kvh, d, F32)
+		cfg.Proxy, cfg.IndexMinTokens, cfg.IndexTrainSample = p, n, n
+		cfg.PQSubspaces, cfg.PQCentroids = 8, 256
+		if p == ProxyPQ4 || p == ProxyOPQ4 || p == ProxyQPQ4 {
+			cfg.PQSubspaces, cfg.PQCentroids = 16, 16
+		}
+		s, err := rt.NewSession(cfg)
+		must(t, err)
+		queryAware := p == ProxyQPQ || p == ProxyQPQ4
+		err = s.ObserveQueriesF32(0, shown)
+		if queryAware {
+			must(t, err)
+		} else if !errors.Is(err, ErrInvalidArgument) {
+			t.Fatalf("%v: observing queries: %v, want ErrInvalidArgument", p, err)
+		}
+		if err := s.ObserveQueriesF32(0, shown[:qh*d+1]); !errors.Is(err, ErrInvalidArgument) {
+			t.Fatalf("%v: a partial query: %v", p, err)
+		}
+		must(t, s.AppendF32(0, k, v)) // trains the index
+		if s.Config().Proxy != p || s.Config().PQParallelWeight != 1 {
+			t.Fatalf("config %+v", s.Config())
+		}
+		path := filepath.Join(t.TempDir(), "p.ssa")
+		must(t, s.Save(path))
+		info, err := Inspect(path)
+		must(t, err)
+		if info.Proxy != p || info.PQParallelWeight != 1 || info.IndexedLayers != 1 {
+			t.Fatalf("%v: inspect %+v", p, info)
+		}
+		l, err := rt.Load(path, LoadOptions{Verify: true})
+		must(t, err)
+		if l.Config().Proxy != p {
+			t.Fatalf("%v: loaded as %v", p, l.Config().Proxy)
+		}
+		a, b := make([]float32, qh*d), make([]float32, qh*d)
+		_, err = s.DecodeF32(0, q, a, params)
+		must(t, err)
+		_, err = l.DecodeF32(0, q, b, params)
+		must(t, err)
+		for i := range a {
+			if a[i] != b[i] {
+				t.Fatalf("%v: loaded session decodes %g at %d, saved %g", p, b[i], i, a[i])
+			}
+		}
+		l.Close()
+		s.Close()
+	}
+	if ProxyQPQ4.String() != "SSA_PROXY_QPQ4" || Proxy(99).String() != "ssa_proxy(99)" {
+		t.Fatalf("names: %s %s", ProxyQPQ4, Proxy(99))
+	}
+}

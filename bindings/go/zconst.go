@@ -128,6 +128,33 @@ var groupSelectionNames = map[GroupSelection]string{
 	GroupMeanQuery: "SSA_GROUP_MEAN_QUERY",
 }
 
+// Proxy is the score a session ranks and samples candidates by (ssa_proxy).
+type Proxy uint32
+
+const (
+	// ProxyPQ is SSA_PROXY_PQ.
+	ProxyPQ Proxy = 0
+	// ProxyOPQ is SSA_PROXY_OPQ.
+	ProxyOPQ Proxy = 1
+	// ProxyPQ4 is SSA_PROXY_PQ4.
+	ProxyPQ4 Proxy = 2
+	// ProxyOPQ4 is SSA_PROXY_OPQ4.
+	ProxyOPQ4 Proxy = 3
+	// ProxyQPQ is SSA_PROXY_QPQ.
+	ProxyQPQ Proxy = 4
+	// ProxyQPQ4 is SSA_PROXY_QPQ4.
+	ProxyQPQ4 Proxy = 5
+)
+
+var proxyNames = map[Proxy]string{
+	ProxyPQ:   "SSA_PROXY_PQ",
+	ProxyOPQ:  "SSA_PROXY_OPQ",
+	ProxyPQ4:  "SSA_PROXY_PQ4",
+	ProxyOPQ4: "SSA_PROXY_OPQ4",
+	ProxyQPQ:  "SSA_PROXY_QPQ",
+	ProxyQPQ4: "SSA_PROXY_QPQ4",
+}
+
 // Integer macros of ssa.h.
 const (
 	VersionMajor        = 0

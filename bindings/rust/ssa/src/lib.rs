@@ -30,7 +30,7 @@ use std::sync::Arc;
 pub use error::{Error, Result, Status};
 pub use ssa_sys as sys;
 pub use types::{
-    Backend, DType, DecodeParams, DecodeStats, Element, GroupSelection, LoadOptions, Method, RuntimeOptions,
+    Backend, DType, DecodeParams, DecodeStats, Element, GroupSelection, LoadOptions, Method, Proxy, RuntimeOptions,
     SessionConfig, SnapshotInfo,
 };
 
@@ -337,6 +337,37 @@ impl Session {
         }
         // SAFETY: k and v hold n full tokens; host session.
         unsafe { self.append_raw(layer, k.as_ptr() as *const c_void, v.as_ptr() as *const c_void, n) }
+    }
+
+    /// Shows one layer queries for the query-aware proxies ([`Proxy::Qpq`],
+    /// [`Proxy::Qpq4`]) to learn from: `q` is `[n][n_q_heads][head_dim]` flattened,
+    /// n >= 0 whole queries (`ssa_session_observe_queries`). The layer's next index
+    /// training uses them. Other proxies refuse them with `InvalidArgument`.
+    pub fn observe_queries<T: Element>(&mut self, layer: u32, q: &[T]) -> Result<()> {
+        self.check_host::<T>()?;
+        let row = self.cfg.q_len();
+        if q.len() % row != 0 {
+            return Err(Error::invalid(format!(
+                "q has {} elements, not a multiple of n_q_heads*head_dim = {}",
+                q.len(),
+                row
+            )));
+        }
+        let n = (q.len() / row) as u64;
+        if n == 0 {
+            return Ok(());
+        }
+        // SAFETY: q holds n full queries; host session.
+        unsafe { self.observe_queries_raw(layer, q.as_ptr() as *const c_void, n) }
+    }
+
+    /// [`Session::observe_queries`] from a raw pointer in the session's memory space.
+    ///
+    /// # Safety
+    /// `q` must point to `n * n_q_heads * head_dim` elements of the session's dtype,
+    /// readable for the call, in the session's memory space.
+    pub unsafe fn observe_queries_raw(&mut self, layer: u32, q: *const c_void, n: u64) -> Result<()> {
+        error::check(sys::ssa_session_observe_queries(self.raw.as_ptr(), layer, q, n), "ssa_session_observe_queries")
     }
 
     /// Appends `n_tokens` tokens from raw pointers in the session's memory space.

@@ -61,6 +61,47 @@ impl DType {
     }
 }
 
+/// The score a session ranks and samples its candidates by (see `ssa_proxy` in ssa.h).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Proxy {
+    /// Product quantisation of the keys as they are (the paper's proxy).
+    Pq,
+    /// A learned rotation before product quantisation.
+    Opq,
+    /// 4-bit codes scored from in-register tables.
+    Pq4,
+    /// OPQ's rotation with 4-bit codes.
+    Opq4,
+    /// Query-aware: keys transformed by what the observed queries read.
+    Qpq,
+    /// The query-aware transform with 4-bit codes.
+    Qpq4,
+}
+
+impl Proxy {
+    pub(crate) fn raw(self) -> sys::ssa_proxy {
+        match self {
+            Proxy::Pq => sys::SSA_PROXY_PQ,
+            Proxy::Opq => sys::SSA_PROXY_OPQ,
+            Proxy::Pq4 => sys::SSA_PROXY_PQ4,
+            Proxy::Opq4 => sys::SSA_PROXY_OPQ4,
+            Proxy::Qpq => sys::SSA_PROXY_QPQ,
+            Proxy::Qpq4 => sys::SSA_PROXY_QPQ4,
+        }
+    }
+    pub(crate) fn from_raw(raw: sys::ssa_proxy) -> Option<Proxy> {
+        match raw {
+            sys::SSA_PROXY_PQ => Some(Proxy::Pq),
+            sys::SSA_PROXY_OPQ => Some(Proxy::Opq),
+            sys::SSA_PROXY_PQ4 => Some(Proxy::Pq4),
+            sys::SSA_PROXY_OPQ4 => Some(Proxy::Opq4),
+            sys::SSA_PROXY_QPQ => Some(Proxy::Qpq),
+            sys::SSA_PROXY_QPQ4 => Some(Proxy::Qpq4),
+            _ => None,
+        }
+    }
+}
+
 /// How a decode spends its budget (see `ssa_method` in ssa.h).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Method {
@@ -246,6 +287,10 @@ pub struct SessionConfig {
     pub index_train_sample: u32,
     /// Lloyd iterations; default 8.
     pub index_iterations: u32,
+    /// The proxy candidates are ranked and sampled by; default [`Proxy::Pq`].
+    pub proxy: Proxy,
+    /// The score-aware loss's weight (1: plain squared error); default 1.
+    pub pq_parallel_weight: f32,
 }
 
 impl SessionConfig {
@@ -282,6 +327,8 @@ impl SessionConfig {
             index_regrow_factor: c.index_regrow_factor,
             index_train_sample: c.index_train_sample,
             index_iterations: c.index_iterations,
+            proxy: Proxy::from_raw(c.proxy)?,
+            pq_parallel_weight: c.pq_parallel_weight,
         })
     }
 
@@ -306,6 +353,8 @@ impl SessionConfig {
         c.index_regrow_factor = self.index_regrow_factor;
         c.index_train_sample = self.index_train_sample;
         c.index_iterations = self.index_iterations;
+        c.proxy = self.proxy.raw();
+        c.pq_parallel_weight = self.pq_parallel_weight;
         c
     }
 
@@ -499,7 +548,7 @@ impl DecodeStats {
 }
 
 /// What a snapshot file holds, read without loading it ([`crate::inspect`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SnapshotInfo {
     /// Format version of the committed superblock.
     pub format_version: u32,
@@ -537,6 +586,10 @@ pub struct SnapshotInfo {
     pub max_layer_length: u64,
     /// Size of the user metadata saved.
     pub metadata_bytes: u64,
+    /// The sessions' proxy.
+    pub proxy: Proxy,
+    /// The score-aware weight.
+    pub pq_parallel_weight: f32,
 }
 
 impl SnapshotInfo {
@@ -560,6 +613,8 @@ impl SnapshotInfo {
             length: i.length,
             max_layer_length: i.max_layer_length,
             metadata_bytes: i.metadata_bytes,
+            proxy: Proxy::from_raw(i.proxy)?,
+            pq_parallel_weight: i.pq_parallel_weight,
         })
     }
 }

@@ -2,7 +2,7 @@ mod common;
 
 use common::*;
 use ssa::{
-    BatchItem, DType, DecodeParams, LoadOptions, Method, Runtime, RuntimeOptions, Session, SessionConfig, Status,
+    BatchItem, DType, DecodeParams, LoadOptions, Method, Proxy, Runtime, RuntimeOptions, Session, SessionConfig, Status,
 };
 
 use std::os::raw::c_void;
@@ -322,4 +322,48 @@ fn load_missing_file_fails_cleanly() {
     assert_eq!(e.status(), Status::Io, "{}", e);
     let e = ssa::inspect("a\0b").unwrap_err();
     assert_eq!(e.status(), Status::InvalidArgument, "{}", e);
+}
+
+/// Every proxy through the config: it reaches the library (the session's config,
+/// inspect of its file, the loaded session), the query-aware ones take observed
+/// queries and the others refuse them, and a loaded session decodes as the saved one.
+#[test]
+fn proxies_observe_queries_and_inspect() {
+    let rt = runtime();
+    let mut rng = Rng::new(31);
+    let n = 700usize;
+    let k = rng.normals(n * ROW, 1.0);
+    let v = rng.normals(n * ROW, 1.0);
+    let shown = rng.normals(40 * Q_LEN, 1.0);
+    let q = rng.normals(Q_LEN, 1.0);
+    let p = DecodeParams::method(Method::PqTopK).with_budget(40).with_window(4, 4);
+    for proxy in [Proxy::Pq, Proxy::Opq, Proxy::Pq4, Proxy::Opq4, Proxy::Qpq, Proxy::Qpq4] {
+        let mut cfg = SessionConfig::new(1, NQ, NKV, D, DType::F32);
+        let four_bit = matches!(proxy, Proxy::Pq4 | Proxy::Opq4 | Proxy::Qpq4);
+        cfg.proxy = proxy;
+        cfg.pq_subspaces = if four_bit { 16 } else { 8 };
+        cfg.pq_centroids = if four_bit { 16 } else { 256 };
+        cfg.index_min_tokens = n as u32;
+        cfg.index_train_sample = n as u32;
+        let mut s = rt.create_session(&cfg).unwrap();
+        let shown_ok = s.observe_queries(0, &shown);
+        if matches!(proxy, Proxy::Qpq | Proxy::Qpq4) {
+            shown_ok.unwrap();
+        } else {
+            assert_eq!(shown_ok.unwrap_err().status(), Status::InvalidArgument, "{:?}", proxy);
+        }
+        assert_eq!(s.observe_queries(0, &shown[..Q_LEN + 1]).unwrap_err().status(), Status::InvalidArgument);
+        s.append(0, &k, &v).unwrap(); // trains the index
+        assert_eq!((s.config().proxy, s.config().pq_parallel_weight), (proxy, 1.0));
+        let path = tmp(&format!("proxy-{:?}.ssa", proxy));
+        if let Err(e) = s.save(&path) {
+            assert_eq!(e.status(), Status::Unsupported, "{}", e);
+            return;
+        }
+        let info = ssa::inspect(&path).unwrap();
+        assert_eq!((info.proxy, info.pq_parallel_weight, info.indexed_layers), (proxy, 1.0, 1));
+        let t = rt.load(&path, LoadOptions { verify: true, mmap: false }).unwrap();
+        assert_eq!(t.config().proxy, proxy);
+        assert_eq!(t.decode_vec(0, &q, &p).unwrap(), s.decode_vec(0, &q, &p).unwrap(), "{:?}", proxy);
+    }
 }
