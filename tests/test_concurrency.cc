@@ -149,4 +149,26 @@ TEST_CASE("decodes that reuse a runtime's buffers equal decodes on a fresh runti
   }
   for (auto& th : threads) th.join();
   CHECK(wrong.load() == 0);
+  // In turn again on a runtime of two in-process shards, whose ranks' parts of a
+  // decode take the kept buffers too; sharded decodes equal unsharded ones bit
+  // for bit (test_sharding.cc), so the same references hold.
+  ssa_runtime_options o = runtime_options(SSA_BACKEND_CPU, 2);
+  o.seed = 1234;
+  const int32_t devices[2] = {0, 1};
+  o.devices = devices;
+  o.n_devices = 2;
+  o.shard_tokens = 8192;  // the 9000-token context spans both shards
+  ssa_runtime* raw = nullptr;
+  SSA_CHECK_OK(ssa_runtime_create(&o, &raw));
+  RuntimePtr sharded(raw);
+  REQUIRE(ssa_runtime_num_shards(sharded.get()) == 2);
+  std::vector<std::pair<SessionPtr, std::vector<float>>> on_shards;
+  for (int sh = 0; sh < 3; ++sh) on_shards.push_back(fill(sharded.get(), sh));
+  for (int round = 0; round < 2; ++round) {
+    for (size_t k = 0; k < cases.size(); ++k) {
+      const size_t i = round == 0 ? (k + 2 * cases.size() / 3) % cases.size() : cases.size() - 1 - k;
+      auto& [s, q] = on_shards[cases[i].shape];
+      CHECK_MESSAGE(decode(s.get(), q, cases[i], i) == want[i], "sharded, case " << i << " round " << round);
+    }
+  }
 }

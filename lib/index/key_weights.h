@@ -4,8 +4,9 @@
 // training key weighs 1 plus kHeavyKeyBoost times the share of the layer's
 // recent queries (QueryMoments::recent) whose top kHeavyKeyFraction of the
 // training keys holds it, and k-means spends its centroids accordingly
-// (kmeans_train's weights). On SmolLM2 and Gemma-3 keys this lifts the
-// proxy's top-2% recall by 0.03 and 0.015 at the same bytes (docs/FIDELITY.md).
+// (kmeans_train's weights). At the same bytes this lifts top-2% recall on
+// SmolLM2's keys by 0.023-0.028 (QPQ) and 0.039-0.043 (QPQ4), on Gemma-3's by
+// 0.008 and 0.041 (docs/FIDELITY.md, "Key weights").
 #pragma once
 
 #include <stddef.h>

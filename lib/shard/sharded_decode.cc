@@ -323,18 +323,21 @@ absl::Status rank_decode(Shared& sh, Collective& comm) {
   ThreadPool& pool = *sh.s.rt->pool;
   const ShardRange range = sh.ranges[comm.rank()];
   const LayerStore view = shard_view(layout, sh.layer, range);
-  std::vector<AttnPartial> parts;
+  // Each rank's part takes a set of the runtime's kept buffers, as an unsharded
+  // decode does (lib/decode/decode_buffers.h).
+  const DecodeBufferPool::Lease buf = sh.s.rt->decode_buffers->acquire();
   if (sh.plan.dense) {
-    dense_split_partials(layout, view, sh.q.data(), pool, &parts);
+    dense_split_partials(layout, view, sh.q.data(), pool, &buf->parts);
   } else {
-    std::vector<Selection> sels(layout.n_q_heads);
+    std::vector<Selection>& sels = buf->sels;
+    sels.resize(layout.n_q_heads);
+    for (Selection& sel : sels) sel.clear();  // a kept set's capacity, not its contents
     if (sh.plan.selects()) SSA_RETURN_IF_ERROR(select_units(sh, comm, view, &sels));
     if (sh.rank_sels != nullptr) (*sh.rank_sels)[comm.rank()] = sels;
-    SplitEntries scratch;
     sparse_split_partials(layout, view, range.begin, sh.plan, sh.q.data(), sels,
-                          sh.p.group_selection != SSA_GROUP_OFF, pool, &scratch, &parts);
+                          sh.p.group_selection != SSA_GROUP_OFF, pool, &buf->split, &buf->parts);
   }
-  return merge_partials(sh, comm, parts);
+  return merge_partials(sh, comm, buf->parts);
 }
 
 void add_stats(const Shared& sh, ssa_decode_stats* stats) {
