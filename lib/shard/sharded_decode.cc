@@ -226,7 +226,12 @@ absl::Status select_units(Shared& sh, Collective& comm, const LayerStore& view, 
       sel.log_pi.push_back(0.0f);
     }
   }
-  for (size_t u = 0; u < U; ++u) sh.heavy[u] = heavy_global[u];
+  // The stats are shared by the in-process ranks: one writes them (each rank of
+  // a process group has its own).
+  const bool reports = rank == 0 || sh.every_rank_reports;
+  if (reports) {
+    for (size_t u = 0; u < U; ++u) sh.heavy[u] = heavy_global[u];
+  }
   if (!sampling) return absl::OkStatus();
 
   // Stage 4: residual weights and this rank's hierarchy; every rank's residual
@@ -256,7 +261,7 @@ absl::Status select_units(Shared& sh, Collective& comm, const LayerStore& view, 
       heavy_total += all_mass[(size_t{r} * U + u) * 2 + 1];
     }
     const uint64_t m = un.kprime - heavy_global[u];
-    if (rank == 0 || sh.every_rank_reports) {
+    if (reports) {
       sh.residual[u] = residual_mass_of(proposal[u], heavy_total);
       sh.draws[u] = m;
     }
@@ -271,7 +276,9 @@ absl::Status select_units(Shared& sh, Collective& comm, const LayerStore& view, 
     unique[u] = sel.unique - before;
   });
   SSA_RETURN_IF_ERROR(comm.all_reduce_sum(unique.data(), U));
-  for (size_t u = 0; u < U; ++u) sh.unique[u] = unique[u];
+  if (reports) {
+    for (size_t u = 0; u < U; ++u) sh.unique[u] = unique[u];
+  }
   return absl::OkStatus();
 }
 
