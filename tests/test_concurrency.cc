@@ -122,17 +122,25 @@ TEST_CASE("decodes that reuse a runtime's buffers equal decodes on a fresh runti
     auto [s, q] = fill(rt.get(), cases[i].shape);
     want.push_back(decode(s.get(), q, cases[i], i));
   }
-  auto rt = make_runtime(2);
-  std::vector<std::pair<SessionPtr, std::vector<float>>> sessions;
-  for (int sh = 0; sh < 3; ++sh) sessions.push_back(fill(rt.get(), sh));
+  using Sessions = std::vector<std::pair<SessionPtr, std::vector<float>>>;
+  auto fill_all = [&](ssa_runtime* rt) {
+    Sessions out;
+    for (int sh = 0; sh < 3; ++sh) out.push_back(fill(rt, sh));
+    return out;
+  };
   // In turn, largest context first so later, smaller decodes find larger buffers.
-  for (int round = 0; round < 2; ++round) {
-    for (size_t k = 0; k < cases.size(); ++k) {
-      const size_t i = round == 0 ? (k + 2 * cases.size() / 3) % cases.size() : cases.size() - 1 - k;
-      auto& [s, q] = sessions[cases[i].shape];
-      CHECK_MESSAGE(decode(s.get(), q, cases[i], i) == want[i], "case " << i << " round " << round);
+  auto in_turn = [&](Sessions& sessions, const char* runtime) {
+    for (int round = 0; round < 2; ++round) {
+      for (size_t k = 0; k < cases.size(); ++k) {
+        const size_t i = round == 0 ? (k + 2 * cases.size() / 3) % cases.size() : cases.size() - 1 - k;
+        auto& [s, q] = sessions[cases[i].shape];
+        CHECK_MESSAGE(decode(s.get(), q, cases[i], i) == want[i], runtime << ", case " << i << " round " << round);
+      }
     }
-  }
+  };
+  auto rt = make_runtime(2);
+  Sessions sessions = fill_all(rt.get());
+  in_turn(sessions, "unsharded");
   // At once: three threads, each through every case in its own order.
   std::atomic<int> wrong{0};
   std::vector<std::thread> threads;
@@ -162,13 +170,6 @@ TEST_CASE("decodes that reuse a runtime's buffers equal decodes on a fresh runti
   SSA_CHECK_OK(ssa_runtime_create(&o, &raw));
   RuntimePtr sharded(raw);
   REQUIRE(ssa_runtime_num_shards(sharded.get()) == 2);
-  std::vector<std::pair<SessionPtr, std::vector<float>>> on_shards;
-  for (int sh = 0; sh < 3; ++sh) on_shards.push_back(fill(sharded.get(), sh));
-  for (int round = 0; round < 2; ++round) {
-    for (size_t k = 0; k < cases.size(); ++k) {
-      const size_t i = round == 0 ? (k + 2 * cases.size() / 3) % cases.size() : cases.size() - 1 - k;
-      auto& [s, q] = on_shards[cases[i].shape];
-      CHECK_MESSAGE(decode(s.get(), q, cases[i], i) == want[i], "sharded, case " << i << " round " << round);
-    }
-  }
+  Sessions on_shards = fill_all(sharded.get());
+  in_turn(on_shards, "2 shards");
 }
