@@ -90,6 +90,7 @@ def h2d_rate(total, buf=1 << 30):
     torch.cuda.synchronize()
     t = time.perf_counter() - t0
     del src, dst
+    torch.cuda.empty_cache()  # the decode's room: the runtime's budget is near all of the device
     return total / t / 1e9
 
 
@@ -142,6 +143,29 @@ def timed_generate(model, ids, cache, steps, device):
     return time.perf_counter() - t0, out
 
 
+def profile_steps(model, ids, cache, steps, device, top=25):
+    """GPU time per generated step by kernel (torch.profiler, CUPTI: the kernels of
+    CUDA graph replays included), over a generate of steps + 1 tokens; the first
+    token's prefill of one row is part of the total, so steps should be >= 8."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        t, out = timed_generate(model, ids, cache, steps + 1, device)
+    kernels = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            k = kernels.setdefault(e.name, [0.0, 0])
+            k[0] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+            k[1] += 1
+    busy = sum(v[0] for v in kernels.values()) / 1e3 / (steps + 1)
+    print("profile: %d steps in %.1f ms (%.2f ms per step, profiled); GPU busy %.2f ms per step, by kernel (ms per step, "
+          "launches per step):" % (steps + 1, t * 1e3, t * 1e3 / (steps + 1), busy))
+    rows = sorted(kernels.items(), key=lambda kv: -kv[1][0])
+    for name, (us, n) in rows[:top]:
+        print("  %8.3f  %6.1f  %s" % (us / 1e3 / (steps + 1), n / (steps + 1), name[:150]))
+    return dict(wall_ms_per_step=t * 1e3 / (steps + 1), busy_ms_per_step=busy,
+                kernels=[(name, us / 1e3 / (steps + 1), n / (steps + 1)) for name, (us, n) in rows[:top]]), out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", type=int, default=1 << 20)
@@ -163,6 +187,8 @@ def main():
     ap.add_argument("--eager", action="store_true", help="generate without its compiled path (CUDA graphs)")
     ap.add_argument("--reserve-tokens", type=int, default=None, help="SSACache(reserve_tokens=); default by runtime")
     ap.add_argument("--proxy", default=None, help="SSACache(proxy=); default ssa.hf's (qpq; the fill shows it no queries)")
+    ap.add_argument("--profile", type=int, default=0, metavar="STEPS",
+                    help="also run STEPS steps under torch.profiler: GPU time per step by kernel")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     device = torch.device(a.device)
@@ -256,23 +282,29 @@ def main():
     per.sort()
     res["ms_per_token"] = per[len(per) // 2]
     # Rows read from the host per step: an observer sums every layer's stats.
-    steps_rows = []
+    steps_rows, steps_hits = [], []
 
     def observer(layer_idx, q, out, stats, c):
         if layer_idx == c.shape.full_layers[0]:
             steps_rows.append(0)
+            steps_hits.append(0)
         steps_rows[-1] += sum(s.rows_from_host for s in stats if s is not None)
+        steps_hits[-1] += sum(s.host_cache_hits for s in stats if s is not None)
         mem.sample()
 
     cache.observer = observer
     _, ids = timed_generate(model, ids, cache, 4, device)
     cache.observer = None
     res["rows_from_host_per_step"] = steps_rows[1:] or steps_rows
+    res["host_cache_hits_per_step"] = steps_hits[1:] or steps_hits
     res["peak_device_gib"] = mem.sample() / 2 ** 30
     print("decode: %.2f ms per generated token (%.1f tokens/s), median of %d x %d steps at %d tokens; rows read "
-          "from host per step (all layers, all heads): %s; peak device memory in use %.1f GiB"
+          "from host per step (all layers, all heads): %s, read from the device cache of host pages: %s; peak device "
+          "memory in use %.1f GiB"
           % (res["ms_per_token"], 1e3 / res["ms_per_token"], a.reps, a.steps, cache.get_seq_length(),
-             res["rows_from_host_per_step"], res["peak_device_gib"]), flush=True)
+             res["rows_from_host_per_step"], res["host_cache_hits_per_step"], res["peak_device_gib"]), flush=True)
+    if a.profile and device.type == "cuda":
+        res["profile"], ids = profile_steps(model, ids, cache, a.profile, device)
     if a.dense:
         cache.set_params(method="dense")
         t_many, ids = timed_generate(model, ids, cache, 3, device)
