@@ -1,5 +1,6 @@
 // Writes the seed corpus: small valid snapshots (full saves and checkpointed
-// files, with and without an index and metadata) and a few damaged copies.
+// files, with and without an index and metadata, a query-aware session's) and a
+// few damaged copies.
 #include <stdio.h>
 #include <sys/stat.h>
 
@@ -72,6 +73,27 @@ int main(int argc, char** argv) {
       check(append_all_layers(*rows, 3 + t * 5, rng));
       save(*rows, "valid_row_runs_" + tag, true);
     }
+  }
+  // A query-aware session: queries shown before and after its layers train, so
+  // that codebooks and queries sections hold them (a checkpoint adds a second).
+  {
+    ssa_session_config qc = cfg;
+    qc.kv_dtype = SSA_DTYPE_F16;
+    qc.proxy = SSA_PROXY_QPQ;
+    auto q = make_session(rt.get(), qc, 0, 6);
+    auto observe = [&](uint32_t layer, uint64_t n) {
+      std::vector<uint8_t> rows(n * qc.n_q_heads * qc.head_dim * 2);
+      std::normal_distribution<float> nd(0.0f, 1.0f);
+      for (uint64_t i = 0; i < n * qc.n_q_heads * qc.head_dim; ++i) store_from_f32(rows.data(), DType::kF16, i, nd(rng));
+      check(session_observe_queries(*q, layer, rows.data(), n));
+    };
+    observe(0, 5);
+    observe(1, 3);
+    check(append_all_layers(*q, 30, rng));  // past index_min_tokens: trained
+    observe(0, 2);
+    save(*q, "valid_queries_f16", false);
+    observe(1, 4);
+    save(*q, "valid_queries_f16", true);
   }
   // Damaged copies of one valid file.
   const std::vector<uint8_t> good = read_file(dir + "/valid_checkpointed_f16");

@@ -19,6 +19,7 @@ const char* section_kind_name(uint32_t kind) {
     case SectionKind::kShard: return "shard";
     case SectionKind::kKvRows: return "kv-rows";
     case SectionKind::kCodeRows: return "code-rows";
+    case SectionKind::kQueries: return "queries";
   }
   return "unknown";
 }
@@ -148,11 +149,16 @@ uint64_t codebooks_section_bytes(const ssa_session_config& cfg, uint32_t format_
   const uint64_t square = uint64_t{cfg.n_kv_heads} * cfg.head_dim * cfg.head_dim;
   const bool query_aware = proxy_is_query_aware(cfg.proxy);
   const uint64_t transforms = query_aware ? 2 * square : proxy_has_rotation(cfg.proxy) ? square : 0;
-  const uint64_t moments = query_aware ? uint64_t{cfg.n_kv_heads} * sizeof(uint64_t) + square * sizeof(double) : 0;
-  const uint64_t recent = query_aware && format_version >= 4
-                              ? uint64_t{cfg.n_kv_heads} * (sizeof(uint64_t) + sizeof(float) * uint64_t{kRecentQueries} * cfg.head_dim)
-                              : 0;
-  return kCodebooksHeaderBytes + (floats + transforms) * sizeof(float) + moments + recent;
+  const uint64_t moments = !query_aware        ? 0
+                           : format_version >= 4 ? query_moments_bytes(cfg)
+                                                 : uint64_t{cfg.n_kv_heads} * sizeof(uint64_t) + square * sizeof(double);
+  return kCodebooksHeaderBytes + (floats + transforms) * sizeof(float) + moments;
+}
+
+uint64_t query_moments_bytes(const ssa_session_config& cfg) {
+  const uint64_t square = uint64_t{cfg.n_kv_heads} * cfg.head_dim * cfg.head_dim;
+  const uint64_t recent = uint64_t{cfg.n_kv_heads} * (sizeof(uint64_t) + sizeof(float) * uint64_t{kRecentQueries} * cfg.head_dim);
+  return uint64_t{cfg.n_kv_heads} * sizeof(uint64_t) + square * sizeof(double) + recent;
 }
 
 SectionEntry decode_entry(const uint8_t* p) {

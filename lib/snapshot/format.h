@@ -26,8 +26,10 @@ namespace ssa::snap {
 // byte), the query-aware proxies 4 and 5 (transforms and query moments in the
 // codebooks section) and the config's float at offset 80 (pq_parallel_weight).
 // Version 4 adds the recent queries after the query moments of a query-aware
-// codebooks section.
-inline constexpr uint32_t kFormatVersion = 4;
+// codebooks section. Version 5 adds the queries section: what a layer has been
+// shown beyond what its codebooks were trained from (before 5, those queries
+// were not saved).
+inline constexpr uint32_t kFormatVersion = 5;
 
 inline constexpr char kMagic[8] = {'\x89', 'S', 'S', 'A', 'S', 'N', 'P', '\n'};
 inline constexpr char kTableMagic[8] = {'S', 'S', 'A', 'T', 'A', 'B', 'L', 'E'};
@@ -57,8 +59,9 @@ enum class SectionKind : uint32_t {
   kShard = 7,      // the file is one rank's part of a group's snapshot (at most one)
   kKvRows = 8,     // rows [first, first + count) of one layer's KV pages (row_runs.h)
   kCodeRows = 9,   // rows [first, first + count) of one layer's code pages
+  kQueries = 10,   // the queries one layer was shown, where its codebooks do not hold them (at most one per layer)
 };
-inline constexpr uint32_t kLastKnownKind = 9;
+inline constexpr uint32_t kLastKnownKind = 10;
 const char* section_kind_name(uint32_t kind);
 
 // Section flag: a reader that does not know the section's kind may skip it.
@@ -139,6 +142,10 @@ absl::Status decode_config(const uint8_t in[kConfigBytes], uint32_t format_versi
 // Bytes of a codebooks section for cfg (head_dim = pq_subspaces * sub_dim) in a
 // file of format_version.
 uint64_t codebooks_section_bytes(const ssa_session_config& cfg, uint32_t format_version);
+// Bytes of the observed queries (counts, moment sums, recent counts, recent
+// queries) for cfg's shape: the tail of a version 4+ query-aware codebooks
+// section, and the whole of a queries section.
+uint64_t query_moments_bytes(const ssa_session_config& cfg);
 
 // Shard section (64 bytes): u64 set_id, u32 rank, u32 n_ranks, u64
 // shard_tokens, 40 reserved zero bytes. The file holds the pages of the tokens

@@ -28,7 +28,8 @@ namespace ssa {
 namespace {
 
 // What every rank's copy of a group's session shares (all but the pages):
-// config, layer lengths, index state and codebooks, metadata. Caller holds s.mu.
+// config, layer lengths, index state and codebooks, observed queries, metadata.
+// Caller holds s.mu.
 uint64_t content_hash(const ssa_session& s) {
   XXH3_state_t* h = XXH3_createState();
   if (h == nullptr) throw std::bad_alloc();
@@ -47,6 +48,8 @@ uint64_t content_hash(const ssa_session& s) {
       const uint64_t moments = query_moments_hash(l.codebooks->trained_moments.get());
       XXH3_64bits_update(h, &moments, sizeof moments);
     }
+    const uint64_t shown = query_moments_hash(l.query_moments.get());
+    XXH3_64bits_update(h, &shown, sizeof shown);
   }
   XXH3_64bits_update(h, s.metadata.data(), s.metadata.size());
   const uint64_t v = XXH3_64bits_digest(h);

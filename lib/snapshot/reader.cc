@@ -201,6 +201,7 @@ struct Parsed {
     uint64_t n_tokens = 0, trained_at = 0;
     bool has_codebooks = false;
     int64_t codebooks_entry = -1;
+    int64_t queries_entry = -1;  // the queries section (version 5), or -1
     std::vector<uint32_t> kv_src, code_src;  // winning entry per page
     std::vector<uint32_t> kv_row_runs, code_row_runs;  // row-run entries, in table order
     snap::RowPieces kv_rows, code_rows;  // pages that row runs give rows of (row_runs.h)
@@ -236,6 +237,33 @@ absl::Status run_checksum_error(const std::string& path, const SectionEntry& e, 
 }
 
 // Reads a whole section into memory and checks its hash.
+// Observed queries as the format stores them (snap::query_moments_bytes; before
+// version 4 without the recent ones) at `at`, checked; null when no KV head
+// was shown any (a layer shown none has no moments).
+absl::StatusOr<QueryMomentsRef> read_query_moments(const uint8_t* at, uint32_t n_kv, uint32_t d, bool with_recent,
+                                                   const std::string& path, uint32_t layer) {
+  auto qm = std::make_shared<QueryMoments>();
+  qm->n_kv_heads = n_kv;
+  qm->head_dim = d;
+  qm->count.resize(n_kv);
+  memcpy(qm->count.data(), at, qm->count.size() * sizeof(uint64_t));
+  at += qm->count.size() * sizeof(uint64_t);
+  qm->sum.resize(size_t{n_kv} * d * d);
+  memcpy(qm->sum.data(), at, qm->sum.size() * sizeof(double));
+  at += qm->sum.size() * sizeof(double);
+  if (with_recent) {
+    qm->recent_count.resize(n_kv);
+    memcpy(qm->recent_count.data(), at, qm->recent_count.size() * sizeof(uint64_t));
+    at += qm->recent_count.size() * sizeof(uint64_t);
+    qm->recent.resize(size_t{n_kv} * kRecentQueries * d);
+    memcpy(qm->recent.data(), at, qm->recent.size() * sizeof(float));
+  }
+  SSA_RETURN_IF_ERROR(snap::check_query_moments(*qm, path, layer));
+  bool any = false;
+  for (const uint64_t c : qm->count) any |= c > 0;
+  return any ? QueryMomentsRef(std::move(qm)) : QueryMomentsRef();
+}
+
 absl::Status read_section(const Parsed& p, size_t idx, std::string* out) {
   const SectionEntry& e = p.entries[idx];
   out->resize(static_cast<size_t>(e.length));
@@ -358,7 +386,8 @@ absl::Status read_table(Parsed* p) {
                              e.kind == uint32_t(SectionKind::kCodePages) ||
                              e.kind == uint32_t(SectionKind::kKvRows) ||
                              e.kind == uint32_t(SectionKind::kCodeRows) ||
-                             e.kind == uint32_t(SectionKind::kCodebooks);
+                             e.kind == uint32_t(SectionKind::kCodebooks) ||
+                             e.kind == uint32_t(SectionKind::kQueries);
       if (!per_layer && e.layer != snap::kNoLayer) {
         return corrupt(path, describe(e, p->entries.size()), " names a layer");
       }
@@ -496,8 +525,8 @@ absl::Status parse(const std::string& path, int fd, Parsed* p) {
   for (size_t i = 0; i < p->entries.size(); ++i) {
     const SectionEntry& e = p->entries[i];
     const auto kind = static_cast<SectionKind>(e.kind);
-    if (kind != SectionKind::kKvPages && kind != SectionKind::kCodePages &&
-        kind != SectionKind::kCodebooks && kind != SectionKind::kKvRows && kind != SectionKind::kCodeRows) {
+    if (kind != SectionKind::kKvPages && kind != SectionKind::kCodePages && kind != SectionKind::kCodebooks &&
+        kind != SectionKind::kKvRows && kind != SectionKind::kCodeRows && kind != SectionKind::kQueries) {
       continue;
     }
     if (e.layer >= p->cfg.n_layers) {
@@ -514,6 +543,19 @@ absl::Status parse(const std::string& path, int fd, Parsed* p) {
       if (!kv && !L.has_codebooks) return corrupt(path, describe(e, i), " belongs to a layer without codebooks");
       SSA_RETURN_IF_ERROR(snap::check_row_run(path, e, i, snap::row_shape(p->layout, kv), p->held));
       (kv ? L.kv_row_runs : L.code_row_runs).push_back(static_cast<uint32_t>(i));
+    } else if (kind == SectionKind::kQueries) {
+      if (p->sb.format_version < 5 || !proxy_is_query_aware(p->cfg.proxy) || L.queries_entry >= 0) {
+        return corrupt(path, describe(e, i),
+                       p->sb.format_version < 5               ? " is in a file of format version " +
+                                                                   std::to_string(p->sb.format_version)
+                       : !proxy_is_query_aware(p->cfg.proxy) ? " belongs to a session whose proxy learns no queries"
+                                                             : " is a second one for its layer");
+      }
+      const uint64_t bytes = snap::query_moments_bytes(p->cfg);
+      if (e.length != bytes) {
+        return corrupt(path, describe(e, i), " has ", e.length, " bytes, expected ", bytes);
+      }
+      L.queries_entry = static_cast<int64_t>(i);
     } else {
       if (!L.has_codebooks || L.codebooks_entry >= 0) {
         return corrupt(path, describe(e, i), L.has_codebooks ? " is a second one for its layer"
@@ -757,6 +799,10 @@ absl::Status check_rank_file(const snap::Manifest& m, uint32_t r, const Parsed& 
                             p.entries[x.codebooks_entry].length != first.entries[y.codebooks_entry].length)) {
       return bad("holds other codebooks for layer ", l, " than rank 0's");
     }
+    if ((x.queries_entry >= 0) != (y.queries_entry >= 0) ||
+        (x.queries_entry >= 0 && p.entries[x.queries_entry].xxh3 != first.entries[y.queries_entry].xxh3)) {
+      return bad("holds other observed queries for layer ", l, " than rank 0's");
+    }
   }
   return absl::OkStatus();
 }
@@ -933,31 +979,35 @@ absl::StatusOr<std::unique_ptr<ssa_session>> load(ssa_runtime* rt, const char* p
           cb->query_transform.resize(square);
           memcpy(cb->query_transform.data(), at, square * sizeof(float));
           at += square * sizeof(float);
-          auto qm = std::make_shared<QueryMoments>();
-          qm->n_kv_heads = cb->n_kv_heads;
-          qm->head_dim = cb->head_dim();
-          qm->count.resize(cb->n_kv_heads);
-          memcpy(qm->count.data(), at, qm->count.size() * sizeof(uint64_t));
-          at += qm->count.size() * sizeof(uint64_t);
-          qm->sum.resize(square);
-          memcpy(qm->sum.data(), at, square * sizeof(double));
-          at += square * sizeof(double);
-          if (p.sb.format_version >= 4) {
-            qm->recent_count.resize(cb->n_kv_heads);
-            memcpy(qm->recent_count.data(), at, qm->recent_count.size() * sizeof(uint64_t));
-            at += qm->recent_count.size() * sizeof(uint64_t);
-            qm->recent.resize(size_t{cb->n_kv_heads} * kRecentQueries * qm->head_dim);
-            memcpy(qm->recent.data(), at, qm->recent.size() * sizeof(float));
-          }
-          SSA_RETURN_IF_ERROR(snap::check_query_moments(*qm, p.path, e.layer));
-          // No queries observed: none to train from (a layer shown none has no moments).
-          bool any = false;
-          for (const uint64_t c : qm->count) any |= c > 0;
-          if (any) cb->trained_moments = std::move(qm);
-          layers[e.layer].query_moments = cb->trained_moments;
+          absl::StatusOr<QueryMomentsRef> qm =
+              read_query_moments(at, cb->n_kv_heads, cb->head_dim(), p.sb.format_version >= 4, p.path, e.layer);
+          if (!qm.ok()) return qm.status();
+          cb->trained_moments = *std::move(qm);
+          // Queries shown after the training, if any, replace these below.
+          if (p.layers[e.layer].queries_entry < 0) layers[e.layer].query_moments = cb->trained_moments;
         }
         SSA_RETURN_IF_ERROR(snap::check_codebooks(*cb, p.path, e.layer));
         layers[e.layer].codebooks = std::move(cb);
+      } else if (kind == SectionKind::kQueries && fi == 0) {
+        SSA_RETURN_IF_ERROR(read_section(p, i, &body));
+        absl::StatusOr<QueryMomentsRef> qm = read_query_moments(reinterpret_cast<const uint8_t*>(body.data()),
+                                                                p.cfg.n_kv_heads, p.cfg.head_dim, true, p.path, e.layer);
+        if (!qm.ok()) return qm.status();
+        layers[e.layer].query_moments = *std::move(qm);
+      }
+    }
+  }
+  // A layer's queries are all it was shown, its codebooks' among them: never
+  // fewer per KV head than the codebooks were trained from.
+  for (uint32_t l = 0; l < p0.cfg.n_layers; ++l) {
+    const QueryMoments* trained = layers[l].codebooks ? layers[l].codebooks->trained_moments.get() : nullptr;
+    if (p0.layers[l].queries_entry < 0 || trained == nullptr) continue;
+    const QueryMoments* shown = layers[l].query_moments.get();
+    for (uint32_t h = 0; h < trained->n_kv_heads; ++h) {
+      const uint64_t n = shown != nullptr ? shown->count[h] : 0;
+      if (n < trained->count[h]) {
+        return corrupt(p0.path, "layer ", l, " KV head ", h, " was shown ", n, " queries, fewer than the ",
+                       trained->count[h], " its codebooks were trained from");
       }
     }
   }
@@ -1026,6 +1076,8 @@ absl::StatusOr<std::unique_ptr<ssa_session>> load(ssa_runtime* rt, const char* p
       rl.code_rows = p0.layers[l].code_rows;
       rl.codebooks = layers[l].codebooks;
       rl.codebooks_entry = p0.layers[l].codebooks_entry;
+      if (p0.layers[l].queries_entry >= 0) rl.queries = layers[l].query_moments;
+      rl.queries_entry = p0.layers[l].queries_entry;
     }
   }
   {

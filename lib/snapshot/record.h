@@ -60,6 +60,8 @@ struct SnapshotRecord {
     std::map<uint64_t, std::vector<uint32_t>> kv_rows, code_rows;
     CodebooksRef codebooks;
     int64_t codebooks_entry = -1;
+    QueryMomentsRef queries;  // as the queries section holds them (null: none)
+    int64_t queries_entry = -1;
   };
   std::vector<Layer> layers;
   int64_t config_entry = -1, layers_entry = -1, metadata_entry = -1;

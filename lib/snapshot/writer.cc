@@ -156,6 +156,34 @@ void copy_visible(const KvLayout& lay, SectionKind kind, const uint8_t* src, uin
   }
 }
 
+// Whether observed queries (null: none) have the shape of n_kv KV heads of d
+// dimensions (recent queries may be absent: moments read from a version 3 file).
+bool moments_fit(const QueryMoments* qm, uint32_t n_kv, uint32_t d) {
+  return qm == nullptr ||
+         (qm->count.size() == n_kv && qm->sum.size() == size_t{n_kv} * d * d &&
+          (qm->recent_count.empty() ||
+           (qm->recent_count.size() == n_kv && qm->recent.size() == size_t{n_kv} * kRecentQueries * d)));
+}
+
+// The observed queries as the format stores them (snap::query_moments_bytes):
+// counts, moment sums, recent counts, recent queries; none observed is zeros, and
+// moments read from a version 3 file have zero recent counts and rows.
+absl::Status write_query_moments(SectionWriter& w, const QueryMoments* qm, uint32_t n_kv, uint32_t d) {
+  const size_t square = size_t{n_kv} * d * d, recent_floats = size_t{n_kv} * kRecentQueries * d;
+  const bool any = qm != nullptr, recent = any && !qm->recent_count.empty();
+  const std::vector<uint64_t> zero_counts(recent ? 0 : n_kv, 0);
+  const std::vector<double> zero_sum(any ? 0 : square, 0.0);
+  const std::vector<float> zero_recent(recent ? 0 : recent_floats, 0.0f);
+  const std::vector<uint64_t>& count = any ? qm->count : zero_counts;
+  const std::vector<double>& sum = any ? qm->sum : zero_sum;
+  const std::vector<uint64_t>& recent_count = recent ? qm->recent_count : zero_counts;
+  const std::vector<float>& recent_rows = recent ? qm->recent : zero_recent;
+  SSA_RETURN_IF_ERROR(w.write(count.data(), count.size() * sizeof(uint64_t)));
+  SSA_RETURN_IF_ERROR(w.write(sum.data(), sum.size() * sizeof(double)));
+  SSA_RETURN_IF_ERROR(w.write(recent_count.data(), recent_count.size() * sizeof(uint64_t)));
+  return w.write(recent_rows.data(), recent_rows.size() * sizeof(float));
+}
+
 SnapshotState& state_of(ssa_session& s) {
   if (!s.snapshot) s.snapshot = std::make_shared<SnapshotState>();
   return *s.snapshot;
@@ -234,7 +262,7 @@ absl::Status write_body(const ssa_session& s, const SnapshotState& st, const Sna
   using RowRefs = std::map<uint64_t, std::vector<int64_t>>;
   std::vector<std::vector<int64_t>> kv_refs(s.layers.size()), code_refs(s.layers.size());
   std::vector<RowRefs> kv_row_refs(s.layers.size()), code_row_refs(s.layers.size());
-  std::vector<int64_t> cb_refs(s.layers.size(), kNone);
+  std::vector<int64_t> cb_refs(s.layers.size(), kNone), query_refs(s.layers.size(), kNone);
   rec->layers.resize(s.layers.size());
 
   std::unique_ptr<uint8_t[]> partial;   // the masked copy of a partial last page, or a run's rows
@@ -411,10 +439,7 @@ absl::Status write_body(const ssa_session& s, const SnapshotState& st, const Sna
                                          rotation_floats, " and ", query_aware ? square : 0));
         }
         const QueryMoments* qm = cb.trained_moments.get();
-        const size_t recent_floats = size_t{cb.n_kv_heads} * kRecentQueries * cb.head_dim();
-        if (qm != nullptr && (qm->count.size() != cb.n_kv_heads || qm->sum.size() != square ||
-                              (!qm->recent_count.empty() && (qm->recent_count.size() != cb.n_kv_heads ||
-                                                             qm->recent.size() != recent_floats)))) {
+        if (!moments_fit(qm, cb.n_kv_heads, cb.head_dim())) {
           return make_error(SSA_ERR_INTERNAL, absl::StrCat("layer ", l, " query moments do not fit the codebooks"));
         }
         if (cb.data.size() != floats) {
@@ -434,22 +459,25 @@ absl::Status write_body(const ssa_session& s, const SnapshotState& st, const Sna
         SSA_RETURN_IF_ERROR(w.write(cb.rotation.data(), cb.rotation.size() * sizeof(float)));
         if (query_aware) {
           SSA_RETURN_IF_ERROR(w.write(cb.query_transform.data(), square * sizeof(float)));
-          // No queries observed: zero counts and sums.
-          const std::vector<uint64_t> no_count(qm == nullptr ? cb.n_kv_heads : 0, 0);
-          const std::vector<double> no_sum(qm == nullptr ? square : 0, 0.0);
-          const std::vector<uint64_t>& count = qm != nullptr ? qm->count : no_count;
-          const std::vector<double>& sum = qm != nullptr ? qm->sum : no_sum;
-          SSA_RETURN_IF_ERROR(w.write(count.data(), count.size() * sizeof(uint64_t)));
-          SSA_RETURN_IF_ERROR(w.write(sum.data(), sum.size() * sizeof(double)));
-          // Moments read from a version 3 file keep no recent queries: zero counts and rows.
-          const bool recent = qm != nullptr && !qm->recent_count.empty();
-          const std::vector<uint64_t> no_recent_count(recent ? 0 : cb.n_kv_heads, 0);
-          const std::vector<float> no_recent(recent ? 0 : recent_floats, 0.0f);
-          const std::vector<uint64_t>& recent_count = recent ? qm->recent_count : no_recent_count;
-          const std::vector<float>& recent_rows = recent ? qm->recent : no_recent;
-          SSA_RETURN_IF_ERROR(w.write(recent_count.data(), recent_count.size() * sizeof(uint64_t)));
-          SSA_RETURN_IF_ERROR(w.write(recent_rows.data(), recent_rows.size() * sizeof(float)));
+          SSA_RETURN_IF_ERROR(write_query_moments(w, qm, cb.n_kv_heads, cb.head_dim()));
         }
+        w.end();
+      }
+    }
+    // Queries shown since the codebooks were trained (or to a layer not trained
+    // yet): the next training learns from them, so they are saved too.
+    const QueryMoments* trained = L.codebooks ? L.codebooks->trained_moments.get() : nullptr;
+    if (L.query_moments != nullptr && L.query_moments.get() != trained) {
+      rl.queries = L.query_moments;
+      if (pl != nullptr && pl->queries.get() == L.query_moments.get() && pl->queries_entry >= 0) {
+        query_refs[l] = pl->queries_entry;
+      } else {
+        if (!proxy_is_query_aware(s.config.proxy) || !moments_fit(L.query_moments.get(), s.config.n_kv_heads, s.config.head_dim)) {
+          return make_error(SSA_ERR_INTERNAL, absl::StrCat("layer ", l, " query moments do not fit the session"));
+        }
+        query_refs[l] = new_ref();
+        SSA_RETURN_IF_ERROR(w.begin(SectionKind::kQueries, l, snap::kSectionAlign));
+        SSA_RETURN_IF_ERROR(write_query_moments(w, L.query_moments.get(), s.config.n_kv_heads, s.config.head_dim));
         w.end();
       }
     }
@@ -471,6 +499,7 @@ absl::Status write_body(const ssa_session& s, const SnapshotState& st, const Sna
   mark(meta_ref);
   for (size_t l = 0; l < s.layers.size(); ++l) {
     mark(cb_refs[l]);
+    mark(query_refs[l]);
     for (int64_t r : kv_refs[l]) mark(r);
     for (int64_t r : code_refs[l]) mark(r);
     for (const RowRefs* rr : {&kv_row_refs[l], &code_row_refs[l]}) {
@@ -498,6 +527,7 @@ absl::Status write_body(const ssa_session& s, const SnapshotState& st, const Sna
   for (size_t l = 0; l < s.layers.size(); ++l) {
     SnapshotRecord::Layer& rl = rec->layers[l];
     rl.codebooks_entry = remap(cb_refs[l]);
+    rl.queries_entry = remap(query_refs[l]);
     rl.kv_entry.resize(kv_refs[l].size());
     for (size_t i = 0; i < kv_refs[l].size(); ++i)
       rl.kv_entry[i] = static_cast<uint32_t>(remap(kv_refs[l][i]));

@@ -1,11 +1,12 @@
-// The proxy in snapshots (format versions 2 to 4): OPQ, 4-bit and query-aware
+// The proxy in snapshots (format versions 2 to 5): OPQ, 4-bit and query-aware
 // sessions round-trip with their rotations, packed codes, score-aware weight,
-// query moments and recent queries, every loaded rotation, code nibble, weight
-// and query value is checked, damage to the new bytes is refused or harmless,
-// and older files still load: version 1 files, which hold no proxy, as PQ;
-// version 2 files (written by the version 2 library and kept in
-// tests/snapshot/data) as PQ or OPQ with squared-error codebooks; version 3
-// query-aware files (likewise kept) without recent queries.
+// query moments, recent queries and the queries shown since training, every
+// loaded rotation, code nibble, weight and query value is checked, damage to the
+// new bytes is refused or harmless, and older files still load: version 1 files,
+// which hold no proxy, as PQ; version 2 files (written by the version 2 library
+// and kept in tests/snapshot/data) as PQ or OPQ with squared-error codebooks;
+// version 3 query-aware files (likewise kept) without recent queries; version 4
+// files (likewise) with the queries their codebooks were trained from only.
 #include <doctest/doctest.h>
 #include <math.h>
 
@@ -269,8 +270,9 @@ TEST_CASE("the committed version 1 corpus files still load, as PQ sessions") {
   const std::string dir = SSA_FUZZ_CORPUS_DIR;
   int loaded = 0;
   for (const std::string& f : list_dir(dir)) {
-    // valid_row_runs_*: written by a version 2 writer (checkpoints with row runs).
-    if (f.rfind("valid_", 0) != 0 || f.rfind("valid_row_runs_", 0) == 0) continue;
+    // valid_row_runs_*: written by a version 2 writer (checkpoints with row runs);
+    // valid_queries_*: by a version 5 writer (a query-aware session's sections).
+    if (f.rfind("valid_", 0) != 0 || f.rfind("valid_row_runs_", 0) == 0 || f.rfind("valid_queries_", 0) == 0) continue;
     CAPTURE(f);
     SnapshotImage img;
     img.bytes = read_file(dir + "/" + f);
@@ -323,8 +325,10 @@ void check_refused_by_every_load(ssa_runtime* rt, SnapshotImage& img, const std:
     CAPTURE(flags);
     const absl::Status st = load_edited(rt, img, bad, flags);
     REQUIRE(!st.ok());
+    const std::string message(st.message());
+    INFO(message);
     CHECK(status_code(st) == SSA_ERR_CORRUPT);
-    for (const std::string& part : says) CHECK(std::string(st.message()).find(part) != std::string::npos);
+    for (const std::string& part : says) CHECK(message.find(part) != std::string::npos);
   }
 }
 
@@ -792,7 +796,7 @@ TEST_CASE("version 3 query-aware files load without recent queries, retrain from
   ssa_snapshot_info info{};
   info.struct_size = sizeof info;
   REQUIRE(snapshot_inspect(path.c_str(), &info).ok());
-  CHECK(info.format_version == 4);
+  CHECK(info.format_version == snap::kFormatVersion);
   absl::StatusOr<std::unique_ptr<ssa_session>> again = snapshot_load(rt.get(), path.c_str(), SSA_LOAD_VERIFY);
   REQUIRE(again.ok());
   CHECK(store_diff(**r, **again) == "");
@@ -808,4 +812,261 @@ TEST_CASE("version 3 query-aware files load without recent queries, retrain from
     CHECK(b->recent_count == std::vector<uint64_t>(2, l == 0 ? 10 : 0));
     if (l == 0) CHECK(a->recent == b->recent);
   }
+}
+
+namespace {
+
+bool same_moments(const QueryMoments* a, const QueryMoments* b) {
+  if (a == nullptr || b == nullptr) return a == b;
+  return a->count == b->count && a->sum == b->sum && a->recent_count == b->recent_count && a->recent == b->recent;
+}
+
+int count_sections(const SnapshotImage& img, snap::SectionKind kind) {
+  int n = 0;
+  for (const snap::SectionEntry& e : img.entries) n += e.kind == uint32_t(kind);
+  return n;
+}
+
+// A query-aware session whose layer 0 was shown queries before and after its
+// training and whose layer 1 was shown queries but holds too few tokens to train.
+std::unique_ptr<ssa_session> shown_after_training(ssa_runtime* rt, ssa_proxy proxy) {
+  auto s = make_session(rt, qpq_file_config(proxy), 0, 61);
+  REQUIRE(s);
+  std::mt19937_64 rng(62);
+  const std::vector<uint8_t> q = random_queries(*s, 30, rng);
+  REQUIRE(session_observe_queries(*s, 0, q.data(), 20).ok());
+  REQUIRE(append_random(*s, 0, 70, rng).ok());  // past index_min_tokens: trained
+  REQUIRE(session_observe_queries(*s, 0, q.data() + q.size() / 30 * 20, 10).ok());
+  REQUIRE(session_observe_queries(*s, 1, q.data(), 25).ok());
+  REQUIRE(append_random(*s, 1, 30, rng).ok());  // below index_min_tokens: not trained
+  std::shared_lock lock(s->mu);
+  REQUIRE(s->layers[0].codebooks != nullptr);
+  REQUIRE(s->layers[0].query_moments->count[0] == 2 * 30);
+  REQUIRE(s->layers[0].codebooks->trained_moments->count[0] == 2 * 20);
+  REQUIRE(s->layers[1].codebooks == nullptr);
+  return s;
+}
+
+// Both sessions' observed queries equal, and after the same training the same
+// index and decodes.
+void check_retrains_alike(ssa_session& a, ssa_session& b) {
+  {
+    std::shared_lock la(a.mu), lb(b.mu);
+    for (uint32_t l = 0; l < a.layout.n_layers; ++l) {
+      CAPTURE(l);
+      CHECK(same_moments(a.layers[l].query_moments.get(), b.layers[l].query_moments.get()));
+    }
+  }
+  REQUIRE(session_update_index(a).ok());
+  REQUIRE(session_update_index(b).ok());
+  CHECK(store_diff(a, b) == "");
+  CHECK(decode_fingerprint(a, 9) == decode_fingerprint(b, 9));
+}
+
+// Section i of `from` copied into img after its sections (the table moved past it).
+void append_section(SnapshotImage& img, SnapshotImage& from, size_t i) {
+  snap::SectionEntry e = from.entries[i];
+  e.offset = (img.sb.table_offset + 63) / 64 * 64;
+  img.bytes.resize(e.offset);
+  img.bytes.insert(img.bytes.end(), from.body(i), from.body(i) + e.length);
+  img.sb.table_offset = (img.bytes.size() + 63) / 64 * 64;
+  img.bytes.resize(img.sb.table_offset);
+  img.entries.push_back(e);
+}
+
+}  // namespace
+
+TEST_CASE("queries shown since training, or to a layer not trained yet, survive save, checkpoint and load") {
+  auto rt = make_runtime();
+  const std::string dir = temp_dir();
+  for (ssa_proxy proxy : {SSA_PROXY_QPQ, SSA_PROXY_QPQ4}) {
+    CAPTURE(proxy);
+    for (bool checkpoint : {false, true}) {
+      CAPTURE(checkpoint);
+      const std::string path = dir + (checkpoint ? "/ck.snap" : "/save.snap");
+      auto s = shown_after_training(rt.get(), proxy);
+      // A checkpoint before the last observation: the file's queries section is
+      // rewritten by the next one.
+      if (checkpoint) REQUIRE(snapshot_checkpoint(*s, path.c_str()).ok());
+      std::mt19937_64 rng(63);
+      const std::vector<uint8_t> q = random_queries(*s, 4, rng);
+      REQUIRE(session_observe_queries(*s, 1, q.data(), 4).ok());
+      REQUIRE((checkpoint ? snapshot_checkpoint(*s, path.c_str()) : snapshot_save(*s, path.c_str())).ok());
+      SnapshotImage img;
+      img.bytes = read_file(path);
+      REQUIRE(img.parse());
+      CHECK(img.sb.format_version == snap::kFormatVersion);
+      CHECK(count_sections(img, snap::SectionKind::kQueries) == 2);
+      for (uint32_t flags : kAllFlags) {
+        CAPTURE(flags);
+        absl::StatusOr<std::unique_ptr<ssa_session>> r = snapshot_load(rt.get(), path.c_str(), flags);
+        REQUIRE(r.ok());
+        {
+          std::shared_lock la(s->mu), lb((*r)->mu);
+          REQUIRE((*r)->layers[0].codebooks != nullptr);
+          CHECK(same_moments((*r)->layers[0].codebooks->trained_moments.get(),
+                             s->layers[0].codebooks->trained_moments.get()));
+          CHECK((*r)->layers[1].query_moments->count[1] == 2 * (25 + 4));
+        }
+        CHECK(decode_fingerprint(*s, 8) == decode_fingerprint(**r, 8));
+      }
+      absl::StatusOr<std::unique_ptr<ssa_session>> r = snapshot_load(rt.get(), path.c_str(), 0);
+      REQUIRE(r.ok());
+      // The loaded session, checkpointed with nothing new shown, keeps its
+      // queries sections; retrained (the queries are its codebooks' now), it
+      // writes none.
+      REQUIRE(snapshot_checkpoint(**r, path.c_str()).ok());
+      img.bytes = read_file(path);
+      REQUIRE(img.parse());
+      CHECK(count_sections(img, snap::SectionKind::kQueries) == 2);
+      check_retrains_alike(*s, **r);
+      REQUIRE(snapshot_checkpoint(**r, path.c_str()).ok());
+      img.bytes = read_file(path);
+      REQUIRE(img.parse());
+      CHECK(count_sections(img, snap::SectionKind::kQueries) == 0);
+      absl::StatusOr<std::unique_ptr<ssa_session>> again = snapshot_load(rt.get(), path.c_str(), SSA_LOAD_VERIFY);
+      REQUIRE(again.ok());
+      CHECK(store_diff(**r, **again) == "");
+      std::shared_lock la((*r)->mu), lb((*again)->mu);
+      for (uint32_t l = 0; l < 2; ++l) {
+        CHECK(same_moments((*r)->layers[l].query_moments.get(), (*again)->layers[l].query_moments.get()));
+      }
+    }
+  }
+}
+
+TEST_CASE("a forked query-aware session saves the queries it was shown, not its parent's later ones") {
+  auto rt = make_runtime();
+  const std::string dir = temp_dir(), path = dir + "/fork.snap";
+  auto s = shown_after_training(rt.get(), SSA_PROXY_QPQ);
+  absl::StatusOr<std::unique_ptr<ssa_session>> f = session_fork(*s);
+  REQUIRE(f.ok());
+  std::mt19937_64 rng(64);
+  const std::vector<uint8_t> q = random_queries(*s, 6, rng);
+  REQUIRE(session_observe_queries(*s, 0, q.data(), 6).ok());
+  REQUIRE(snapshot_save(**f, path.c_str()).ok());
+  absl::StatusOr<std::unique_ptr<ssa_session>> r = snapshot_load(rt.get(), path.c_str(), 0);
+  REQUIRE(r.ok());
+  check_retrains_alike(**f, **r);
+}
+
+TEST_CASE("damaged or misplaced queries sections are refused by every load") {
+  auto rt = make_runtime();
+  const std::string dir = temp_dir(), path = dir + "/qs.snap", bad = dir + "/bad.snap";
+  auto s = shown_after_training(rt.get(), SSA_PROXY_QPQ4);
+  REQUIRE(snapshot_save(*s, path.c_str()).ok());
+  SnapshotImage base;
+  base.bytes = read_file(path);
+  REQUIRE(base.parse());
+  const int q0 = base.find(snap::SectionKind::kQueries, 0), q1 = base.find(snap::SectionKind::kQueries, 1);
+  REQUIRE(q0 >= 0);
+  REQUIRE(q1 >= 0);
+  const ssa_session_config c = qpq_file_config(SSA_PROXY_QPQ4);
+  REQUIRE(base.entries[size_t(q0)].length == snap::query_moments_bytes(c));
+  const uint32_t d = c.head_dim;
+  const size_t sum_off = c.n_kv_heads * sizeof(uint64_t);
+  {
+    INFO("fewer queries than the codebooks were trained from");
+    SnapshotImage img = base;
+    // KV head 0 of layer 0: 39 observed, the last 39 kept (the rows after them zeroed).
+    const size_t recent_count_off = sum_off + sizeof(double) * size_t{c.n_kv_heads} * d * d;
+    const size_t recent_off = recent_count_off + c.n_kv_heads * sizeof(uint64_t);
+    snap::put_u64(img.body(size_t(q0)), 2 * 20 - 1);
+    snap::put_u64(img.body(size_t(q0)) + recent_count_off, 2 * 20 - 1);
+    memset(img.body(size_t(q0)) + recent_off + sizeof(float) * (2 * 20 - 1) * d, 0,
+           sizeof(float) * (kRecentQueries - (2 * 20 - 1)) * d);
+    img.rehash(size_t(q0));
+    check_refused_by_every_load(rt.get(), img, bad, {"fewer than the", "trained from"});
+  }
+  {
+    INFO("a moment sum NaN");
+    SnapshotImage img = base;
+    const double nan = NAN;
+    memcpy(img.body(size_t(q1)) + sum_off + 8 * (d + 1), &nan, 8);
+    img.rehash(size_t(q1));
+    check_refused_by_every_load(rt.get(), img, bad, {"query moments"});
+  }
+  {
+    INFO("a second queries section for a layer");
+    SnapshotImage img = base;
+    append_section(img, base, size_t(q1));
+    check_refused_by_every_load(rt.get(), img, bad, {"second one"});
+  }
+  {
+    INFO("one byte short");
+    SnapshotImage img = base;
+    img.entries[size_t(q1)].length -= 1;
+    img.rehash(size_t(q1));
+    check_refused_by_every_load(rt.get(), img, bad, {"bytes, expected"});
+  }
+  {
+    INFO("in a version 4 file");
+    SnapshotImage img = base;
+    img.sb.format_version = 4;
+    check_refused_by_every_load(rt.get(), img, bad, {"format version 4"});
+  }
+  {
+    INFO("in a file of a proxy that learns no queries");
+    const std::string pq_path = dir + "/pq.snap";
+    ssa_session_config pc = qpq_file_config(SSA_PROXY_QPQ4);
+    pc.proxy = SSA_PROXY_PQ4;
+    SnapshotImage img = saved_image(rt.get(), pc, pq_path);
+    REQUIRE(img.find(snap::SectionKind::kQueries) < 0);
+    append_section(img, base, size_t(q1));
+    check_refused_by_every_load(rt.get(), img, bad, {"learns no queries"});
+  }
+}
+
+// tests/snapshot/data/v4_qpq_f16.ssa was written by the version 4 library: 2
+// layers, 4 q / 2 KV heads, head dim 32, f16, SSA_PROXY_QPQ of 8 subspaces x 16
+// centroids, page_tokens 16, index_min_tokens 64, train sample 256, 2
+// iterations, model fingerprint 0x0B0B0004; layer l shown 20 + l random queries
+// (4 leading dimensions of scale 3, the rest 0.5), 70 random tokens appended to
+// each layer, the index updated, then layer 0 shown 3 more queries (which a
+// version 4 file does not hold).
+TEST_CASE("version 4 query-aware files load with the queries their codebooks were trained from") {
+  auto rt = make_runtime();
+  const std::string dir = temp_dir(), path = dir + "/v4_qpq_f16.ssa";
+  const std::vector<uint8_t> bytes = read_file(std::string(SSA_SNAPSHOT_DATA_DIR) + "/v4_qpq_f16.ssa");
+  REQUIRE(!bytes.empty());
+  REQUIRE(write_file(path, bytes.data(), bytes.size()));
+  SnapshotImage img;
+  img.bytes = bytes;
+  REQUIRE(img.parse());
+  CHECK(img.sb.format_version == 4);
+  CHECK(img.find(snap::SectionKind::kQueries) < 0);
+  for (uint32_t flags : kAllFlags) {
+    CAPTURE(flags);
+    absl::StatusOr<std::unique_ptr<ssa_session>> r = snapshot_load(rt.get(), path.c_str(), flags);
+    REQUIRE(r.ok());
+    ssa_session& s = **r;
+    CHECK(s.config.proxy == SSA_PROXY_QPQ);
+    CHECK(s.config.model_fingerprint == 0x0B0B0004ull);
+    CHECK(session_length(s) == 70);
+    {
+      std::shared_lock lock(s.mu);
+      for (uint32_t l = 0; l < 2; ++l) {
+        const QueryMoments* qm = s.layers[l].query_moments.get();
+        REQUIRE(qm != nullptr);
+        CHECK(qm == s.layers[l].codebooks->trained_moments.get());
+        CHECK(qm->count[0] == 2 * (20 + l));
+        CHECK(qm->recent_count[0] == 2 * (20 + l));
+      }
+    }
+    CHECK(check_loaded_session(s, flags != SSA_LOAD_MMAP) == "");
+  }
+  // Shown new queries, a checkpoint writes version 5 with them; loaded, it retrains alike.
+  absl::StatusOr<std::unique_ptr<ssa_session>> r = snapshot_load(rt.get(), path.c_str(), 0);
+  REQUIRE(r.ok());
+  std::mt19937_64 rng(65);
+  const std::vector<uint8_t> q = random_queries(**r, 5, rng);
+  REQUIRE(session_observe_queries(**r, 1, q.data(), 5).ok());
+  REQUIRE(snapshot_checkpoint(**r, path.c_str()).ok());
+  img.bytes = read_file(path);
+  REQUIRE(img.parse());
+  CHECK(img.sb.format_version == snap::kFormatVersion);
+  CHECK(img.find(snap::SectionKind::kQueries, 1) >= 0);
+  absl::StatusOr<std::unique_ptr<ssa_session>> again = snapshot_load(rt.get(), path.c_str(), SSA_LOAD_VERIFY);
+  REQUIRE(again.ok());
+  check_retrains_alike(**r, **again);
 }

@@ -562,8 +562,8 @@ class Runtime:
                 (4-bit codes: pq_centroids <= 16, an even pq_subspaces; 32 x 16
                 costs PQ's 16 bytes), "opq4" (both), "qpq" (a transform learned
                 from the queries shown with Session.observe_queries) or "qpq4".
-                All but "pq": CPU runtimes only, a CUDA runtime raises
-                ssa.Unsupported.
+                Every proxy runs on both backends; a CUDA runtime of several
+                devices or processes takes "pq" only (others: ssa.Unsupported).
             pq_parallel_weight: the score-aware loss's weight (1: squared error,
                 the default; > 1 weighs each key's quantisation error along the key
                 that much more; CPU runtimes only above 1).

@@ -194,6 +194,41 @@ def test_save_load_fork_resume_equal_uninterrupted(make, tmp_path):
     assert again.get_seq_length() == cache.get_seq_length() == 211
 
 
+@pytest.mark.parametrize("turns", [1, 2], ids=["after-the-prompt", "after-a-second-prompt"])
+def test_query_aware_cache_saved_between_prefill_and_decode_continues_as_uninterrupted(turns, tmp_path):
+    """A document read (prefilled) and saved before any question is decoded, or a
+    second message prefilled after a reply: the queries the prefill showed the
+    cache's query-aware proxy are in the save, so the loaded cache trains the index
+    the uninterrupted one trains (at its first decode, or when a third message
+    grows it enough to retrain) and its logits are bit for bit the same."""
+    model = _llama()
+    ids = _ids(480)
+    kw = dict(method="ssa", sparsity=6, n_sink=4, n_local=4, seed=3)
+    # prompt | reply (decoded) | second prompt | (after the save) third prompt
+    cuts = [150] if turns == 1 else [100, 104, 200, 460]
+
+    def run(save_at_end):
+        cache = ssa.hf.SSACache(model, **kw)
+        assert cache.sessions == [] or cache.sessions[0].config.proxy == ssa.Proxy.QPQ
+        with torch.no_grad():
+            model(ids[:, :cuts[0]], past_key_values=cache)
+            if turns == 2:
+                for t in range(cuts[0], cuts[1]):
+                    model(ids[:, t:t + 1], past_key_values=cache)
+                model(ids[:, cuts[1]:cuts[2]], past_key_values=cache)
+        if save_at_end:
+            cache.save(tmp_path / "c")
+            cache = ssa.hf.SSACache.load(tmp_path / "c", model)
+        assert cache.sessions[0].config.proxy == ssa.Proxy.QPQ
+        with torch.no_grad():
+            if turns == 2:
+                model(ids[:, cuts[2]:cuts[3]], past_key_values=cache)
+            return torch.stack([model(ids[:, t:t + 1], past_key_values=cache).logits[:, -1]
+                                for t in range(cuts[-1], cuts[-1] + 12)], dim=1)
+
+    assert torch.equal(run(False), run(True))
+
+
 @pytest.mark.parametrize("storage", [dict(proxy="pq4"), dict(proxy="opq4"), dict(proxy="qpq4"), dict(proxy="opq"),
                                      dict(proxy="pq", page_tokens=64), {}],
                          ids=["pq4", "opq4", "qpq4", "opq", "pq-pages64", "default"])
