@@ -179,7 +179,8 @@ TEST_CASE("gpu proxies: CUDA sessions learn the CPU's index, encode its codes an
   const Data d = make_data(9000, 61);
   const std::vector<uint16_t> obs = observed_queries(96, 62);
   for (const ProxyCase& pc : kCases) {
-    CAPTURE(pc.name);
+    const std::string name = pc.name;
+    CAPTURE(name);
     ssa_session* sc = proxy_session(cpu, pc);
     ssa_session* sg = proxy_session(gpu, pc);  // device pointers
     if (query_aware(pc.proxy)) {
@@ -213,7 +214,7 @@ TEST_CASE("gpu proxies: CUDA sessions learn the CPU's index, encode its codes an
 
     // Codes: equal but for near-ties of two centroids, each checked in float64.
     const CodeComparison cmp = compare_codes(sg, sc, d);
-    MESSAGE(pc.name, ": ", cmp.differ, " of ", cmp.codes, " codes differ from the CPU's");
+    MESSAGE(name, ": ", cmp.differ, " of ", cmp.codes, " codes differ from the CPU's");
     CHECK(cmp.not_nearest == 0);
     CHECK(cmp.differ * 1000 <= cmp.codes);  // at most 0.1%
 
