@@ -10,6 +10,7 @@
 #include <doctest/doctest.h>
 #include <math.h>
 
+#include <functional>
 #include <initializer_list>
 #include <random>
 
@@ -737,6 +738,51 @@ TEST_CASE("damaged recent queries are refused by every load") {
   }
 }
 
+namespace {
+
+// Copies tests/snapshot/data/`name` into dir and returns its path, after checking
+// its format version and loading it with every flag: the proxy, fingerprint and
+// length it was written with, each of its 2 layers passing check_layer, and the
+// loaded session consistent.
+std::string load_fixture_every_way(ssa_runtime* rt, const std::string& dir, const char* name, uint32_t version,
+                                   ssa_proxy proxy, uint64_t fingerprint,
+                                   const std::function<void(uint32_t, const LayerStore&)>& check_layer) {
+  const std::string path = dir + "/" + name;
+  const std::vector<uint8_t> bytes = read_file(std::string(SSA_SNAPSHOT_DATA_DIR) + "/" + name);
+  REQUIRE(!bytes.empty());
+  REQUIRE(write_file(path, bytes.data(), bytes.size()));
+  SnapshotImage img;
+  img.bytes = bytes;
+  REQUIRE(img.parse());
+  CHECK(img.sb.format_version == version);
+  CHECK(img.find(snap::SectionKind::kQueries) < 0);
+  ssa_snapshot_info info{};
+  info.struct_size = sizeof info;
+  REQUIRE(snapshot_inspect(path.c_str(), &info).ok());
+  CHECK(info.proxy == proxy);
+  CHECK(info.pq_parallel_weight == 1.0f);
+  for (uint32_t flags : kAllFlags) {
+    CAPTURE(flags);
+    absl::StatusOr<std::unique_ptr<ssa_session>> r = snapshot_load(rt, path.c_str(), flags);
+    REQUIRE(r.ok());
+    ssa_session& s = **r;
+    CHECK(s.config.proxy == proxy);
+    CHECK(s.config.model_fingerprint == fingerprint);
+    CHECK(session_length(s) == 70);
+    {
+      std::shared_lock lock(s.mu);
+      for (uint32_t l = 0; l < 2; ++l) {
+        CAPTURE(l);
+        check_layer(l, s.layers[l]);
+      }
+    }
+    CHECK(check_loaded_session(s, flags != SSA_LOAD_MMAP) == "");
+  }
+  return path;
+}
+
+}  // namespace
+
 // tests/snapshot/data/v3_qpq4_f16.ssa was written by the version 3 library: 2
 // layers, 4 q / 2 KV heads, head dim 32, f16, SSA_PROXY_QPQ4 of 16 subspaces x 16
 // centroids, page_tokens 16, index_min_tokens 64, train sample 256, 2
@@ -744,40 +790,14 @@ TEST_CASE("damaged recent queries are refused by every load") {
 // (4 leading dimensions of scale 3, the rest 0.5), then 70 random tokens.
 TEST_CASE("version 3 query-aware files load without recent queries, retrain from new ones, and checkpoint as version 4") {
   auto rt = make_runtime();
-  const std::string dir = temp_dir(), path = dir + "/v3_qpq4_f16.ssa";
-  const std::vector<uint8_t> bytes = read_file(std::string(SSA_SNAPSHOT_DATA_DIR) + "/v3_qpq4_f16.ssa");
-  REQUIRE(!bytes.empty());
-  REQUIRE(write_file(path, bytes.data(), bytes.size()));
-  SnapshotImage img;
-  img.bytes = bytes;
-  REQUIRE(img.parse());
-  CHECK(img.sb.format_version == 3);
-  {
-    ssa_snapshot_info info{};
-    info.struct_size = sizeof info;
-    REQUIRE(snapshot_inspect(path.c_str(), &info).ok());
-    CHECK(info.proxy == SSA_PROXY_QPQ4);
-    CHECK(info.pq_parallel_weight == 1.0f);
-  }
-  for (uint32_t flags : kAllFlags) {
-    CAPTURE(flags);
-    absl::StatusOr<std::unique_ptr<ssa_session>> r = snapshot_load(rt.get(), path.c_str(), flags);
-    REQUIRE(r.ok());
-    ssa_session& s = **r;
-    CHECK(s.config.proxy == SSA_PROXY_QPQ4);
-    CHECK(s.config.model_fingerprint == 0x0B0B0003ull);
-    CHECK(session_length(s) == 70);
-    {
-      std::shared_lock lock(s.mu);
-      for (uint32_t l = 0; l < 2; ++l) {
-        const QueryMoments* qm = s.layers[l].query_moments.get();
-        REQUIRE(qm != nullptr);
-        CHECK(qm->count[0] == 2 * (20 + l));
-        CHECK(qm->recent_count.empty());
-      }
-    }
-    CHECK(check_loaded_session(s, flags != SSA_LOAD_MMAP) == "");
-  }
+  const std::string dir = temp_dir();
+  const std::string path = load_fixture_every_way(rt.get(), dir, "v3_qpq4_f16.ssa", 3, SSA_PROXY_QPQ4, 0x0B0B0003ull,
+                                                  [](uint32_t l, const LayerStore& layer) {
+                                                    const QueryMoments* qm = layer.query_moments.get();
+                                                    REQUIRE(qm != nullptr);
+                                                    CHECK(qm->count[0] == 2 * (20 + l));
+                                                    CHECK(qm->recent_count.empty());
+                                                  });
   // Shown new queries, a layer keeps only those as recent and retrains from
   // them; the checkpoint writes version 4 and loads back the same.
   absl::StatusOr<std::unique_ptr<ssa_session>> r = snapshot_load(rt.get(), path.c_str(), 0);
@@ -1026,35 +1046,15 @@ TEST_CASE("damaged or misplaced queries sections are refused by every load") {
 // version 4 file does not hold).
 TEST_CASE("version 4 query-aware files load with the queries their codebooks were trained from") {
   auto rt = make_runtime();
-  const std::string dir = temp_dir(), path = dir + "/v4_qpq_f16.ssa";
-  const std::vector<uint8_t> bytes = read_file(std::string(SSA_SNAPSHOT_DATA_DIR) + "/v4_qpq_f16.ssa");
-  REQUIRE(!bytes.empty());
-  REQUIRE(write_file(path, bytes.data(), bytes.size()));
-  SnapshotImage img;
-  img.bytes = bytes;
-  REQUIRE(img.parse());
-  CHECK(img.sb.format_version == 4);
-  CHECK(img.find(snap::SectionKind::kQueries) < 0);
-  for (uint32_t flags : kAllFlags) {
-    CAPTURE(flags);
-    absl::StatusOr<std::unique_ptr<ssa_session>> r = snapshot_load(rt.get(), path.c_str(), flags);
-    REQUIRE(r.ok());
-    ssa_session& s = **r;
-    CHECK(s.config.proxy == SSA_PROXY_QPQ);
-    CHECK(s.config.model_fingerprint == 0x0B0B0004ull);
-    CHECK(session_length(s) == 70);
-    {
-      std::shared_lock lock(s.mu);
-      for (uint32_t l = 0; l < 2; ++l) {
-        const QueryMoments* qm = s.layers[l].query_moments.get();
-        REQUIRE(qm != nullptr);
-        CHECK(qm == s.layers[l].codebooks->trained_moments.get());
-        CHECK(qm->count[0] == 2 * (20 + l));
-        CHECK(qm->recent_count[0] == 2 * (20 + l));
-      }
-    }
-    CHECK(check_loaded_session(s, flags != SSA_LOAD_MMAP) == "");
-  }
+  const std::string dir = temp_dir();
+  const std::string path = load_fixture_every_way(rt.get(), dir, "v4_qpq_f16.ssa", 4, SSA_PROXY_QPQ, 0x0B0B0004ull,
+                                                  [](uint32_t l, const LayerStore& layer) {
+                                                    const QueryMoments* qm = layer.query_moments.get();
+                                                    REQUIRE(qm != nullptr);
+                                                    CHECK(qm == layer.codebooks->trained_moments.get());
+                                                    CHECK(qm->count[0] == 2 * (20 + l));
+                                                    CHECK(qm->recent_count[0] == 2 * (20 + l));
+                                                  });
   // Shown new queries, a checkpoint writes version 5 with them; loaded, it retrains alike.
   absl::StatusOr<std::unique_ptr<ssa_session>> r = snapshot_load(rt.get(), path.c_str(), 0);
   REQUIRE(r.ok());
@@ -1062,6 +1062,7 @@ TEST_CASE("version 4 query-aware files load with the queries their codebooks wer
   const std::vector<uint8_t> q = random_queries(**r, 5, rng);
   REQUIRE(session_observe_queries(**r, 1, q.data(), 5).ok());
   REQUIRE(snapshot_checkpoint(**r, path.c_str()).ok());
+  SnapshotImage img;
   img.bytes = read_file(path);
   REQUIRE(img.parse());
   CHECK(img.sb.format_version == snap::kFormatVersion);
