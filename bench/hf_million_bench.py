@@ -156,14 +156,15 @@ def profile_steps(model, ids, cache, steps, device, top=25):
             k = kernels.setdefault(e.name, [0.0, 0])
             k[0] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
             k[1] += 1
-    busy = sum(v[0] for v in kernels.values()) / 1e3 / (steps + 1)
+    n_steps = steps + 1
+    busy = sum(v[0] for v in kernels.values()) / 1e3 / n_steps
     print("profile: %d steps in %.1f ms (%.2f ms per step, profiled); GPU busy %.2f ms per step, by kernel (ms per step, "
-          "launches per step):" % (steps + 1, t * 1e3, t * 1e3 / (steps + 1), busy))
-    rows = sorted(kernels.items(), key=lambda kv: -kv[1][0])
-    for name, (us, n) in rows[:top]:
-        print("  %8.3f  %6.1f  %s" % (us / 1e3 / (steps + 1), n / (steps + 1), name[:150]))
-    return dict(wall_ms_per_step=t * 1e3 / (steps + 1), busy_ms_per_step=busy,
-                kernels=[(name, us / 1e3 / (steps + 1), n / (steps + 1)) for name, (us, n) in rows[:top]]), out
+          "launches per step):" % (n_steps, t * 1e3, t * 1e3 / n_steps, busy))
+    top_kernels = [(name, us / 1e3 / n_steps, n / n_steps)
+                   for name, (us, n) in sorted(kernels.items(), key=lambda kv: -kv[1][0])[:top]]
+    for name, ms, launches in top_kernels:
+        print("  %8.3f  %6.1f  %s" % (ms, launches, name[:150]))
+    return dict(wall_ms_per_step=t * 1e3 / n_steps, busy_ms_per_step=busy, kernels=top_kernels), out
 
 
 def main():

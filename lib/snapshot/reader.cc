@@ -236,7 +236,6 @@ absl::Status run_checksum_error(const std::string& path, const SectionEntry& e, 
                  ") fails its checksum");
 }
 
-// Reads a whole section into memory and checks its hash.
 // Observed queries as the format stores them (snap::query_moments_bytes; before
 // version 4 without the recent ones) at `at`, checked; null when no KV head
 // was shown any (a layer shown none has no moments).
@@ -264,6 +263,7 @@ absl::StatusOr<QueryMomentsRef> read_query_moments(const uint8_t* at, uint32_t n
   return any ? QueryMomentsRef(std::move(qm)) : QueryMomentsRef();
 }
 
+// Reads a whole section into memory and checks its hash.
 absl::Status read_section(const Parsed& p, size_t idx, std::string* out) {
   const SectionEntry& e = p.entries[idx];
   out->resize(static_cast<size_t>(e.length));
@@ -544,13 +544,13 @@ absl::Status parse(const std::string& path, int fd, Parsed* p) {
       SSA_RETURN_IF_ERROR(snap::check_row_run(path, e, i, snap::row_shape(p->layout, kv), p->held));
       (kv ? L.kv_row_runs : L.code_row_runs).push_back(static_cast<uint32_t>(i));
     } else if (kind == SectionKind::kQueries) {
-      if (p->sb.format_version < 5 || !proxy_is_query_aware(p->cfg.proxy) || L.queries_entry >= 0) {
-        return corrupt(path, describe(e, i),
-                       p->sb.format_version < 5               ? " is in a file of format version " +
-                                                                   std::to_string(p->sb.format_version)
-                       : !proxy_is_query_aware(p->cfg.proxy) ? " belongs to a session whose proxy learns no queries"
-                                                             : " is a second one for its layer");
+      if (p->sb.format_version < 5) {
+        return corrupt(path, describe(e, i), " is in a file of format version ", p->sb.format_version);
       }
+      if (!proxy_is_query_aware(p->cfg.proxy)) {
+        return corrupt(path, describe(e, i), " belongs to a session whose proxy learns no queries");
+      }
+      if (L.queries_entry >= 0) return corrupt(path, describe(e, i), " is a second one for its layer");
       const uint64_t bytes = snap::query_moments_bytes(p->cfg);
       if (e.length != bytes) {
         return corrupt(path, describe(e, i), " has ", e.length, " bytes, expected ", bytes);
