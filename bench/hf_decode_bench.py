@@ -28,7 +28,7 @@ index is trained at the first decode step, so the time to the second token is
 reported beside it).
 
   python3 bench/hf_decode_bench.py [--contexts 32768,131072,524288] [--batches 1,4] [--layers 32]
-      [--paths sdpa-default,sdpa-static,ssa-eager,ssa-compiled] [--ttft 32768,131072] [--json out.json]
+      [--paths sdpa-default,sdpa-static,ssa-eager,ssa-compiled] [--ttft 32768,131072] [--proxy pq] [--json out.json]
 """
 import argparse
 import gc
@@ -166,6 +166,7 @@ def main():
                     help="sdpa-default only up to this many tokens x batch (its cache copies itself per step)")
     ap.add_argument("--max-tokens", type=int, default=1 << 20,
                     help="(context x batch) above this is skipped: its K/V would not fit beside the model")
+    ap.add_argument("--proxy", default=None, help="SSACache(proxy=); default ssa.hf's")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     paths = a.paths.split(",")
@@ -187,7 +188,7 @@ def main():
         return fill(c, L, n - 1, batch, 7)
 
     def ssa_cache():
-        return ssa.hf.SSACache(use("ssa"), method="ssa", sparsity=a.sparsity)
+        return ssa.hf.SSACache(use("ssa"), method="ssa", sparsity=a.sparsity, proxy=a.proxy)
 
     floors = {}
     for batch in [int(x) for x in a.batches.split(",")]:

@@ -5,11 +5,14 @@ SSACache does during a prefill, and timed three ways:
   append+index   the default policy: each layer's index trained when its append
                  reaches index_min_tokens (on the prefill's critical path);
   append only    index_min_tokens above N: no training;
-  index only     ssa_session_update_index on the filled session (every layer).
+  index only     ssa_session_update_index on the filled session (every layer),
+                 once per proxy of --proxies; the query-aware ones (qpq, qpq4) are
+                 first shown 256 random queries per layer, as ssa.hf shows them a
+                 prefill's last queries, so that they learn transforms and key weights.
 What the appends may cost is set by transformers' sdpa prefill of the model (its
 time to first token, about 1.36 s at 32K on the H200): SSA's must stay within 1.15x.
 
-  python3 bench/prefill_index_profile.py [--contexts 32768,131072] [--layers 32]
+  python3 bench/prefill_index_profile.py [--contexts 32768,131072] [--layers 32] [--proxies pq,qpq,qpq4]
 
 The training's kernels one by one (gather_kernel, seed_kernel, assign_accumulate_kernel,
 finish_kernel, encode_kernel):
@@ -28,8 +31,12 @@ def kv(n, gen):
             torch.randn(8, n, 128, generator=gen, device="cuda", dtype=torch.bfloat16).transpose(0, 1).contiguous())
 
 
-def fill(rt, layers, data, index_min):
+def fill(rt, layers, data, index_min, proxy="pq"):
     kw = {} if index_min is None else dict(index_min_tokens=index_min)
+    if proxy != "pq":
+        kw["proxy"] = proxy
+        if proxy.endswith("4"):
+            kw.update(pq_subspaces=32, pq_centroids=16)
     s = rt.create_session(n_layers=layers, n_q_heads=32, n_kv_heads=8, head_dim=128, dtype="bfloat16", **kw)
     stream = torch.cuda.current_stream()
     torch.cuda.synchronize()
@@ -45,23 +52,34 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--contexts", default="32768,131072")
     ap.add_argument("--layers", type=int, default=32)
+    ap.add_argument("--proxies", default="pq")
     a = ap.parse_args()
     rt = ssa.Runtime(backend="cuda")
-    print("| N | layers | append+index s | append only s | index only s | index s per layer |")
-    print("|---|---|---|---|---|---|")
+    proxies = a.proxies.split(",")
+    print("| N | layers | append+index s | append only s | " + " | ".join(
+        "index only s (%s) | per layer" % p for p in proxies) + " |")
+    print("|---|---|---|---|" + "---|---|" * len(proxies))
     for n in [int(x) for x in a.contexts.split(",")]:
         gen = torch.Generator(device="cuda").manual_seed(n)
         data = [kv(n, gen) for _ in range(4)]  # 4 distinct layers' K/V, reused
+        queries = torch.randn(256, 32, 128, generator=gen, device="cuda", dtype=torch.bfloat16)
         fill(rt, 2, data, None)[0].close()  # warm-up
         s, t_both = fill(rt, a.layers, data, None)
         s.close()
-        s, t_app = fill(rt, a.layers, data, 1 << 31)
-        t0 = time.perf_counter()
-        s.update_index()
-        torch.cuda.synchronize()
-        t_idx = time.perf_counter() - t0
-        s.close()
-        print("| %d | %d | %.3f | %.3f | %.3f | %.4f |" % (n, a.layers, t_both, t_app, t_idx, t_idx / a.layers))
+        index = []
+        for proxy in proxies:
+            s, t_app = fill(rt, a.layers, data, 1 << 31, proxy)
+            if proxy.startswith("qpq"):
+                for layer in range(a.layers):
+                    s.observe_queries(layer, queries)
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            s.update_index()
+            torch.cuda.synchronize()
+            index.append(time.perf_counter() - t0)
+            s.close()
+        print("| %d | %d | %.3f | %.3f | " % (n, a.layers, t_both, t_app) +
+              " | ".join("%.3f | %.4f" % (t, t / a.layers) for t in index) + " |")
         del data
         torch.cuda.empty_cache()
 

@@ -3,7 +3,9 @@
 // spread subset of the sample, with the CPU's draws (lib/index/kmeans_rng.h) and
 // the CPU's arithmetic (lib/index/kmeans_pp_rule.h): D^2 weights are integers, so
 // the block's scan of them gives the running sums the CPU's sequential loop
-// does, and both pick the same seeds.
+// does, and both pick the same seeds. Weighted training (the query-aware
+// proxies' key weights) draws with probability ~ w D^2, the float product the
+// CPU takes.
 #include "device_util.cuh"
 #include "index/kmeans_pp_rule.h"
 #include "index/kmeans_rng.h"
@@ -27,8 +29,9 @@ __device__ uint64_t warp_inclusive_scan(uint64_t v, uint32_t lane) {
   return v;
 }
 
-__global__ void __launch_bounds__(kSeedThreads) seed_kernel(PqIndexShape s, const float* x, uint32_t n,
-                                                            float* subset_all, float* books) {
+// weights: [n_kv][n], or null (every point weighs 1).
+__global__ void __launch_bounds__(kSeedThreads) seed_kernel(PqIndexShape s, const float* x, const float* weights,
+                                                            uint32_t n, float* subset_all, float* books) {
   __shared__ float cen[kMaxSub];
   __shared__ uint64_t warp_sum[kWarps];
   __shared__ float warp_max[kWarps];
@@ -65,7 +68,13 @@ __global__ void __launch_bounds__(kSeedThreads) seed_kernel(PqIndexShape s, cons
   // This thread's run of points [r0, r1) and their weights.
   const uint32_t run = (ns + kSeedThreads - 1) / kSeedThreads;
   const uint32_t r0 = min(ns, tid * run), r1 = min(ns, r0 + run);
-  float d2[kMaxRun];
+  float d2[kMaxRun], wt[kMaxRun];
+#pragma unroll
+  for (uint32_t r = 0; r < kMaxRun; ++r)
+    wt[r] = weights != nullptr && r0 + r < r1 ? weights[size_t{h} * n + kmeans_pp_subset_point(r0 + r, n)] : 1.0f;
+  // A point's draw weight: D^2, times its weight if it has one (kmeans_pp_seed's rule).
+  const bool weighted = weights != nullptr;
+  auto draw = [weighted](float d, float w) { return weighted ? __fmul_rn(d, w) : d; };
   auto take_pick = [&](uint32_t c) {
     const uint32_t p = pick_s;
     if (tid < sub) {
@@ -80,7 +89,7 @@ __global__ void __launch_bounds__(kSeedThreads) seed_kernel(PqIndexShape s, cons
   for (uint32_t r = 0; r < kMaxRun; ++r) {
     const uint32_t i = r0 + r;
     d2[r] = i < r1 ? kmeans_pp_sq_dist(pts + size_t{i} * sub, cen, sub) : 0.0f;
-    mx = fmaxf(mx, d2[r]);
+    mx = fmaxf(mx, draw(d2[r], wt[r]));
   }
   for (uint32_t o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
   if (lane == 0) warp_max[warp] = mx;
@@ -93,7 +102,7 @@ __global__ void __launch_bounds__(kSeedThreads) seed_kernel(PqIndexShape s, cons
     // Running sums of the weights in point order: this thread's, then the block's.
     uint64_t mine = 0;
 #pragma unroll
-    for (uint32_t r = 0; r < kMaxRun; ++r) mine += r0 + r < r1 ? kmeans_pp_weight(d2[r], scale) : 0;
+    for (uint32_t r = 0; r < kMaxRun; ++r) mine += r0 + r < r1 ? kmeans_pp_weight(draw(d2[r], wt[r]), scale) : 0;
     const uint64_t incl = warp_inclusive_scan(mine, lane);
     if (lane == 31) warp_sum[warp] = incl;
     const double u = next_uniform();
@@ -116,7 +125,7 @@ __global__ void __launch_bounds__(kSeedThreads) seed_kernel(PqIndexShape s, cons
 #pragma unroll
         for (uint32_t r = 0; r < kMaxRun; ++r) {
           if (r0 + r >= r1) break;
-          run_sum += kmeans_pp_weight(d2[r], scale);
+          run_sum += kmeans_pp_weight(draw(d2[r], wt[r]), scale);
           if (run_sum > target) {
             pick_s = r0 + r;
             break;
@@ -137,10 +146,12 @@ __global__ void __launch_bounds__(kSeedThreads) seed_kernel(PqIndexShape s, cons
 
 }  // namespace
 
-cudaError_t pq_seed(const PqIndexShape& s, uint32_t n, void* workspace, float* books, cudaStream_t st) {
+cudaError_t pq_seed(const PqIndexShape& s, uint32_t n, bool weighted, void* workspace, float* books,
+                    cudaStream_t st) {
   if (n == 0 || s.head_dim / s.subspaces > kMaxSub || s.centroids == 0) return cudaErrorInvalidValue;
   const KmeansWorkspace w = kmeans_workspace(s, n, workspace);
-  seed_kernel<<<s.n_kv_heads * s.subspaces, kSeedThreads, 0, st>>>(s, w.x, n, w.seed_points, books);
+  seed_kernel<<<s.n_kv_heads * s.subspaces, kSeedThreads, 0, st>>>(s, w.x, weighted ? w.weights : nullptr, n,
+                                                                   w.seed_points, books);
   return cudaGetLastError();
 }
 

@@ -17,7 +17,10 @@ struct KmeansWorkspace {
   float* seed_points;    // each codebook's k-means++ subset: [n_kv][M][subset][sub]
   uint32_t* counts;      // points per centroid: [n_kv][M][K]
   uint32_t* restarts;    // each codebook's restart draws so far: [n_kv][M]
-  uint32_t* max_abs;     // each codebook's largest |coordinate|, as float bits: [n_kv][M]
+  uint32_t* max_abs;     // each codebook's largest |weight x coordinate|, as float bits: [n_kv][M]
+  float* weights;        // the sample's training weights, when weighted: [n_kv][n]
+  long long* mass;       // fixed-point weight sums per centroid, when weighted: [n_kv][M][K]
+  uint32_t* max_weight;  // each head's largest weight, as float bits: [n_kv]
   size_t bytes;
 };
 
@@ -37,6 +40,9 @@ inline KmeansWorkspace kmeans_workspace(const PqIndexShape& s, uint32_t n, void*
   w.counts = reinterpret_cast<uint32_t*>(take(books * s.centroids * sizeof(uint32_t)));
   w.restarts = reinterpret_cast<uint32_t*>(take(books * sizeof(uint32_t)));
   w.max_abs = reinterpret_cast<uint32_t*>(take(books * sizeof(uint32_t)));
+  w.weights = reinterpret_cast<float*>(take(size_t{s.n_kv_heads} * n * sizeof(float)));
+  w.mass = reinterpret_cast<long long*>(take(books * s.centroids * sizeof(long long)));
+  w.max_weight = reinterpret_cast<uint32_t*>(take(size_t{s.n_kv_heads} * sizeof(uint32_t)));
   w.bytes = at;
   return w;
 }

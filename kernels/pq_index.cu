@@ -45,23 +45,28 @@ __device__ uint32_t nearest(const float* cent, uint32_t K, const float (&x)[SUB]
   return bc;
 }
 
-// Element r of T k for a row-major d x d T in shared memory: the CPU's rotate()
-// (lib/index/pq_index.cc) to the bit, eight interleaved partial sums added
-// pairwise in its order, products and sums rounded one by one.
-template <typename T>
-__device__ float transformed_elem(const PqIndexShape& s, const float* t_row, const uint8_t* const* kv_pages,
-                                  uint32_t tok, uint32_t h) {
-  const uint32_t d = s.head_dim, d8 = d / 8 * 8;
+// Element r of T k for a row of T and the key's elements key(j): the CPU's
+// rotate() (lib/index/pq_index.cc) to the bit, eight interleaved partial sums
+// added pairwise in its order, products and sums rounded one by one.
+template <typename Key>
+__device__ float cpu_order_dot(const float* t_row, uint32_t d, Key key) {
+  const uint32_t d8 = d / 8 * 8;
   float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
   for (uint32_t j = 0; j < d8; j += 8) {
 #pragma unroll
-    for (uint32_t k = 0; k < 8; ++k)
-      acc[k] = __fadd_rn(acc[k], __fmul_rn(t_row[j + k], key_elem<T>(s, kv_pages, tok, h, j + k)));
+    for (uint32_t k = 0; k < 8; ++k) acc[k] = __fadd_rn(acc[k], __fmul_rn(t_row[j + k], key(j + k)));
   }
   float r = __fadd_rn(__fadd_rn(__fadd_rn(acc[0], acc[4]), __fadd_rn(acc[1], acc[5])),
                       __fadd_rn(__fadd_rn(acc[2], acc[6]), __fadd_rn(acc[3], acc[7])));
-  for (uint32_t j = d8; j < d; ++j) r = __fadd_rn(r, __fmul_rn(t_row[j], key_elem<T>(s, kv_pages, tok, h, j)));
+  for (uint32_t j = d8; j < d; ++j) r = __fadd_rn(r, __fmul_rn(t_row[j], key(j)));
   return r;
+}
+
+// Element r of T k, T's row in shared memory, the key read from its page.
+template <typename T>
+__device__ float transformed_elem(const PqIndexShape& s, const float* t_row, const uint8_t* const* kv_pages,
+                                  uint32_t tok, uint32_t h) {
+  return cpu_order_dot(t_row, s.head_dim, [&](uint32_t j) { return key_elem<T>(s, kv_pages, tok, h, j); });
 }
 
 // One block: PER consecutive subspaces of one KV head (PER = 2 with 4-bit codes:
@@ -125,14 +130,25 @@ bool dispatch_sub(uint32_t sub, F&& f) {
   return false;
 }
 
-// Copies the keys of `n` evenly spaced tokens into x[n_kv][n][head_dim] floats.
+// Copies the keys of `n` evenly spaced tokens into x[n_kv][n][head_dim] floats;
+// with a key transform (books not null) each key's T k, the key staged in
+// shared memory and T's rows read from the device codebooks.
 template <typename T>
 __global__ void gather_kernel(PqIndexShape s, const uint8_t* const* kv_pages, uint32_t n_tokens,
-                              uint32_t n, float* x) {
-  const uint32_t i = blockIdx.x, h = blockIdx.y;
+                              uint32_t n, const float* books, float* x) {
+  extern __shared__ float key_s[];  // [head_dim], with a transform
+  const uint32_t i = blockIdx.x, h = blockIdx.y, d = s.head_dim;
   const uint32_t t = static_cast<uint32_t>((uint64_t{i} * n_tokens) / n);
-  for (uint32_t j = threadIdx.x; j < s.head_dim; j += blockDim.x)
-    x[(size_t{h} * n + i) * s.head_dim + j] = key_elem<T>(s, kv_pages, t, h, j);
+  float* out = x + (size_t{h} * n + i) * d;
+  if (books == nullptr) {
+    for (uint32_t j = threadIdx.x; j < d; j += blockDim.x) out[j] = key_elem<T>(s, kv_pages, t, h, j);
+    return;
+  }
+  for (uint32_t j = threadIdx.x; j < d; j += blockDim.x) key_s[j] = key_elem<T>(s, kv_pages, t, h, j);
+  __syncthreads();
+  const float* tr = books + device_books_layout(s).key_transform_offset() + size_t{h} * d * d;
+  for (uint32_t r = threadIdx.x; r < d; r += blockDim.x)
+    out[r] = cpu_order_dot(tr + size_t{r} * d, d, [&](uint32_t j) { return key_s[j]; });
 }
 
 template <typename F>
@@ -185,14 +201,19 @@ cudaError_t pq_encode_at(const PqIndexShape& s, const uint8_t* const* kv_pages, 
 size_t kmeans_workspace_bytes(const PqIndexShape& s, uint32_t n) { return kmeans_workspace(s, n, nullptr).bytes; }
 
 cudaError_t pq_gather_sample(const PqIndexShape& s, const uint8_t* const* kv_pages, uint32_t n_tokens,
-                             uint32_t n, void* workspace, cudaStream_t st) {
-  if (n == 0 || s.head_dim / s.subspaces > 64) return cudaErrorInvalidValue;
+                             uint32_t n, const float* books, void* workspace, cudaStream_t st) {
+  if (n == 0 || s.head_dim / s.subspaces > 64 || s.key_transform != (books != nullptr)) return cudaErrorInvalidValue;
   float* x = kmeans_workspace(s, n, workspace).x;
   return with_dtype(s.dtype, [&](auto v) {
     using T = decltype(v);
-    gather_kernel<T><<<dim3(n, s.n_kv_heads), 128, 0, st>>>(s, kv_pages, n_tokens, n, x);
+    const size_t smem = books != nullptr ? s.head_dim * sizeof(float) : 0;
+    gather_kernel<T><<<dim3(n, s.n_kv_heads), 128, smem, st>>>(s, kv_pages, n_tokens, n, books, x);
     return cudaGetLastError();
   });
+}
+
+float* kmeans_sample_weights(const PqIndexShape& s, uint32_t n, void* workspace) {
+  return kmeans_workspace(s, n, workspace).weights;
 }
 
 }  // namespace ssa::cuda

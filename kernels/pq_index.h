@@ -57,17 +57,24 @@ size_t kmeans_workspace_bytes(const PqIndexShape& s, uint32_t n);
 // Training codebooks, all on the device, in three steps on one stream:
 // pq_gather_sample copies the keys of n tokens spread evenly over the first
 // n_tokens into the workspace as floats, sample[n_kv][n][head_dim] (the
-// workspace's first bytes); pq_seed writes k-means++ seeds into books (device
-// [n_kv][M][K][sub]), the seeds the CPU's kmeans_pp_seed picks from the same
-// points (lib/index/kmeans_pp_rule.h); pq_lloyd then runs `iterations` Lloyd
+// workspace's first bytes); with s.key_transform it writes each key's T k
+// instead, T from `books` (device_books_layout; null otherwise), with the bits
+// of pq_encode's transformed keys. pq_seed writes k-means++ seeds into books
+// (device [n_kv][M][K][sub]), the seeds the CPU's kmeans_pp_seed picks from the
+// same points (lib/index/kmeans_pp_rule.h); pq_lloyd then runs `iterations` Lloyd
 // steps on books; none when n <= K, as on the CPU. An empty cluster restarts at
-// the sample point the CPU's k-means would pick (lib/index/kmeans_rng.h). The
-// same codebooks in every run: the seeding's sums and the centroid sums are
+// the sample point the CPU's k-means would pick (lib/index/kmeans_rng.h).
+// `weighted`: the workspace's weights [n_kv][n] (kmeans_sample_weights; each
+// finite and >= 1) weigh the points as kmeans_train's weights do. The same
+// codebooks in every run: the seeding's sums and the centroid sums are
 // integers. Sub-vectors of at most 64 floats, at most 256 centroids.
 cudaError_t pq_gather_sample(const PqIndexShape& s, const uint8_t* const* kv_pages, uint32_t n_tokens,
-                             uint32_t n, void* workspace, cudaStream_t st);
-cudaError_t pq_seed(const PqIndexShape& s, uint32_t n, void* workspace, float* books, cudaStream_t st);
-cudaError_t pq_lloyd(const PqIndexShape& s, uint32_t n, uint32_t iterations, void* workspace,
+                             uint32_t n, const float* books, void* workspace, cudaStream_t st);
+cudaError_t pq_seed(const PqIndexShape& s, uint32_t n, bool weighted, void* workspace, float* books,
+                    cudaStream_t st);
+cudaError_t pq_lloyd(const PqIndexShape& s, uint32_t n, uint32_t iterations, bool weighted, void* workspace,
                      float* books, cudaStream_t st);
+// Where the workspace keeps the sample's weights (n_kv x n floats, device memory).
+float* kmeans_sample_weights(const PqIndexShape& s, uint32_t n, void* workspace);
 
 }  // namespace ssa::cuda

@@ -1,9 +1,11 @@
 // The PQ index on the device: codebooks trained by k-means on the device (sample,
 // k-means++ seeds as the CPU backend picks them, Lloyd iterations), and codes
-// encoded with device codebooks. The proxies beyond PQ (a learned transform, 4-bit
-// codes) train on the host from the device's sample of keys with the CPU
-// backend's own code, so that both backends learn the same index from the same
-// keys and queries; their codes are then encoded on the device.
+// encoded with device codebooks. The query-aware proxies (QPQ, QPQ4) learn their
+// transforms and key weights on the host from the device's sample of keys, with
+// the CPU backend's own code, then run their weighted k-means on the device over
+// the transformed sample. The rotated proxies (OPQ, OPQ4), whose k-means rounds
+// alternate with fits of the rotation, train on the host with the CPU backend's
+// code; their codes are then encoded on the device.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -13,6 +15,7 @@
 #include "device_state.h"
 #include "file_staging.h"
 #include "index/pq_index.h"
+#include "index/proxy_kind.h"
 #include "runtime.h"
 
 namespace ssa::cuda {
@@ -46,10 +49,19 @@ absl::StatusOr<std::vector<PageRef>> new_code_pages(const ssa_session& s, uint64
   return codes;
 }
 
-// Codebooks (and transforms) trained on the host by the CPU backend's
-// train_codebooks_on from the keys the device samples (the same tokens the CPU
-// backend samples, converted to float as it converts them) and the layer's
-// observed query moments; codes encoded on the device.
+// The sample of keys the CPU backend takes (the same tokens, converted to float
+// as it converts them) as floats [n_kv][n][head_dim], gathered on the device
+// into the workspace and downloaded.
+absl::StatusOr<std::vector<float>> download_sample(const KvLayout& L, const void* workspace, uint64_t n) {
+  // The sample is the workspace's first n_kv x n x head_dim floats (pq_index.h).
+  std::vector<float> keys(size_t{L.n_kv_heads} * n * L.head_dim);
+  SSA_CUDA_RETURN(cudaMemcpy(keys.data(), workspace, keys.size() * sizeof(float), cudaMemcpyDeviceToHost),
+                  "key sample download");
+  return keys;
+}
+
+// Codebooks and rotations trained on the host by the CPU backend's
+// train_codebooks_on from the keys the device samples; codes encoded on the device.
 absl::Status train_on_host(ssa_session& s, LayerStore& layer, const std::vector<PageRef>& kv) {
   const KvLayout& L = s.layout;
   const PqIndexShape shape = index_shape(L, s.config.proxy);
@@ -58,14 +70,15 @@ absl::Status train_on_host(ssa_session& s, LayerStore& layer, const std::vector<
   SSA_RETURN_IF_ERROR(upload_table(kv, false, nullptr, &kt));
   SSA_CUDA_RETURN(work.alloc(kmeans_workspace_bytes(shape, static_cast<uint32_t>(n)), nullptr),
                   "cudaMallocAsync of the key sample");
-  SSA_CUDA_RETURN(pq_gather_sample(shape, static_cast<const uint8_t* const*>(kt.p),
-                                   static_cast<uint32_t>(layer.n_tokens), static_cast<uint32_t>(n), work.p, nullptr),
+  PqIndexShape raw = shape;
+  raw.key_transform = false;
+  SSA_CUDA_RETURN(pq_gather_sample(raw, static_cast<const uint8_t* const*>(kt.p),
+                                   static_cast<uint32_t>(layer.n_tokens), static_cast<uint32_t>(n), nullptr, work.p,
+                                   nullptr),
                   "key sample kernel");
-  // The sample is the workspace's first n_kv x n x head_dim floats (pq_index.h).
-  std::vector<float> keys(size_t{L.n_kv_heads} * n * L.head_dim);
-  SSA_CUDA_RETURN(cudaMemcpy(keys.data(), work.p, keys.size() * sizeof(float), cudaMemcpyDeviceToHost),
-                  "key sample download");
-  absl::StatusOr<CodebooksRef> books = train_codebooks_on(L, keys, n, s.config.index_iterations, s.config.proxy,
+  absl::StatusOr<std::vector<float>> keys = download_sample(L, work.p, n);
+  if (!keys.ok()) return keys.status();
+  absl::StatusOr<CodebooksRef> books = train_codebooks_on(L, *keys, n, s.config.index_iterations, s.config.proxy,
                                                           s.config.pq_parallel_weight, layer.query_moments,
                                                           *s.rt->pool);
   if (!books.ok()) return books.status();
@@ -86,36 +99,63 @@ absl::Status train_on_host(ssa_session& s, LayerStore& layer, const std::vector<
 absl::Status CudaBackend::train_index(ssa_session& s, LayerStore& layer) const {
   if (s.rt->group != nullptr) return train_group_index(s, layer);  // group_index_device.cc
   const KvLayout& L = s.layout;
+  const ssa_proxy proxy = s.config.proxy;
   SSA_CUDA_RETURN(cudaSetDevice(state(s).device), "cudaSetDevice");
-  if (s.config.proxy != SSA_PROXY_PQ) {
-    absl::StatusOr<std::vector<PageRef>> kv = readable_pages(s, layer);
-    if (!kv.ok()) return kv.status();
-    return train_on_host(s, layer, *kv);
-  }
-  // On the legacy default stream, as appends. Decodes still queued keep reading
-  // the old code pages and codebooks (their tables hold them).
-  const uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(s.config.index_train_sample, layer.n_tokens));
-  const PqIndexShape shape = index_shape(L, s.config.proxy);
-  std::shared_ptr<PqCodebooks> books = empty_codebooks(L);
-  DeviceMem kt, work, bd;
   // Pages mapped from a file this device cannot read are read from pinned copies.
   absl::StatusOr<std::vector<PageRef>> kv = readable_pages(s, layer);
   if (!kv.ok()) return kv.status();
+  if (proxy_has_rotation(proxy)) return train_on_host(s, layer, *kv);
+  // On the legacy default stream, as appends. Decodes still queued keep reading
+  // the old code pages and codebooks (their tables hold them).
+  const uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(s.config.index_train_sample, layer.n_tokens));
+  const PqIndexShape shape = index_shape(L, proxy);
+  PqIndexShape raw = shape;  // the sample as keys, before any transform
+  raw.key_transform = false;
+  std::shared_ptr<PqCodebooks> books = empty_codebooks(L);
+  DeviceMem kt, work, bd;
   SSA_RETURN_IF_ERROR(upload_table(*kv, false, nullptr, &kt));
   SSA_CUDA_RETURN(work.alloc(kmeans_workspace_bytes(shape, n), nullptr), "cudaMallocAsync of k-means workspace");
-  SSA_CUDA_RETURN(bd.alloc(books->data.size() * sizeof(float), nullptr), "cudaMallocAsync of codebooks");
+  // The codebooks as the decode kernels read them (device_books_layout): the
+  // centroids, then a transformed proxy's two transforms.
+  const DeviceBooksLayout layout = device_books_layout(shape);
+  SSA_CUDA_RETURN(bd.alloc(layout.floats() * sizeof(float), nullptr), "cudaMallocAsync of codebooks");
+  const auto* kv_table = static_cast<const uint8_t* const*>(kt.p);
+  const auto n_tokens = static_cast<uint32_t>(layer.n_tokens);
+  float* dev_books = static_cast<float*>(bd.p);
+  SSA_CUDA_RETURN(pq_gather_sample(raw, kv_table, n_tokens, n, nullptr, work.p, nullptr), "k-means sample kernel");
+  bool weighted = false;
+  if (proxy_is_query_aware(proxy)) {
+    // The transforms and the keys' weights from the sample and the layer's
+    // observed queries, on the host with the CPU backend's code; the k-means then
+    // runs over the transformed sample, T k with the bits the CPU's rotate gives.
+    absl::StatusOr<std::vector<float>> keys = download_sample(L, work.p, n);
+    if (!keys.ok()) return keys.status();
+    std::vector<float> weights;
+    SSA_RETURN_IF_ERROR(learn_query_aware(L, *keys, n, layer.query_moments, *s.rt->pool, books.get(), &weights));
+    SSA_CUDA_RETURN(cudaMemcpy(dev_books + layout.key_transform_offset(), books->rotation.data(),
+                               layout.transform * sizeof(float), cudaMemcpyHostToDevice),
+                    "key transform upload");
+    SSA_CUDA_RETURN(cudaMemcpy(dev_books + layout.query_transform_offset(), books->query_transform.data(),
+                               layout.transform * sizeof(float), cudaMemcpyHostToDevice),
+                    "query transform upload");
+    weighted = !weights.empty();
+    if (weighted) {
+      SSA_CUDA_RETURN(cudaMemcpy(kmeans_sample_weights(shape, n, work.p), weights.data(),
+                                 weights.size() * sizeof(float), cudaMemcpyHostToDevice),
+                      "key weights upload");
+    }
+    SSA_CUDA_RETURN(pq_gather_sample(shape, kv_table, n_tokens, n, dev_books, work.p, nullptr),
+                    "transformed sample kernel");
+  }
   // All on the device, queued on one stream; the host waits once, for the
   // codebooks' copy after the encoding.
-  SSA_CUDA_RETURN(pq_gather_sample(shape, static_cast<const uint8_t* const*>(kt.p),
-                                   static_cast<uint32_t>(layer.n_tokens), n, work.p, nullptr),
-                  "k-means sample kernel");
-  SSA_CUDA_RETURN(pq_seed(shape, n, work.p, static_cast<float*>(bd.p), nullptr), "k-means++ seeding kernel");
-  SSA_CUDA_RETURN(pq_lloyd(shape, n, s.config.index_iterations, work.p, static_cast<float*>(bd.p), nullptr),
+  SSA_CUDA_RETURN(pq_seed(shape, n, weighted, work.p, dev_books, nullptr), "k-means++ seeding kernel");
+  SSA_CUDA_RETURN(pq_lloyd(shape, n, s.config.index_iterations, weighted, work.p, dev_books, nullptr),
                   "k-means kernels");
   absl::StatusOr<std::vector<PageRef>> fresh = new_code_pages(s, layer.n_tokens);
   if (!fresh.ok()) return fresh.status();
   std::vector<PageRef> codes = *std::move(fresh);
-  SSA_RETURN_IF_ERROR(encode_range(s, static_cast<const float*>(bd.p), *kv, codes, 0, layer.n_tokens));
+  SSA_RETURN_IF_ERROR(encode_range(s, dev_books, *kv, codes, 0, layer.n_tokens));
   // The copies in *kv may go once the helper has waited for the encoding.
   return install_trained_index(s, layer, std::move(books), std::move(bd), std::move(codes));
 }

@@ -76,8 +76,8 @@ absl::Status train_group_index(ssa_session& s, LayerStore& layer) {
   // The sample where pq_gather_sample writes it: the workspace's first bytes, [n_kv][n][head_dim].
   SSA_CUDA_RETURN(cudaMemcpyAsync(work.p, keys.data(), keys.size() * sizeof(float), cudaMemcpyHostToDevice, nullptr),
                   "training sample upload");
-  SSA_CUDA_RETURN(pq_seed(shape, n32, work.p, static_cast<float*>(bd.p), nullptr), "k-means++ seeding kernel");
-  SSA_CUDA_RETURN(pq_lloyd(shape, n32, s.config.index_iterations, work.p, static_cast<float*>(bd.p), nullptr),
+  SSA_CUDA_RETURN(pq_seed(shape, n32, false, work.p, static_cast<float*>(bd.p), nullptr), "k-means++ seeding kernel");
+  SSA_CUDA_RETURN(pq_lloyd(shape, n32, s.config.index_iterations, false, work.p, static_cast<float*>(bd.p), nullptr),
                   "k-means kernels");
   // Codes of the pages this rank keeps (null elsewhere, as its K/V pages).
   const HeldRange& held = s.rt->held;

@@ -15,8 +15,10 @@ namespace ssa {
 // exact). Returns the mean squared quantisation error after the last iteration.
 // weights (null: every point weighs 1; else [n], each finite and >= 1) make
 // the loss sum_i w_i |x_i - c(x_i)|^2: seeds are drawn with probability
-// ~ w D^2 and each centroid is its points' weighted mean. Null weights give the
-// GPU's k-means bit for bit; weighted training runs on the host only.
+// ~ w D^2 and each centroid is its points' weighted mean. The GPU's k-means
+// (kernels/kmeans_seed.cu, kmeans_lloyd.cu) picks the same seeds bit for bit,
+// weighted or not, and sums its centroids in fixed point (the same means to
+// their rounding).
 double kmeans_train(const float* points, size_t n, uint32_t dim, uint32_t k,
                     uint32_t iterations, uint64_t seed, float* centroids, const float* weights = nullptr);
 

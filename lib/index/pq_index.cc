@@ -135,6 +135,42 @@ absl::StatusOr<CodebooksRef> train_codebooks(const KvLayout& layout, const Layer
   return train_codebooks_on(layout, keys, n, iterations, proxy, parallel_weight, layer.query_moments, pool);
 }
 
+absl::Status learn_query_aware(const KvLayout& layout, const std::vector<float>& keys, uint64_t n,
+                               const QueryMomentsRef& moments, ThreadPool& pool, PqCodebooks* books,
+                               std::vector<float>* weights) {
+  const uint32_t d = layout.head_dim, H = layout.n_kv_heads, M = layout.pq_subspaces;
+  const QueryMoments* qm = moments.get();
+  if (qm != nullptr && (qm->n_kv_heads != H || qm->head_dim != d)) {
+    return invalid_argument("query moments of ", qm->n_kv_heads, " heads x ", qm->head_dim,
+                            " dimensions do not fit the layer");
+  }
+  books->rotation.resize(size_t{H} * d * d);
+  books->query_transform.resize(size_t{H} * d * d);
+  books->trained_moments = moments;
+  pool.parallel_for(H, [&](size_t h) {
+    const uint32_t kv = static_cast<uint32_t>(h);
+    query_aware_transform(keys.data() + h * n * d, n, d, M, qm != nullptr ? qm->sum_of(kv) : nullptr,
+                          qm != nullptr ? qm->count[kv] : 0, books->rotation.data() + h * d * d,
+                          books->query_transform.data() + h * d * d);
+  });
+  // Each training key weighs by how often the layer's recent queries rank it
+  // high (key_weights.h); without recent queries every key weighs 1.
+  weights->clear();
+  bool weighted = false;
+  if (qm != nullptr && qm->recent_count.size() == H) {
+    for (uint32_t h = 0; h < H; ++h) weighted |= qm->recent_count[h] > 0;
+  }
+  if (!weighted) return absl::OkStatus();
+  weights->assign(size_t{H} * n, 1.0f);
+  pool.parallel_for(H, [&](size_t h) {
+    const uint32_t kv = static_cast<uint32_t>(h);
+    if (qm->recent_count[kv] == 0) return;
+    heavy_key_weights(keys.data() + h * n * d, n, d, qm->recent_of(kv), static_cast<uint32_t>(qm->recent_count[kv]),
+                      weights->data() + h * n);
+  });
+  return absl::OkStatus();
+}
+
 absl::StatusOr<CodebooksRef> train_codebooks_on(const KvLayout& layout, const std::vector<float>& keys,
                                                 uint64_t n, uint32_t iterations, ssa_proxy proxy,
                                                 float parallel_weight, const QueryMomentsRef& moments,
@@ -160,6 +196,7 @@ absl::StatusOr<CodebooksRef> train_codebooks_on(const KvLayout& layout, const st
   books->data.resize(size_t{H} * M * K * dsub);
 
   const bool opq = proxy_has_rotation(proxy), transformed = proxy_has_transform(proxy);
+  std::vector<float> weights;  // empty: every key weighs 1
   if (opq) {
     books->rotation.resize(size_t{H} * d * d);
     pool.parallel_for(H, [&](size_t h) {
@@ -167,39 +204,9 @@ absl::StatusOr<CodebooksRef> train_codebooks_on(const KvLayout& layout, const st
                      books->rotation.data() + h * d * d);
     });
   } else if (proxy_is_query_aware(proxy)) {
-    const QueryMoments* qm = moments.get();
-    if (qm != nullptr && (qm->n_kv_heads != H || qm->head_dim != d)) {
-      return invalid_argument("query moments of ", qm->n_kv_heads, " heads x ", qm->head_dim,
-                              " dimensions do not fit the layer");
-    }
-    books->rotation.resize(size_t{H} * d * d);
-    books->query_transform.resize(size_t{H} * d * d);
-    books->trained_moments = moments;
-    pool.parallel_for(H, [&](size_t h) {
-      const uint32_t kv = static_cast<uint32_t>(h);
-      query_aware_transform(keys.data() + h * n * d, n, d, M, qm != nullptr ? qm->sum_of(kv) : nullptr,
-                            qm != nullptr ? qm->count[kv] : 0, books->rotation.data() + h * d * d,
-                            books->query_transform.data() + h * d * d);
-    });
+    SSA_RETURN_IF_ERROR(learn_query_aware(layout, keys, n, moments, pool, books.get(), &weights));
   }
-  // The query-aware proxies weigh each training key by how often the layer's
-  // recent queries rank it high (key_weights.h); without recent queries every
-  // key weighs 1.
-  std::vector<float> weights;
-  const QueryMoments* seen = proxy_is_query_aware(proxy) ? moments.get() : nullptr;
-  bool weighted = false;
-  if (seen != nullptr && seen->recent_count.size() == H) {
-    for (uint32_t h = 0; h < H; ++h) weighted |= seen->recent_count[h] > 0;
-  }
-  if (weighted) {
-    weights.assign(size_t{H} * n, 1.0f);
-    pool.parallel_for(H, [&](size_t h) {
-      const uint32_t kv = static_cast<uint32_t>(h);
-      if (seen->recent_count[kv] == 0) return;
-      heavy_key_weights(keys.data() + h * n * d, n, d, seen->recent_of(kv), static_cast<uint32_t>(seen->recent_count[kv]),
-                        weights.data() + h * n);
-    });
-  }
+  const bool weighted = !weights.empty();
   // Subspace-major, so every (head, subspace) k-means reads one contiguous
   // [n][dsub] array.
   std::vector<float> points(size_t{H} * M * n * dsub);

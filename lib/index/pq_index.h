@@ -54,6 +54,16 @@ absl::StatusOr<CodebooksRef> train_codebooks_on(const KvLayout& layout, const st
                                                 float parallel_weight, const QueryMomentsRef& moments,
                                                 ThreadPool& pool);
 
+// The query-aware proxies' part of training from the sampled keys x[h][n][d]
+// and the layer's observed query moments (null: none): each head's key and query
+// transforms and the moments, into *books; and the training keys' weights
+// [h][n] (key_weights.h), left empty when no recent query was observed (every
+// key then weighs 1). The CUDA backend takes these from here and runs the
+// k-means on the device.
+absl::Status learn_query_aware(const KvLayout& layout, const std::vector<float>& keys, uint64_t n,
+                               const QueryMomentsRef& moments, ThreadPool& pool, PqCodebooks* books,
+                               std::vector<float>* weights);
+
 // The nearest-centroid searches of every codebook of one layer, built once per
 // codebooks: building them (a transposed copy and the norms of every centroid)
 // cost more than encoding the token of a one-token append.

@@ -1,6 +1,7 @@
 // The GPU's k-means (kernels/kmeans_seed.cu, kernels/kmeans_lloyd.cu) against
 // the CPU's (lib/index/kmeans.cc): the seeds bit for bit, the trained codebooks'
-// quantisation error, and the runs' determinism. First, the Lloyd iterations on
+// quantisation error, and the runs' determinism, unweighted and with the
+// query-aware proxies' key weights. First, the Lloyd iterations on
 // points where the two must agree bit for bit: every sample sub-vector is one of
 // a few well-separated values, so assignments have no near-ties between
 // different values, and every centroid is a mean of equal points. With far fewer values than centroids, most clusters are empty in every
@@ -62,7 +63,7 @@ TEST_CASE("gpu k-means: empty clusters restart at the points the CPU's k-means p
   CUDA_OK(cudaMemcpy(work.p, x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice));
   DevBuf<float> books(seeds.size());
   books.upload(seeds);
-  CUDA_OK(cuda::pq_lloyd(s, n, iterations, work.p, books.p, nullptr));
+  CUDA_OK(cuda::pq_lloyd(s, n, iterations, false, work.p, books.p, nullptr));
   CUDA_OK(cudaDeviceSynchronize());
   const std::vector<float> gpu = books.download(seeds.size());
 
@@ -155,17 +156,38 @@ cuda::PqIndexShape kmeans_shape(uint32_t n_kv, uint32_t head_dim, uint32_t subsp
   return s;
 }
 
+// Training weights [h][n] in the shape of the query-aware proxies' key weights
+// (lib/index/key_weights.h): most keys 1, a few a large multiple of a share.
+std::vector<float> key_like_weights(const cuda::PqIndexShape& s, uint32_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<float> w(size_t{s.n_kv_heads} * n, 1.0f);
+  for (float& v : w)
+    if (rng() % 8 == 0) v = 1.0f + 256.0f * static_cast<float>(1 + rng() % 64) / 64.0f;
+  return w;
+}
+
 // Seeds (and, with iterations > 0, trained codebooks) of the device's k-means
-// from the sample x.
+// from the sample x, weighted by `weights` ([h][n]) unless it is empty; from
+// the given starting codebooks instead of k-means++ seeds unless `start` is empty.
 std::vector<float> device_codebooks(const cuda::PqIndexShape& s, const std::vector<float>& x, uint32_t n,
-                                    uint32_t iterations) {
+                                    uint32_t iterations, const std::vector<float>& weights = {},
+                                    const std::vector<float>& start = {}) {
   DevBuf<uint8_t> work(cuda::kmeans_workspace_bytes(s, n));
   CUDA_OK(cudaMemcpy(work.p, x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice));
+  const bool weighted = !weights.empty();
+  if (weighted) {
+    CUDA_OK(cudaMemcpy(cuda::kmeans_sample_weights(s, n, work.p), weights.data(), weights.size() * sizeof(float),
+                       cudaMemcpyHostToDevice));
+  }
   const size_t count = size_t{s.n_kv_heads} * s.subspaces * s.centroids * (s.head_dim / s.subspaces);
   DevBuf<float> books(count);
-  CUDA_OK(cudaMemset(books.p, 0xff, count * sizeof(float)));  // NaN: every entry must be written
-  CUDA_OK(cuda::pq_seed(s, n, work.p, books.p, nullptr));
-  CUDA_OK(cuda::pq_lloyd(s, n, iterations, work.p, books.p, nullptr));
+  if (start.empty()) {
+    CUDA_OK(cudaMemset(books.p, 0xff, count * sizeof(float)));  // NaN: every entry must be written
+    CUDA_OK(cuda::pq_seed(s, n, weighted, work.p, books.p, nullptr));
+  } else {
+    books.upload(start);
+  }
+  CUDA_OK(cuda::pq_lloyd(s, n, iterations, weighted, work.p, books.p, nullptr));
   CUDA_OK(cudaDeviceSynchronize());
   return books.download(count);
 }
@@ -188,19 +210,122 @@ TEST_CASE("gpu k-means: k-means++ seeds on the device are the CPU's") {
     CAPTURE(n);
     CAPTURE(sub);
     const std::vector<float> x = key_like_points(s, n, 7 + n);
-    const std::vector<float> gpu = device_codebooks(s, x, n, 0);
-    const size_t book = size_t{s.centroids} * sub;
-    size_t differ = 0;
-    for (uint32_t h = 0; h < s.n_kv_heads; ++h)
-      for (uint32_t m = 0; m < s.subspaces; ++m) {
-        const std::vector<float> pts = codebook_points(s, x, n, h, m);
-        std::vector<float> cpu(book);
-        kmeans_pp_seed(pts.data(), n, sub, s.centroids, codebook_seed(h, m, s.subspaces), cpu.data());
-        const float* g = gpu.data() + (size_t{h} * s.subspaces + m) * book;
-        for (size_t e = 0; e < book; ++e) differ += !(g[e] == cpu[e]);
-      }
-    CHECK(differ == 0);
+    const std::vector<float> w = key_like_weights(s, n, 11 + n);
+    for (const bool weighted : {false, true}) {
+      CAPTURE(weighted);
+      const std::vector<float> gpu = device_codebooks(s, x, n, 0, weighted ? w : std::vector<float>{});
+      const size_t book = size_t{s.centroids} * sub;
+      size_t differ = 0, differ_unweighted = 0;
+      for (uint32_t h = 0; h < s.n_kv_heads; ++h)
+        for (uint32_t m = 0; m < s.subspaces; ++m) {
+          const std::vector<float> pts = codebook_points(s, x, n, h, m);
+          std::vector<float> cpu(book), plain(book);
+          const uint64_t seed = codebook_seed(h, m, s.subspaces);
+          kmeans_pp_seed(pts.data(), n, sub, s.centroids, seed, cpu.data(), weighted ? w.data() + size_t{h} * n : nullptr);
+          kmeans_pp_seed(pts.data(), n, sub, s.centroids, seed, plain.data());
+          const float* g = gpu.data() + (size_t{h} * s.subspaces + m) * book;
+          for (size_t e = 0; e < book; ++e) {
+            differ += !(g[e] == cpu[e]);
+            differ_unweighted += !(g[e] == plain[e]);
+          }
+        }
+      CHECK(differ == 0);
+      // The weights changed the draws (where there is a draw: more points than centroids).
+      if (weighted && n > s.centroids) CHECK(differ_unweighted > 0);
+    }
   }
+}
+
+// Weighted mean squared distance of the points to their nearest centroid (float64).
+double weighted_mse(const std::vector<float>& pts, const float* w, uint32_t sub, const float* book, uint32_t K) {
+  const size_t n = pts.size() / sub;
+  double total = 0.0, mass = 0.0;
+  for (size_t i = 0; i < n; ++i) {
+    double best = INFINITY;
+    for (uint32_t c = 0; c < K; ++c) {
+      double d2 = 0.0;
+      for (uint32_t j = 0; j < sub; ++j) {
+        const double df = double(pts[i * sub + j]) - book[size_t{c} * sub + j];
+        d2 += df * df;
+      }
+      best = std::min(best, d2);
+    }
+    total += w[i] * best;
+    mass += w[i];
+  }
+  return total / mass;
+}
+
+// One weighted Lloyd step on the device from given centroids: every centroid
+// with points becomes their weighted mean, against a float64 reference that
+// assigns each point to its nearest centroid (codebooks where some point is
+// near a tie are left out: float32 may assign it either way).
+TEST_CASE("gpu k-means: a weighted Lloyd step moves each centroid to its points' weighted mean") {
+  SSA_GPU_TEST_OR_SKIP();
+  const cuda::PqIndexShape s = kmeans_shape(2, 64, 8, 64);
+  const uint32_t sub = s.head_dim / s.subspaces, n = 6000, K = s.centroids;
+  const std::vector<float> x = key_like_points(s, n, 31);
+  const std::vector<float> w = key_like_weights(s, n, 32);
+  // Start from every 90th point, so that no centroid starts empty by design.
+  std::vector<float> start(size_t{s.n_kv_heads} * s.subspaces * K * sub);
+  for (uint32_t h = 0; h < s.n_kv_heads; ++h)
+    for (uint32_t m = 0; m < s.subspaces; ++m)
+      for (uint32_t c = 0; c < K; ++c)
+        for (uint32_t j = 0; j < sub; ++j)
+          start[((size_t{h} * s.subspaces + m) * K + c) * sub + j] =
+              x[(size_t{h} * n + c * 90) * s.head_dim + m * sub + j];
+  const std::vector<float> gpu = device_codebooks(s, x, n, 1, w, start);
+  size_t checked = 0, skipped_books = 0;
+  double worst = 0.0;
+  for (uint32_t h = 0; h < s.n_kv_heads; ++h)
+    for (uint32_t m = 0; m < s.subspaces; ++m) {
+      const std::vector<float> pts = codebook_points(s, x, n, h, m);
+      const float* c0 = start.data() + (size_t{h} * s.subspaces + m) * K * sub;
+      std::vector<double> sum(size_t{K} * sub, 0.0), mass(K, 0.0);
+      bool near_tie = false;
+      for (uint32_t i = 0; i < n; ++i) {
+        double best = INFINITY, second = INFINITY;
+        uint32_t bc = 0;
+        for (uint32_t c = 0; c < K; ++c) {
+          double d2 = 0.0;
+          for (uint32_t j = 0; j < sub; ++j) {
+            const double df = double(pts[size_t{i} * sub + j]) - c0[size_t{c} * sub + j];
+            d2 += df * df;
+          }
+          if (d2 < best) {
+            second = best;
+            best = d2;
+            bc = c;
+          } else if (d2 < second) {
+            second = d2;
+          }
+        }
+        // Equal start points (duplicates) tie exactly; both sides then pick the
+        // lowest index. Float32's |c|^2 - 2 x.c errs by a few ulps of |x|^2 + |c|^2.
+        double x2 = 0.0;
+        for (uint32_t j = 0; j < sub; ++j) x2 += double(pts[size_t{i} * sub + j]) * pts[size_t{i} * sub + j];
+        if (second != best && second - best < 1e-5 * (1.0 + x2 + best)) near_tie = true;
+        const double wi = w[size_t{h} * n + i];
+        for (uint32_t j = 0; j < sub; ++j) sum[size_t{bc} * sub + j] += wi * pts[size_t{i} * sub + j];
+        mass[bc] += wi;
+      }
+      if (near_tie) {
+        ++skipped_books;
+        continue;
+      }
+      const float* g = gpu.data() + (size_t{h} * s.subspaces + m) * K * sub;
+      for (uint32_t c = 0; c < K; ++c) {
+        if (mass[c] == 0.0) continue;  // restarted at a sample point (the CPU's pick; tested above)
+        for (uint32_t j = 0; j < sub; ++j) {
+          const double ref = sum[size_t{c} * sub + j] / mass[c];
+          worst = std::max(worst, std::fabs(g[size_t{c} * sub + j] - ref) / (1.0 + std::fabs(ref)));
+        }
+        ++checked;
+      }
+    }
+  MESSAGE(checked, " centroids checked, ", skipped_books, " codebooks with near-ties left out; worst error ", worst);
+  CHECK(checked >= size_t{K} * s.n_kv_heads * s.subspaces / 2);
+  CHECK(worst < 1e-6);
 }
 
 // The device's training (k-means++ seeds, then Lloyd iterations with
@@ -240,6 +365,48 @@ TEST_CASE("gpu k-means: device training is deterministic and quantises as well a
     MESSAGE("quantisation MSE: seeds ", mse_seed, ", CPU k-means ", mse_cpu, ", GPU k-means ", mse_gpu);
     CHECK(mse_cpu < 0.97 * mse_seed);  // the iterations did something
     CHECK(mse_gpu <= 1.02 * mse_cpu);
+  }
+}
+
+// The same with the query-aware proxies' key weights: deterministic, and the
+// weighted quantisation error within 2% of the CPU's weighted k-means on the
+// same points and weights, below the unweighted training's (which spends its
+// centroids without regard to the weights).
+TEST_CASE("gpu k-means: weighted device training is deterministic and quantises as the CPU's weighted k-means") {
+  SSA_GPU_TEST_OR_SKIP();
+  struct Case {
+    cuda::PqIndexShape s;
+    uint32_t n, iterations;
+  };
+  const Case cases[] = {{kmeans_shape(1, 128, 16, 256), 16384, 8}, {kmeans_shape(1, 128, 32, 16), 16384, 8},
+                        {kmeans_shape(1, 64, 4, 64), 5000, 6}};
+  for (const Case& cs : cases) {
+    const cuda::PqIndexShape& s = cs.s;
+    const uint32_t sub = s.head_dim / s.subspaces, n = cs.n;
+    CAPTURE(n);
+    CAPTURE(sub);
+    const std::vector<float> x = key_like_points(s, n, 199 + n);
+    const std::vector<float> w = key_like_weights(s, n, 201 + n);
+    const std::vector<float> gpu = device_codebooks(s, x, n, cs.iterations, w);
+    CHECK(device_codebooks(s, x, n, cs.iterations, w) == gpu);
+    const std::vector<float> plain = device_codebooks(s, x, n, cs.iterations);
+    const size_t book = size_t{s.centroids} * sub;
+    double mse_gpu = 0.0, mse_cpu = 0.0, mse_plain = 0.0;
+    for (uint32_t h = 0; h < s.n_kv_heads; ++h)
+      for (uint32_t m = 0; m < s.subspaces; ++m) {
+        const std::vector<float> pts = codebook_points(s, x, n, h, m);
+        const float* wh = w.data() + size_t{h} * n;
+        std::vector<float> cpu(book);
+        kmeans_train(pts.data(), n, sub, s.centroids, cs.iterations, codebook_seed(h, m, s.subspaces), cpu.data(), wh);
+        const size_t at = (size_t{h} * s.subspaces + m) * book;
+        mse_cpu += weighted_mse(pts, wh, sub, cpu.data(), s.centroids);
+        mse_gpu += weighted_mse(pts, wh, sub, gpu.data() + at, s.centroids);
+        mse_plain += weighted_mse(pts, wh, sub, plain.data() + at, s.centroids);
+      }
+    MESSAGE("weighted quantisation MSE: CPU weighted k-means ", mse_cpu, ", GPU weighted ", mse_gpu,
+            ", GPU unweighted ", mse_plain);
+    CHECK(mse_gpu <= 1.02 * mse_cpu);
+    CHECK(mse_gpu < mse_plain);
   }
 }
 

@@ -340,7 +340,7 @@ class SSACache(Cache):
         proxy: the sessions' proxy (see Runtime.create_session). None: "qpq", the
             query-aware proxy (PQ's 16 bytes per token per KV head; the best recall
             of the exact top keys measured, docs/FIDELITY.md), or "pq" on a CUDA
-            runtime of several devices (whose sessions take PQ only). A process
+            runtime (whose first decode would wait for QPQ's training on the host). A process
             group's ranks are shown the same queries, so their index is the one a
             single process trains. The 4-bit ones ("pq4", "opq4", "qpq4") take 32
             subspaces of 16 centroids, PQ's bytes. The query-aware ones ("qpq", "qpq4") are shown
@@ -775,10 +775,10 @@ class SSACache(Cache):
     def _default_proxy(self) -> str:
         """proxy=None: on the CPU the query-aware proxy, which ranks best on every model
         measured at PQ's bytes (docs/FIDELITY.md, the default proxy) and learns from the
-        queries each prefill shows it. On CUDA runtimes PQ: a CUDA session trains the
-        other proxies' k-means on the host, about 50 times PQ's training on the device,
-        and the first decode after a prefill trains every layer (sharded sessions take
-        PQ only)."""
+        queries each prefill shows it. On CUDA runtimes PQ: a CUDA session learns QPQ's
+        transforms and key weights on the host (its k-means runs on the device), about
+        30 times PQ's training, and the first decode after a prefill trains every layer
+        (sharded sessions take PQ only)."""
         return "pq" if self.runtime is not None and self.runtime.backend == "cuda" else "qpq"
 
     def _observe_prefill(self, layer: SSALayer, query, mask, kwargs) -> None:
