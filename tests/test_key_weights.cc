@@ -262,3 +262,52 @@ TEST_CASE("a query-aware index trained with its recent queries scores their top 
     CHECK(heavy_error[1] < 0.8 * heavy_error[0]);
   }
 }
+
+// learn_query_aware runs the transforms' and the weights' steps over every head
+// at once, in blocks of keys, rows and queries: with any thread count its
+// transforms and weights are, bit for bit, those of the single-pass functions
+// (query_aware_transform, heavy_key_weights) per head. Three heads (one shown
+// no recent query, whose keys all weigh 1), a sample that is no multiple of the
+// blocks, 1, 2 and 5 threads.
+TEST_CASE("learn_query_aware: every thread count gives the single-pass functions' bits, head by head") {
+  const uint32_t H = 3, d = 32, M = 8, n_q = 6;
+  const size_t n = 2500;
+  std::mt19937_64 rng(515);
+  std::normal_distribution<float> nd;
+  std::vector<float> keys(size_t{H} * n * d);
+  for (size_t i = 0; i < keys.size(); ++i) keys[i] = nd(rng) * (1.0f + 0.1f * static_cast<float>(i % d));
+  std::vector<float> q(size_t{40} * n_q * d);
+  for (float& x : q) x = nd(rng);
+  auto moments = ssa::add_query_moments(nullptr, H, n_q, d, q.data(), 40);
+  moments->recent_count[2] = 0;  // as a layer whose head 2 kept no recent query
+  ssa::KvLayout L;
+  L.n_layers = 1;
+  L.n_q_heads = n_q;
+  L.n_kv_heads = H;
+  L.head_dim = d;
+  L.pq_subspaces = M;
+  ssa::QueryMomentsRef ref = moments;
+
+  std::vector<float> t_ref(size_t{H} * d * d), q_ref(size_t{H} * d * d), w_ref(size_t{H} * n, 1.0f);
+  for (uint32_t h = 0; h < H; ++h) {
+    const float* x = keys.data() + size_t{h} * n * d;
+    ssa::query_aware_transform(x, n, d, M, moments->sum_of(h), moments->count[h], t_ref.data() + size_t{h} * d * d,
+                               q_ref.data() + size_t{h} * d * d);
+    if (moments->recent_count[h] > 0)
+      ssa::heavy_key_weights(x, n, d, moments->recent_of(h), static_cast<uint32_t>(moments->recent_count[h]),
+                             w_ref.data() + size_t{h} * n);
+  }
+  // The weights are not all 1 where there were queries.
+  CHECK(std::count(w_ref.begin(), w_ref.begin() + 2 * n, 1.0f) < static_cast<std::ptrdiff_t>(2 * n));
+  for (const int threads : {1, 2, 5}) {
+    CAPTURE(threads);
+    ssa::ThreadPool pool(threads);
+    ssa::PqCodebooks books;
+    std::vector<float> w;
+    REQUIRE(ssa::learn_query_aware(L, keys, n, ref, pool, &books, &w).ok());
+    CHECK(books.rotation == t_ref);
+    CHECK(books.query_transform == q_ref);
+    CHECK(w == w_ref);
+    CHECK(books.trained_moments == ref);
+  }
+}

@@ -12,6 +12,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <vector>
+
 namespace ssa {
 
 // The share of a query's top-scored training keys that count as its heavy keys.
@@ -23,5 +25,18 @@ inline constexpr float kHeavyKeyBoost = 256.0f;
 // kHeavyKeyBoost * (queries whose ceil(kHeavyKeyFraction * n) highest scores
 // q . x reach key i's) / m. Deterministic: the same inputs give the same bits.
 void heavy_key_weights(const float* x, size_t n, uint32_t d, const float* q, uint32_t m, float* w);
+
+// Its steps, so that they can run in parallel with the bits of one pass: the
+// queries as [d][m]; the scores q . x of keys [i0, i1) into those rows of
+// scores [n][m]; query j's threshold, the heavy_key_count(n)-th highest of its
+// scores (column: scratch); the weights of keys [i0, i1) from every query's
+// threshold.
+std::vector<float> transposed_queries(const float* q, uint32_t m, uint32_t d);
+void key_query_scores(const float* x, size_t i0, size_t i1, uint32_t d, const float* qt, uint32_t m,
+                      float* scores);
+size_t heavy_key_count(size_t n);
+float heavy_threshold(const float* scores, size_t n, uint32_t m, uint32_t j, std::vector<float>& column);
+void weights_from_thresholds(const float* scores, size_t i0, size_t i1, uint32_t m, const float* thresholds,
+                             float* w);
 
 }  // namespace ssa

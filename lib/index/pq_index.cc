@@ -135,6 +135,29 @@ absl::StatusOr<CodebooksRef> train_codebooks(const KvLayout& layout, const Layer
   return train_codebooks_on(layout, keys, n, iterations, proxy, parallel_weight, layer.query_moments, pool);
 }
 
+namespace {
+
+// Keys per task of learn_query_aware's steps per key; rows of a second-moment
+// matrix per task; queries per threshold task. A layer's few heads would
+// otherwise keep only as many threads busy (each task's bits do not depend on
+// the split).
+constexpr size_t kKeysPerTask = 1024;
+constexpr uint32_t kRowsPerTask = 8;
+constexpr uint32_t kQueriesPerTask = 16;
+
+// Runs fn(h, lo, hi) over [0, count) in blocks of `per` for every head, as one
+// parallel loop.
+template <typename F>
+void for_head_blocks(ThreadPool& pool, uint32_t heads, size_t count, size_t per, F&& fn) {
+  const size_t blocks = (count + per - 1) / per;
+  pool.parallel_for(heads * blocks, [&](size_t task) {
+    const size_t lo = task % blocks * per;
+    fn(static_cast<uint32_t>(task / blocks), lo, std::min(count, lo + per));
+  });
+}
+
+}  // namespace
+
 absl::Status learn_query_aware(const KvLayout& layout, const std::vector<float>& keys, uint64_t n,
                                const QueryMomentsRef& moments, ThreadPool& pool, PqCodebooks* books,
                                std::vector<float>* weights) {
@@ -147,11 +170,27 @@ absl::Status learn_query_aware(const KvLayout& layout, const std::vector<float>&
   books->rotation.resize(size_t{H} * d * d);
   books->query_transform.resize(size_t{H} * d * d);
   books->trained_moments = moments;
+  auto head_keys = [&](uint32_t h) { return keys.data() + size_t{h} * n * d; };
+  // query_aware_transform, step by step over every head at once: the
+  // whitening per head, the whitened keys and their second moments in blocks,
+  // then each head's rotation and transforms.
+  std::vector<QueryWhitening> whitening(H);
   pool.parallel_for(H, [&](size_t h) {
     const uint32_t kv = static_cast<uint32_t>(h);
-    query_aware_transform(keys.data() + h * n * d, n, d, M, qm != nullptr ? qm->sum_of(kv) : nullptr,
-                          qm != nullptr ? qm->count[kv] : 0, books->rotation.data() + h * d * d,
-                          books->query_transform.data() + h * d * d);
+    whitening[h] = query_whitening(qm != nullptr ? qm->sum_of(kv) : nullptr, qm != nullptr ? qm->count[kv] : 0, d);
+  });
+  std::vector<float> y(size_t{H} * n * d);
+  for_head_blocks(pool, H, n, kKeysPerTask, [&](uint32_t h, size_t lo, size_t hi) {
+    whiten_keys(whitening[h], head_keys(h), lo, hi, d, y.data() + size_t{h} * n * d);
+  });
+  std::vector<std::vector<double>> second(H, std::vector<double>(size_t{d} * d));
+  for_head_blocks(pool, H, d, kRowsPerTask, [&](uint32_t h, size_t lo, size_t hi) {
+    second_moment_rows(y.data() + size_t{h} * n * d, n, d, static_cast<uint32_t>(lo), static_cast<uint32_t>(hi),
+                       second[h].data());
+  });
+  pool.parallel_for(H, [&](size_t h) {
+    finish_query_transform(whitening[h], balanced_rotation_of(std::move(second[h]), d, M), d,
+                           books->rotation.data() + h * d * d, books->query_transform.data() + h * d * d);
   });
   // Each training key weighs by how often the layer's recent queries rank it
   // high (key_weights.h); without recent queries every key weighs 1.
@@ -162,11 +201,30 @@ absl::Status learn_query_aware(const KvLayout& layout, const std::vector<float>&
   }
   if (!weighted) return absl::OkStatus();
   weights->assign(size_t{H} * n, 1.0f);
-  pool.parallel_for(H, [&](size_t h) {
-    const uint32_t kv = static_cast<uint32_t>(h);
-    if (qm->recent_count[kv] == 0) return;
-    heavy_key_weights(keys.data() + h * n * d, n, d, qm->recent_of(kv), static_cast<uint32_t>(qm->recent_count[kv]),
-                      weights->data() + h * n);
+  // heavy_key_weights, step by step: the scores of every head's keys, each
+  // query's threshold, then the weights (heads without recent queries keep 1).
+  std::vector<std::vector<float>> qt(H), scores(H), thresholds(H);
+  size_t most_recent = 0;
+  for (uint32_t h = 0; h < H; ++h) {
+    most_recent = std::max<size_t>(most_recent, qm->recent_count[h]);
+    const auto m = static_cast<uint32_t>(qm->recent_count[h]);
+    if (m == 0) continue;
+    qt[h] = transposed_queries(qm->recent_of(h), m, d);
+    scores[h].resize(n * m);
+    thresholds[h].resize(m);
+  }
+  auto recent = [&](uint32_t h) { return static_cast<uint32_t>(qm->recent_count[h]); };
+  for_head_blocks(pool, H, n, kKeysPerTask, [&](uint32_t h, size_t lo, size_t hi) {
+    if (recent(h) > 0) key_query_scores(head_keys(h), lo, hi, d, qt[h].data(), recent(h), scores[h].data());
+  });
+  for_head_blocks(pool, H, most_recent, kQueriesPerTask, [&](uint32_t h, size_t lo, size_t hi) {
+    std::vector<float> column;
+    for (size_t j = lo; j < std::min<size_t>(hi, recent(h)); ++j)
+      thresholds[h][j] = heavy_threshold(scores[h].data(), n, recent(h), static_cast<uint32_t>(j), column);
+  });
+  for_head_blocks(pool, H, n, kKeysPerTask, [&](uint32_t h, size_t lo, size_t hi) {
+    if (recent(h) > 0)
+      weights_from_thresholds(scores[h].data(), lo, hi, recent(h), thresholds[h].data(), weights->data() + h * n);
   });
   return absl::OkStatus();
 }

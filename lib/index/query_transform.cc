@@ -11,10 +11,13 @@
 
 namespace ssa {
 
-void query_aware_transform(const float* x, size_t n, uint32_t d, uint32_t subspaces, const double* moment_sum,
-                           uint64_t count, float* t, float* q) {
+QueryWhitening query_whitening(const double* moment_sum, uint64_t count, uint32_t d) {
   // A (keys) and A^-T (queries), row-major; the identity without queries.
-  std::vector<double> a(size_t{d} * d, 0.0), a_inv_t(size_t{d} * d, 0.0);
+  QueryWhitening w;
+  std::vector<double>& a = w.a;
+  std::vector<double>& a_inv_t = w.a_inv_t;
+  a.assign(size_t{d} * d, 0.0);
+  a_inv_t.assign(size_t{d} * d, 0.0);
   for (uint32_t i = 0; i < d; ++i) a[size_t{i} * d + i] = a_inv_t[size_t{i} * d + i] = 1.0;
   if (moment_sum != nullptr && count > 0) {
     std::vector<double> s(size_t{d} * d);
@@ -35,34 +38,49 @@ void query_aware_transform(const float* x, size_t n, uint32_t d, uint32_t subspa
       }
     }
   }
+  w.a_t.resize(size_t{d} * d);
+  for (uint32_t r = 0; r < d; ++r)
+    for (uint32_t j = 0; j < d; ++j) w.a_t[size_t{j} * d + r] = a[size_t{r} * d + j];
+  return w;
+}
+
+void whiten_keys(const QueryWhitening& w, const float* x, size_t i0, size_t i1, uint32_t d, float* y) {
   // y = A x for every key, each y[r] summed over j in order, all r at once
   // (A^T's rows are contiguous in r): the sums of a row-by-row dot product,
   // without its chain of dependent additions.
-  std::vector<double> a_t(size_t{d} * d), acc(d);
-  for (uint32_t r = 0; r < d; ++r)
-    for (uint32_t j = 0; j < d; ++j) a_t[size_t{j} * d + r] = a[size_t{r} * d + j];
-  std::vector<float> y(n * d);
-  for (size_t i = 0; i < n; ++i) {
+  std::vector<double> acc(d);
+  for (size_t i = i0; i < i1; ++i) {
     std::fill(acc.begin(), acc.end(), 0.0);
     for (uint32_t j = 0; j < d; ++j) {
       const double xj = x[i * d + j];
-      const double* col = a_t.data() + size_t{j} * d;
+      const double* col = w.a_t.data() + size_t{j} * d;
       for (uint32_t r = 0; r < d; ++r) acc[r] += col[r] * xj;
     }
     for (uint32_t r = 0; r < d; ++r) y[i * d + r] = static_cast<float>(acc[r]);
   }
-  const std::vector<double> rot = balanced_pca_rotation(y.data(), n, d, subspaces);
+}
+
+void finish_query_transform(const QueryWhitening& w, const std::vector<double>& rot, uint32_t d, float* t,
+                            float* q) {
   for (uint32_t i = 0; i < d; ++i) {
     for (uint32_t j = 0; j < d; ++j) {
       double tk = 0.0, tq = 0.0;
       for (uint32_t k = 0; k < d; ++k) {
-        tk += rot[size_t{i} * d + k] * a[size_t{k} * d + j];
-        tq += rot[size_t{i} * d + k] * a_inv_t[size_t{k} * d + j];
+        tk += rot[size_t{i} * d + k] * w.a[size_t{k} * d + j];
+        tq += rot[size_t{i} * d + k] * w.a_inv_t[size_t{k} * d + j];
       }
       t[size_t{i} * d + j] = static_cast<float>(tk);
       q[size_t{i} * d + j] = static_cast<float>(tq);
     }
   }
+}
+
+void query_aware_transform(const float* x, size_t n, uint32_t d, uint32_t subspaces, const double* moment_sum,
+                           uint64_t count, float* t, float* q) {
+  const QueryWhitening w = query_whitening(moment_sum, count, d);
+  std::vector<float> y(n * d);
+  whiten_keys(w, x, 0, n, d, y.data());
+  finish_query_transform(w, balanced_pca_rotation(y.data(), n, d, subspaces), d, t, q);
 }
 
 std::shared_ptr<QueryMoments> add_query_moments(const QueryMoments* prev, uint32_t n_kv, uint32_t n_q, uint32_t d,

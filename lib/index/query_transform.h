@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include <memory>
+#include <vector>
 
 #include "store/query_moments.h"
 
@@ -32,6 +33,19 @@ inline constexpr double kTransformTolerance = 1e-3;
 // identity: T = Q = R, OPQ's starting rotation.
 void query_aware_transform(const float* x, size_t n, uint32_t d, uint32_t subspaces, const double* moment_sum,
                            uint64_t count, float* t, float* q);
+
+// Its steps, so that the ones per key can run in parallel with the bits of one
+// pass: A and A^-T from the moments (row-major d x d; A^T kept for the keys);
+// y = A x for keys [i0, i1) of x ([n][d] floats) into the same rows of y, each
+// row's bits independent of the split; then T = R A and Q = R A^-T for R the
+// variance-balanced PCA rotation of all of y (rotation.h).
+struct QueryWhitening {
+  std::vector<double> a, a_inv_t, a_t;
+};
+QueryWhitening query_whitening(const double* moment_sum, uint64_t count, uint32_t d);
+void whiten_keys(const QueryWhitening& w, const float* x, size_t i0, size_t i1, uint32_t d, float* y);
+void finish_query_transform(const QueryWhitening& w, const std::vector<double>& rot, uint32_t d, float* t,
+                            float* q);
 
 // `prev` (null: none yet) plus n queries q ([n][n_q][d] floats; query head h
 // belongs to KV head h / (n_q / n_kv)): each KV head's count grows by n times

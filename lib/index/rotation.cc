@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <limits>
 #include <numeric>
+#include <vector>
 
 namespace ssa {
 namespace {
@@ -121,16 +122,25 @@ std::vector<double> procrustes(const std::vector<double>& m, uint32_t d) {
   return r;
 }
 
-std::vector<double> balanced_pca_rotation(const float* x, size_t n, uint32_t d, uint32_t subspaces) {
-  std::vector<double> c(size_t{d} * d, 0.0);
+void second_moment_rows(const float* x, size_t n, uint32_t d, uint32_t r0, uint32_t r1, double* c) {
   std::vector<double> row(d);
+  for (uint32_t i = r0; i < r1; ++i) std::fill(c + size_t{i} * d + i, c + size_t{i + 1} * d, 0.0);
   for (size_t t = 0; t < n; ++t) {
-    for (uint32_t i = 0; i < d; ++i) row[i] = x[t * d + i];
-    for (uint32_t i = 0; i < d; ++i) {
-      double* ci = c.data() + size_t{i} * d;
+    for (uint32_t i = r0; i < d; ++i) row[i] = x[t * d + i];
+    for (uint32_t i = r0; i < r1; ++i) {
+      double* ci = c + size_t{i} * d;
       for (uint32_t j = i; j < d; ++j) ci[j] += row[i] * row[j];
     }
   }
+}
+
+std::vector<double> balanced_pca_rotation(const float* x, size_t n, uint32_t d, uint32_t subspaces) {
+  std::vector<double> c(size_t{d} * d, 0.0);
+  second_moment_rows(x, n, d, 0, d, c.data());
+  return balanced_rotation_of(std::move(c), d, subspaces);
+}
+
+std::vector<double> balanced_rotation_of(std::vector<double> c, uint32_t d, uint32_t subspaces) {
   for (uint32_t i = 0; i < d; ++i) {
     for (uint32_t j = 0; j < i; ++j) c[size_t{i} * d + j] = c[size_t{j} * d + i];
   }

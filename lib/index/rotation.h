@@ -30,6 +30,13 @@ std::vector<double> procrustes(const std::vector<double>& m, uint32_t d);
 // variance, not the first few all of it.
 std::vector<double> balanced_pca_rotation(const float* x, size_t n, uint32_t d, uint32_t subspaces);
 
+// Its two steps, so that the first can run in parallel: rows [r0, r1) of the
+// upper triangle (j >= i) of sum_t x_t x_t^T, each entry summed over t in order
+// (any split of the rows gives the bits of one pass), into the row-major d x d c;
+// then the rotation from c's upper triangle.
+void second_moment_rows(const float* x, size_t n, uint32_t d, uint32_t r0, uint32_t r1, double* c);
+std::vector<double> balanced_rotation_of(std::vector<double> c, uint32_t d, uint32_t subspaces);
+
 // Largest |(R R^T - I)[i][j]| of a row-major d x d float matrix (infinity if
 // any entry is not finite).
 double orthogonality_error(const float* r, uint32_t d);
