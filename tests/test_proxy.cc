@@ -69,6 +69,61 @@ std::vector<double> random_orthogonal(uint32_t d, std::mt19937_64& rng) {
 
 }  // namespace
 
+// symmetric_eigen against its contract: A v_e = lambda_e v_e for every column
+// (residual relative to A's largest entry), V orthogonal, and the eigenvalues
+// those of an independent route (the squares of jacobi_svd's singular values of
+// A: A^T A = V diag(lambda^2) V^T); for random symmetric matrices of both signs,
+// rank-deficient PSD ones, a repeated eigenvalue, a diagonal one and d = 1.
+TEST_CASE("symmetric_eigen: A V = V diag(values), V orthogonal, values agree with an SVD") {
+  std::mt19937_64 rng(29);
+  for (uint32_t d : {1u, 8u, 33u, 128u, 256u}) {
+    for (int kind = 0; kind < 4; ++kind) {
+      CAPTURE(d);
+      CAPTURE(kind);
+      std::vector<double> a(size_t{d} * d, 0.0);
+      if (kind == 0) {  // symmetric, eigenvalues of both signs
+        const std::vector<double> b = random_matrix(d, rng);
+        for (uint32_t i = 0; i < d; ++i)
+          for (uint32_t j = 0; j < d; ++j) a[size_t{i} * d + j] = b[size_t{i} * d + j] + b[size_t{j} * d + i];
+      } else if (kind == 1) {  // PSD of rank d/2 (a second moment of d/2 directions)
+        const std::vector<double> b = random_matrix(d, rng);
+        for (uint32_t i = 0; i < d; ++i)
+          for (uint32_t j = 0; j < d; ++j)
+            for (uint32_t k = 0; k < (d + 1) / 2; ++k) a[size_t{i} * d + j] += b[size_t{k} * d + i] * b[size_t{k} * d + j];
+      } else if (kind == 2) {  // 3 I plus a rank-one term: eigenvalue 3 repeated d - 1 times
+        const std::vector<double> b = random_matrix(d, rng);
+        for (uint32_t i = 0; i < d; ++i)
+          for (uint32_t j = 0; j < d; ++j) a[size_t{i} * d + j] = (i == j ? 3.0 : 0.0) + b[i] * b[j];
+      } else {  // diagonal
+        for (uint32_t i = 0; i < d; ++i) a[size_t{i} * d + i] = static_cast<double>(i % 7) - 2.5;
+      }
+      const ssa::SymmetricEigen eig = ssa::symmetric_eigen(a, d);
+      REQUIRE(eig.values.size() == d);
+      REQUIRE(eig.vectors.size() == size_t{d} * d);
+      double scale = 0.0;
+      for (double x : a) scale = std::max(scale, fabs(x));
+      double worst = 0.0;
+      for (uint32_t e = 0; e < d; ++e)
+        for (uint32_t i = 0; i < d; ++i) {
+          double av = 0.0;
+          for (uint32_t k = 0; k < d; ++k) av += a[size_t{i} * d + k] * eig.vectors[size_t{k} * d + e];
+          worst = std::max(worst, fabs(av - eig.values[e] * eig.vectors[size_t{i} * d + e]));
+        }
+      CHECK(worst < 1e-12 * d * std::max(scale, 1.0));
+      CHECK(max_gram_error(transpose(eig.vectors, d), transpose(eig.vectors, d), d) < 1e-12 * d);
+      std::vector<double> mine(d), other(d);
+      const ssa::Svd svd = ssa::jacobi_svd(a, d);
+      for (uint32_t e = 0; e < d; ++e) {
+        mine[e] = fabs(eig.values[e]);
+        other[e] = svd.s[e];
+      }
+      std::sort(mine.begin(), mine.end());
+      std::sort(other.begin(), other.end());
+      for (uint32_t e = 0; e < d; ++e) CHECK(fabs(mine[e] - other[e]) <= 1e-10 * d * std::max(scale, 1.0));
+    }
+  }
+}
+
 TEST_CASE("jacobi_svd reconstructs random and rank-deficient matrices with orthogonal factors") {
   std::mt19937_64 rng(11);
   for (uint32_t d : {8u, 33u, 64u}) {

@@ -24,14 +24,15 @@ QueryWhitening query_whitening(const double* moment_sum, uint64_t count, uint32_
     for (uint32_t i = 0; i < d; ++i)
       for (uint32_t j = 0; j < d; ++j)
         s[size_t{i} * d + j] = 0.5 * (moment_sum[size_t{i} * d + j] + moment_sum[size_t{j} * d + i]) / count;
-    // Symmetric positive semi-definite: V holds the eigenvectors, s the eigenvalues.
-    const Svd eig = jacobi_svd(s, d);
-    const double top = *std::max_element(eig.s.begin(), eig.s.end());
+    // Symmetric positive semi-definite: eigenvalues >= 0 up to rounding (the
+    // floor below raises the smallest).
+    const SymmetricEigen eig = symmetric_eigen(s, d);
+    const double top = *std::max_element(eig.values.begin(), eig.values.end());
     if (top > 0.0 && std::isfinite(top)) {
       for (uint32_t e = 0; e < d; ++e) {
-        const double root = sqrt(std::max(eig.s[e], top * kQueryEigenFloor));
+        const double root = sqrt(std::max(eig.values[e], top * kQueryEigenFloor));
         for (uint32_t j = 0; j < d; ++j) {
-          const double v = eig.v[size_t{j} * d + e];
+          const double v = eig.vectors[size_t{j} * d + e];
           a[size_t{e} * d + j] = root * v;
           a_inv_t[size_t{e} * d + j] = v / root;
         }

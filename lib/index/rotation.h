@@ -1,7 +1,8 @@
-// The linear algebra of the OPQ proxy: a symmetric eigen-decomposition and the
-// orthogonal Procrustes fit, both from one-sided Jacobi SVD (small d x d
-// matrices, d <= 512, in double), and the orthogonality check a loaded rotation
-// must pass. Deterministic: the same input gives the same bits.
+// The linear algebra of the transformed proxies (OPQ, QPQ): a symmetric
+// eigen-decomposition (Householder tridiagonalisation and QL iterations) for
+// second moments, a one-sided Jacobi SVD for the orthogonal Procrustes fit (small
+// d x d matrices, d <= 512, in double), and the orthogonality check a loaded
+// rotation must pass. Deterministic: the same input gives the same bits.
 #pragma once
 
 #include <stddef.h>
@@ -18,6 +19,15 @@ struct Svd {
   std::vector<double> u, s, v;
 };
 Svd jacobi_svd(const std::vector<double>& a, uint32_t d);
+
+// Eigen-decomposition of a symmetric d x d matrix a (row-major, only its
+// symmetric part is meaningful): a = V diag(values) V^T with V orthogonal, column
+// e of the row-major `vectors` the eigenvector of values[e] (values unsorted, of
+// either sign). Deterministic, as jacobi_svd, and several times faster.
+struct SymmetricEigen {
+  std::vector<double> values, vectors;
+};
+SymmetricEigen symmetric_eigen(const std::vector<double>& a, uint32_t d);
 
 // The orthogonal R (row-major d x d) maximising sum_ij m[i][j] R[i][j], i.e.
 // minimising sum_t |R x_t - y_t|^2 when m = sum_t y_t x_t^T: R = U V^T.
