@@ -53,6 +53,8 @@ def main():
     ap.add_argument("--contexts", default="32768,131072")
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--proxies", default="pq")
+    ap.add_argument("--profile", action="store_true",
+                    help="also print the GPU time by kernel of each proxy's update_index (torch.profiler)")
     a = ap.parse_args()
     rt = ssa.Runtime(backend="cuda")
     proxies = a.proxies.split(",")
@@ -78,6 +80,29 @@ def main():
             torch.cuda.synchronize()
             index.append(time.perf_counter() - t0)
             s.close()
+            if a.profile:
+                s, _ = fill(rt, a.layers, data, 1 << 31, proxy)
+                if proxy.startswith("qpq"):
+                    for layer in range(a.layers):
+                        s.observe_queries(layer, queries)
+                torch.cuda.synchronize()
+                with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                    t0 = time.perf_counter()
+                    s.update_index()
+                    torch.cuda.synchronize()
+                    wall = time.perf_counter() - t0
+                s.close()
+                kernels = {}
+                for e in prof.events():
+                    if e.device_type == torch.autograd.DeviceType.CUDA:
+                        k = kernels.setdefault(e.name, [0.0, 0])
+                        k[0] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+                        k[1] += 1
+                busy = sum(v[0] for v in kernels.values()) / 1e3
+                print("# %s N=%d: %.1f ms wall (profiled), GPU busy %.1f ms, over %d layers; by kernel (ms, calls):"
+                      % (proxy, n, wall * 1e3, busy, a.layers))
+                for name, (us, calls) in sorted(kernels.items(), key=lambda kv: -kv[1][0])[:8]:
+                    print("#   %8.2f %5d  %s" % (us / 1e3, calls, name[:100]))
         print("| %d | %d | %.3f | %.3f | " % (n, a.layers, t_both, t_app) +
               " | ".join("%.3f | %.4f" % (t, t / a.layers) for t in index) + " |")
         del data

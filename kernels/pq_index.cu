@@ -69,6 +69,52 @@ __device__ float transformed_elem(const PqIndexShape& s, const float* t_row, con
   return cpu_order_dot(t_row, s.head_dim, [&](uint32_t j) { return key_elem<T>(s, kv_pages, tok, h, j); });
 }
 
+// The PER x SUB elements of T k a thread's code needs (row p * sub + j of
+// t_rows, zero past sub), each with cpu_order_dot's bits, in one pass over the
+// key: eight partial sums per element, the key read once instead of once per
+// element. For PER x SUB <= 16 (the registers of 8 partial sums each).
+template <typename T, int SUB, int PER>
+__device__ void transformed_sub_vectors(const PqIndexShape& s, const float* t_rows, const uint8_t* const* kv_pages,
+                                        uint32_t tok, uint32_t h, uint32_t sub, float (&x)[PER][SUB]) {
+  const uint32_t d = s.head_dim, d8 = d / 8 * 8;
+  float acc[PER][SUB][8];
+#pragma unroll
+  for (int p = 0; p < PER; ++p)
+#pragma unroll
+    for (int j = 0; j < SUB; ++j)
+#pragma unroll
+      for (int k = 0; k < 8; ++k) acc[p][j][k] = 0.0f;
+  for (uint32_t c = 0; c < d8; c += 8) {
+    float kv[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) kv[k] = key_elem<T>(s, kv_pages, tok, h, c + k);
+#pragma unroll
+    for (int p = 0; p < PER; ++p)
+#pragma unroll
+      for (int j = 0; j < SUB; ++j) {
+        if (j >= static_cast<int>(sub)) continue;
+        const float* row = t_rows + (p * sub + j) * size_t{d} + c;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) acc[p][j][k] = __fadd_rn(acc[p][j][k], __fmul_rn(row[k], kv[k]));
+      }
+  }
+#pragma unroll
+  for (int p = 0; p < PER; ++p)
+#pragma unroll
+    for (int j = 0; j < SUB; ++j) {
+      if (j >= static_cast<int>(sub)) {
+        x[p][j] = 0.0f;
+        continue;
+      }
+      const float(&a)[8] = acc[p][j];
+      float r = __fadd_rn(__fadd_rn(__fadd_rn(a[0], a[4]), __fadd_rn(a[1], a[5])),
+                          __fadd_rn(__fadd_rn(a[2], a[6]), __fadd_rn(a[3], a[7])));
+      const float* row = t_rows + (p * sub + j) * size_t{d};
+      for (uint32_t c = d8; c < d; ++c) r = __fadd_rn(r, __fmul_rn(row[c], key_elem<T>(s, kv_pages, tok, h, c)));
+      x[p][j] = r;
+    }
+}
+
 // One block: PER consecutive subspaces of one KV head (PER = 2 with 4-bit codes:
 // the two nibbles of one code byte) and kThreads tokens. Shared memory: the
 // subspaces' centroids [PER][K][SUB], then (a transformed proxy) the rows of T
@@ -100,6 +146,11 @@ __global__ void __launch_bounds__(kThreads) encode_kernel(PqIndexShape s, const 
   const uint32_t tok = begin + blockIdx.x * kThreads + threadIdx.x;
   if (tok >= end) return;
   uint32_t code = 0;
+  constexpr bool kOnePass = PER * SUB <= 16;
+  float xs[PER][SUB];
+  if constexpr (kOnePass) {
+    if (s.key_transform) transformed_sub_vectors<T, SUB, PER>(s, t_rows, kv_pages, tok, h, sub, xs);
+  }
 #pragma unroll
   for (int p = 0; p < PER; ++p) {
     float x[SUB];
@@ -108,7 +159,7 @@ __global__ void __launch_bounds__(kThreads) encode_kernel(PqIndexShape s, const 
       if (j >= static_cast<int>(sub)) {
         x[j] = 0.0f;
       } else if (s.key_transform) {
-        x[j] = transformed_elem<T>(s, t_rows + (p * sub + j) * size_t{d}, kv_pages, tok, h);
+        x[j] = kOnePass ? xs[p][j] : transformed_elem<T>(s, t_rows + (p * sub + j) * size_t{d}, kv_pages, tok, h);
       } else {
         x[j] = key_elem<T>(s, kv_pages, tok, h, (m0 + p) * sub + j);
       }

@@ -13,5 +13,8 @@ else()
   set(SSA_CUDA_SOURCES ${CMAKE_CURRENT_LIST_DIR}/cuda/stub.cc)
 endif()
 # k-means++ seeding rounds every product and sum as the GPU's seeding kernel does
-# (lib/index/kmeans_pp_rule.h): no contraction into fused multiply-adds.
-set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/index/kmeans.cc PROPERTIES COMPILE_OPTIONS -ffp-contract=off)
+# (lib/index/kmeans_pp_rule.h), and the query-aware proxies' steps per key as
+# kernels/query_aware_train.cu does: no contraction into fused multiply-adds.
+set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/index/kmeans.cc ${CMAKE_CURRENT_LIST_DIR}/index/key_weights.cc
+                            ${CMAKE_CURRENT_LIST_DIR}/index/query_transform.cc ${CMAKE_CURRENT_LIST_DIR}/index/rotation.cc
+                            PROPERTIES COMPILE_OPTIONS -ffp-contract=off)

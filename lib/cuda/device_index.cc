@@ -1,9 +1,10 @@
 // The PQ index on the device: codebooks trained by k-means on the device (sample,
 // k-means++ seeds as the CPU backend picks them, Lloyd iterations), and codes
 // encoded with device codebooks. The query-aware proxies (QPQ, QPQ4) learn their
-// transforms and key weights on the host from the device's sample of keys, with
-// the CPU backend's own code, then run their weighted k-means on the device over
-// the transformed sample. The rotated proxies (OPQ, OPQ4), whose k-means rounds
+// transforms and key weights as the CPU backend does, to the bit: the d x d
+// eigen-decompositions on the host with its code, the steps per key on the
+// device; then their weighted k-means runs on the device over the transformed
+// sample. The rotated proxies (OPQ, OPQ4), whose k-means rounds
 // alternate with fits of the rotation, train on the host with the CPU backend's
 // code; their codes are then encoded on the device.
 #include <cuda_runtime.h>
@@ -16,6 +17,9 @@
 #include "file_staging.h"
 #include "index/pq_index.h"
 #include "index/proxy_kind.h"
+#include "index/query_transform.h"
+#include "index/rotation.h"
+#include "kernels/query_aware_train.h"
 #include "runtime.h"
 
 namespace ssa::cuda {
@@ -58,6 +62,87 @@ absl::StatusOr<std::vector<float>> download_sample(const KvLayout& L, const void
   SSA_CUDA_RETURN(cudaMemcpy(keys.data(), workspace, keys.size() * sizeof(float), cudaMemcpyDeviceToHost),
                   "key sample download");
   return keys;
+}
+
+// The query-aware proxies' transforms and key weights, as the CPU backend's
+// learn_query_aware computes them, from the device's sample (the workspace's
+// first floats): the d x d eigen-decompositions and products on the host, the
+// steps per key on the device with the host's bits (query_aware_train.h). T and
+// Q go into the device codebooks; the weights (when the layer kept recent
+// queries) into the workspace, *weighted then true.
+absl::Status learn_query_aware_on_device(ssa_session& s, const LayerStore& layer, const PqIndexShape& shape,
+                                         uint32_t n, void* work, float* dev_books, PqCodebooks* books,
+                                         bool* weighted) {
+  const KvLayout& L = s.layout;
+  const uint32_t H = L.n_kv_heads, d = L.head_dim, M = L.pq_subspaces;
+  const size_t dd = size_t{d} * d;
+  const QueryMoments* qm = layer.query_moments.get();
+  if (qm != nullptr && (qm->n_kv_heads != H || qm->head_dim != d)) {
+    return invalid_argument("query moments of ", qm->n_kv_heads, " heads x ", qm->head_dim,
+                            " dimensions do not fit the layer");
+  }
+  ThreadPool& pool = *s.rt->pool;
+  books->rotation.resize(H * dd);
+  books->query_transform.resize(H * dd);
+  books->trained_moments = layer.query_moments;
+  std::vector<QueryWhitening> whitening(H);
+  std::vector<double> a_t(H * dd);
+  pool.parallel_for(H, [&](size_t h) {
+    const uint32_t kv = static_cast<uint32_t>(h);
+    whitening[h] = query_whitening(qm != nullptr ? qm->sum_of(kv) : nullptr, qm != nullptr ? qm->count[kv] : 0, d);
+    std::copy(whitening[h].a_t.begin(), whitening[h].a_t.end(), a_t.begin() + h * dd);
+  });
+  const float* x = static_cast<const float*>(work);  // the sample (pq_index.h)
+  DeviceMem a_dev, y_dev, c_dev;
+  SSA_CUDA_RETURN(a_dev.alloc(a_t.size() * sizeof(double), nullptr), "cudaMallocAsync of the whitening");
+  SSA_CUDA_RETURN(y_dev.alloc(size_t{H} * n * d * sizeof(float), nullptr), "cudaMallocAsync of the whitened keys");
+  SSA_CUDA_RETURN(c_dev.alloc(H * dd * sizeof(double), nullptr), "cudaMallocAsync of the second moments");
+  SSA_CUDA_RETURN(cudaMemcpy(a_dev.p, a_t.data(), a_t.size() * sizeof(double), cudaMemcpyHostToDevice),
+                  "whitening upload");
+  SSA_CUDA_RETURN(qa_whiten_keys(shape, n, static_cast<const double*>(a_dev.p), x, static_cast<float*>(y_dev.p),
+                                 nullptr),
+                  "whitening kernel");
+  SSA_CUDA_RETURN(qa_second_moments(shape, n, static_cast<const float*>(y_dev.p), static_cast<double*>(c_dev.p),
+                                    nullptr),
+                  "second moments kernel");
+  std::vector<double> c(H * dd, 0.0);
+  SSA_CUDA_RETURN(cudaMemcpy(c.data(), c_dev.p, c.size() * sizeof(double), cudaMemcpyDeviceToHost),
+                  "second moments download");
+  pool.parallel_for(H, [&](size_t h) {
+    std::vector<double> ch(c.begin() + h * dd, c.begin() + (h + 1) * dd);
+    finish_query_transform(whitening[h], balanced_rotation_of(std::move(ch), d, M), d,
+                           books->rotation.data() + h * dd, books->query_transform.data() + h * dd);
+  });
+  const DeviceBooksLayout layout = device_books_layout(shape);
+  SSA_CUDA_RETURN(cudaMemcpy(dev_books + layout.key_transform_offset(), books->rotation.data(),
+                             layout.transform * sizeof(float), cudaMemcpyHostToDevice),
+                  "key transform upload");
+  SSA_CUDA_RETURN(cudaMemcpy(dev_books + layout.query_transform_offset(), books->query_transform.data(),
+                             layout.transform * sizeof(float), cudaMemcpyHostToDevice),
+                  "query transform upload");
+  // The keys' weights, from each head's recent queries (none kept: every key weighs 1).
+  *weighted = false;
+  if (qm == nullptr || qm->recent_count.size() != H) return absl::OkStatus();
+  std::vector<uint32_t> counts(H);
+  for (uint32_t h = 0; h < H; ++h) {
+    counts[h] = static_cast<uint32_t>(std::min<uint64_t>(qm->recent_count[h], kRecentQueries));
+    *weighted |= counts[h] > 0;
+  }
+  if (!*weighted) return absl::OkStatus();
+  DeviceMem q_dev, counts_dev, scratch;
+  SSA_CUDA_RETURN(q_dev.alloc(qm->recent.size() * sizeof(float), nullptr), "cudaMallocAsync of the recent queries");
+  SSA_CUDA_RETURN(counts_dev.alloc(H * sizeof(uint32_t), nullptr), "cudaMallocAsync of the query counts");
+  SSA_CUDA_RETURN(scratch.alloc(qa_key_weights_scratch_bytes(shape, n, kRecentQueries), nullptr),
+                  "cudaMallocAsync of the key scores");
+  SSA_CUDA_RETURN(cudaMemcpy(q_dev.p, qm->recent.data(), qm->recent.size() * sizeof(float), cudaMemcpyHostToDevice),
+                  "recent queries upload");
+  SSA_CUDA_RETURN(cudaMemcpy(counts_dev.p, counts.data(), H * sizeof(uint32_t), cudaMemcpyHostToDevice),
+                  "query counts upload");
+  SSA_CUDA_RETURN(qa_key_weights(shape, n, x, static_cast<const float*>(q_dev.p), kRecentQueries,
+                                 static_cast<const uint32_t*>(counts_dev.p), scratch.p,
+                                 kmeans_sample_weights(shape, n, work), nullptr),
+                  "key weights kernels");
+  return absl::OkStatus();
 }
 
 // Codebooks and rotations trained on the host by the CPU backend's
@@ -126,24 +211,9 @@ absl::Status CudaBackend::train_index(ssa_session& s, LayerStore& layer) const {
   bool weighted = false;
   if (proxy_is_query_aware(proxy)) {
     // The transforms and the keys' weights from the sample and the layer's
-    // observed queries, on the host with the CPU backend's code; the k-means then
-    // runs over the transformed sample, T k with the bits the CPU's rotate gives.
-    absl::StatusOr<std::vector<float>> keys = download_sample(L, work.p, n);
-    if (!keys.ok()) return keys.status();
-    std::vector<float> weights;
-    SSA_RETURN_IF_ERROR(learn_query_aware(L, *keys, n, layer.query_moments, *s.rt->pool, books.get(), &weights));
-    SSA_CUDA_RETURN(cudaMemcpy(dev_books + layout.key_transform_offset(), books->rotation.data(),
-                               layout.transform * sizeof(float), cudaMemcpyHostToDevice),
-                    "key transform upload");
-    SSA_CUDA_RETURN(cudaMemcpy(dev_books + layout.query_transform_offset(), books->query_transform.data(),
-                               layout.transform * sizeof(float), cudaMemcpyHostToDevice),
-                    "query transform upload");
-    weighted = !weights.empty();
-    if (weighted) {
-      SSA_CUDA_RETURN(cudaMemcpy(kmeans_sample_weights(shape, n, work.p), weights.data(),
-                                 weights.size() * sizeof(float), cudaMemcpyHostToDevice),
-                      "key weights upload");
-    }
+    // observed queries; the k-means then runs over the transformed sample, T k
+    // with the bits the CPU's rotate gives.
+    SSA_RETURN_IF_ERROR(learn_query_aware_on_device(s, layer, shape, n, work.p, dev_books, books.get(), &weighted));
     SSA_CUDA_RETURN(pq_gather_sample(shape, kv_table, n_tokens, n, dev_books, work.p, nullptr),
                     "transformed sample kernel");
   }

@@ -775,10 +775,10 @@ class SSACache(Cache):
     def _default_proxy(self) -> str:
         """proxy=None: on the CPU the query-aware proxy, which ranks best on every model
         measured at PQ's bytes (docs/FIDELITY.md, the default proxy) and learns from the
-        queries each prefill shows it. On CUDA runtimes PQ: a CUDA session learns QPQ's
-        transforms and key weights on the host (its k-means runs on the device), about
-        30 times PQ's training, and the first decode after a prefill trains every layer
-        (sharded sessions take PQ only)."""
+        queries each prefill shows it. On CUDA runtimes PQ: QPQ's training there (on the
+        device but for its d x d eigen-decompositions) still costs about 4 times PQ's
+        (2.2 s against 0.5 s for 32 layers at 128K tokens, docs/FIDELITY.md), and the
+        first decode after a prefill trains every layer (sharded sessions take PQ only)."""
         return "pq" if self.runtime is not None and self.runtime.backend == "cuda" else "qpq"
 
     def _observe_prefill(self, layer: SSALayer, query, mask, kwargs) -> None:
