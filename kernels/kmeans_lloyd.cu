@@ -202,8 +202,8 @@ __global__ void finish_kernel(PqIndexShape s, const float* x, uint32_t n, float*
     // cluster's weight, as the CPU takes it.
     const double unscale = ldexp(1.0, -fixed_point_shift(w.max_abs[hm], n));
     long long* mass = w.mass + size_t{hm} * K + c;
-    const double inv = weighted ? 1.0 / (static_cast<double>(*mass) * ldexp(1.0, -fixed_point_shift(w.max_weight[h], n)))
-                                : 0.0;
+    const double mass_unscale = ldexp(1.0, -fixed_point_shift(w.max_weight[h], n));
+    const double inv = weighted ? 1.0 / (static_cast<double>(*mass) * mass_unscale) : 0.0;
     for (uint32_t j = 0; j < sub; ++j) {
       cen[j] = weighted ? static_cast<float>(static_cast<double>(sum[j]) * unscale * inv)
                         : static_cast<float>(static_cast<double>(sum[j]) * unscale / count);

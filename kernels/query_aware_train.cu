@@ -42,7 +42,8 @@ __global__ void second_moments_kernel(PqIndexShape s, uint32_t n, const float* y
   const float* yh = y + size_t{h} * n * d;
   double acc = 0.0;
   for (uint32_t t = 0; t < n; ++t)
-    acc = __dadd_rn(acc, __dmul_rn(static_cast<double>(yh[size_t{t} * d + i]), static_cast<double>(yh[size_t{t} * d + j])));
+    acc = __dadd_rn(acc, __dmul_rn(static_cast<double>(yh[size_t{t} * d + i]),
+                                   static_cast<double>(yh[size_t{t} * d + j])));
   c[(size_t{h} * d + i) * d + j] = acc;
 }
 

@@ -89,7 +89,8 @@ TEST_CASE("symmetric_eigen: A V = V diag(values), V orthogonal, values agree wit
         const std::vector<double> b = random_matrix(d, rng);
         for (uint32_t i = 0; i < d; ++i)
           for (uint32_t j = 0; j < d; ++j)
-            for (uint32_t k = 0; k < (d + 1) / 2; ++k) a[size_t{i} * d + j] += b[size_t{k} * d + i] * b[size_t{k} * d + j];
+            for (uint32_t k = 0; k < (d + 1) / 2; ++k)
+              a[size_t{i} * d + j] += b[size_t{k} * d + i] * b[size_t{k} * d + j];
       } else if (kind == 2) {  // 3 I plus a rank-one term: eigenvalue 3 repeated d - 1 times
         const std::vector<double> b = random_matrix(d, rng);
         for (uint32_t i = 0; i < d; ++i)

@@ -17,8 +17,6 @@
 #include "file_staging.h"
 #include "index/pq_index.h"
 #include "index/proxy_kind.h"
-#include "index/query_transform.h"
-#include "index/rotation.h"
 #include "kernels/query_aware_train.h"
 #include "runtime.h"
 
@@ -74,24 +72,16 @@ absl::Status learn_query_aware_on_device(ssa_session& s, const LayerStore& layer
                                          uint32_t n, void* work, float* dev_books, PqCodebooks* books,
                                          bool* weighted) {
   const KvLayout& L = s.layout;
-  const uint32_t H = L.n_kv_heads, d = L.head_dim, M = L.pq_subspaces;
+  const uint32_t H = L.n_kv_heads, d = L.head_dim;
   const size_t dd = size_t{d} * d;
-  const QueryMoments* qm = layer.query_moments.get();
-  if (qm != nullptr && (qm->n_kv_heads != H || qm->head_dim != d)) {
-    return invalid_argument("query moments of ", qm->n_kv_heads, " heads x ", qm->head_dim,
-                            " dimensions do not fit the layer");
-  }
   ThreadPool& pool = *s.rt->pool;
-  books->rotation.resize(H * dd);
-  books->query_transform.resize(H * dd);
-  books->trained_moments = layer.query_moments;
-  std::vector<QueryWhitening> whitening(H);
+  absl::StatusOr<std::vector<QueryWhitening>> whitening = begin_query_aware(L, layer.query_moments, pool, books);
+  if (!whitening.ok()) return whitening.status();
   std::vector<double> a_t(H * dd);
-  pool.parallel_for(H, [&](size_t h) {
-    const uint32_t kv = static_cast<uint32_t>(h);
-    whitening[h] = query_whitening(qm != nullptr ? qm->sum_of(kv) : nullptr, qm != nullptr ? qm->count[kv] : 0, d);
-    std::copy(whitening[h].a_t.begin(), whitening[h].a_t.end(), a_t.begin() + h * dd);
-  });
+  for (uint32_t h = 0; h < H; ++h) {
+    const std::vector<double>& at = (*whitening)[h].a_t;
+    std::copy(at.begin(), at.end(), a_t.begin() + h * dd);
+  }
   const float* x = static_cast<const float*>(work);  // the sample (pq_index.h)
   DeviceMem a_dev, y_dev, c_dev;
   SSA_CUDA_RETURN(a_dev.alloc(a_t.size() * sizeof(double), nullptr), "cudaMallocAsync of the whitening");
@@ -105,14 +95,10 @@ absl::Status learn_query_aware_on_device(ssa_session& s, const LayerStore& layer
   SSA_CUDA_RETURN(qa_second_moments(shape, n, static_cast<const float*>(y_dev.p), static_cast<double*>(c_dev.p),
                                     nullptr),
                   "second moments kernel");
-  std::vector<double> c(H * dd, 0.0);
-  SSA_CUDA_RETURN(cudaMemcpy(c.data(), c_dev.p, c.size() * sizeof(double), cudaMemcpyDeviceToHost),
+  std::vector<double> second(H * dd, 0.0);
+  SSA_CUDA_RETURN(cudaMemcpy(second.data(), c_dev.p, second.size() * sizeof(double), cudaMemcpyDeviceToHost),
                   "second moments download");
-  pool.parallel_for(H, [&](size_t h) {
-    std::vector<double> ch(c.begin() + h * dd, c.begin() + (h + 1) * dd);
-    finish_query_transform(whitening[h], balanced_rotation_of(std::move(ch), d, M), d,
-                           books->rotation.data() + h * dd, books->query_transform.data() + h * dd);
-  });
+  finish_query_aware(L, *whitening, second, pool, books);
   const DeviceBooksLayout layout = device_books_layout(shape);
   SSA_CUDA_RETURN(cudaMemcpy(dev_books + layout.key_transform_offset(), books->rotation.data(),
                              layout.transform * sizeof(float), cudaMemcpyHostToDevice),
@@ -121,13 +107,9 @@ absl::Status learn_query_aware_on_device(ssa_session& s, const LayerStore& layer
                              layout.transform * sizeof(float), cudaMemcpyHostToDevice),
                   "query transform upload");
   // The keys' weights, from each head's recent queries (none kept: every key weighs 1).
-  *weighted = false;
-  if (qm == nullptr || qm->recent_count.size() != H) return absl::OkStatus();
-  std::vector<uint32_t> counts(H);
-  for (uint32_t h = 0; h < H; ++h) {
-    counts[h] = static_cast<uint32_t>(std::min<uint64_t>(qm->recent_count[h], kRecentQueries));
-    *weighted |= counts[h] > 0;
-  }
+  const QueryMoments* qm = layer.query_moments.get();
+  const std::vector<uint32_t> counts = weighting_query_counts(L, qm);
+  *weighted = !counts.empty();
   if (!*weighted) return absl::OkStatus();
   DeviceMem q_dev, counts_dev, scratch;
   SSA_CUDA_RETURN(q_dev.alloc(qm->recent.size() * sizeof(float), nullptr), "cudaMallocAsync of the recent queries");

@@ -158,10 +158,9 @@ void for_head_blocks(ThreadPool& pool, uint32_t heads, size_t count, size_t per,
 
 }  // namespace
 
-absl::Status learn_query_aware(const KvLayout& layout, const std::vector<float>& keys, uint64_t n,
-                               const QueryMomentsRef& moments, ThreadPool& pool, PqCodebooks* books,
-                               std::vector<float>* weights) {
-  const uint32_t d = layout.head_dim, H = layout.n_kv_heads, M = layout.pq_subspaces;
+absl::StatusOr<std::vector<QueryWhitening>> begin_query_aware(const KvLayout& layout, const QueryMomentsRef& moments,
+                                                               ThreadPool& pool, PqCodebooks* books) {
+  const uint32_t d = layout.head_dim, H = layout.n_kv_heads;
   const QueryMoments* qm = moments.get();
   if (qm != nullptr && (qm->n_kv_heads != H || qm->head_dim != d)) {
     return invalid_argument("query moments of ", qm->n_kv_heads, " heads x ", qm->head_dim,
@@ -170,50 +169,78 @@ absl::Status learn_query_aware(const KvLayout& layout, const std::vector<float>&
   books->rotation.resize(size_t{H} * d * d);
   books->query_transform.resize(size_t{H} * d * d);
   books->trained_moments = moments;
-  auto head_keys = [&](uint32_t h) { return keys.data() + size_t{h} * n * d; };
-  // query_aware_transform, step by step over every head at once: the
-  // whitening per head, the whitened keys and their second moments in blocks,
-  // then each head's rotation and transforms.
   std::vector<QueryWhitening> whitening(H);
   pool.parallel_for(H, [&](size_t h) {
     const uint32_t kv = static_cast<uint32_t>(h);
     whitening[h] = query_whitening(qm != nullptr ? qm->sum_of(kv) : nullptr, qm != nullptr ? qm->count[kv] : 0, d);
   });
+  return whitening;
+}
+
+void finish_query_aware(const KvLayout& layout, const std::vector<QueryWhitening>& whitening,
+                        const std::vector<double>& second, ThreadPool& pool, PqCodebooks* books) {
+  const uint32_t d = layout.head_dim, M = layout.pq_subspaces;
+  const size_t dd = size_t{d} * d;
+  pool.parallel_for(layout.n_kv_heads, [&](size_t h) {
+    std::vector<double> c(second.begin() + h * dd, second.begin() + (h + 1) * dd);
+    finish_query_transform(whitening[h], balanced_rotation_of(std::move(c), d, M), d, books->rotation.data() + h * dd,
+                           books->query_transform.data() + h * dd);
+  });
+}
+
+std::vector<uint32_t> weighting_query_counts(const KvLayout& layout, const QueryMoments* qm) {
+  const uint32_t H = layout.n_kv_heads;
+  if (qm == nullptr || qm->recent_count.size() != H) return {};
+  std::vector<uint32_t> counts(H);
+  bool any = false;
+  for (uint32_t h = 0; h < H; ++h) {
+    counts[h] = static_cast<uint32_t>(std::min<uint64_t>(qm->recent_count[h], kRecentQueries));
+    any |= counts[h] > 0;
+  }
+  if (!any) counts.clear();
+  return counts;
+}
+
+absl::Status learn_query_aware(const KvLayout& layout, const std::vector<float>& keys, uint64_t n,
+                               const QueryMomentsRef& moments, ThreadPool& pool, PqCodebooks* books,
+                               std::vector<float>* weights) {
+  const uint32_t d = layout.head_dim, H = layout.n_kv_heads;
+  const QueryMoments* qm = moments.get();
+  // query_aware_transform, step by step over every head at once: the
+  // whitening per head, the whitened keys and their second moments in blocks,
+  // then each head's rotation and transforms.
+  absl::StatusOr<std::vector<QueryWhitening>> whitening = begin_query_aware(layout, moments, pool, books);
+  if (!whitening.ok()) return whitening.status();
+  auto head_keys = [&](uint32_t h) { return keys.data() + size_t{h} * n * d; };
   std::vector<float> y(size_t{H} * n * d);
   for_head_blocks(pool, H, n, kKeysPerTask, [&](uint32_t h, size_t lo, size_t hi) {
-    whiten_keys(whitening[h], head_keys(h), lo, hi, d, y.data() + size_t{h} * n * d);
+    whiten_keys((*whitening)[h], head_keys(h), lo, hi, d, y.data() + size_t{h} * n * d);
   });
-  std::vector<std::vector<double>> second(H, std::vector<double>(size_t{d} * d));
+  std::vector<double> second(size_t{H} * d * d);
   for_head_blocks(pool, H, d, kRowsPerTask, [&](uint32_t h, size_t lo, size_t hi) {
     second_moment_rows(y.data() + size_t{h} * n * d, n, d, static_cast<uint32_t>(lo), static_cast<uint32_t>(hi),
-                       second[h].data());
+                       second.data() + size_t{h} * d * d);
   });
-  pool.parallel_for(H, [&](size_t h) {
-    finish_query_transform(whitening[h], balanced_rotation_of(std::move(second[h]), d, M), d,
-                           books->rotation.data() + h * d * d, books->query_transform.data() + h * d * d);
-  });
+  finish_query_aware(layout, *whitening, second, pool, books);
   // Each training key weighs by how often the layer's recent queries rank it
   // high (key_weights.h); without recent queries every key weighs 1.
   weights->clear();
-  bool weighted = false;
-  if (qm != nullptr && qm->recent_count.size() == H) {
-    for (uint32_t h = 0; h < H; ++h) weighted |= qm->recent_count[h] > 0;
-  }
-  if (!weighted) return absl::OkStatus();
+  const std::vector<uint32_t> counts = weighting_query_counts(layout, qm);
+  if (counts.empty()) return absl::OkStatus();
   weights->assign(size_t{H} * n, 1.0f);
   // heavy_key_weights, step by step: the scores of every head's keys, each
   // query's threshold, then the weights (heads without recent queries keep 1).
   std::vector<std::vector<float>> qt(H), scores(H), thresholds(H);
   size_t most_recent = 0;
   for (uint32_t h = 0; h < H; ++h) {
-    most_recent = std::max<size_t>(most_recent, qm->recent_count[h]);
-    const auto m = static_cast<uint32_t>(qm->recent_count[h]);
+    const uint32_t m = counts[h];
+    most_recent = std::max<size_t>(most_recent, m);
     if (m == 0) continue;
     qt[h] = transposed_queries(qm->recent_of(h), m, d);
     scores[h].resize(n * m);
     thresholds[h].resize(m);
   }
-  auto recent = [&](uint32_t h) { return static_cast<uint32_t>(qm->recent_count[h]); };
+  auto recent = [&](uint32_t h) { return counts[h]; };
   for_head_blocks(pool, H, n, kKeysPerTask, [&](uint32_t h, size_t lo, size_t hi) {
     if (recent(h) > 0) key_query_scores(head_keys(h), lo, hi, d, qt[h].data(), recent(h), scores[h].data());
   });

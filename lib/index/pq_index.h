@@ -9,6 +9,7 @@
 #include "absl/status/statusor.h"
 #include "cpu/thread_pool.h"
 #include "index/kmeans.h"
+#include "index/query_transform.h"
 #include "index/score_aware.h"
 #include "ssa.h"
 #include "store/held_range.h"
@@ -63,6 +64,17 @@ absl::StatusOr<CodebooksRef> train_codebooks_on(const KvLayout& layout, const st
 absl::Status learn_query_aware(const KvLayout& layout, const std::vector<float>& keys, uint64_t n,
                                const QueryMomentsRef& moments, ThreadPool& pool, PqCodebooks* books,
                                std::vector<float>* weights);
+// Its parts that both backends run on the host: checking that the moments fit
+// the layer, sizing *books' transforms and keeping the moments there, with each
+// head's whitening (begin); each head's T and Q from the whitened keys' second
+// moments ([n_kv][d][d], the upper triangles read; finish); and the number of
+// recent queries each head's key weights come from (empty when no head kept
+// one: every key then weighs 1).
+absl::StatusOr<std::vector<QueryWhitening>> begin_query_aware(const KvLayout& layout, const QueryMomentsRef& moments,
+                                                               ThreadPool& pool, PqCodebooks* books);
+void finish_query_aware(const KvLayout& layout, const std::vector<QueryWhitening>& whitening,
+                        const std::vector<double>& second, ThreadPool& pool, PqCodebooks* books);
+std::vector<uint32_t> weighting_query_counts(const KvLayout& layout, const QueryMoments* qm);
 
 // The nearest-centroid searches of every codebook of one layer, built once per
 // codebooks: building them (a transposed copy and the norms of every centroid)

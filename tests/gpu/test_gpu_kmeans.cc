@@ -221,7 +221,8 @@ TEST_CASE("gpu k-means: k-means++ seeds on the device are the CPU's") {
           const std::vector<float> pts = codebook_points(s, x, n, h, m);
           std::vector<float> cpu(book), plain(book);
           const uint64_t seed = codebook_seed(h, m, s.subspaces);
-          kmeans_pp_seed(pts.data(), n, sub, s.centroids, seed, cpu.data(), weighted ? w.data() + size_t{h} * n : nullptr);
+          kmeans_pp_seed(pts.data(), n, sub, s.centroids, seed, cpu.data(),
+                         weighted ? w.data() + size_t{h} * n : nullptr);
           kmeans_pp_seed(pts.data(), n, sub, s.centroids, seed, plain.data());
           const float* g = gpu.data() + (size_t{h} * s.subspaces + m) * book;
           for (size_t e = 0; e < book; ++e) {

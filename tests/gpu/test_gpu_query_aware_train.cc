@@ -81,7 +81,8 @@ TEST_CASE("gpu query-aware training: whitened keys, second moments and key weigh
     x_dev.upload(x);
     a_dev.upload(a_t);
     q_dev.upload(moments->recent);
-    counts_dev.upload({static_cast<uint32_t>(moments->recent_count[0]), static_cast<uint32_t>(moments->recent_count[1]), 0u});
+    counts_dev.upload({static_cast<uint32_t>(moments->recent_count[0]), static_cast<uint32_t>(moments->recent_count[1]),
+                       0u});
     CUDA_OK(cudaMemset(c_dev.p, 0, c_host.size() * sizeof(double)));  // the lower triangle stays 0, as on the host
     CUDA_OK(cudaMemset(w_dev.p, 0xff, size_t{H} * n * sizeof(float)));  // NaN: every weight must be written
     CUDA_OK(cuda::qa_whiten_keys(shape, n, a_dev.p, x_dev.p, y_dev.p, nullptr));
