@@ -34,6 +34,7 @@ import transformers
 
 import ssa
 import ssa.hf
+from kernel_times import kernel_times  # bench/kernel_times.py
 
 SHAPES = {
     # hidden, intermediate, q heads, kv heads, head dim
@@ -150,12 +151,7 @@ def profile_steps(model, ids, cache, steps, device, top=25):
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         t, out = timed_generate(model, ids, cache, steps + 1, device)
-    kernels = {}
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            k = kernels.setdefault(e.name, [0.0, 0])
-            k[0] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
-            k[1] += 1
+    kernels = kernel_times(prof)
     n_steps = steps + 1
     busy = sum(v[0] for v in kernels.values()) / 1e3 / n_steps
     print("profile: %d steps in %.1f ms (%.2f ms per step, profiled); GPU busy %.2f ms per step, by kernel (ms per step, "

@@ -24,6 +24,7 @@ import time
 import torch
 
 import ssa
+from kernel_times import kernel_times  # bench/kernel_times.py
 
 
 def kv(n, gen):
@@ -92,12 +93,7 @@ def main():
                     torch.cuda.synchronize()
                     wall = time.perf_counter() - t0
                 s.close()
-                kernels = {}
-                for e in prof.events():
-                    if e.device_type == torch.autograd.DeviceType.CUDA:
-                        k = kernels.setdefault(e.name, [0.0, 0])
-                        k[0] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
-                        k[1] += 1
+                kernels = kernel_times(prof)
                 busy = sum(v[0] for v in kernels.values()) / 1e3
                 print("# %s N=%d: %.1f ms wall (profiled), GPU busy %.1f ms, over %d layers; by kernel (ms, calls):"
                       % (proxy, n, wall * 1e3, busy, a.layers))

@@ -201,15 +201,17 @@ __global__ void finish_kernel(PqIndexShape s, const float* x, uint32_t n, float*
     // division, one to float. Weighted: the sum times the inverse of the
     // cluster's weight, as the CPU takes it.
     const double unscale = ldexp(1.0, -fixed_point_shift(w.max_abs[hm], n));
-    long long* mass = w.mass + size_t{hm} * K + c;
-    const double mass_unscale = ldexp(1.0, -fixed_point_shift(w.max_weight[h], n));
-    const double inv = weighted ? 1.0 / (static_cast<double>(*mass) * mass_unscale) : 0.0;
+    double inv = 0.0;
+    if (weighted) {
+      long long* mass = w.mass + size_t{hm} * K + c;
+      inv = 1.0 / (static_cast<double>(*mass) * ldexp(1.0, -fixed_point_shift(w.max_weight[h], n)));
+      *mass = 0;
+    }
     for (uint32_t j = 0; j < sub; ++j) {
       cen[j] = weighted ? static_cast<float>(static_cast<double>(sum[j]) * unscale * inv)
                         : static_cast<float>(static_cast<double>(sum[j]) * unscale / count);
       sum[j] = 0;
     }
-    *mass = 0;
   }
   if (c == 0) {
     uint32_t total = 0;

@@ -45,9 +45,15 @@ __device__ uint32_t nearest(const float* cent, uint32_t K, const float (&x)[SUB]
   return bc;
 }
 
+// The CPU's rotate() (lib/index/pq_index.cc) keeps eight interleaved partial
+// sums of an element of T k and adds them pairwise in this order.
+__device__ float sum_partials(const float (&a)[8]) {
+  return __fadd_rn(__fadd_rn(__fadd_rn(a[0], a[4]), __fadd_rn(a[1], a[5])),
+                   __fadd_rn(__fadd_rn(a[2], a[6]), __fadd_rn(a[3], a[7])));
+}
+
 // Element r of T k for a row of T and the key's elements key(j): the CPU's
-// rotate() (lib/index/pq_index.cc) to the bit, eight interleaved partial sums
-// added pairwise in its order, products and sums rounded one by one.
+// rotate() to the bit, products and sums rounded one by one.
 template <typename Key>
 __device__ float cpu_order_dot(const float* t_row, uint32_t d, Key key) {
   const uint32_t d8 = d / 8 * 8;
@@ -56,8 +62,7 @@ __device__ float cpu_order_dot(const float* t_row, uint32_t d, Key key) {
 #pragma unroll
     for (uint32_t k = 0; k < 8; ++k) acc[k] = __fadd_rn(acc[k], __fmul_rn(t_row[j + k], key(j + k)));
   }
-  float r = __fadd_rn(__fadd_rn(__fadd_rn(acc[0], acc[4]), __fadd_rn(acc[1], acc[5])),
-                      __fadd_rn(__fadd_rn(acc[2], acc[6]), __fadd_rn(acc[3], acc[7])));
+  float r = sum_partials(acc);
   for (uint32_t j = d8; j < d; ++j) r = __fadd_rn(r, __fmul_rn(t_row[j], key(j)));
   return r;
 }
@@ -106,9 +111,7 @@ __device__ void transformed_sub_vectors(const PqIndexShape& s, const float* t_ro
         x[p][j] = 0.0f;
         continue;
       }
-      const float(&a)[8] = acc[p][j];
-      float r = __fadd_rn(__fadd_rn(__fadd_rn(a[0], a[4]), __fadd_rn(a[1], a[5])),
-                          __fadd_rn(__fadd_rn(a[2], a[6]), __fadd_rn(a[3], a[7])));
+      float r = sum_partials(acc[p][j]);
       const float* row = t_rows + (p * sub + j) * size_t{d};
       for (uint32_t c = d8; c < d; ++c) r = __fadd_rn(r, __fmul_rn(row[c], key_elem<T>(s, kv_pages, tok, h, c)));
       x[p][j] = r;

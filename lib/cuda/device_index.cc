@@ -51,17 +51,6 @@ absl::StatusOr<std::vector<PageRef>> new_code_pages(const ssa_session& s, uint64
   return codes;
 }
 
-// The sample of keys the CPU backend takes (the same tokens, converted to float
-// as it converts them) as floats [n_kv][n][head_dim], gathered on the device
-// into the workspace and downloaded.
-absl::StatusOr<std::vector<float>> download_sample(const KvLayout& L, const void* workspace, uint64_t n) {
-  // The sample is the workspace's first n_kv x n x head_dim floats (pq_index.h).
-  std::vector<float> keys(size_t{L.n_kv_heads} * n * L.head_dim);
-  SSA_CUDA_RETURN(cudaMemcpy(keys.data(), workspace, keys.size() * sizeof(float), cudaMemcpyDeviceToHost),
-                  "key sample download");
-  return keys;
-}
-
 // The query-aware proxies' transforms and key weights, as the CPU backend's
 // learn_query_aware computes them, from the device's sample (the workspace's
 // first floats): the d x d eigen-decompositions and products on the host, the
@@ -143,9 +132,11 @@ absl::Status train_on_host(ssa_session& s, LayerStore& layer, const std::vector<
                                    static_cast<uint32_t>(layer.n_tokens), static_cast<uint32_t>(n), nullptr, work.p,
                                    nullptr),
                   "key sample kernel");
-  absl::StatusOr<std::vector<float>> keys = download_sample(L, work.p, n);
-  if (!keys.ok()) return keys.status();
-  absl::StatusOr<CodebooksRef> books = train_codebooks_on(L, *keys, n, s.config.index_iterations, s.config.proxy,
+  // The sample is the workspace's first n_kv x n x head_dim floats (pq_index.h).
+  std::vector<float> keys(size_t{L.n_kv_heads} * n * L.head_dim);
+  SSA_CUDA_RETURN(cudaMemcpy(keys.data(), work.p, keys.size() * sizeof(float), cudaMemcpyDeviceToHost),
+                  "key sample download");
+  absl::StatusOr<CodebooksRef> books = train_codebooks_on(L, keys, n, s.config.index_iterations, s.config.proxy,
                                                           s.config.pq_parallel_weight, layer.query_moments,
                                                           *s.rt->pool);
   if (!books.ok()) return books.status();

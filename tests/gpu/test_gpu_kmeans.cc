@@ -128,10 +128,12 @@ std::vector<float> codebook_points(const cuda::PqIndexShape& s, const std::vecto
   return pts;
 }
 
-// Mean squared distance of the points to their nearest centroid (float64).
-double quantisation_mse(const std::vector<float>& pts, uint32_t sub, const float* book, uint32_t K) {
+// Mean squared distance of the points to their nearest centroid (float64),
+// weighted by w ([n]) when it is not null.
+double quantisation_mse(const std::vector<float>& pts, uint32_t sub, const float* book, uint32_t K,
+                        const float* w = nullptr) {
   const size_t n = pts.size() / sub;
-  double total = 0.0;
+  double total = 0.0, mass = 0.0;
   for (size_t i = 0; i < n; ++i) {
     double best = INFINITY;
     for (uint32_t c = 0; c < K; ++c) {
@@ -142,9 +144,11 @@ double quantisation_mse(const std::vector<float>& pts, uint32_t sub, const float
       }
       best = std::min(best, d2);
     }
-    total += best;
+    const double wi = w != nullptr ? w[i] : 1.0;
+    total += wi * best;
+    mass += wi;
   }
-  return total / static_cast<double>(n);
+  return total / mass;
 }
 
 cuda::PqIndexShape kmeans_shape(uint32_t n_kv, uint32_t head_dim, uint32_t subspaces, uint32_t centroids) {
@@ -237,26 +241,6 @@ TEST_CASE("gpu k-means: k-means++ seeds on the device are the CPU's") {
   }
 }
 
-// Weighted mean squared distance of the points to their nearest centroid (float64).
-double weighted_mse(const std::vector<float>& pts, const float* w, uint32_t sub, const float* book, uint32_t K) {
-  const size_t n = pts.size() / sub;
-  double total = 0.0, mass = 0.0;
-  for (size_t i = 0; i < n; ++i) {
-    double best = INFINITY;
-    for (uint32_t c = 0; c < K; ++c) {
-      double d2 = 0.0;
-      for (uint32_t j = 0; j < sub; ++j) {
-        const double df = double(pts[i * sub + j]) - book[size_t{c} * sub + j];
-        d2 += df * df;
-      }
-      best = std::min(best, d2);
-    }
-    total += w[i] * best;
-    mass += w[i];
-  }
-  return total / mass;
-}
-
 // One weighted Lloyd step on the device from given centroids: every centroid
 // with points becomes their weighted mean, against a float64 reference that
 // assigns each point to its nearest centroid (codebooks where some point is
@@ -329,6 +313,12 @@ TEST_CASE("gpu k-means: a weighted Lloyd step moves each centroid to its points'
   CHECK(worst < 1e-6);
 }
 
+// A training shape: the codebooks, the sample's size and the Lloyd iterations.
+struct TrainingCase {
+  cuda::PqIndexShape s;
+  uint32_t n, iterations;
+};
+
 // The device's training (k-means++ seeds, then Lloyd iterations with
 // fixed-point sums) gives the same codebooks on every run, and codebooks as good
 // as the CPU's k-means on the same points: the mean squared quantisation error
@@ -336,13 +326,9 @@ TEST_CASE("gpu k-means: a weighted Lloyd step moves each centroid to its points'
 // summed per shape.
 TEST_CASE("gpu k-means: device training is deterministic and quantises as well as the CPU's") {
   SSA_GPU_TEST_OR_SKIP();
-  struct Case {
-    cuda::PqIndexShape s;
-    uint32_t n, iterations;
-  };
-  const Case cases[] = {{kmeans_shape(1, 128, 16, 256), 16384, 8}, {kmeans_shape(1, 64, 4, 64), 5000, 6},
+  const TrainingCase cases[] = {{kmeans_shape(1, 128, 16, 256), 16384, 8}, {kmeans_shape(1, 64, 4, 64), 5000, 6},
                         {kmeans_shape(1, 32, 16, 256), 3000, 8}};
-  for (const Case& cs : cases) {
+  for (const TrainingCase& cs : cases) {
     const cuda::PqIndexShape& s = cs.s;
     const uint32_t sub = s.head_dim / s.subspaces, n = cs.n;
     CAPTURE(n);
@@ -375,13 +361,9 @@ TEST_CASE("gpu k-means: device training is deterministic and quantises as well a
 // centroids without regard to the weights).
 TEST_CASE("gpu k-means: weighted device training is deterministic and quantises as the CPU's weighted k-means") {
   SSA_GPU_TEST_OR_SKIP();
-  struct Case {
-    cuda::PqIndexShape s;
-    uint32_t n, iterations;
-  };
-  const Case cases[] = {{kmeans_shape(1, 128, 16, 256), 16384, 8}, {kmeans_shape(1, 128, 32, 16), 16384, 8},
+  const TrainingCase cases[] = {{kmeans_shape(1, 128, 16, 256), 16384, 8}, {kmeans_shape(1, 128, 32, 16), 16384, 8},
                         {kmeans_shape(1, 64, 4, 64), 5000, 6}};
-  for (const Case& cs : cases) {
+  for (const TrainingCase& cs : cases) {
     const cuda::PqIndexShape& s = cs.s;
     const uint32_t sub = s.head_dim / s.subspaces, n = cs.n;
     CAPTURE(n);
@@ -400,9 +382,9 @@ TEST_CASE("gpu k-means: weighted device training is deterministic and quantises 
         std::vector<float> cpu(book);
         kmeans_train(pts.data(), n, sub, s.centroids, cs.iterations, codebook_seed(h, m, s.subspaces), cpu.data(), wh);
         const size_t at = (size_t{h} * s.subspaces + m) * book;
-        mse_cpu += weighted_mse(pts, wh, sub, cpu.data(), s.centroids);
-        mse_gpu += weighted_mse(pts, wh, sub, gpu.data() + at, s.centroids);
-        mse_plain += weighted_mse(pts, wh, sub, plain.data() + at, s.centroids);
+        mse_cpu += quantisation_mse(pts, sub, cpu.data(), s.centroids, wh);
+        mse_gpu += quantisation_mse(pts, sub, gpu.data() + at, s.centroids, wh);
+        mse_plain += quantisation_mse(pts, sub, plain.data() + at, s.centroids, wh);
       }
     MESSAGE("weighted quantisation MSE: CPU weighted k-means ", mse_cpu, ", GPU weighted ", mse_gpu,
             ", GPU unweighted ", mse_plain);
