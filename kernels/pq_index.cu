@@ -74,14 +74,24 @@ __device__ float transformed_elem(const PqIndexShape& s, const float* t_row, con
   return cpu_order_dot(t_row, s.head_dim, [&](uint32_t j) { return key_elem<T>(s, kv_pages, tok, h, j); });
 }
 
-// The PER x SUB elements of T k a thread's code needs (row p * sub + j of
-// t_rows, zero past sub), each with cpu_order_dot's bits, in one pass over the
-// key: eight partial sums per element, the key read once instead of once per
-// element. For PER x SUB <= 16 (the registers of 8 partial sums each).
+// Keys a transformed encode stages in shared memory per pass: kStageDims
+// elements of each of the block's tokens, rows padded by one float so that the
+// lanes (consecutive tokens) read different banks.
+constexpr uint32_t kStageDims = 32;
+constexpr uint32_t kStageStride = kStageDims + 1;
+
+// The PER x SUB elements of T k the thread's code needs (row p * sub + j of
+// t_rows, zero past sub), each with cpu_order_dot's bits: eight partial sums per
+// element, the key read once. The block's kThreads tokens from `tile` are staged
+// through shared memory kStageDims elements at a time, read from their pages
+// coalesced (a warp reads one token's elements side by side). Every thread of the
+// block calls it (it synchronises); tokens at or past `end` stage zeros. For
+// PER x SUB <= 16 (the registers of 8 partial sums each).
 template <typename T, int SUB, int PER>
-__device__ void transformed_sub_vectors(const PqIndexShape& s, const float* t_rows, const uint8_t* const* kv_pages,
-                                        uint32_t tok, uint32_t h, uint32_t sub, float (&x)[PER][SUB]) {
-  const uint32_t d = s.head_dim, d8 = d / 8 * 8;
+__device__ void staged_sub_vectors(const PqIndexShape& s, const float* t_rows, float* stage,
+                                   const uint8_t* const* kv_pages, uint32_t tile, uint32_t end, uint32_t h,
+                                   uint32_t sub, float (&x)[PER][SUB]) {
+  const uint32_t d = s.head_dim, d8 = d / 8 * 8, tok = tile + threadIdx.x;
   float acc[PER][SUB][8];
 #pragma unroll
   for (int p = 0; p < PER; ++p)
@@ -89,25 +99,35 @@ __device__ void transformed_sub_vectors(const PqIndexShape& s, const float* t_ro
     for (int j = 0; j < SUB; ++j)
 #pragma unroll
       for (int k = 0; k < 8; ++k) acc[p][j][k] = 0.0f;
-  for (uint32_t c = 0; c < d8; c += 8) {
-    float kv[8];
+  const float* mine = stage + threadIdx.x * kStageStride;
+  for (uint32_t c0 = 0; c0 < d8; c0 += kStageDims) {
+    const uint32_t len = min(kStageDims, d8 - c0);
+    __syncthreads();  // every thread is done with the previous pass's keys
+    for (uint32_t e = threadIdx.x; e < kThreads * kStageDims; e += kThreads) {
+      const uint32_t tl = e / kStageDims, j = e % kStageDims, t = tile + tl;
+      stage[tl * kStageStride + j] = t < end && j < len ? key_elem<T>(s, kv_pages, t, h, c0 + j) : 0.0f;
+    }
+    __syncthreads();
+    for (uint32_t c = 0; c < len; c += 8) {
+      float kv[8];
 #pragma unroll
-    for (int k = 0; k < 8; ++k) kv[k] = key_elem<T>(s, kv_pages, tok, h, c + k);
+      for (int k = 0; k < 8; ++k) kv[k] = mine[c + k];
 #pragma unroll
-    for (int p = 0; p < PER; ++p)
+      for (int p = 0; p < PER; ++p)
 #pragma unroll
-      for (int j = 0; j < SUB; ++j) {
-        if (j >= static_cast<int>(sub)) continue;
-        const float* row = t_rows + (p * sub + j) * size_t{d} + c;
+        for (int j = 0; j < SUB; ++j) {
+          if (j >= static_cast<int>(sub)) continue;
+          const float* row = t_rows + (p * sub + j) * size_t{d} + c0 + c;
 #pragma unroll
-        for (int k = 0; k < 8; ++k) acc[p][j][k] = __fadd_rn(acc[p][j][k], __fmul_rn(row[k], kv[k]));
-      }
+          for (int k = 0; k < 8; ++k) acc[p][j][k] = __fadd_rn(acc[p][j][k], __fmul_rn(row[k], kv[k]));
+        }
+    }
   }
 #pragma unroll
   for (int p = 0; p < PER; ++p)
 #pragma unroll
     for (int j = 0; j < SUB; ++j) {
-      if (j >= static_cast<int>(sub)) {
+      if (j >= static_cast<int>(sub) || tok >= end) {
         x[p][j] = 0.0f;
         continue;
       }
@@ -121,7 +141,8 @@ __device__ void transformed_sub_vectors(const PqIndexShape& s, const float* t_ro
 // One block: PER consecutive subspaces of one KV head (PER = 2 with 4-bit codes:
 // the two nibbles of one code byte) and kThreads tokens. Shared memory: the
 // subspaces' centroids [PER][K][SUB], then (a transformed proxy) the rows of T
-// that make their sub-vectors [PER * sub][d].
+// that make their sub-vectors [PER * sub][d] and, when they fit in registers
+// (PER x SUB <= 16), the staged keys [kThreads][kStageStride].
 template <typename T, int SUB, int PER>
 __global__ void __launch_bounds__(kThreads) encode_kernel(PqIndexShape s, const uint8_t* const* kv_pages,
                                                           uint8_t* const* code_pages, const float* books,
@@ -132,7 +153,7 @@ __global__ void __launch_bounds__(kThreads) encode_kernel(PqIndexShape s, const 
     if (begin == 0xFFFFFFFFu) return;
     end = begin + 1;
   }
-  extern __shared__ float cent[];  // [PER][K][SUB], then [PER * sub][d]
+  extern __shared__ float cent[];  // [PER][K][SUB], then [PER * sub][d], then the staged keys
   const uint32_t row = blockIdx.y, m0 = row * PER, h = blockIdx.z, sub = s.head_dim / s.subspaces;
   const uint32_t K = s.centroids, d = s.head_dim;
   for (uint32_t i = threadIdx.x; i < PER * K * SUB; i += kThreads) {
@@ -146,14 +167,15 @@ __global__ void __launch_bounds__(kThreads) encode_kernel(PqIndexShape s, const 
     for (uint32_t i = threadIdx.x; i < PER * sub * d; i += kThreads) t_rows[i] = t[i];
   }
   __syncthreads();
-  const uint32_t tok = begin + blockIdx.x * kThreads + threadIdx.x;
-  if (tok >= end) return;
+  const uint32_t tile = begin + blockIdx.x * kThreads, tok = tile + threadIdx.x;
   uint32_t code = 0;
   constexpr bool kOnePass = PER * SUB <= 16;
   float xs[PER][SUB];
   if constexpr (kOnePass) {
-    if (s.key_transform) transformed_sub_vectors<T, SUB, PER>(s, t_rows, kv_pages, tok, h, sub, xs);
+    if (s.key_transform)
+      staged_sub_vectors<T, SUB, PER>(s, t_rows, t_rows + PER * sub * d, kv_pages, tile, end, h, sub, xs);
   }
+  if (tok >= end) return;
 #pragma unroll
   for (int p = 0; p < PER; ++p) {
     float x[SUB];
@@ -184,25 +206,72 @@ bool dispatch_sub(uint32_t sub, F&& f) {
   return false;
 }
 
-// Copies the keys of `n` evenly spaced tokens into x[n_kv][n][head_dim] floats;
-// with a key transform (books not null) each key's T k, the key staged in
-// shared memory and T's rows read from the device codebooks.
+// The token of sample i of n, evenly spaced over the layer's n_tokens.
+__device__ __forceinline__ uint32_t sample_token(uint32_t i, uint32_t n_tokens, uint32_t n) {
+  return static_cast<uint32_t>((uint64_t{i} * n_tokens) / n);
+}
+
+// Copies the keys of `n` evenly spaced tokens into x[n_kv][n][head_dim] floats.
 template <typename T>
-__global__ void gather_kernel(PqIndexShape s, const uint8_t* const* kv_pages, uint32_t n_tokens,
-                              uint32_t n, const float* books, float* x) {
-  extern __shared__ float key_s[];  // [head_dim], with a transform
-  const uint32_t i = blockIdx.x, h = blockIdx.y, d = s.head_dim;
-  const uint32_t t = static_cast<uint32_t>((uint64_t{i} * n_tokens) / n);
+__global__ void gather_kernel(PqIndexShape s, const uint8_t* const* kv_pages, uint32_t n_tokens, uint32_t n,
+                              float* x) {
+  const uint32_t i = blockIdx.x, h = blockIdx.y, d = s.head_dim, t = sample_token(i, n_tokens, n);
   float* out = x + (size_t{h} * n + i) * d;
-  if (books == nullptr) {
-    for (uint32_t j = threadIdx.x; j < d; j += blockDim.x) out[j] = key_elem<T>(s, kv_pages, t, h, j);
-    return;
+  for (uint32_t j = threadIdx.x; j < d; j += blockDim.x) out[j] = key_elem<T>(s, kv_pages, t, h, j);
+}
+
+// The transformed sample: T k of the same tokens, each element with
+// cpu_order_dot's bits. One block: kGatherRows rows of the head's T and
+// kGatherKeys sampled keys, both staged in shared memory (T's rows padded by one
+// float: the lanes, consecutive rows, read different banks; a key's elements are
+// read by a whole warp at once). Thread r % kGatherRows computes its row for
+// kGatherKeys / 4 keys; the warp's stores are consecutive elements of a key.
+constexpr uint32_t kGatherThreads = 256, kGatherRows = 64, kGatherKeys = 32;
+constexpr uint32_t kGatherKeysPerThread = kGatherKeys / (kGatherThreads / kGatherRows);
+
+size_t transformed_gather_smem(uint32_t d) {
+  return (size_t{kGatherRows} * (d + 1) + size_t{kGatherKeys} * d) * sizeof(float);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kGatherThreads)
+    transformed_gather_kernel(PqIndexShape s, const uint8_t* const* kv_pages, uint32_t n_tokens, uint32_t n,
+                              const float* books, float* x) {
+  extern __shared__ float t_s[];  // [kGatherRows][d + 1], then the keys [kGatherKeys][d]
+  const uint32_t d = s.head_dim, h = blockIdx.z, r0 = blockIdx.y * kGatherRows, i0 = blockIdx.x * kGatherKeys;
+  const uint32_t rows = min(kGatherRows, d - r0);
+  float* k_s = t_s + kGatherRows * (d + 1);
+  const float* t = books + device_books_layout(s).key_transform_offset() + (size_t{h} * d + r0) * d;
+  for (uint32_t e = threadIdx.x; e < rows * d; e += kGatherThreads) t_s[e / d * (d + 1) + e % d] = t[e];
+  for (uint32_t e = threadIdx.x; e < kGatherKeys * d; e += kGatherThreads) {
+    const uint32_t i = i0 + e / d;
+    k_s[e] = i < n ? key_elem<T>(s, kv_pages, sample_token(i, n_tokens, n), h, e % d) : 0.0f;
   }
-  for (uint32_t j = threadIdx.x; j < d; j += blockDim.x) key_s[j] = key_elem<T>(s, kv_pages, t, h, j);
   __syncthreads();
-  const float* tr = books + device_books_layout(s).key_transform_offset() + size_t{h} * d * d;
-  for (uint32_t r = threadIdx.x; r < d; r += blockDim.x)
-    out[r] = cpu_order_dot(tr + size_t{r} * d, d, [&](uint32_t j) { return key_s[j]; });
+  const uint32_t r = threadIdx.x % kGatherRows, k0 = threadIdx.x / kGatherRows * kGatherKeysPerThread;
+  if (r >= rows) return;
+  const float* t_row = t_s + r * (d + 1);
+  float acc[kGatherKeysPerThread][8];
+#pragma unroll
+  for (uint32_t p = 0; p < kGatherKeysPerThread; ++p)
+#pragma unroll
+    for (int k = 0; k < 8; ++k) acc[p][k] = 0.0f;
+  for (uint32_t j = 0; j < d; j += 8) {  // d is a multiple of 8 (launch_transformed_gather)
+    float tv[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) tv[k] = t_row[j + k];
+#pragma unroll
+    for (uint32_t p = 0; p < kGatherKeysPerThread; ++p) {
+      const float* key = k_s + (k0 + p) * d + j;
+#pragma unroll
+      for (int k = 0; k < 8; ++k) acc[p][k] = __fadd_rn(acc[p][k], __fmul_rn(tv[k], key[k]));
+    }
+  }
+#pragma unroll
+  for (uint32_t p = 0; p < kGatherKeysPerThread; ++p) {
+    const uint32_t i = i0 + k0 + p;
+    if (i < n) x[(size_t{h} * n + i) * d + r0 + r] = sum_partials(acc[p]);
+  }
 }
 
 template <typename F>
@@ -225,8 +294,10 @@ cudaError_t launch_encode(const PqIndexShape& s, const uint8_t* const* kv_pages,
       constexpr int SUB = decltype(sub_max)::value;
       auto go = [&](auto per_c) {
         constexpr int PER = decltype(per_c)::value;
+        const bool staged = s.key_transform && PER * SUB <= 16;
         const size_t smem = (size_t{s.centroids} * SUB * PER +
-                             (s.key_transform ? size_t{PER} * sub * s.head_dim : 0)) * sizeof(float);
+                             (s.key_transform ? size_t{PER} * sub * s.head_dim : 0) +
+                             (staged ? size_t{kThreads} * kStageStride : 0)) * sizeof(float);
         auto* kernel = encode_kernel<T, SUB, PER>;
         if ((e = ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), smem)) != cudaSuccess) return;
         const dim3 grid((end - begin + kThreads - 1) / kThreads, s.subspaces / PER, s.n_kv_heads);
@@ -256,12 +327,23 @@ size_t kmeans_workspace_bytes(const PqIndexShape& s, uint32_t n) { return kmeans
 
 cudaError_t pq_gather_sample(const PqIndexShape& s, const uint8_t* const* kv_pages, uint32_t n_tokens,
                              uint32_t n, const float* books, void* workspace, cudaStream_t st) {
-  if (n == 0 || s.head_dim / s.subspaces > 64 || s.key_transform != (books != nullptr)) return cudaErrorInvalidValue;
+  if (n == 0 || s.head_dim / s.subspaces > 64 || s.key_transform != (books != nullptr) ||
+      (books != nullptr && s.head_dim % 8 != 0))
+    return cudaErrorInvalidValue;
   float* x = kmeans_workspace(s, n, workspace).x;
   return with_dtype(s.dtype, [&](auto v) {
     using T = decltype(v);
-    const size_t smem = books != nullptr ? s.head_dim * sizeof(float) : 0;
-    gather_kernel<T><<<dim3(n, s.n_kv_heads), 128, smem, st>>>(s, kv_pages, n_tokens, n, books, x);
+    if (books == nullptr) {
+      gather_kernel<T><<<dim3(n, s.n_kv_heads), 128, 0, st>>>(s, kv_pages, n_tokens, n, x);
+      return cudaGetLastError();
+    }
+    const size_t smem = transformed_gather_smem(s.head_dim);
+    auto* kernel = transformed_gather_kernel<T>;
+    cudaError_t e = ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), smem);
+    if (e != cudaSuccess) return e;
+    const dim3 grid((n + kGatherKeys - 1) / kGatherKeys, (s.head_dim + kGatherRows - 1) / kGatherRows,
+                    s.n_kv_heads);
+    kernel<<<grid, kGatherThreads, smem, st>>>(s, kv_pages, n_tokens, n, books, x);
     return cudaGetLastError();
   });
 }

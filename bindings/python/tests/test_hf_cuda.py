@@ -3,6 +3,11 @@ attention shape (32 query heads, 8 KV heads, head dim 128; two layers, no weight
 needed) decodes with attention "ssa" DENSE from a CUDA session, zero-copy on
 torch's stream, and generates what transformers' own "sdpa" generates. Skipped
 without torch, transformers or a CUDA device."""
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -259,3 +264,39 @@ def test_a_chunk_after_decodes_runs_as_decode_steps_and_equals_appends_then_deco
     assert steps == plain
     assert n_steps == n_plain == 1500 + 4 + 37 + 5
     assert renewed >= 1  # the chunk's reservation
+
+
+RESUME = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import test_hf_cuda as t
+import ssa.hf, torch
+model = t._model("ssa", torch.float32)
+first = torch.tensor(json.loads(sys.argv[3]), device="cuda")
+cache = ssa.hf.SSACache.load(sys.argv[2], model)
+assert cache.runtime.backend == "cuda" and cache.sessions[0].config.proxy.name == sys.argv[5], cache.sessions[0].config
+print(json.dumps(t._generate(model, cache, first, int(sys.argv[4]), compiled=sys.argv[6] == "1").tolist()))
+"""
+
+
+@pytest.mark.parametrize("proxy,compiled", [("pq", False), ("qpq", True)])
+def test_a_cuda_cache_saved_and_loaded_in_a_new_process_resumes_exactly(proxy, compiled, tmp_path):
+    """A user's long session on the GPU: past the index threshold (the index trains
+    at the first decode, QPQ from the prefill's queries), saved after a few tokens,
+    loaded by another process into a fresh CUDA runtime, generates the tokens of
+    the run that was never stopped."""
+    model = _model("ssa", torch.float32)
+    ids = _ids(5000, 91)
+    kw = dict(method="ssa", sparsity=20, n_sink=16, n_local=64, seed=7, proxy=proxy)
+    full = _generate(model, ssa.hf.SSACache(model, **kw), ids, 12, compiled=False)[0].tolist()
+    cache = ssa.hf.SSACache(model, **kw)
+    first = _generate(model, cache, ids, 6, compiled=False)
+    assert first[0].tolist() == full[:5006]
+    assert cache.runtime.backend == "cuda"
+    cache.save(tmp_path / "cache")
+    del cache
+    here = os.path.dirname(os.path.abspath(__file__))
+    r = subprocess.run([sys.executable, "-c", RESUME, here, str(tmp_path / "cache"), json.dumps(first.tolist()), "6",
+                        proxy.upper(), "1" if compiled else "0"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == [full]
