@@ -74,24 +74,14 @@ __device__ float transformed_elem(const PqIndexShape& s, const float* t_row, con
   return cpu_order_dot(t_row, s.head_dim, [&](uint32_t j) { return key_elem<T>(s, kv_pages, tok, h, j); });
 }
 
-// Keys a transformed encode stages in shared memory per pass: kStageDims
-// elements of each of the block's tokens, rows padded by one float so that the
-// lanes (consecutive tokens) read different banks.
-constexpr uint32_t kStageDims = 32;
-constexpr uint32_t kStageStride = kStageDims + 1;
-
-// The PER x SUB elements of T k the thread's code needs (row p * sub + j of
-// t_rows, zero past sub), each with cpu_order_dot's bits: eight partial sums per
-// element, the key read once. The block's kThreads tokens from `tile` are staged
-// through shared memory kStageDims elements at a time, read from their pages
-// coalesced (a warp reads one token's elements side by side). Every thread of the
-// block calls it (it synchronises); tokens at or past `end` stage zeros. For
-// PER x SUB <= 16 (the registers of 8 partial sums each).
+// The PER x SUB elements of T k a thread's code needs (row p * sub + j of
+// t_rows, zero past sub), each with cpu_order_dot's bits, in one pass over the
+// key: eight partial sums per element, the key read once instead of once per
+// element. For PER x SUB <= 16 (the registers of 8 partial sums each).
 template <typename T, int SUB, int PER>
-__device__ void staged_sub_vectors(const PqIndexShape& s, const float* t_rows, float* stage,
-                                   const uint8_t* const* kv_pages, uint32_t tile, uint32_t end, uint32_t h,
-                                   uint32_t sub, float (&x)[PER][SUB]) {
-  const uint32_t d = s.head_dim, d8 = d / 8 * 8, tok = tile + threadIdx.x;
+__device__ void transformed_sub_vectors(const PqIndexShape& s, const float* t_rows, const uint8_t* const* kv_pages,
+                                        uint32_t tok, uint32_t h, uint32_t sub, float (&x)[PER][SUB]) {
+  const uint32_t d = s.head_dim, d8 = d / 8 * 8;
   float acc[PER][SUB][8];
 #pragma unroll
   for (int p = 0; p < PER; ++p)
@@ -99,35 +89,25 @@ __device__ void staged_sub_vectors(const PqIndexShape& s, const float* t_rows, f
     for (int j = 0; j < SUB; ++j)
 #pragma unroll
       for (int k = 0; k < 8; ++k) acc[p][j][k] = 0.0f;
-  const float* mine = stage + threadIdx.x * kStageStride;
-  for (uint32_t c0 = 0; c0 < d8; c0 += kStageDims) {
-    const uint32_t len = min(kStageDims, d8 - c0);
-    __syncthreads();  // every thread is done with the previous pass's keys
-    for (uint32_t e = threadIdx.x; e < kThreads * kStageDims; e += kThreads) {
-      const uint32_t tl = e / kStageDims, j = e % kStageDims, t = tile + tl;
-      stage[tl * kStageStride + j] = t < end && j < len ? key_elem<T>(s, kv_pages, t, h, c0 + j) : 0.0f;
-    }
-    __syncthreads();
-    for (uint32_t c = 0; c < len; c += 8) {
-      float kv[8];
+  for (uint32_t c = 0; c < d8; c += 8) {
+    float kv[8];
 #pragma unroll
-      for (int k = 0; k < 8; ++k) kv[k] = mine[c + k];
+    for (int k = 0; k < 8; ++k) kv[k] = key_elem<T>(s, kv_pages, tok, h, c + k);
 #pragma unroll
-      for (int p = 0; p < PER; ++p)
+    for (int p = 0; p < PER; ++p)
 #pragma unroll
-        for (int j = 0; j < SUB; ++j) {
-          if (j >= static_cast<int>(sub)) continue;
-          const float* row = t_rows + (p * sub + j) * size_t{d} + c0 + c;
+      for (int j = 0; j < SUB; ++j) {
+        if (j >= static_cast<int>(sub)) continue;
+        const float* row = t_rows + (p * sub + j) * size_t{d} + c;
 #pragma unroll
-          for (int k = 0; k < 8; ++k) acc[p][j][k] = __fadd_rn(acc[p][j][k], __fmul_rn(row[k], kv[k]));
-        }
-    }
+        for (int k = 0; k < 8; ++k) acc[p][j][k] = __fadd_rn(acc[p][j][k], __fmul_rn(row[k], kv[k]));
+      }
   }
 #pragma unroll
   for (int p = 0; p < PER; ++p)
 #pragma unroll
     for (int j = 0; j < SUB; ++j) {
-      if (j >= static_cast<int>(sub) || tok >= end) {
+      if (j >= static_cast<int>(sub)) {
         x[p][j] = 0.0f;
         continue;
       }
@@ -141,8 +121,7 @@ __device__ void staged_sub_vectors(const PqIndexShape& s, const float* t_rows, f
 // One block: PER consecutive subspaces of one KV head (PER = 2 with 4-bit codes:
 // the two nibbles of one code byte) and kThreads tokens. Shared memory: the
 // subspaces' centroids [PER][K][SUB], then (a transformed proxy) the rows of T
-// that make their sub-vectors [PER * sub][d] and, when they fit in registers
-// (PER x SUB <= 16), the staged keys [kThreads][kStageStride].
+// that make their sub-vectors [PER * sub][d].
 template <typename T, int SUB, int PER>
 __global__ void __launch_bounds__(kThreads) encode_kernel(PqIndexShape s, const uint8_t* const* kv_pages,
                                                           uint8_t* const* code_pages, const float* books,
@@ -153,7 +132,7 @@ __global__ void __launch_bounds__(kThreads) encode_kernel(PqIndexShape s, const 
     if (begin == 0xFFFFFFFFu) return;
     end = begin + 1;
   }
-  extern __shared__ float cent[];  // [PER][K][SUB], then [PER * sub][d], then the staged keys
+  extern __shared__ float cent[];  // [PER][K][SUB], then [PER * sub][d]
   const uint32_t row = blockIdx.y, m0 = row * PER, h = blockIdx.z, sub = s.head_dim / s.subspaces;
   const uint32_t K = s.centroids, d = s.head_dim;
   for (uint32_t i = threadIdx.x; i < PER * K * SUB; i += kThreads) {
@@ -167,15 +146,14 @@ __global__ void __launch_bounds__(kThreads) encode_kernel(PqIndexShape s, const 
     for (uint32_t i = threadIdx.x; i < PER * sub * d; i += kThreads) t_rows[i] = t[i];
   }
   __syncthreads();
-  const uint32_t tile = begin + blockIdx.x * kThreads, tok = tile + threadIdx.x;
+  const uint32_t tok = begin + blockIdx.x * kThreads + threadIdx.x;
+  if (tok >= end) return;
   uint32_t code = 0;
   constexpr bool kOnePass = PER * SUB <= 16;
   float xs[PER][SUB];
   if constexpr (kOnePass) {
-    if (s.key_transform)
-      staged_sub_vectors<T, SUB, PER>(s, t_rows, t_rows + PER * sub * d, kv_pages, tile, end, h, sub, xs);
+    if (s.key_transform) transformed_sub_vectors<T, SUB, PER>(s, t_rows, kv_pages, tok, h, sub, xs);
   }
-  if (tok >= end) return;
 #pragma unroll
   for (int p = 0; p < PER; ++p) {
     float x[SUB];
@@ -294,10 +272,8 @@ cudaError_t launch_encode(const PqIndexShape& s, const uint8_t* const* kv_pages,
       constexpr int SUB = decltype(sub_max)::value;
       auto go = [&](auto per_c) {
         constexpr int PER = decltype(per_c)::value;
-        const bool staged = s.key_transform && PER * SUB <= 16;
         const size_t smem = (size_t{s.centroids} * SUB * PER +
-                             (s.key_transform ? size_t{PER} * sub * s.head_dim : 0) +
-                             (staged ? size_t{kThreads} * kStageStride : 0)) * sizeof(float);
+                             (s.key_transform ? size_t{PER} * sub * s.head_dim : 0)) * sizeof(float);
         auto* kernel = encode_kernel<T, SUB, PER>;
         if ((e = ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), smem)) != cudaSuccess) return;
         const dim3 grid((end - begin + kThreads - 1) / kThreads, s.subspaces / PER, s.n_kv_heads);

@@ -63,15 +63,24 @@ void whiten_keys(const QueryWhitening& w, const float* x, size_t i0, size_t i1, 
 
 void finish_query_transform(const QueryWhitening& w, const std::vector<double>& rot, uint32_t d, float* t,
                             float* q) {
+  // T = R A and Q = R A^-T, row i of each summed over k in order for all j at
+  // once (the rows of A and A^-T are contiguous in j).
+  std::vector<double> tk(d), tq(d);
   for (uint32_t i = 0; i < d; ++i) {
-    for (uint32_t j = 0; j < d; ++j) {
-      double tk = 0.0, tq = 0.0;
-      for (uint32_t k = 0; k < d; ++k) {
-        tk += rot[size_t{i} * d + k] * w.a[size_t{k} * d + j];
-        tq += rot[size_t{i} * d + k] * w.a_inv_t[size_t{k} * d + j];
+    std::fill(tk.begin(), tk.end(), 0.0);
+    std::fill(tq.begin(), tq.end(), 0.0);
+    for (uint32_t k = 0; k < d; ++k) {
+      const double r = rot[size_t{i} * d + k];
+      const double* a = w.a.data() + size_t{k} * d;
+      const double* ai = w.a_inv_t.data() + size_t{k} * d;
+      for (uint32_t j = 0; j < d; ++j) {
+        tk[j] += r * a[j];
+        tq[j] += r * ai[j];
       }
-      t[size_t{i} * d + j] = static_cast<float>(tk);
-      q[size_t{i} * d + j] = static_cast<float>(tq);
+    }
+    for (uint32_t j = 0; j < d; ++j) {
+      t[size_t{i} * d + j] = static_cast<float>(tk[j]);
+      q[size_t{i} * d + j] = static_cast<float>(tq[j]);
     }
   }
 }
