@@ -234,7 +234,7 @@ __global__ void __launch_bounds__(kGatherThreads)
   for (uint32_t p = 0; p < kGatherKeysPerThread; ++p)
 #pragma unroll
     for (int k = 0; k < 8; ++k) acc[p][k] = 0.0f;
-  for (uint32_t j = 0; j < d; j += 8) {  // d is a multiple of 8 (launch_transformed_gather)
+  for (uint32_t j = 0; j < d; j += 8) {  // d is a multiple of 8 (pq_gather_sample checks)
     float tv[8];
 #pragma unroll
     for (int k = 0; k < 8; ++k) tv[k] = t_row[j + k];
