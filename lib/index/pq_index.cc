@@ -231,27 +231,24 @@ absl::Status learn_query_aware(const KvLayout& layout, const std::vector<float>&
   // heavy_key_weights, step by step: the scores of every head's keys, each
   // query's threshold, then the weights (heads without recent queries keep 1).
   std::vector<std::vector<float>> qt(H), scores(H), thresholds(H);
-  size_t most_recent = 0;
   for (uint32_t h = 0; h < H; ++h) {
-    const uint32_t m = counts[h];
-    most_recent = std::max<size_t>(most_recent, m);
-    if (m == 0) continue;
-    qt[h] = transposed_queries(qm->recent_of(h), m, d);
-    scores[h].resize(n * m);
-    thresholds[h].resize(m);
+    if (counts[h] == 0) continue;
+    qt[h] = transposed_queries(qm->recent_of(h), counts[h], d);
+    scores[h].resize(n * counts[h]);
+    thresholds[h].resize(counts[h]);
   }
-  auto recent = [&](uint32_t h) { return counts[h]; };
+  const uint32_t most_recent = *std::max_element(counts.begin(), counts.end());
   for_head_blocks(pool, H, n, kKeysPerTask, [&](uint32_t h, size_t lo, size_t hi) {
-    if (recent(h) > 0) key_query_scores(head_keys(h), lo, hi, d, qt[h].data(), recent(h), scores[h].data());
+    if (counts[h] > 0) key_query_scores(head_keys(h), lo, hi, d, qt[h].data(), counts[h], scores[h].data());
   });
   for_head_blocks(pool, H, most_recent, kQueriesPerTask, [&](uint32_t h, size_t lo, size_t hi) {
     std::vector<float> column;
-    for (size_t j = lo; j < std::min<size_t>(hi, recent(h)); ++j)
-      thresholds[h][j] = heavy_threshold(scores[h].data(), n, recent(h), static_cast<uint32_t>(j), column);
+    for (size_t j = lo; j < std::min<size_t>(hi, counts[h]); ++j)
+      thresholds[h][j] = heavy_threshold(scores[h].data(), n, counts[h], static_cast<uint32_t>(j), column);
   });
   for_head_blocks(pool, H, n, kKeysPerTask, [&](uint32_t h, size_t lo, size_t hi) {
-    if (recent(h) > 0)
-      weights_from_thresholds(scores[h].data(), lo, hi, recent(h), thresholds[h].data(), weights->data() + h * n);
+    if (counts[h] > 0)
+      weights_from_thresholds(scores[h].data(), lo, hi, counts[h], thresholds[h].data(), weights->data() + h * n);
   });
   return absl::OkStatus();
 }
