@@ -3,6 +3,7 @@
 // codebooks, kept in shared memory, and a tile of keys; keys multiplied by the
 // head's transform first for OPQ and QPQ), and the sample of keys that k-means
 // trains on (kernels/kmeans_seed.cu, kernels/kmeans_lloyd.cu).
+#include <algorithm>
 #include <type_traits>
 
 #include "device_util.cuh"
@@ -121,11 +122,14 @@ __device__ void transformed_sub_vectors(const PqIndexShape& s, const float* t_ro
 // One block: PER consecutive subspaces of one KV head (PER = 2 with 4-bit codes:
 // the two nibbles of one code byte) and kThreads tokens. Shared memory: the
 // subspaces' centroids [PER][K][SUB], then (a transformed proxy) the rows of T
-// that make their sub-vectors [PER * sub][d].
+// that make their sub-vectors [PER * sub][d]. With `y` (and s.key_transform
+// false) the keys were transformed before: token begin + i's T k is
+// y[h][i][d] of y_tokens per head (transform_keys_kernel).
 template <typename T, int SUB, int PER>
 __global__ void __launch_bounds__(kThreads) encode_kernel(PqIndexShape s, const uint8_t* const* kv_pages,
                                                           uint8_t* const* code_pages, const float* books,
-                                                          uint32_t begin, uint32_t end, const uint32_t* begin_dev) {
+                                                          uint32_t begin, uint32_t end, const uint32_t* begin_dev,
+                                                          const float* y, uint32_t y_tokens) {
   // A decode step's token: its position is read here (kNoPosition: nothing to encode).
   if (begin_dev != nullptr) {
     begin = *begin_dev;
@@ -161,6 +165,8 @@ __global__ void __launch_bounds__(kThreads) encode_kernel(PqIndexShape s, const 
     for (int j = 0; j < SUB; ++j) {
       if (j >= static_cast<int>(sub)) {
         x[j] = 0.0f;
+      } else if (y != nullptr) {
+        x[j] = y[(size_t{h} * y_tokens + (tok - begin)) * d + (m0 + p) * sub + j];
       } else if (s.key_transform) {
         x[j] = kOnePass ? xs[p][j] : transformed_elem<T>(s, t_rows + (p * sub + j) * size_t{d}, kv_pages, tok, h);
       } else {
@@ -198,58 +204,84 @@ __global__ void gather_kernel(PqIndexShape s, const uint8_t* const* kv_pages, ui
   for (uint32_t j = threadIdx.x; j < d; j += blockDim.x) out[j] = key_elem<T>(s, kv_pages, t, h, j);
 }
 
-// The transformed sample: T k of the same tokens, each element with
+// Which keys a transform reads: key i of `count` is token first + i (tokens to
+// encode), or with `spaced` the i-th of count tokens evenly spaced over n_tokens
+// (the k-means sample, as gather_kernel picks them).
+struct KeyPick {
+  uint32_t first, count, n_tokens;
+  bool spaced;
+  __device__ uint32_t token(uint32_t i) const { return spaced ? sample_token(i, n_tokens, count) : first + i; }
+};
+
+// T k of the picked keys into out[n_kv][count][head_dim], each element with
 // cpu_order_dot's bits. One block: kGatherRows rows of the head's T and
-// kGatherKeys sampled keys, both staged in shared memory (T's rows padded by one
-// float: the lanes, consecutive rows, read different banks; a key's elements are
-// read by a whole warp at once). Thread r % kGatherRows computes its row for
-// kGatherKeys / 4 keys; the warp's stores are consecutive elements of a key.
+// kGatherKeys keys, both staged in shared memory and read as float4s (T's rows
+// padded by four floats: the lanes, consecutive rows, read different banks; a
+// key's elements are read by a whole warp at once). Thread r % kGatherRows
+// computes its row for kGatherKeys / 4 keys; a warp's stores are consecutive
+// elements of one key.
 constexpr uint32_t kGatherThreads = 256, kGatherRows = 64, kGatherKeys = 32;
 constexpr uint32_t kGatherKeysPerThread = kGatherKeys / (kGatherThreads / kGatherRows);
 
-size_t transformed_gather_smem(uint32_t d) {
-  return (size_t{kGatherRows} * (d + 1) + size_t{kGatherKeys} * d) * sizeof(float);
+size_t transform_keys_smem(uint32_t d) {
+  return (size_t{kGatherRows} * (d + 4) + size_t{kGatherKeys} * d) * sizeof(float);
 }
 
 template <typename T>
 __global__ void __launch_bounds__(kGatherThreads)
-    transformed_gather_kernel(PqIndexShape s, const uint8_t* const* kv_pages, uint32_t n_tokens, uint32_t n,
-                              const float* books, float* x) {
-  extern __shared__ float t_s[];  // [kGatherRows][d + 1], then the keys [kGatherKeys][d]
-  const uint32_t d = s.head_dim, h = blockIdx.z, r0 = blockIdx.y * kGatherRows, i0 = blockIdx.x * kGatherKeys;
-  const uint32_t rows = min(kGatherRows, d - r0);
-  float* k_s = t_s + kGatherRows * (d + 1);
+    transform_keys_kernel(PqIndexShape s, const uint8_t* const* kv_pages, KeyPick pick, const float* books,
+                          float* out) {
+  extern __shared__ float4 smem4[];  // T's rows [kGatherRows][d + 4], then the keys [kGatherKeys][d]
+  float* t_s = reinterpret_cast<float*>(smem4);
+  const uint32_t d = s.head_dim, ts = d + 4, h = blockIdx.z, r0 = blockIdx.y * kGatherRows;
+  const uint32_t i0 = blockIdx.x * kGatherKeys, rows = min(kGatherRows, d - r0);
+  float* k_s = t_s + kGatherRows * ts;
   const float* t = books + device_books_layout(s).key_transform_offset() + (size_t{h} * d + r0) * d;
-  for (uint32_t e = threadIdx.x; e < rows * d; e += kGatherThreads) t_s[e / d * (d + 1) + e % d] = t[e];
+  for (uint32_t e = threadIdx.x; e < rows * d; e += kGatherThreads) t_s[e / d * ts + e % d] = t[e];
   for (uint32_t e = threadIdx.x; e < kGatherKeys * d; e += kGatherThreads) {
     const uint32_t i = i0 + e / d;
-    k_s[e] = i < n ? key_elem<T>(s, kv_pages, sample_token(i, n_tokens, n), h, e % d) : 0.0f;
+    k_s[e] = i < pick.count ? key_elem<T>(s, kv_pages, pick.token(i), h, e % d) : 0.0f;
   }
   __syncthreads();
   const uint32_t r = threadIdx.x % kGatherRows, k0 = threadIdx.x / kGatherRows * kGatherKeysPerThread;
   if (r >= rows) return;
-  const float* t_row = t_s + r * (d + 1);
+  const float* t_row = t_s + r * ts;
   float acc[kGatherKeysPerThread][8];
 #pragma unroll
   for (uint32_t p = 0; p < kGatherKeysPerThread; ++p)
 #pragma unroll
     for (int k = 0; k < 8; ++k) acc[p][k] = 0.0f;
-  for (uint32_t j = 0; j < d; j += 8) {  // d is a multiple of 8 (pq_gather_sample checks)
-    float tv[8];
-#pragma unroll
-    for (int k = 0; k < 8; ++k) tv[k] = t_row[j + k];
+  for (uint32_t j = 0; j < d; j += 8) {  // d is a multiple of 8 (pq_gather_sample, pq_encode_transformed)
+    const float4 ta = *reinterpret_cast<const float4*>(t_row + j);
+    const float4 tb = *reinterpret_cast<const float4*>(t_row + j + 4);
+    const float tv[8] = {ta.x, ta.y, ta.z, ta.w, tb.x, tb.y, tb.z, tb.w};
 #pragma unroll
     for (uint32_t p = 0; p < kGatherKeysPerThread; ++p) {
-      const float* key = k_s + (k0 + p) * d + j;
+      const float4 ka = *reinterpret_cast<const float4*>(k_s + (k0 + p) * d + j);
+      const float4 kb = *reinterpret_cast<const float4*>(k_s + (k0 + p) * d + j + 4);
+      const float kv[8] = {ka.x, ka.y, ka.z, ka.w, kb.x, kb.y, kb.z, kb.w};
 #pragma unroll
-      for (int k = 0; k < 8; ++k) acc[p][k] = __fadd_rn(acc[p][k], __fmul_rn(tv[k], key[k]));
+      for (int k = 0; k < 8; ++k) acc[p][k] = __fadd_rn(acc[p][k], __fmul_rn(tv[k], kv[k]));
     }
   }
 #pragma unroll
   for (uint32_t p = 0; p < kGatherKeysPerThread; ++p) {
     const uint32_t i = i0 + k0 + p;
-    if (i < n) x[(size_t{h} * n + i) * d + r0 + r] = sum_partials(acc[p]);
+    if (i < pick.count) out[(size_t{h} * pick.count + i) * d + r0 + r] = sum_partials(acc[p]);
   }
+}
+
+template <typename T>
+cudaError_t launch_transform_keys(const PqIndexShape& s, const uint8_t* const* kv_pages, KeyPick pick,
+                                  const float* books, float* out, cudaStream_t st) {
+  const size_t smem = transform_keys_smem(s.head_dim);
+  auto* kernel = transform_keys_kernel<T>;
+  cudaError_t e = ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), smem);
+  if (e != cudaSuccess) return e;
+  const dim3 grid((pick.count + kGatherKeys - 1) / kGatherKeys, (s.head_dim + kGatherRows - 1) / kGatherRows,
+                  s.n_kv_heads);
+  kernel<<<grid, kGatherThreads, smem, st>>>(s, kv_pages, pick, books, out);
+  return cudaGetLastError();
 }
 
 template <typename F>
@@ -261,7 +293,7 @@ cudaError_t with_dtype(DType t, F&& f) {
 
 cudaError_t launch_encode(const PqIndexShape& s, const uint8_t* const* kv_pages, uint8_t* const* code_pages,
                           const float* books, uint32_t begin, uint32_t end, const uint32_t* begin_dev,
-                          cudaStream_t st) {
+                          cudaStream_t st, const float* y = nullptr, uint32_t y_tokens = 0) {
   const uint32_t sub = s.head_dim / s.subspaces;
   if (sub > 64 || (s.code_bits != 8 && s.code_bits != 4) || (s.code_bits == 4 && (s.centroids > 16 || s.subspaces % 2)))
     return cudaErrorInvalidValue;
@@ -277,7 +309,7 @@ cudaError_t launch_encode(const PqIndexShape& s, const uint8_t* const* kv_pages,
         auto* kernel = encode_kernel<T, SUB, PER>;
         if ((e = ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), smem)) != cudaSuccess) return;
         const dim3 grid((end - begin + kThreads - 1) / kThreads, s.subspaces / PER, s.n_kv_heads);
-        kernel<<<grid, kThreads, smem, st>>>(s, kv_pages, code_pages, books, begin, end, begin_dev);
+        kernel<<<grid, kThreads, smem, st>>>(s, kv_pages, code_pages, books, begin, end, begin_dev, y, y_tokens);
         e = cudaGetLastError();
       };
       if (s.code_bits == 4) go(std::integral_constant<int, 2>{}); else go(std::integral_constant<int, 1>{});
@@ -299,6 +331,27 @@ cudaError_t pq_encode_at(const PqIndexShape& s, const uint8_t* const* kv_pages, 
   return launch_encode(s, kv_pages, code_pages, books, 0, 1, position, st);
 }
 
+size_t pq_encode_scratch_bytes(const PqIndexShape& s, uint32_t tokens) {
+  return size_t{s.n_kv_heads} * tokens * s.head_dim * sizeof(float);
+}
+
+cudaError_t pq_encode_transformed(const PqIndexShape& s, const uint8_t* const* kv_pages, uint8_t* const* code_pages,
+                                  const float* books, uint32_t begin, uint32_t end, float* scratch,
+                                  uint32_t scratch_tokens, cudaStream_t st) {
+  if (!s.key_transform || s.head_dim % 8 != 0 || scratch_tokens == 0) return cudaErrorInvalidValue;
+  PqIndexShape plain = s;  // the chunk's keys are transformed already
+  plain.key_transform = false;
+  for (uint32_t b = begin; b < end; b += std::min(scratch_tokens, end - b)) {
+    const uint32_t e = b + std::min(scratch_tokens, end - b);
+    cudaError_t err = with_dtype(s.dtype, [&](auto v) {
+      return launch_transform_keys<decltype(v)>(s, kv_pages, KeyPick{b, e - b, 0, false}, books, scratch, st);
+    });
+    if (err == cudaSuccess) err = launch_encode(plain, kv_pages, code_pages, books, b, e, nullptr, st, scratch, e - b);
+    if (err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
+}
+
 size_t kmeans_workspace_bytes(const PqIndexShape& s, uint32_t n) { return kmeans_workspace(s, n, nullptr).bytes; }
 
 cudaError_t pq_gather_sample(const PqIndexShape& s, const uint8_t* const* kv_pages, uint32_t n_tokens,
@@ -313,14 +366,7 @@ cudaError_t pq_gather_sample(const PqIndexShape& s, const uint8_t* const* kv_pag
       gather_kernel<T><<<dim3(n, s.n_kv_heads), 128, 0, st>>>(s, kv_pages, n_tokens, n, x);
       return cudaGetLastError();
     }
-    const size_t smem = transformed_gather_smem(s.head_dim);
-    auto* kernel = transformed_gather_kernel<T>;
-    cudaError_t e = ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), smem);
-    if (e != cudaSuccess) return e;
-    const dim3 grid((n + kGatherKeys - 1) / kGatherKeys, (s.head_dim + kGatherRows - 1) / kGatherRows,
-                    s.n_kv_heads);
-    kernel<<<grid, kGatherThreads, smem, st>>>(s, kv_pages, n_tokens, n, books, x);
-    return cudaGetLastError();
+    return launch_transform_keys<T>(s, kv_pages, KeyPick{0, n, n_tokens, true}, books, x, st);
   });
 }
 

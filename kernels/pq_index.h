@@ -51,6 +51,17 @@ cudaError_t pq_encode(const PqIndexShape& s, const uint8_t* const* kv_pages, uin
 cudaError_t pq_encode_at(const PqIndexShape& s, const uint8_t* const* kv_pages, uint8_t* const* code_pages,
                          const float* books, const uint32_t* position, cudaStream_t st);
 
+// pq_encode's codes for a transformed proxy (s.key_transform; head_dim a
+// multiple of 8), the keys transformed first, scratch_tokens at a time, into
+// `scratch` (device, pq_encode_scratch_bytes(s, scratch_tokens)) by a kernel that
+// multiplies them by T in tiles (the same bits as pq_encode's), then quantised.
+// For ranges of thousands of tokens: pq_encode transforms each key's sub-vectors
+// in the block of its subspace, which costs more per key.
+size_t pq_encode_scratch_bytes(const PqIndexShape& s, uint32_t tokens);
+cudaError_t pq_encode_transformed(const PqIndexShape& s, const uint8_t* const* kv_pages, uint8_t* const* code_pages,
+                                  const float* books, uint32_t begin, uint32_t end, float* scratch,
+                                  uint32_t scratch_tokens, cudaStream_t st);
+
 // Device bytes of the k-means workspace for n sample keys per head.
 size_t kmeans_workspace_bytes(const PqIndexShape& s, uint32_t n);
 
