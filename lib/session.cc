@@ -302,7 +302,8 @@ absl::Status session_observe_queries(ssa_session& s, uint32_t layer, const void*
     return invalid_argument("layer ", layer, " would have observed more than ", kMaxQueryCount,
                             " queries per KV head");
   }
-  cur.query_moments = add_query_moments(cur.query_moments.get(), L.n_kv_heads, L.n_q_heads, L.head_dim, qf.data(), n);
+  cur.query_moments = add_query_moments(cur.query_moments.get(), L.n_kv_heads, L.n_q_heads, L.head_dim, qf.data(), n,
+                                        s.rt->pool.get());
   return absl::OkStatus();
 }
 

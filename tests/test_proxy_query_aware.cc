@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu/thread_pool.h"
 #include "decode/candidate_scores.h"
 #include "index/query_transform.h"
 #include "index/rotation.h"
@@ -110,32 +111,48 @@ double recall_at(const std::vector<float>& exact, const std::vector<float>& prox
 }  // namespace
 
 TEST_CASE("add_query_moments: per KV head the sum of q q^T over its query heads, in any number of calls") {
-  std::mt19937_64 rng(71);
-  std::normal_distribution<float> nd;
-  const uint32_t n_kv = 2, n_q = 6, d = 8, n = 37;
-  std::vector<float> q(size_t{n} * n_q * d);
-  for (float& x : q) x = nd(rng);
-  const auto once = ssa::add_query_moments(nullptr, n_kv, n_q, d, q.data(), n);
-  const auto first = ssa::add_query_moments(nullptr, n_kv, n_q, d, q.data(), 20);
-  const auto twice = ssa::add_query_moments(first.get(), n_kv, n_q, d, q.data() + size_t{20} * n_q * d, n - 20);
-  for (uint32_t h = 0; h < n_kv; ++h) {
-    CHECK(once->count[h] == uint64_t{n} * 3);
-    CHECK(twice->count[h] == once->count[h]);
-    for (uint32_t a = 0; a < d; ++a) {
-      for (uint32_t b = 0; b < d; ++b) {
-        double want = 0.0;
-        for (uint32_t t = 0; t < n; ++t)
-          for (uint32_t j = 0; j < 3; ++j) {
-            const float* x = q.data() + (size_t{t} * n_q + h * 3 + j) * d;
-            want += double{x[a]} * x[b];
-          }
-        CHECK(fabs(once->sum_of(h)[a * d + b] - want) <= 1e-9 * (1 + fabs(want)));
-        CHECK(fabs(twice->sum_of(h)[a * d + b] - want) <= 1e-9 * (1 + fabs(want)));
-        CHECK(once->sum_of(h)[a * d + b] == once->sum_of(h)[b * d + a]);  // exactly symmetric
+  // Each element is the float64 sum of its exact products in the queries' order,
+  // bit for bit, at head dims the tiled sums take (multiples of 8) and not, over
+  // more queries than one block of rows.
+  for (const uint32_t d : {8u, 12u, 40u, 128u}) {
+    CAPTURE(d);
+    std::mt19937_64 rng(71 + d);
+    std::normal_distribution<float> nd;
+    const uint32_t n_kv = 2, n_q = 6, n = 37;
+    std::vector<float> q(size_t{n} * n_q * d);
+    for (float& x : q) x = nd(rng) * (1.0f + static_cast<float>(rng() % 7));
+    const auto once = ssa::add_query_moments(nullptr, n_kv, n_q, d, q.data(), n);
+    const auto first = ssa::add_query_moments(nullptr, n_kv, n_q, d, q.data(), 20);
+    const auto twice = ssa::add_query_moments(first.get(), n_kv, n_q, d, q.data() + size_t{20} * n_q * d, n - 20);
+    size_t differ = 0, asymmetric = 0;
+    for (uint32_t h = 0; h < n_kv; ++h) {
+      CHECK(once->count[h] == uint64_t{n} * 3);
+      CHECK(twice->count[h] == once->count[h]);
+      for (uint32_t a = 0; a < d; ++a) {
+        for (uint32_t b = 0; b < d; ++b) {
+          double want = 0.0;
+          for (uint32_t t = 0; t < n; ++t)
+            for (uint32_t j = 0; j < 3; ++j) {
+              const float* x = q.data() + (size_t{t} * n_q + h * 3 + j) * d;
+              want += double{x[std::min(a, b)]} * x[std::max(a, b)];
+            }
+          differ += once->sum_of(h)[a * d + b] != want;
+          differ += twice->sum_of(h)[a * d + b] != want;
+          asymmetric += once->sum_of(h)[a * d + b] != once->sum_of(h)[b * d + a];
+        }
       }
     }
+    CHECK(differ == 0);
+    CHECK(asymmetric == 0);
+    CHECK(first->count[0] == 60);  // the input object is not changed
+    // The KV heads summed in parallel: the same sums and windows.
+    ssa::ThreadPool pool(3);
+    const auto parallel = ssa::add_query_moments(first.get(), n_kv, n_q, d, q.data() + size_t{20} * n_q * d, n - 20,
+                                                 &pool);
+    CHECK(parallel->sum == twice->sum);
+    CHECK(parallel->recent == twice->recent);
+    CHECK(parallel->count == twice->count);
   }
-  CHECK(first->count[0] == 60);  // the input object is not changed
 }
 
 TEST_CASE("query_aware_transform: T^T Q = I and |T r|^2 is the mean squared score error r^T S r") {

@@ -7,6 +7,7 @@
 #include <limits>
 #include <vector>
 
+#include "cpu/thread_pool.h"
 #include "rotation.h"
 
 namespace ssa {
@@ -93,8 +94,45 @@ void query_aware_transform(const float* x, size_t n, uint32_t d, uint32_t subspa
   finish_query_transform(w, balanced_pca_rotation(y.data(), n, d, subspaces), d, t, q);
 }
 
+namespace {
+
+// s[a][b] += x_i[a] x_i[b] for the n rows x_i (row-major [n][d] doubles),
+// added to each element in the rows' order, for a <= b (and some a > b, with the
+// same sums). Each product of two widened floats is exact, so an element's bits
+// depend on that order only: they are a row-at-a-time update's. Tiles of 4 x 8
+// elements are summed in registers over blocks of rows that stay in cache (d a
+// multiple of 8, as sessions' head dims are); a row-at-a-time update reads and
+// writes all of s for every query.
+void add_outer_products(const double* x, size_t n, uint32_t d, double* s) {
+  if (d % 8 != 0) {
+    for (size_t i = 0; i < n; ++i)
+      for (uint32_t a = 0; a < d; ++a)
+        for (uint32_t b = a; b < d; ++b) s[size_t{a} * d + b] += x[i * d + a] * x[i * d + b];
+    return;
+  }
+  constexpr size_t kRowBlock = 64;
+  for (size_t i0 = 0; i0 < n; i0 += kRowBlock) {
+    const size_t i1 = std::min(n, i0 + kRowBlock);
+    for (uint32_t a0 = 0; a0 < d; a0 += 4)
+      for (uint32_t b0 = a0 / 8 * 8; b0 < d; b0 += 8) {
+        double acc[4][8];
+        for (uint32_t r = 0; r < 4; ++r)
+          for (uint32_t c = 0; c < 8; ++c) acc[r][c] = s[size_t{a0 + r} * d + b0 + c];
+        for (size_t i = i0; i < i1; ++i) {
+          const double* xi = x + i * d;
+          for (uint32_t r = 0; r < 4; ++r)
+            for (uint32_t c = 0; c < 8; ++c) acc[r][c] += xi[a0 + r] * xi[b0 + c];
+        }
+        for (uint32_t r = 0; r < 4; ++r)
+          for (uint32_t c = 0; c < 8; ++c) s[size_t{a0 + r} * d + b0 + c] = acc[r][c];
+      }
+  }
+}
+
+}  // namespace
+
 std::shared_ptr<QueryMoments> add_query_moments(const QueryMoments* prev, uint32_t n_kv, uint32_t n_q, uint32_t d,
-                                                const float* q, uint64_t n) {
+                                                const float* q, uint64_t n, ThreadPool* pool) {
   auto m = prev != nullptr ? std::make_shared<QueryMoments>(*prev) : std::make_shared<QueryMoments>();
   if (prev == nullptr) {
     m->n_kv_heads = n_kv;
@@ -107,18 +145,17 @@ std::shared_ptr<QueryMoments> add_query_moments(const QueryMoments* prev, uint32
     m->recent.assign(size_t{n_kv} * kRecentQueries * d, 0.0f);
   }
   const uint32_t g = n_q / n_kv;
-  for (uint32_t h = 0; h < n_kv; ++h) {
-    double* s = m->sum.data() + size_t{h} * d * d;
-    for (uint64_t t = 0; t < n; ++t) {
+  // Each KV head's sums and window are its own: the heads run in parallel.
+  auto add_head = [&](size_t h) {
+    double* s = m->sum.data() + h * d * d;
+    // The head's queries in order, (t, j), widened (exactly) to double.
+    std::vector<double> rows(size_t{n} * g * d);
+    for (uint64_t t = 0; t < n; ++t)
       for (uint32_t j = 0; j < g; ++j) {
         const float* x = q + (t * n_q + size_t{h} * g + j) * d;
-        for (uint32_t a = 0; a < d; ++a) {
-          const double xa = x[a];
-          double* row = s + size_t{a} * d;
-          for (uint32_t b = a; b < d; ++b) row[b] += xa * x[b];
-        }
+        std::copy(x, x + d, rows.begin() + (t * g + j) * d);
       }
-    }
+    add_outer_products(rows.data(), size_t{n} * g, d, s);
     for (uint32_t a = 0; a < d; ++a)  // the sums stay exactly symmetric
       for (uint32_t b = 0; b < a; ++b) s[size_t{a} * d + b] = s[size_t{b} * d + a];
     m->count[h] += n * g;
@@ -138,6 +175,11 @@ std::shared_ptr<QueryMoments> add_query_moments(const QueryMoments* prev, uint32
     std::fill(kept, kept + size_t{kRecentQueries} * d, 0.0f);
     std::copy(window.begin(), window.end(), kept);
     m->recent_count[h] = window.size() / d;
+  };
+  if (pool != nullptr) {
+    pool->parallel_for(n_kv, add_head);
+  } else {
+    for (uint32_t h = 0; h < n_kv; ++h) add_head(h);
   }
   return m;
 }

@@ -16,6 +16,8 @@
 
 namespace ssa {
 
+class ThreadPool;  // cpu/thread_pool.h
+
 // Eigenvalues of S below this fraction of the largest are raised to it: it
 // bounds the transform's condition number (to 1 / sqrt of it), so float
 // transforms stay inverse to each other within kTransformTolerance, and
@@ -50,9 +52,10 @@ void finish_query_transform(const QueryWhitening& w, const std::vector<double>& 
 // `prev` (null: none yet) plus n queries q ([n][n_q][d] floats; query head h
 // belongs to KV head h / (n_q / n_kv)): each KV head's count grows by n times
 // its group size and its sum by q q^T of each of its query heads' queries, and
-// its recent queries end with these (the last kRecentQueries in all).
+// its recent queries end with these (the last kRecentQueries in all). With a
+// pool the KV heads are summed in parallel (the same bits).
 std::shared_ptr<QueryMoments> add_query_moments(const QueryMoments* prev, uint32_t n_kv, uint32_t n_q, uint32_t d,
-                                                const float* q, uint64_t n);
+                                                const float* q, uint64_t n, ThreadPool* pool = nullptr);
 
 // A hash of the counts, sums and recent queries (0 for null: no query
 // observed), so that
