@@ -559,8 +559,14 @@ def test_proxy_option_is_checked_and_pq_sessions_observe_nothing(monkeypatch):
     _stepwise_logits(model, cache, _ids(200), 198)
     assert all(s.config.proxy == ssa.Proxy.QPQ for s in cache.sessions)
     assert sorted({layer for layer, _ in seen}) == list(range(model.config.num_hidden_layers))
-    # On CUDA runtimes PQ (the others' k-means trains on the host there): the rule,
-    # read from the cache's runtime.
+    # On a CUDA runtime too, but PQ where its sessions are sharded over several
+    # devices or processes (they take PQ only): the rule, read from the cache's runtime.
     rule = ssa.hf.SSACache._default_proxy
     assert rule(cache) == "qpq" and cache.runtime.backend == "cpu"
-    assert rule(types.SimpleNamespace(runtime=types.SimpleNamespace(backend="cuda"))) == "pq"
+
+    def cuda(shards=1, collective=None):
+        return types.SimpleNamespace(runtime=types.SimpleNamespace(backend="cuda", shards=shards,
+                                                                   _collective=collective))
+    assert rule(cuda()) == "qpq"
+    assert rule(cuda(shards=2)) == "pq"
+    assert rule(cuda(collective=object())) == "pq"

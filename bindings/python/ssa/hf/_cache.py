@@ -340,7 +340,7 @@ class SSACache(Cache):
         proxy: the sessions' proxy (see Runtime.create_session). None: "qpq", the
             query-aware proxy (PQ's 16 bytes per token per KV head; the best recall
             of the exact top keys measured, docs/FIDELITY.md), or "pq" on a CUDA
-            runtime (whose first decode would wait for QPQ's training on the host). A process
+            runtime of several devices or processes (sharded sessions take PQ only). A process
             group's ranks are shown the same queries, so their index is the one a
             single process trains. The 4-bit ones ("pq4", "opq4", "qpq4") take 32
             subspaces of 16 centroids, PQ's bytes. The query-aware ones ("qpq", "qpq4") are shown
@@ -773,13 +773,15 @@ class SSACache(Cache):
                                            index_min_tokens=_TRAIN_AT_FIRST_DECODE)
 
     def _default_proxy(self) -> str:
-        """proxy=None: on the CPU the query-aware proxy, which ranks best on every model
-        measured at PQ's bytes (docs/FIDELITY.md, the default proxy) and learns from the
-        queries each prefill shows it. On CUDA runtimes PQ: QPQ's training there (on the
-        device but for its d x d eigen-decompositions) still costs about 4 times PQ's
-        (2.2 s against 0.5 s for 32 layers at 128K tokens, docs/FIDELITY.md), and the
-        first decode after a prefill trains every layer (sharded sessions take PQ only)."""
-        return "pq" if self.runtime is not None and self.runtime.backend == "cuda" else "qpq"
+        """proxy=None: the query-aware proxy, which ranks best on every model measured at
+        PQ's bytes (docs/FIDELITY.md, the default proxy) and learns from the queries each
+        prefill shows it; its index trains at the first decode after a prefill, on the
+        device on CUDA runtimes. PQ on a CUDA runtime of several devices or processes,
+        whose sharded sessions take PQ only."""
+        rt = self.runtime
+        if rt is not None and rt.backend == "cuda" and (rt.shards > 1 or getattr(rt, "_collective", None) is not None):
+            return "pq"
+        return "qpq"
 
     def _observe_prefill(self, layer: SSALayer, query, mask, kwargs) -> None:
         """Shows a query-aware session the prefill chunk's last queries of each row
