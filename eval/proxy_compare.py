@@ -136,8 +136,9 @@ class Lib:
             setattr(view, k, val)
         return buf
 
-    def session(self, n_q, n_kv, d, subspaces, centroids, proxy, weight, train_at):
+    def session(self, n_q, n_kv, d, subspaces, centroids, proxy, weight, train_at, training=None):
         extra = {} if weight is None else dict(pq_parallel_weight=weight)
+        extra.update(training or {})
         cfg = self._filled(self.L.ssa_session_config_init, self.Config, n_layers=1, n_q_heads=n_q,
                            n_kv_heads=n_kv, head_dim=d, kv_dtype=0, pq_subspaces=subspaces,
                            pq_centroids=centroids, index_min_tokens=train_at, index_regrow_factor=0.0,
@@ -231,15 +232,17 @@ def float_table_topk(snap, q, kv, lo, hi, k):
     return np.argpartition(-prox, k - 1)[:k]
 
 
-def measure_layer(lib, K, V, qs, N, ns, spec, errors, observe=0):
+def measure_layer(lib, K, V, qs, N, ns, spec, errors, observe=0, training=None):
     """qs: the queries of every captured step; the first `observe` are shown
-    (query-aware proxies) and their keys appended before training, the rest measured."""
+    (query-aware proxies) and their keys appended before training, the rest measured.
+    training: session config fields of the index's training (index_iterations,
+    index_train_sample) other than the library's defaults."""
     name, subspaces, centroids, weight = parse_spec(spec)
     n_kv, n_all, d = K.shape
     n_q = qs[0].shape[0]
     g = n_q // n_kv
     K32 = K.astype(np.float32)   # what the session holds; exact scores from these
-    s = lib.session(n_q, n_kv, d, subspaces, centroids, PROXY[name], weight, N + observe)
+    s = lib.session(n_q, n_kv, d, subspaces, centroids, PROXY[name], weight, N + observe, training)
     try:
         t0 = time.time()
         if observe and name in QUERY_AWARE:
@@ -302,6 +305,8 @@ def main():
     ap.add_argument("--layers", type=int, nargs="*", help="model layers (default: every full-attention layer)")
     ap.add_argument("--no-errors", action="store_true")
     ap.add_argument("--observe", type=int, default=0, help="observation steps before the index trains")
+    ap.add_argument("--iterations", type=int, help="index_iterations (default: the library's)")
+    ap.add_argument("--train-sample", type=int, help="index_train_sample (default: the library's)")
     ap.add_argument("--lib", default=os.path.join(HERE, "..", "build-cpu", "libssa.so"))
     ap.add_argument("--out")
     a = ap.parse_args()
@@ -322,13 +327,16 @@ def main():
     ns = harness.sink_local(N)
     res = dict(model=a.model, doc=a.doc, length=a.length, context=N, steps=a.steps, observe=a.observe, sink=ns,
                layers={})
+    training = {k: v for k, v in (("index_iterations", a.iterations), ("index_train_sample", a.train_sample))
+                if v is not None}
+    res["training"] = training
     for layer in layers:
         K = cache.layers[layer].keys[0].double().numpy()
         V = cache.layers[layer].values[0].double().numpy()
         res["layers"][str(layer)] = {}
         for spec in a.proxies:
             t0 = time.time()
-            r = measure_layer(lib, K, V, queries[layer], N, ns, spec, not a.no_errors, a.observe)
+            r = measure_layer(lib, K, V, queries[layer], N, ns, spec, not a.no_errors, a.observe, training)
             res["layers"][str(layer)][spec] = r
             print("layer %d %s: recall@2%% %.3f (float table %.3f) mass@2%% %.3f  (%.0fs)" % (
                 layer, spec, r["by_fraction"]["0.02"]["recall"], r["by_fraction"]["0.02"]["recall_float"],
