@@ -162,7 +162,7 @@ TEST_CASE("query_aware_transform: T^T Q = I and |T r|^2 is the mean squared scor
   std::vector<float> t(size_t{d} * d), q(size_t{d} * d);
   ssa::query_aware_transform(w.k.data(), w.n, d, M, moments->sum_of(0), moments->count[0], t.data(), q.data());
   CHECK(ssa::inverse_transpose_error(t.data(), q.data(), d) < 1e-4);
-  // S here is well conditioned (eigenvalues 0.09..9, ratio 100 > the floor's 1e4):
+  // S here is well conditioned (eigenvalues 0.09..9, ratio 100, within the floor's 1000):
   // for random r, |T r|^2 = r^T S r, S = the queries' mean q q^T.
   std::mt19937_64 rng(73);
   std::normal_distribution<double> nd;

@@ -19,13 +19,15 @@ namespace ssa {
 class ThreadPool;  // cpu/thread_pool.h
 
 // Eigenvalues of S below this fraction of the largest are raised to it: it
-// bounds the transform's condition number (to 1 / sqrt of it), so float
+// bounds the transform's condition number (to 1 / sqrt of it, ~32), so float
 // transforms stay inverse to each other within kTransformTolerance, and
-// directions no observed query uses still get a little of the codebooks.
-inline constexpr double kQueryEigenFloor = 1e-4;
+// directions the observed queries barely use still get some of the codebooks:
+// a few dozen queries per KV head estimate S poorly there. 1e-3 of 1e-1..1e-4
+// measured best over both models (docs/FIDELITY.md, "The eigenvalue floor").
+inline constexpr double kQueryEigenFloor = 1e-3;
 
 // What a stored pair may deviate from T^T Q = I (float rounding of double
-// transforms of condition number <= 100 is ~1e-5 per entry).
+// transforms of condition number <= 32 is ~1e-5 per entry).
 inline constexpr double kTransformTolerance = 1e-3;
 
 // T and Q ([d][d] row-major floats) for keys x ([n][d]) and the observed
