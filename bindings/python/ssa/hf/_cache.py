@@ -778,8 +778,8 @@ class SSACache(Cache):
         prefill shows it; its index trains at the first decode after a prefill, on the
         device on CUDA runtimes. PQ on a CUDA runtime of several devices or processes,
         whose sharded sessions take PQ only."""
-        rt = self.runtime
-        if rt is not None and rt.backend == "cuda" and (rt.shards > 1 or getattr(rt, "_collective", None) is not None):
+        rt = self.runtime  # as CudaBackend::init_session: several devices, or any process group
+        if rt is not None and rt.backend == "cuda" and (rt.shards > 1 or rt._collective is not None):
             return "pq"
         return "qpq"
 
