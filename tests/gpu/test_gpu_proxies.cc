@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/device_alloc.h"
 #include "session.h"
 #include "shard/shard_options.h"
 #include "ssa.h"
@@ -439,6 +440,55 @@ TEST_CASE("gpu proxies: refused queries and configurations change nothing") {
   CHECK(loaded == nullptr);
   unlink(path.c_str());
   ssa_runtime_destroy(sharded);
+  ssa_runtime_destroy(gpu);
+}
+
+// A transformed proxy encodes ranges of 1024 tokens or more through a scratch of
+// transformed keys (lib/cuda/device_index.cc, encode_range); when the scratch
+// cannot be allocated it takes the one-pass kernel instead, which must write the
+// same codes. Every device allocation of a training append is failed in turn:
+// each failure is refused with SSA_ERR_OUT_OF_MEMORY and leaves the session
+// empty, except the scratch's, which the append survives.
+TEST_CASE("gpu proxies: a transformed encode without its scratch writes the same codes") {
+  SSA_GPU_TEST_OR_SKIP();
+  ssa_runtime* gpu = runtime(SSA_BACKEND_CUDA);
+  const Data d = make_data(5000, 61);
+  const std::vector<uint16_t> obs = observed_queries(48, 62);
+  for (const ProxyCase& pc : kCases) {
+    if (!query_aware(pc.proxy) && pc.proxy != SSA_PROXY_OPQ && pc.proxy != SSA_PROXY_OPQ4) continue;
+    CAPTURE(pc.name);
+    auto make = [&] {
+      ssa_session* s = proxy_session(gpu, pc, SSA_SESSION_HOST_POINTERS);
+      if (query_aware(pc.proxy)) observe(s, obs, 48, false);
+      return s;
+    };
+    auto append = [&](ssa_session* s) { return ssa_session_append(s, 0, d.k.data(), d.v.data(), d.n); };
+    ssa_session* ref = make();
+    const uint64_t before = cuda::device_alloc_calls_made();
+    REQUIRE(append(ref) == SSA_OK);  // trains at 5000 tokens and encodes them all
+    const uint64_t calls = cuda::device_alloc_calls_made() - before;
+    const std::vector<uint8_t> want = layer_codes(ref);
+    REQUIRE_FALSE(want.empty());
+
+    ssa_session* s = make();
+    uint64_t n = 1;
+    for (; n <= calls; ++n) {
+      cuda::set_device_alloc_failure_countdown(n, false);
+      const ssa_status st = append(s);
+      cuda::set_device_alloc_failure_countdown(0, false);
+      if (st == SSA_OK) break;
+      INFO("device allocation ", n, " of ", calls, ": ", ssa_last_error_message());
+      REQUIRE(st == SSA_ERR_OUT_OF_MEMORY);
+      REQUIRE(ssa_session_length(s) == 0);
+    }
+    MESSAGE(std::string(pc.name), ": the append survived the failure of device allocation ", n, " of ", calls);
+    CHECK(n <= calls);  // one failure was survived: the scratch's
+    CHECK(layer_codes(s) == want);
+    for (ssa_method m : {SSA_METHOD_PQ_TOPK, SSA_METHOD_SSA})
+      CHECK(decode(s, d, params(m, 700, 5), false) == decode(ref, d, params(m, 700, 5), false));
+    ssa_session_destroy(s);
+    ssa_session_destroy(ref);
+  }
   ssa_runtime_destroy(gpu);
 }
 
