@@ -14,7 +14,8 @@ layers filled into the device budget and those filled into the host tier; the ti
 to page-lock the runtime's host pool (--host-pool-gib: ssa.Runtime(host_pool_bytes=),
 pinned at creation, off the fill's clock; without it the fill into the host tier
 page-locks new memory as it goes, at about 2 GB/s); ms per
-generated token ((time of M + 1 steps - time of 1 step) / M); rows read from host per
+generated token ((time of M + 1 steps - time of 1 step) / M) and the steady step (the median
+interval between tokens streamed out of generate, its first two intervals left out); rows read from host per
 step (DecodeStats.rows_from_host summed over layers, from a separate observed
 generate: the observer's waits are not in the timed steps); device memory in use
 (cudaMemGetInfo: libssa's allocations included), its peak over the run.
@@ -134,12 +135,34 @@ def fill(cache, layers, n, nkv, d, chunk, device, dtype, mem):
 EAGER = False  # --eager: generate's eager path (no CUDA graphs) instead of its compiled one
 
 
-def timed_generate(model, ids, cache, steps, device):
+class TokenClock:
+    """generate()'s streamer: the time each token reaches the host (the prompt first,
+    then one put per step, each after generate's own wait for that step). Intervals
+    between new tokens are what a streaming user sees; their median is the steady
+    step, free of the call's set-up and wind-down."""
+
+    def __init__(self):
+        self.times = []
+
+    def put(self, value):
+        self.times.append(time.perf_counter())
+
+    def end(self):
+        pass
+
+    def steady_intervals(self, skip=2):
+        """Milliseconds between new tokens, the first `skip` intervals left out
+        (the first one holds the step that processes the prompt's last token)."""
+        t = self.times[1:]  # new tokens only
+        return [(b - a) * 1e3 for a, b in zip(t, t[1:])][skip:]
+
+
+def timed_generate(model, ids, cache, steps, device, streamer=None):
     sync(device)
     t0 = time.perf_counter()
     with torch.no_grad():
         out = model.generate(ids, past_key_values=cache, max_new_tokens=steps, min_new_tokens=steps, do_sample=False,
-                             disable_compile=EAGER)
+                             disable_compile=EAGER, streamer=streamer)
     sync(device)
     return time.perf_counter() - t0, out
 
@@ -268,16 +291,21 @@ def main():
     gen = torch.Generator(device=device).manual_seed(1)
     ids = torch.randint(0, 32000, (1, a.tokens), device=device, generator=gen)
     _, ids = timed_generate(model, ids, cache, 2, device)  # warm-up
-    per = []
+    per, steady = [], []
     for _ in range(a.reps):
-        t_many, out = timed_generate(model, ids, cache, a.steps + 1, device)
+        clock = TokenClock()
+        t_many, out = timed_generate(model, ids, cache, a.steps + 1, device, clock)
         ids = out
         t_one, out = timed_generate(model, ids, cache, 1, device)
         ids = out
         per.append((t_many - t_one) / a.steps * 1e3)
+        steady += clock.steady_intervals()
         mem.sample()
     per.sort()
     res["ms_per_token"] = per[len(per) // 2]
+    steady.sort()
+    res["steady_ms_per_token"] = steady[len(steady) // 2] if steady else None
+    res["steady_intervals_ms"] = steady
     # Rows read from the host per step: an observer sums every layer's stats.
     steps_rows, steps_hits = [], []
 
@@ -295,6 +323,10 @@ def main():
     res["rows_from_host_per_step"] = steps_rows[1:] or steps_rows
     res["host_cache_hits_per_step"] = steps_hits[1:] or steps_hits
     res["peak_device_gib"] = mem.sample() / 2 ** 30
+    if steady:
+        print("steady step (median interval between streamed tokens, %d intervals, the first two of each generate "
+              "left out): %.2f ms (%.1f tokens/s); intervals %.2f .. %.2f ms"
+              % (len(steady), res["steady_ms_per_token"], 1e3 / res["steady_ms_per_token"], steady[0], steady[-1]))
     print("decode: %.2f ms per generated token (%.1f tokens/s), median of %d x %d steps at %d tokens; rows read "
           "from host per step (all layers, all heads): %s, read from the device cache of host pages: %s; peak device "
           "memory in use %.1f GiB"
