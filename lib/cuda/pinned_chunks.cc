@@ -8,6 +8,7 @@
 #include "device_error.h"
 #include "device_guard.h"
 #include "fault_countdown.h"
+#include "pinned_host.h"
 #include "runtime.h"
 #include "status.h"
 
@@ -19,7 +20,7 @@ std::atomic<uint64_t> g_live{0};
 
 void free_chunks(const std::vector<void*>& chunks) {
   for (void* c : chunks) {
-    cudaFreeHost(c);
+    unpin_host(c, PinnedChunkPool::kChunkBytes);
     g_live.fetch_sub(PinnedChunkPool::kChunkBytes);
   }
 }
@@ -37,7 +38,7 @@ absl::StatusOr<std::shared_ptr<PinnedChunkPool>> PinnedChunkPool::create(uint64_
     // Flags as PinnedPagePool's own chunks: any device of the process may read
     // it, through the same address as the host.
     const cudaError_t e = g_faults.fire() ? cudaErrorMemoryAllocation
-                                          : cudaHostAlloc(&chunk, kChunkBytes, cudaHostAllocPortable | cudaHostAllocMapped);
+                                          : pin_host(kChunkBytes, &chunk);
     if (e != cudaSuccess) {
       cudaGetLastError();
       free_chunks(chunks);

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "fault_countdown.h"
+#include "pinned_host.h"
 #include "status.h"
 
 namespace ssa::cuda {
@@ -24,7 +25,7 @@ std::shared_ptr<PinnedPagePool> PinnedPagePool::create(size_t page_bytes, std::s
 PinnedPagePool::~PinnedPagePool() {
   // Every page is back (each holds the pool): no kernel can still read a chunk
   // whose pages were all released after their readers' events.
-  for (void* c : chunks_) cudaFreeHost(c);
+  for (void* c : chunks_) unpin_host(c, chunk_pages_ * page_bytes_);
   // Borrowed chunks go back as they came (fresh pinned memory is zero, as the
   // device pool zeroes its pages): the next session never sees this one's rows,
   // and the bytes past its rows are defined.
@@ -55,7 +56,7 @@ absl::StatusOr<void*> PinnedPagePool::new_chunk() {
   const size_t bytes = chunk_pages_ * page_bytes_;
   // Portable: any device of the process may read it; mapped: through a
   // device address (the same as the host one under unified addressing).
-  const cudaError_t e = cudaHostAlloc(&chunk, bytes, cudaHostAllocPortable | cudaHostAllocMapped);
+  const cudaError_t e = pin_host(bytes, &chunk);
   if (e != cudaSuccess) {
     cudaGetLastError();
     return make_error(SSA_ERR_OUT_OF_MEMORY,
@@ -66,7 +67,7 @@ absl::StatusOr<void*> PinnedPagePool::new_chunk() {
     // Without unified addressing the host and device addresses differ, and a
     // page has one data pointer: such systems keep every page on the device.
     cudaGetLastError();
-    cudaFreeHost(chunk);
+    unpin_host(chunk, bytes);
     return make_error(SSA_ERR_UNSUPPORTED,
                       "pinned host memory is not addressed alike on host and device on this system");
   }

@@ -4,13 +4,17 @@
 // bitwise as the same session held wholly on the device, and give its chunks
 // back to the runtime (not to the OS) when they go; a pool that cannot be
 // page-locked fails the creation with nothing kept.
+#include <cuda_runtime.h>
 #include <doctest/doctest.h>
+#include <stdint.h>
+#include <string.h>
 
 #include <algorithm>
 #include <string>
 #include <vector>
 
 #include "cuda/pinned_chunks.h"
+#include "cuda/pinned_host.h"
 #include "runtime.h"
 #include "support/gpu_sessions.h"
 #include "ssa.h"
@@ -135,6 +139,42 @@ TEST_CASE("gpu host pool: a pool that cannot be page-locked fails the creation a
   CHECK(ssa_runtime_create(&o, &rt) == SSA_ERR_INVALID_ARGUMENT);
   CHECK(rt == nullptr);
   CHECK(cuda::pinned_chunk_bytes_live() == live0);
+}
+
+// The host tier's memory (lib/cuda/pinned_host.h): zeroed, 2 MiB-aligned,
+// page-locked and mapped at the host's address; copies through the device read
+// and write it; given back, the range is no longer registered.
+TEST_CASE("gpu host pool: pinned host memory is zeroed, aligned, mapped and given back") {
+  SSA_GPU_TEST_OR_SKIP();
+  for (size_t bytes : {size_t{1}, size_t{4096}, size_t{64} << 20, (size_t{65} << 20) + 1}) {
+    CAPTURE(bytes);
+    void* p = nullptr;
+    REQUIRE(cuda::pin_host(bytes, &p) == cudaSuccess);
+    REQUIRE(p != nullptr);
+    CHECK(reinterpret_cast<uintptr_t>(p) % (size_t{2} << 20) == 0);
+    const auto* b = static_cast<const uint8_t*>(p);
+    CHECK(std::all_of(b, b + bytes, [](uint8_t x) { return x == 0; }));
+    cudaPointerAttributes attr{};
+    REQUIRE(cudaPointerGetAttributes(&attr, p) == cudaSuccess);
+    CHECK(attr.type == cudaMemoryTypeHost);
+    CHECK(attr.devicePointer == p);
+    // A device round trip through the mapping: host -> device buffer -> host.
+    std::vector<uint8_t> pattern(std::min<size_t>(bytes, 1 << 20));
+    for (size_t i = 0; i < pattern.size(); ++i) pattern[i] = static_cast<uint8_t>(i * 131 + 7);
+    memcpy(p, pattern.data(), pattern.size());
+    DevBuf<uint8_t> dev(pattern.size());
+    REQUIRE(cudaMemcpy(dev.p, p, pattern.size(), cudaMemcpyDefault) == cudaSuccess);
+    CHECK(dev.download(pattern.size()) == pattern);
+    REQUIRE(cudaMemset(dev.p, 0x5a, pattern.size()) == cudaSuccess);
+    REQUIRE(cudaMemcpy(p, dev.p, pattern.size(), cudaMemcpyDefault) == cudaSuccess);
+    CHECK(std::all_of(b, b + pattern.size(), [](uint8_t x) { return x == 0x5a; }));
+    cuda::unpin_host(p, bytes);
+    CHECK(cudaPointerGetAttributes(&attr, p) == cudaSuccess);
+    CHECK(attr.type != cudaMemoryTypeHost);
+  }
+  void* p = reinterpret_cast<void*>(1);
+  CHECK(cuda::pin_host(0, &p) == cudaErrorInvalidValue);
+  CHECK(p == nullptr);
 }
 
 }  // namespace
