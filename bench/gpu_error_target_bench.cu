@@ -35,19 +35,11 @@
 
 #include "bench_util.h"
 #include "lib/cuda/targeted_rounds.h"
+#include "cuda_check.cuh"
 
 namespace {
 
 constexpr uint32_t kNq = 16, kNkv = 4, kD = 256;
-
-#define CUDA_CHECK(x)                                                                      \
-  do {                                                                                     \
-    cudaError_t e_ = (x);                                                                  \
-    if (e_ != cudaSuccess) {                                                               \
-      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      exit(1);                                                                             \
-    }                                                                                      \
-  } while (0)
 
 __device__ uint64_t mix64(uint64_t x) {
   x ^= x >> 30;
@@ -101,7 +93,7 @@ struct Setup {
 
 std::vector<float> download(const Setup& st) {
   std::vector<__half> h(kNq * kD);
-  CUDA_CHECK(cudaMemcpy(h.data(), st.out, h.size() * sizeof(__half), cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(h.data(), st.out, h.size() * sizeof(__half), cudaMemcpyDeviceToHost));
   std::vector<float> f(h.size());
   for (size_t i = 0; i < h.size(); ++i) f[i] = __half2float(h[i]);
   return f;
@@ -139,7 +131,7 @@ ssa_decode_params base_params(const Setup& st, uint64_t step) {
 double timed_call(const Setup& st, const ssa_decode_params& p, ssa_decode_stats* stats) {
   const double t0 = ssa_bench::now_us();
   ssa_bench::check(ssa_decode(st.s, 0, st.q, st.out, &p, stats), "ssa_decode");
-  CUDA_CHECK(cudaStreamSynchronize(st.stream));
+  CUDA_OK(cudaStreamSynchronize(st.stream));
   return (ssa_bench::now_us() - t0) / 1000.0;
 }
 
@@ -204,7 +196,7 @@ int main(int argc, char** argv) {
   ssa_bench::check(ssa_runtime_create(&o, &st.rt), "ssa_runtime_create");
   const ssa_session_config c = ssa_test::make_config(1, kNq, kNkv, kD, SSA_DTYPE_F16);
   ssa_bench::check(ssa_session_create(st.rt, &c, &st.s), "ssa_session_create");
-  CUDA_CHECK(cudaStreamCreateWithFlags(&st.stream, cudaStreamNonBlocking));
+  CUDA_OK(cudaStreamCreateWithFlags(&st.stream, cudaStreamNonBlocking));
   // The query (host, fixed seed), then K/V on the device.
   std::vector<float> qf(kNq * kD);
   {
@@ -224,20 +216,20 @@ int main(int argc, char** argv) {
   float* qf_dev = nullptr;
   __half *k = nullptr, *v = nullptr;
   const size_t elems = size_t{n} * kNkv * kD;
-  CUDA_CHECK(cudaMalloc(&qf_dev, qf.size() * sizeof(float)));
-  CUDA_CHECK(cudaMalloc(&st.q, qh.size() * sizeof(__half)));
-  CUDA_CHECK(cudaMalloc(&st.out, qh.size() * sizeof(__half)));
-  CUDA_CHECK(cudaMemcpy(st.q, qh.data(), qh.size() * sizeof(__half), cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMalloc(&qf_dev, qf.size() * sizeof(float)));
+  CUDA_OK(cudaMalloc(&st.q, qh.size() * sizeof(__half)));
+  CUDA_OK(cudaMalloc(&st.out, qh.size() * sizeof(__half)));
+  CUDA_OK(cudaMemcpy(st.q, qh.data(), qh.size() * sizeof(__half), cudaMemcpyHostToDevice));
   // The kernel adds the needle direction from the f16-rounded query, as decoded.
   for (size_t i = 0; i < qf.size(); ++i) qf[i] = __half2float(qh[i]);
-  CUDA_CHECK(cudaMemcpy(qf_dev, qf.data(), qf.size() * sizeof(float), cudaMemcpyHostToDevice));
-  CUDA_CHECK(cudaMalloc(&k, elems * sizeof(__half)));
-  CUDA_CHECK(cudaMalloc(&v, elems * sizeof(__half)));
+  CUDA_OK(cudaMemcpy(qf_dev, qf.data(), qf.size() * sizeof(float), cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMalloc(&k, elems * sizeof(__half)));
+  CUDA_OK(cudaMalloc(&v, elems * sizeof(__half)));
   fill_kv<<<static_cast<unsigned>((elems + 255) / 256), 256>>>(k, v, qf_dev, n, 777);
-  CUDA_CHECK(cudaDeviceSynchronize());
+  CUDA_OK(cudaDeviceSynchronize());
   ssa_bench::check(ssa_session_append(st.s, 0, k, v, n), "ssa_session_append");
-  CUDA_CHECK(cudaFree(k));
-  CUDA_CHECK(cudaFree(v));
+  CUDA_OK(cudaFree(k));
+  CUDA_OK(cudaFree(v));
   ssa_bench::check(ssa_session_update_index(st.s), "ssa_session_update_index");
 
   // Dense reference (the query is the same at every step).
@@ -249,7 +241,7 @@ int main(int argc, char** argv) {
     refs[0] = download(st);
   }
   cudaDeviceProp prop{};
-  CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  CUDA_OK(cudaGetDeviceProperties(&prop, 0));
   emit("{\"record\":\"meta\",\"device\":\"" + std::string(prop.name) + "\",\"tokens\":" + std::to_string(n) +
        ",\"shape\":\"16q/4kv/d256/f16\",\"batch\":1,\"steps\":" + std::to_string(steps) + ",\"method\":\"" +
        (method == SSA_METHOD_SSA ? "ssa" : "ssa_adaptive") + "\",\"delta\":0.1}");
@@ -312,21 +304,21 @@ int main(int argc, char** argv) {
     }
     // Queued: back-to-back decodes between two events.
     cudaEvent_t e0, e1;
-    CUDA_CHECK(cudaEventCreate(&e0));
-    CUDA_CHECK(cudaEventCreate(&e1));
+    CUDA_OK(cudaEventCreate(&e0));
+    CUDA_OK(cudaEventCreate(&e1));
     const int reps = 20;
-    CUDA_CHECK(cudaEventRecord(e0, st.stream));
+    CUDA_OK(cudaEventRecord(e0, st.stream));
     for (int r = 0; r < reps; ++r) {
       ssa_decode_params p = base_params(st, static_cast<uint64_t>(r));
       p.budget = fixed_budget;
       ssa_bench::check(ssa_decode(st.s, 0, st.q, st.out, &p, nullptr), "ssa_decode");
     }
-    CUDA_CHECK(cudaEventRecord(e1, st.stream));
-    CUDA_CHECK(cudaEventSynchronize(e1));
+    CUDA_OK(cudaEventRecord(e1, st.stream));
+    CUDA_OK(cudaEventSynchronize(e1));
     float queued_ms = 0;
-    CUDA_CHECK(cudaEventElapsedTime(&queued_ms, e0, e1));
-    CUDA_CHECK(cudaEventDestroy(e0));
-    CUDA_CHECK(cudaEventDestroy(e1));
+    CUDA_OK(cudaEventElapsedTime(&queued_ms, e0, e1));
+    CUDA_OK(cudaEventDestroy(e0));
+    CUDA_OK(cudaEventDestroy(e1));
     snprintf(buf, sizeof buf,
              "{\"record\":\"fixed\",\"eps\":%g,\"budget\":%u,\"mean_rel_error\":%.5f,\"targeted_mean_rel_error\":%.5f,"
              "\"ms_median\":%.4f,\"ms_queued\":%.4f,\"targeted_over_fixed_ms\":%.3f}",

@@ -31,28 +31,13 @@
 #include <chrono>
 #include <string>
 #include <vector>
-
-#define CUDA_OK(x)                                                                              \
-  do {                                                                                          \
-    cudaError_t e_ = (x);                                                                       \
-    if (e_ != cudaSuccess) {                                                                    \
-      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));       \
-      exit(1);                                                                                  \
-    }                                                                                           \
-  } while (0)
+#include "cuda_check.cuh"
+#include "tier_workload.cuh"  // mix64
 
 namespace {
 
 constexpr size_t kChunk = size_t{64} << 20;
 constexpr size_t kPairGap = size_t{512} << 10;  // K block to V block of a page
-
-__host__ __device__ inline uint64_t mix(uint64_t x) {
-  x ^= x >> 31;
-  x *= 0xBF58476D1CE4E5B9ull;
-  x ^= x >> 29;
-  x *= 0x94D049BB133111EBull;
-  return x ^ (x >> 32);
-}
 
 // Read r: a row of `row` bytes at a random row-aligned offset of a random chunk
 // (with pairs, also the row kPairGap after it, inside the same chunk).
@@ -62,7 +47,7 @@ __global__ void read_rows_kernel(const uint4* const* chunks, uint32_t n_chunks, 
   const uint64_t t = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   const uint64_t r = t / lanes;
   if (r >= n_reads) return;
-  const uint64_t h = mix((r + 1) * 0x9E3779B97F4A7C15ull ^ seed);
+  const uint64_t h = ssa_bench::mix64((r + 1) * 0x9E3779B97F4A7C15ull ^ seed);
   const size_t span = pairs ? kChunk - kPairGap : kChunk;
   const uint4* base = chunks[h % n_chunks] + ((h >> 20) % (span / row)) * (row / 16);
   const uint32_t lane = static_cast<uint32_t>(t % lanes);

@@ -27,17 +27,9 @@
 #include "bench_util.h"
 #include "common/dtype.h"
 #include "shard/shard_options.h"
+#include "cuda_check.cuh"
 
 namespace {
-
-#define CUDA_OK(x)                                                                       \
-  do {                                                                                   \
-    cudaError_t e_ = (x);                                                                \
-    if (e_ != cudaSuccess) {                                                             \
-      fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      exit(1);                                                                           \
-    }                                                                                    \
-  } while (0)
 
 __device__ float hash_normal(uint64_t i) {
   // Sum of four uniform hashes: mean 0, variance 1 (near enough for timing).

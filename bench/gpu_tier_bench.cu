@@ -49,6 +49,7 @@
 #include "bench_util.h"
 #include "common/dtype.h"
 #include "tier_workload.cuh"
+#include "cuda_check.cuh"
 
 using namespace ssa_bench;
 
@@ -69,15 +70,6 @@ void emit(const char* fmt, ...) {
     fflush(g_out);
   }
 }
-
-#define CUDA_OK(x)                                                                       \
-  do {                                                                                   \
-    cudaError_t e_ = (x);                                                                \
-    if (e_ != cudaSuccess) {                                                             \
-      fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      exit(1);                                                                           \
-    }                                                                                    \
-  } while (0)
 
 struct Rates {
   double pinned_h2d, zero_copy, device_copy;  // GB/s
