@@ -1,5 +1,5 @@
 // Small helpers the benchmarks share: stop at a failed call with its message,
-// the median of a sample, a monotonic clock in microseconds. Session configs and
+// the median of a sample, a monotonic clock in microseconds, a /proc field. Session configs and
 // runtime options come from the test support library (support/config.h).
 #pragma once
 
@@ -35,6 +35,25 @@ inline double median(std::vector<double> v) {
 
 inline double now_us() {
   return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// The number after `key` on the first line of a /proc file that starts with it
+// (kB fields: "VmRSS:" of /proc/self/status, "AnonHugePages:" of
+// /proc/self/smaps_rollup); -1 when the file or the line is missing.
+inline long proc_kib(const char* path, const char* key) {
+  FILE* f = fopen(path, "r");
+  if (!f) return -1;
+  char line[256];
+  long kib = -1;
+  const size_t n = strlen(key);
+  while (fgets(line, sizeof line, f)) {
+    if (strncmp(line, key, n) == 0) {
+      kib = strtol(line + n, nullptr, 10);
+      break;
+    }
+  }
+  fclose(f);
+  return kib;
 }
 
 // A head shape of the CPU benchmarks: the paper's (16 q, 4 KV, d 256, f16) and

@@ -11,10 +11,10 @@
 //   pairs      random tokens' K row and V row of R bytes each, 512 KiB apart (a page's
 //              K and V blocks at 256 tokens x 8 KV heads x d 128, bf16)
 //   pool       GiB of pinned memory the rows are drawn from: cudaHostAlloc in 64 MiB
-//              chunks (the runtime's host pool), one cudaHostAlloc, or anonymous
-//              memory with transparent huge pages asked for (madvise) and then
-//              registered with cudaHostRegister (whether the mappings' page size
-//              moves the rate of random reads)
+//              chunks (the host pool's memory before lib/cuda/pinned_host.h), one
+//              cudaHostAlloc, or "thp": the library's own pinned memory (pin_host:
+//              anonymous memory asked for transparent huge pages, then registered),
+//              whether the mappings' page size moves the rate of random reads
 // plus a pinned cudaMemcpy of 1 GiB (the bus's contiguous rate).
 //
 //   ./build-gpu/bench/gpu_host_row_rates [--pools 1,4,12] [--rows 128,256,512,1024]
@@ -25,12 +25,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <sys/mman.h>
-
 #include <algorithm>
-#include <chrono>
 #include <string>
 #include <vector>
+#include "bench_util.h"
+#include "cuda/pinned_host.h"
 #include "cuda_check.cuh"
 #include "tier_workload.cuh"  // mix64
 
@@ -60,41 +59,18 @@ __global__ void read_rows_kernel(const uint4* const* chunks, uint32_t n_chunks, 
   if ((a.x ^ a.y ^ a.z ^ a.w) == 0x12345678u) atomicAdd(sink, 1ull);  // keeps the loads
 }
 
-double now_ms() {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-std::vector<int> parse_list(const char* s) {
-  std::vector<int> v;
-  for (const char* p = s; *p;) {
-    v.push_back(atoi(p));
-    p = strchr(p, ',');
-    if (!p) break;
-    ++p;
-  }
-  return v;
-}
+double now_ms() { return ssa_bench::now_us() / 1e3; }
 
 struct Pool {
   std::vector<void*> chunks;
   void* single = nullptr;
-  bool registered = false;        // mmap + cudaHostRegister
+  bool registered = false;        // pin_host
   size_t bytes = 0;
   const uint4** table = nullptr;  // device copy of the chunk pointers
 };
 
 // Kilobytes of anonymous huge pages in the process's address space.
-long anon_huge_kb() {
-  FILE* f = fopen("/proc/self/smaps_rollup", "r");
-  if (!f) return -1;
-  char line[256];
-  long kb = -1;
-  while (fgets(line, sizeof line, f)) {
-    if (sscanf(line, "AnonHugePages: %ld kB", &kb) == 1) break;
-  }
-  fclose(f);
-  return kb;
-}
+long anon_huge_kb() { return ssa_bench::proc_kib("/proc/self/smaps_rollup", "AnonHugePages:"); }
 
 Pool make_pool(size_t gib, const std::string& alloc) {
   Pool p;
@@ -105,20 +81,10 @@ Pool make_pool(size_t gib, const std::string& alloc) {
     memset(p.single, 1, n * kChunk);
     for (size_t i = 0; i < n; ++i) p.chunks.push_back(static_cast<uint8_t*>(p.single) + i * kChunk);
   } else if (alloc == "thp") {
-    // 2 MiB-aligned anonymous memory, huge pages asked for before the first touch.
-    const size_t align = size_t{2} << 20;
-    void* raw = mmap(nullptr, p.bytes + align, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (raw == MAP_FAILED) {
-      perror("mmap");
-      exit(1);
-    }
-    uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + align - 1) & ~(align - 1));
-    if (madvise(base, p.bytes, MADV_HUGEPAGE) != 0) perror("madvise(MADV_HUGEPAGE)");
-    memset(base, 1, p.bytes);
-    CUDA_OK(cudaHostRegister(base, p.bytes, cudaHostRegisterMapped | cudaHostRegisterPortable));
-    p.single = base;
+    CUDA_OK(ssa::cuda::pin_host(p.bytes, &p.single));
+    memset(p.single, 1, p.bytes);
     p.registered = true;
-    for (size_t i = 0; i < n; ++i) p.chunks.push_back(base + i * kChunk);
+    for (size_t i = 0; i < n; ++i) p.chunks.push_back(static_cast<uint8_t*>(p.single) + i * kChunk);
   } else {
     for (size_t i = 0; i < n; ++i) {
       void* c = nullptr;
@@ -141,7 +107,7 @@ Pool make_pool(size_t gib, const std::string& alloc) {
 void free_pool(Pool& p) {
   CUDA_OK(cudaFree(p.table));
   if (p.registered) {
-    CUDA_OK(cudaHostUnregister(p.single));  // the mapping itself is left to the process's exit
+    ssa::cuda::unpin_host(p.single, p.bytes);
   } else if (p.single) {
     CUDA_OK(cudaFreeHost(p.single));
   } else {
@@ -152,11 +118,11 @@ void free_pool(Pool& p) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::vector<int> pools{1, 4, 12}, rows{128, 256, 512, 1024};
+  std::vector<uint64_t> pools{1, 4, 12}, rows{128, 256, 512, 1024};
   std::vector<std::string> allocs{"chunks"};
   for (int i = 1; i < argc; ++i) {
-    if (!strcmp(argv[i], "--pools") && i + 1 < argc) pools = parse_list(argv[++i]);
-    else if (!strcmp(argv[i], "--rows") && i + 1 < argc) rows = parse_list(argv[++i]);
+    if (!strcmp(argv[i], "--pools") && i + 1 < argc) pools = ssa_bench::parse_u64_list(argv[++i]);
+    else if (!strcmp(argv[i], "--rows") && i + 1 < argc) rows = ssa_bench::parse_u64_list(argv[++i]);
     else if (!strcmp(argv[i], "--allocs") && i + 1 < argc) {
       allocs.clear();
       for (char* t = strtok(argv[++i], ","); t; t = strtok(nullptr, ",")) allocs.push_back(t);
@@ -171,7 +137,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  for (int r : rows) {
+  for (uint64_t r : rows) {
     if (r < 16 || r > 512 * 16 || r % 16 || (r & (r - 1))) {
       fprintf(stderr, "row sizes are powers of two from 16 to 8192 bytes\n");
       return 2;
@@ -198,7 +164,7 @@ int main(int argc, char** argv) {
     CUDA_OK(cudaFreeHost(h));
   }
   const uint64_t read_bytes = uint64_t{256} << 20;  // per measurement
-  for (int gib : pools) {
+  for (uint64_t gib : pools) {
     for (const std::string& alloc : allocs) {
       const long huge_before = anon_huge_kb();
       const double t_pin = now_ms();
@@ -206,8 +172,8 @@ int main(int argc, char** argv) {
       const double pin_ms = now_ms() - t_pin;
       const long huge_kb = anon_huge_kb() - huge_before;
       for (int pairs = 0; pairs <= 1; ++pairs) {
-        for (int r : rows) {
-          const uint64_t n_reads = read_bytes / (uint64_t{static_cast<uint32_t>(r)} * (pairs ? 2 : 1));
+        for (uint64_t r : rows) {
+          const uint64_t n_reads = read_bytes / (r * (pairs ? 2 : 1));
           const uint64_t threads = n_reads * (r / 16);
           const uint32_t block = 256;
           const uint32_t grid = static_cast<uint32_t>((threads + block - 1) / block);
@@ -215,7 +181,8 @@ int main(int argc, char** argv) {
           for (int i = 0; i < 4; ++i) {  // the first one warms the mappings up
             CUDA_OK(cudaDeviceSynchronize());
             const double t0 = now_ms();
-            read_rows_kernel<<<grid, block>>>(p.table, static_cast<uint32_t>(p.chunks.size()), r, pairs == 1, n_reads,
+            read_rows_kernel<<<grid, block>>>(p.table, static_cast<uint32_t>(p.chunks.size()), static_cast<uint32_t>(r),
+                                              pairs == 1, n_reads,
                                               1000 + i, sink);
             CUDA_OK(cudaGetLastError());
             CUDA_OK(cudaDeviceSynchronize());
@@ -223,7 +190,8 @@ int main(int argc, char** argv) {
           }
           printf("{\"record\":\"rows\",\"pool_GiB\":%d,\"alloc\":\"%s\",\"pattern\":\"%s\",\"row_bytes\":%d,"
                  "\"GBps\":%.2f,\"Mreads_per_s\":%.1f,\"pin_s\":%.1f,\"anon_huge_GiB\":%.2f}\n",
-                 gib, alloc.c_str(), pairs ? "K+V pairs" : "rows", r, read_bytes / best / 1e6,
+                 static_cast<int>(gib), alloc.c_str(), pairs ? "K+V pairs" : "rows", static_cast<int>(r),
+                 read_bytes / best / 1e6,
                  n_reads * (pairs ? 2 : 1) / best / 1e3, pin_ms / 1e3, huge_kb / 1048576.0);
           fflush(stdout);
         }

@@ -303,9 +303,9 @@ def main():
         mem.sample()
     per.sort()
     res["ms_per_token"] = per[len(per) // 2]
+    res["steady_intervals_ms"] = list(steady)  # in the order the steps ran
     steady.sort()
     res["steady_ms_per_token"] = steady[len(steady) // 2] if steady else None
-    res["steady_intervals_ms"] = steady
     # Rows read from the host per step: an observer sums every layer's stats.
     steps_rows, steps_hits = [], []
 

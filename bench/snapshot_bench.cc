@@ -42,17 +42,7 @@ void die(const absl::Status& st, const char* what) {
   exit(1);
 }
 
-long rss_kib() {
-  FILE* f = fopen("/proc/self/status", "r");
-  if (!f) return -1;
-  char line[256];
-  long kib = -1;
-  while (fgets(line, sizeof line, f)) {
-    if (strncmp(line, "VmRSS:", 6) == 0) kib = strtol(line + 6, nullptr, 10);
-  }
-  fclose(f);
-  return kib;
-}
+long rss_kib() { return ssa_bench::proc_kib("/proc/self/status", "VmRSS:"); }
 
 // One worker per hardware thread (runtime options' default).
 ssa_test::RuntimePtr make_runtime() { return ssa_test::make_runtime(0, 0x5EED); }
