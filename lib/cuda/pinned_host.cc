@@ -32,7 +32,7 @@ cudaError_t pin_host(size_t bytes, void** out) {
   const cudaError_t e = cudaHostRegister(p, size, cudaHostRegisterPortable | cudaHostRegisterMapped);
   if (e != cudaSuccess) {
     munmap(p, size);
-    return e == cudaErrorHostMemoryAlreadyRegistered ? cudaErrorMemoryAllocation : e;
+    return e;
   }
   *out = p;
   return cudaSuccess;

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "cuda/device_alloc.h"
+#include "index/proxy_kind.h"
 #include "session.h"
 #include "shard/shard_options.h"
 #include "ssa.h"
@@ -455,7 +456,7 @@ TEST_CASE("gpu proxies: a transformed encode without its scratch writes the same
   const Data d = make_data(5000, 61);
   const std::vector<uint16_t> obs = observed_queries(48, 62);
   for (const ProxyCase& pc : kCases) {
-    if (!query_aware(pc.proxy) && pc.proxy != SSA_PROXY_OPQ && pc.proxy != SSA_PROXY_OPQ4) continue;
+    if (!proxy_has_transform(pc.proxy)) continue;
     CAPTURE(pc.name);
     auto make = [&] {
       ssa_session* s = proxy_session(gpu, pc, SSA_SESSION_HOST_POINTERS);
