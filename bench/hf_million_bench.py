@@ -186,6 +186,35 @@ def profile_steps(model, ids, cache, steps, device, top=25):
     return dict(wall_ms_per_step=t * 1e3 / n_steps, busy_ms_per_step=busy, kernels=top_kernels), out
 
 
+def host_profile(model, ids, cache, steps, device, top=22):
+    """The host's time per generated step by Python function (cProfile over a
+    generate of steps + 1 tokens): where generate's loop spends the time between
+    one step's wait and the next step's launch, while the device idles."""
+    import cProfile
+    import io
+    import pstats
+    prof = cProfile.Profile()
+    prof.enable()
+    t, out = timed_generate(model, ids, cache, steps + 1, device)
+    prof.disable()
+    buf = io.StringIO()
+    st = pstats.Stats(prof, stream=buf)
+    n = steps + 1
+    rows = sorted(st.stats.items(), key=lambda kv: -kv[1][2])[:top]  # by own time
+    print("host profile: %d steps in %.1f ms (%.2f ms per step); by function, own and cumulative ms per step:"
+          % (n, t * 1e3, t * 1e3 / n))
+    found = []
+    for (file, line, fn), (cc, nc, tt, ct, _) in rows:
+        where = "%s:%d %s" % (file.split("site-packages/")[-1][-60:], line, fn)
+        print("  %8.3f %8.3f %7.1f  %s" % (tt * 1e3 / n, ct * 1e3 / n, nc / n, where))
+        found.append((where, tt * 1e3 / n, ct * 1e3 / n, nc / n))
+    ours = sorted(((k, v) for k, v in st.stats.items() if "/ssa/" in k[0]), key=lambda kv: -kv[1][3])[:8]
+    print("  ssa's own, by cumulative ms per step:")
+    for (file, line, fn), (cc, nc, tt, ct, _) in ours:
+        print("  %8.3f %8.3f %7.1f  %s:%d %s" % (tt * 1e3 / n, ct * 1e3 / n, nc / n, file.split("/ssa/")[-1], line, fn))
+    return dict(ms_per_step=t * 1e3 / n, functions=found), out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", type=int, default=1 << 20)
@@ -209,6 +238,8 @@ def main():
     ap.add_argument("--proxy", default=None, help="SSACache(proxy=); default ssa.hf's (qpq; the fill shows it no queries)")
     ap.add_argument("--profile", type=int, default=0, metavar="STEPS",
                     help="also run STEPS steps under torch.profiler: GPU time per step by kernel")
+    ap.add_argument("--host-profile", type=int, default=0, metavar="STEPS",
+                    help="also run STEPS steps under cProfile: the host's time per step by Python function")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     device = torch.device(a.device)
@@ -334,6 +365,8 @@ def main():
              res["rows_from_host_per_step"], res["host_cache_hits_per_step"], res["peak_device_gib"]), flush=True)
     if a.profile and device.type == "cuda":
         res["profile"], ids = profile_steps(model, ids, cache, a.profile, device)
+    if a.host_profile:
+        res["host_profile"], ids = host_profile(model, ids, cache, a.host_profile, device)
     if a.dense:
         cache.set_params(method="dense")
         t_many, ids = timed_generate(model, ids, cache, 3, device)
