@@ -40,8 +40,8 @@ __device__ Span span_here(const DecodeBatch& b, const Workspace& ws, uint32_t wo
                           uint32_t pass) {
   Span p;
   p.it = &b.item(blockIdx.z);
-  p.h = b.sel_first() + blockIdx.y;
-  const uint32_t row = row_of(blockIdx.z, p.h, b.sel_heads());
+  p.h = blockIdx.y;
+  const uint32_t row = row_of(blockIdx.z, blockIdx.y, b.sel_heads());
   p.st = &ws.rows[row];
   p.nc = p.it->local_begin - p.it->sink_end;
   const uint32_t words = (p.nc + 31) / 32;
@@ -50,7 +50,7 @@ __device__ Span span_here(const DecodeBatch& b, const Workspace& ws, uint32_t wo
   const size_t base = row_block_base(*p.it, p.h);
   p.hb = ws.heavy_bits + base;
   p.sb = ws.sample_bits + base;
-  p.counts = row_compact_counts(ws.compact_counts, pass, b.n_items * b.sel_heads(), row, gridDim.x);
+  p.counts = row_compact_counts(ws.compact_counts, pass, gridDim.y * gridDim.z, row, gridDim.x);
   return p;
 }
 
@@ -172,7 +172,7 @@ uint32_t compact_words_per_block(uint32_t n_pad_max, uint32_t rows, int sm_count
 cudaError_t launch_compact(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
                            bool samples, uint32_t pass, cudaStream_t st) {
   if (pass >= plan.compact_passes) return cudaErrorInvalidValue;
-  const dim3 grid(plan.compact_blocks, b.slice_sel(), b.n_items);
+  const dim3 grid(plan.compact_blocks, b.sel_heads(), b.n_items);
   return launch_stage(b, write_kernel, grid, kThreads, 0, st, b, ws, samples, plan.compact_words, pass);
 }
 

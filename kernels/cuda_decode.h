@@ -25,20 +25,6 @@ Workspace bind_workspace(void* base, const WorkspacePlan& plan);
 cudaError_t run_decode(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
                        cudaStream_t stream);
 
-// run_decode with the heads cut into n_slices slices of KV heads (and their q
-// heads): slice i's selection stages run on `stream`, its attention on `side`
-// once they are done (`ready` recorded and waited on), so the attention of one
-// slice (bound by the rows it reads, from the host tier most of all) runs while
-// the next slice selects; then `stream` waits for `side` (`joined`) and merges.
-// Every row keeps its workspace place and its stages, so the output is bitwise
-// run_decode's. A batch head_slices_supported refuses, n_slices <= 1 or a side
-// stream of null runs run_decode. Capturable: the events fork `side` into the
-// capture of `stream` and join it back.
-bool head_slices_supported(const DecodeBatch& b);
-cudaError_t run_decode_slices(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
-                              cudaStream_t stream, uint32_t n_slices, cudaStream_t side, cudaEvent_t ready,
-                              cudaEvent_t joined);
-
 // run_decode in two parts: every stage up to the attention (the read sets are
 // then in the workspace), and the attention. A decode that must prepare the
 // rows its read sets take (kernels/file_rows.h) runs them with that between.

@@ -328,42 +328,4 @@ cudaError_t run_decode(const DecodeBatch& b, const WorkspacePlan& plan, const Wo
   return e != cudaSuccess ? e : run_attention_stage(b, plan, ws, st);
 }
 
-bool head_slices_supported(const DecodeBatch& b) {
-  // The stages that take a slice (stages.h, DecodeBatch::kv_first): proxy
-  // scores, top-k with a fixed heavy fraction, sampling, compaction, and the
-  // per-q-head gather attention. The adaptive heavy set sorts every row in one
-  // pass, group selection attends per KV group, the error target lists draws.
-  return b.proxy != Proxy::kNone && !b.grouped() && b.heavy == HeavyRule::kFixed && !b.record_draws &&
-         sparse_gather_supported(b.shape) && b.n_splits == 0 && b.shape.n_kv_heads >= 2;
-}
-
-cudaError_t run_decode_slices(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
-                              cudaStream_t st, uint32_t n_slices, cudaStream_t side, cudaEvent_t ready,
-                              cudaEvent_t joined) {
-  const uint32_t n_kv = b.shape.n_kv_heads;
-  n_slices = std::min(n_slices, n_kv);
-  if (n_slices <= 1 || side == nullptr || !head_slices_supported(b)) return run_decode(b, plan, ws, st);
-  cudaError_t e = launch_init_rows(b, plan, ws, st);  // every row (the PQ proxy's are its table kernel's)
-  const uint32_t per = (n_kv + n_slices - 1) / n_slices;
-  for (uint32_t first = 0; first < n_kv && e == cudaSuccess; first += per) {
-    DecodeBatch part = b;
-    part.kv_first = first;
-    part.kv_count = std::min(per, n_kv - first);
-    e = part.proxy == Proxy::kPq ? launch_pq_scores(part, plan, ws, st) : launch_exact_scores(part, plan, ws, st);
-    if (e == cudaSuccess) e = launch_topk(part, plan, ws, st);
-    if (e == cudaSuccess) e = launch_sampling(part, plan, ws, st);
-    if (e == cudaSuccess) e = launch_compact(part, plan, ws, part.sampling != Sampling::kNone, 0, st);
-    if (e == cudaSuccess) e = cudaEventRecord(ready, st);
-    if (e == cudaSuccess) e = cudaStreamWaitEvent(side, ready, 0);
-    // Launched after an event wait, not after the kernel it would overlap.
-    part.overlap_launches = false;
-    if (e == cudaSuccess) e = launch_sparse_gather(part, plan, ws, side);
-  }
-  if (e == cudaSuccess) e = cudaEventRecord(joined, side);
-  if (e == cudaSuccess) e = cudaStreamWaitEvent(st, joined, 0);
-  DecodeBatch all = b;
-  all.overlap_launches = false;
-  return e != cudaSuccess ? e : launch_merge_splits(all, plan, ws, st);
-}
-
 }  // namespace ssa::cuda

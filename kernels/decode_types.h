@@ -113,12 +113,6 @@ struct DecodeBatch {
   // every draw's token in draw order (Workspace::draw_tokens), which the error
   // estimate (kernels/error_estimate.cu) reads with its multiplicity.
   bool record_draws = false;
-  // A head slice (decode_pipeline.cu, run_decode_slices): the selection and
-  // attention kernels of this launch cover KV heads [kv_first, kv_first +
-  // kv_count), their selection rows and their q heads; rows keep their places
-  // in the workspace. kv_count 0: every head (the stages that never run per
-  // slice require it).
-  uint32_t kv_first = 0, kv_count = 0;
   DecodeItem items[kMaxBatchItems];
 
   // Item i as the kernels see it. Kernels take the batch as a __grid_constant__
@@ -139,13 +133,6 @@ struct DecodeBatch {
   // group selection the group's first q head (the CPU's key), so a group of one
   // draws what its head draws without group selection.
   SSA_HD uint32_t rng_head(uint32_t sel_head) const { return grouped() ? sel_head * shape.group() : sel_head; }
-  // The launch's heads (a head slice, or all of them): KV heads, selection
-  // heads and q heads, each its first and its count.
-  SSA_HD uint32_t slice_kv() const { return kv_count != 0 ? kv_count : shape.n_kv_heads; }
-  SSA_HD uint32_t sel_first() const { return kv_first * sel_group(); }
-  SSA_HD uint32_t slice_sel() const { return slice_kv() * sel_group(); }
-  SSA_HD uint32_t q_first() const { return kv_first * shape.group(); }
-  SSA_HD uint32_t slice_q() const { return slice_kv() * shape.group(); }
 };
 
 // A sharded decode (lib/cuda/sharded_decode.cc): where a rank's items sit in the

@@ -131,7 +131,7 @@ __global__ void build_lut_kernel(const __grid_constant__ DecodeBatch b, Workspac
   // words, which no decode stage writes.
   stage_release_dependents();
   constexpr int W = LutVec<GH>::W, P = LutVec<GH>::P;
-  const uint32_t m = blockIdx.x, h0 = b.sel_first() + blockIdx.y * GH, item = blockIdx.z;
+  const uint32_t m = blockIdx.x, h0 = blockIdx.y * GH, item = blockIdx.z;
   const DecodeItem& it = b.item(item);
   const uint32_t row0 = row_of(item, h0, b.sel_heads());
   if (m == 0) {  // the rows' initial states (init_rows_kernel's work)
@@ -379,7 +379,7 @@ __global__ void __launch_bounds__(kScoreThreads, GH >= 8 ? 1 : kScoreBlocksPerSm
   uint32_t* hist_s = reinterpret_cast<uint32_t*>(lut_s + size_t{GH} * M * K) + M * kScoreThreads;  // [GH][bins]
   const uint32_t G = b.sel_group();  // selection heads per KV head
   const uint32_t chunks = G / GH;
-  const uint32_t kvh = b.kv_first + blockIdx.y / chunks;
+  const uint32_t kvh = blockIdx.y / chunks;
   const uint32_t h0 = kvh * G + (blockIdx.y % chunks) * GH;  // first selection head
   const uint32_t row0 = row_of(item, h0, b.sel_heads());
   const uint32_t m_first = (threadIdx.x & 31) % M;
@@ -538,7 +538,7 @@ __global__ void __launch_bounds__(kScoreThreads, GH >= 8 ? 1 : kScoreBlocksPerSm
   if (!item_selects(it) || tile0 >= it.n_tokens) return;
   const uint32_t G = b.sel_group();
   const uint32_t chunks = G / GH;
-  const uint32_t kvh = b.kv_first + blockIdx.y / chunks;
+  const uint32_t kvh = blockIdx.y / chunks;
   const uint32_t h0 = kvh * G + (blockIdx.y % chunks) * GH;
   const uint32_t row0 = row_of(item, h0, b.sel_heads());
   const uint32_t tile_end = min(it.n_tokens, tile0 + tile);
@@ -710,7 +710,7 @@ __global__ void __launch_bounds__(128) exact_score_kernel(const __grid_constant_
   const uint32_t tile0 = blockIdx.x * kTile;
   if (!item_selects(it) || tile0 >= it.n_tokens) return;
   const uint32_t G = b.sel_group();  // selection heads per KV head
-  const uint32_t kvh = b.kv_first + blockIdx.y;
+  const uint32_t kvh = blockIdx.y;
   const uint32_t h0 = kvh * G;  // first selection head
   const float scale = 1.0f / sqrtf(static_cast<float>(D));
   if (b.grouped()) {
@@ -791,7 +791,7 @@ cudaError_t launch_pq_score_kernel(const DecodeBatch& b, const WorkspacePlan& pl
   cudaError_t e = ensure_dynamic_smem(reinterpret_cast<const void*>(pq_score_kernel<GH, kM16>), smem);
   if (e != cudaSuccess) return e;
   const dim3 grid((plan.n_pad_max + plan.score_tile - 1) / plan.score_tile,
-                  b.slice_kv() * (b.sel_group() / GH), b.n_items);
+                  b.shape.n_kv_heads * (b.sel_group() / GH), b.n_items);
   return launch_stage(b, pq_score_kernel<GH, kM16>, grid, kScoreThreads, smem, st, b, ws, plan.score_tile);
 }
 
@@ -802,7 +802,7 @@ cudaError_t launch_pq4_score_kernel(const DecodeBatch& b, const WorkspacePlan& p
   cudaError_t e = ensure_dynamic_smem(reinterpret_cast<const void*>(pq4_score_kernel<GH, kPairs>), smem);
   if (e != cudaSuccess) return e;
   const dim3 grid((plan.n_pad_max + plan.score_tile - 1) / plan.score_tile,
-                  b.slice_kv() * (b.sel_group() / GH), b.n_items);
+                  b.shape.n_kv_heads * (b.sel_group() / GH), b.n_items);
   return launch_stage(b, pq4_score_kernel<GH, kPairs>, grid, kScoreThreads, smem, st, b, ws, plan.score_tile);
 }
 
@@ -836,7 +836,7 @@ cudaError_t launch_pq_scores(const DecodeBatch& b, const WorkspacePlan& plan, co
   const uint32_t lut_threads = min(b.shape.pq_centroids, 256u);
   auto run = [&](auto gh) {
     constexpr int GH = decltype(gh)::value;
-    const dim3 lut_grid(b.shape.pq_subspaces, b.slice_sel() / GH, b.n_items);
+    const dim3 lut_grid(b.shape.pq_subspaces, b.sel_heads() / GH, b.n_items);
     // Room for whole queries too: an item may carry a query transform.
     const size_t qsmem = size_t{GH} * (b.shape.head_dim / b.shape.pq_subspaces + b.shape.head_dim) * sizeof(float);
     dispatch_dtype(b.shape.dtype, [&](auto t) {
@@ -865,7 +865,7 @@ cudaError_t launch_exact_scores(const DecodeBatch& b, const WorkspacePlan& plan,
       using T = decltype(t);
       e = ensure_dynamic_smem(reinterpret_cast<const void*>(exact_score_kernel<D, T>), smem);
       if (e != cudaSuccess) return;
-      const dim3 grid((plan.n_pad_max + 255) / 256, b.slice_kv(), b.n_items);
+      const dim3 grid((plan.n_pad_max + 255) / 256, b.shape.n_kv_heads, b.n_items);
       e = launch_stage(b, exact_score_kernel<D, T>, grid, 128, smem, st, b, ws);
     });
   });

@@ -1,6 +1,6 @@
 // The (item, selection head) row a block of a per-row grid (x: blocks of the
-// row, y: selection head of the launch's slice, DecodeBatch::slice_sel(), z:
-// item) works on, and that row's slices of the workspace.
+// row, y: selection head, DecodeBatch::sel_heads(), z: item) works on, and that
+// row's slices of the workspace.
 #pragma once
 
 #include "device_util.cuh"
@@ -15,8 +15,8 @@ struct RowRef {
 __device__ inline RowRef row_ref(const DecodeBatch& b) {
   RowRef r;
   r.it = &b.item(blockIdx.z);
-  r.h = b.sel_first() + blockIdx.y;
-  r.row = row_of(blockIdx.z, r.h, b.sel_heads());
+  r.h = blockIdx.y;
+  r.row = row_of(blockIdx.z, blockIdx.y, b.sel_heads());
   return r;
 }
 

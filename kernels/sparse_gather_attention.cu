@@ -66,7 +66,7 @@ __global__ void __launch_bounds__(kThreads) sparse_gather_kernel(const __grid_co
   __shared__ const T* s_row[kSlots][kTile];  // K row of each token (nullptr: past the end)
   __shared__ float s_bias[kSlots][kTile];    // log pi (0 unless sampled)
 
-  const uint32_t item = blockIdx.z, h = b.q_first() + blockIdx.y, split = blockIdx.x;
+  const uint32_t item = blockIdx.z, h = blockIdx.y, split = blockIdx.x;
   const DecodeItem& it = b.item(item);
   if (item_idle(it)) return;  // a decode step that may not run (step_plan.h)
   const uint32_t kvh = h / b.shape.group();
@@ -259,7 +259,7 @@ cudaError_t launch_typed(const DecodeBatch& b, const WorkspacePlan& plan, const 
   auto kernel = sparse_gather_kernel<D, T>;
   cudaError_t e = ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), smem);
   if (e != cudaSuccess) return e;
-  return launch_stage(b, kernel, dim3(plan.n_splits, b.slice_q(), b.n_items), kThreads, smem, st, b,
+  return launch_stage(b, kernel, dim3(plan.n_splits, b.shape.n_q_heads, b.n_items), kThreads, smem, st, b,
                       ws, plan.n_splits);
 }
 

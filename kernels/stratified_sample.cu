@@ -360,13 +360,13 @@ __global__ void __launch_bounds__(kSampleThreads, kSampleBlocksPerSm) sample_ker
 cudaError_t launch_hierarchy(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws, int mode,
                              cudaStream_t st) {
   const uint32_t chunks = plan.n_pad_max / kChunkTokens;
-  const dim3 grid((chunks + kChunksPerBlock - 1) / kChunksPerBlock, b.slice_sel(), b.n_items);
+  const dim3 grid((chunks + kChunksPerBlock - 1) / kChunksPerBlock, b.sel_heads(), b.n_items);
   return launch_stage(b, hierarchy_kernel, grid, 32 * kChunksPerBlock, 0, st, b, ws, mode);
 }
 
 cudaError_t launch_chunk_prefix(const DecodeBatch& b, const WorkspacePlan&, const Workspace& ws,
                                 cudaStream_t st) {
-  return launch_stage(b, chunk_prefix_kernel, dim3(1, b.slice_sel(), b.n_items), 1024, 0, st, b, ws);
+  return launch_stage(b, chunk_prefix_kernel, dim3(1, b.sel_heads(), b.n_items), 1024, 0, st, b, ws);
 }
 
 cudaError_t launch_sampling(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
@@ -383,7 +383,7 @@ cudaError_t launch_sampling(const DecodeBatch& b, const WorkspacePlan& plan, con
 cudaError_t launch_draws(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws, cudaStream_t st) {
   if (b.sampling == Sampling::kNone) return cudaSuccess;
   const uint32_t block_draws = sample_block_draws(plan.sample_group_draws);
-  const dim3 grid(std::max(1u, (plan.draws_max + block_draws - 1) / block_draws), b.slice_sel(), b.n_items);
+  const dim3 grid(std::max(1u, (plan.draws_max + block_draws - 1) / block_draws), b.sel_heads(), b.n_items);
   const bool uniform = b.sampling == Sampling::kUniform;
   const auto kernel = plan.sample_group_draws == 2 ? (uniform ? sample_kernel<true, 2> : sample_kernel<false, 2>)
                                                    : (uniform ? sample_kernel<true, 4> : sample_kernel<false, 4>);

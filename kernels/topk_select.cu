@@ -53,8 +53,8 @@ struct Row {
 __device__ Row row_here(const DecodeBatch& b, const Workspace& ws) {
   Row r;
   r.it = &b.item(blockIdx.z);
-  r.h = b.sel_first() + blockIdx.y;
-  r.row = row_of(blockIdx.z, r.h, b.sel_heads());
+  r.h = blockIdx.y;
+  r.row = row_of(blockIdx.z, blockIdx.y, b.sel_heads());
   r.nc = r.it->local_begin - r.it->sink_end;
   r.cand_scores = ws.scores + row_token_base(*r.it, r.h) + r.it->sink_end;
   return r;
@@ -422,8 +422,8 @@ uint32_t filter_blocks_per_row(uint32_t n_pad_max, uint32_t rows, uint32_t scan_
 
 cudaError_t launch_topk(const DecodeBatch& b, const WorkspacePlan& plan, const Workspace& ws,
                         cudaStream_t st) {
-  const dim3 scan_grid(plan.scan_blocks, b.slice_sel(), b.n_items);
-  const dim3 row_grid(1, b.slice_sel(), b.n_items);
+  const dim3 scan_grid(plan.scan_blocks, b.sel_heads(), b.n_items);
+  const dim3 row_grid(1, b.sel_heads(), b.n_items);
   // The PQ proxy's histograms are built by its scoring kernel; the exact proxy's
   // and the mixture's were zeroed by init_rows_kernel.
   cudaError_t e = cudaSuccess;
@@ -432,7 +432,7 @@ cudaError_t launch_topk(const DecodeBatch& b, const WorkspacePlan& plan, const W
   // Every warp stages its chunks in two tiles of its own (whole chunks of aligned
   // rows as copies, one chunk ahead; unaligned rows through load_chunk_tile).
   const size_t tiles = kFilterTiles * kFilterWarps * sizeof(ChunkTile);
-  const dim3 filter_grid(plan.filter_blocks, b.slice_sel(), b.n_items);
+  const dim3 filter_grid(plan.filter_blocks, b.sel_heads(), b.n_items);
   const auto filter = !filter_sums_residual(b)              ? filter_kernel<false, false>
                       : b.sampling == Sampling::kUniform ? filter_kernel<true, true>
                                                          : filter_kernel<true, false>;

@@ -10,7 +10,6 @@
 #include <atomic>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -103,14 +102,6 @@ struct SessionState final : BackendSession {
   cudaEvent_t step_done = nullptr;
   StepGuard* guard = nullptr;
   uint64_t steps_dropped = 0;  // dropped steps counted by the guard, not yet reported
-  // Head slices of a step's decode (kernels/cuda_decode.h, run_decode_slices):
-  // the stream each slice's attention runs on while the next slice selects, and
-  // the events that fork it from the step's stream and join it back. Made at a
-  // reservation that slices (graph_step.cc); a capture only borrows them (its
-  // graph keeps no reference to either).
-  cudaStream_t slice_stream = nullptr;
-  cudaEvent_t slice_ready = nullptr, slice_joined = nullptr;
-  std::mutex slice_mu;  // one step set at a time forks and joins through them
 
   SessionState() = default;
   SessionState(const SessionState&) = delete;
@@ -127,11 +118,7 @@ struct SessionState final : BackendSession {
       cudaStreamSynchronize(stream);
       cudaStreamDestroy(stream);
     }
-    if (slice_stream != nullptr) {
-      cudaStreamSynchronize(slice_stream);
-      cudaStreamDestroy(slice_stream);
-    }
-    for (cudaEvent_t e : {append_order[0], append_order[1], slice_ready, slice_joined})
+    for (cudaEvent_t e : append_order)
       if (e != nullptr) cudaEventDestroy(e);
     if (step_done != nullptr) return_step_event(device, step_done);
   }

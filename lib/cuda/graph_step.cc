@@ -7,7 +7,6 @@
 
 #include <cuda_runtime.h>
 #include <math.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include <algorithm>
@@ -187,53 +186,6 @@ absl::Status reserve_layer(ssa_session& s, uint32_t l, uint64_t n_tokens, StepRe
   return absl::OkStatus();
 }
 
-// -1: the environment not read yet; 0: the rule; N: N slices.
-std::atomic<int> head_slices_set{-1};
-
-int head_slices_setting() {
-  int v = head_slices_set.load(std::memory_order_relaxed);
-  if (v >= 0) return v;
-  const char* env = getenv("SSA_CUDA_HEAD_SLICES");
-  int from_env = env != nullptr ? atoi(env) : 0;
-  from_env = std::clamp(from_env, 0, 1024);
-  head_slices_set.compare_exchange_strong(v, from_env);
-  return head_slices_set.load(std::memory_order_relaxed);
-}
-
-uint32_t head_slices_for(bool tiered) {
-  const int set = head_slices_setting();
-  return set > 0 ? static_cast<uint32_t>(set) : tiered ? kTieredHeadSlices : 1u;
-}
-
-// The slice stream and its events, made once per session when its steps may
-// slice (outside any capture: creation is not a stream operation).
-absl::Status ensure_slice_stream(SessionState& st) {
-  if (st.slice_stream == nullptr) {
-    SSA_CUDA_RETURN(cudaStreamCreateWithFlags(&st.slice_stream, cudaStreamNonBlocking), "cudaStreamCreate");
-  }
-  for (cudaEvent_t* e : {&st.slice_ready, &st.slice_joined}) {
-    if (*e == nullptr) SSA_CUDA_RETURN(cudaEventCreateWithFlags(e, cudaEventDisableTiming), "cudaEventCreate");
-  }
-  return absl::OkStatus();
-}
-
-// The slice stream for a step queued on `stream`, or null (run whole): a
-// capture forks it in, so it must be outside any capture or already in this one.
-cudaStream_t slice_stream_for(const SessionState& st, cudaStream_t stream) {
-  if (st.slice_stream == nullptr || st.slice_ready == nullptr || st.slice_joined == nullptr) return nullptr;
-  cudaStreamCaptureStatus side = cudaStreamCaptureStatusNone, main = cudaStreamCaptureStatusNone;
-  unsigned long long side_id = 0, main_id = 0;
-  if (cudaStreamGetCaptureInfo(st.slice_stream, &side, &side_id) != cudaSuccess ||
-      cudaStreamGetCaptureInfo(stream, &main, &main_id) != cudaSuccess) {
-    cudaGetLastError();
-    return nullptr;
-  }
-  if (side == cudaStreamCaptureStatusNone) return st.slice_stream;
-  return side == cudaStreamCaptureStatusActive && main == cudaStreamCaptureStatusActive && side_id == main_id
-             ? st.slice_stream
-             : nullptr;
-}
-
 // The reservation's lengths, guard and event; complete on return.
 absl::Status arm_reservation(SessionState& st, const std::vector<uint32_t>& lengths, StepReservation* r) {
   SSA_RETURN_IF_ERROR(upload_array(lengths.data(), lengths.size() * sizeof(uint32_t), st.stream, &r->lengths));
@@ -247,7 +199,6 @@ absl::Status arm_reservation(SessionState& st, const std::vector<uint32_t>& leng
     if (!e.ok()) return e.status();
     st.step_done = *e;
   }
-  if (head_slices_for(!r->layers.empty() && r->layers[0]->tiered) > 1) SSA_RETURN_IF_ERROR(ensure_slice_stream(st));
   r->generation = next_generation();
   SSA_RETURN_IF_ERROR(write_guard(st, r->generation));
   // Page copies of gather_tail (legacy default stream) and the uploads: done
@@ -493,6 +444,7 @@ absl::Status queue_step_set(const ssa_decode_step_item* items, uint32_t n, uint3
   }
   b.items_dev = out.items;
   b.step_dev = out.step;
+  if (e == cudaSuccess) e = run_decode(b, plan, ws, stream);
   // Tiered sessions: rows per page into the reservation's counts (read back at
   // settle), and with stats the rows read from each tier.
   TierBatch tb{};
@@ -503,16 +455,6 @@ absl::Status queue_step_set(const ssa_decode_step_item* items, uint32_t n, uint3
     any_tiered = true;
     tb.items[i].page_tier = static_cast<const uint8_t*>(R.tier_table.p);
     tb.items[i].page_rows = static_cast<uint32_t*>(R.page_rows.p);
-  }
-  if (e == cudaSuccess) {
-    // The first item's session lends its slice stream (a step set holds its
-    // sessions for the call); a step that cannot borrow it runs whole.
-    SessionState& st0 = state(s0);
-    const uint32_t slices = head_slices_for(any_tiered);
-    std::unique_lock<std::mutex> forking(st0.slice_mu, std::defer_lock);
-    if (slices > 1) forking.lock();
-    cudaStream_t side = slices > 1 ? slice_stream_for(st0, stream) : nullptr;
-    e = run_decode_slices(b, plan, ws, stream, slices, side, st0.slice_ready, st0.slice_joined);
   }
   DeviceMem tier_counts;
   std::vector<unsigned long long> counts;
@@ -558,8 +500,6 @@ absl::Status queue_step_set(const ssa_decode_step_item* items, uint32_t n, uint3
 }
 
 }  // namespace
-
-void override_head_slices(int n_slices) { head_slices_set.store(std::max(n_slices, 0)); }
 
 absl::Status CudaBackend::decode_steps(const ssa_decode_step_item* items, size_t n_items, uint32_t layer,
                                        const ssa_decode_params& p, uint64_t seed, ssa_decode_stats* stats) const {

@@ -46,14 +46,4 @@ struct StepReservation {
   std::vector<std::unique_ptr<Layer>> layers;  // one per layer of the session
 };
 
-// Head slices of a decode step (kernels/cuda_decode.h, run_decode_slices): a
-// step over a tiered layer cuts its heads into kTieredHeadSlices slices of KV
-// heads, each slice's attention (bound by the host rows it reads) running while
-// the next slice selects; an untiered step runs whole. SSA_CUDA_HEAD_SLICES=N
-// in the environment (read once) makes every step that can be sliced take N
-// slices (1: none), for comparisons; override_head_slices does the same from
-// code (0: back to the rule). The output is the same either way, bitwise.
-constexpr uint32_t kTieredHeadSlices = 4;
-void override_head_slices(int n_slices);
-
 }  // namespace ssa::cuda
