@@ -174,6 +174,7 @@ absl::Status reserve_layer(ssa_session& s, uint32_t l, uint64_t n_tokens, StepRe
     }
     R.tiered = true;
     R.n_pages = entries.size();
+    R.first_tokens = layer.n_tokens;
     SSA_RETURN_IF_ERROR(upload_array(entries.data(), entries.size() * sizeof(void*), st.stream, &R.kv_table));
     SSA_RETURN_IF_ERROR(upload_array(tiers.data(), tiers.size(), st.stream, &R.tier_table));
     SSA_CUDA_RETURN(R.page_rows.alloc(R.n_pages * sizeof(uint32_t), st.stream), "cudaMallocAsync of the tier accounting");
@@ -304,13 +305,16 @@ absl::Status CudaBackend::settle_steps(ssa_session& s, bool end, uint64_t* dropp
                             " committed, capacity ", R.capacity, ")");
     }
   }
-  if (r != nullptr && r->layers[0]->tiered) {
-    // What the steps read, for the placement and the cache (taken in when the
-    // next reservation or decode builds its tables).
+  if (end && r != nullptr && r->layers[0]->tiered) {
+    // What all of the reservation's steps read, for the placement and the cache
+    // (taken in when the next reservation or decode builds its tables). Only at
+    // the end: pages move and the cache changes between reservations, and a
+    // settle per step (a model's generate loop) would otherwise leave only its
+    // last step's reads to be taken in, at a read-back per layer and step.
     absl::MutexLock lock(&st.mu);
     for (uint32_t l = 0; l < s.layout.n_layers; ++l) {
       const StepReservation::Layer& R = *r->layers[l];
-      const uint64_t steps = lengths[l] - s.layers[l].n_tokens;
+      const uint64_t steps = lengths[l] - R.first_tokens;
       if (steps == 0) continue;
       SSA_CUDA_RETURN(queue_page_reads(st, l, s.layout.n_layers, static_cast<uint32_t*>(R.page_rows.p), R.n_pages,
                                        steps, st.stream), "tier accounting read-back");

@@ -36,10 +36,12 @@ struct StepReservation {
     DeviceMem kv_table, code_table;  // every page of the layer up to the capacity
     std::shared_ptr<SessionState::Books> books;
     // Tiered sessions (device_kv_budget): the pages' tier codes and the rows per
-    // page the steps read (kernels/tier_accounting.h), taken in at each settle;
+    // page the steps read (kernels/tier_accounting.h), summed over the
+    // reservation's steps and read back when it ends;
     // `memory` keeps the cached copies the table points at.
     bool tiered = false;
     size_t n_pages = 0;
+    uint64_t first_tokens = 0;  // the layer's length when the reservation began (its steps counted since)
     DeviceMem tier_table, page_rows;
     std::vector<std::shared_ptr<void>> memory;
   };

@@ -410,6 +410,67 @@ TEST_CASE("gpu graph step: a tiered session's steps read host pages and equal th
   ssa_runtime_destroy(gpu);
 }
 
+TEST_CASE("gpu graph step: settling a tiered session after every step changes nothing its next reservation learns") {
+  SSA_GPU_TEST_OR_SKIP();
+  // What a reservation's steps read decides which host pages the next one
+  // caches. A generate loop settles before every step (ssa.hf does): the
+  // reads of all the reservation's steps must still be what is taken in, as
+  // for a session settled only when its reservation ends.
+  auto tiered_runtime = [] {
+    ssa_runtime_options o = ssa_test::runtime_options(SSA_BACKEND_CUDA);
+    o.device_kv_budget = uint64_t{2} << 20;
+    o.host_cache_bytes = uint64_t{512} << 10;
+    ssa_runtime* rt = nullptr;
+    REQUIRE(ssa_runtime_create(&o, &rt) == SSA_OK);
+    return rt;
+  };
+  ssa_runtime* rt_a = tiered_runtime();
+  ssa_runtime* rt_b = tiered_runtime();
+  const Loop L(3000, 120, 29);
+  constexpr uint32_t kChunk = 40;
+  cudaStream_t st;
+  REQUIRE(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) == cudaSuccess);
+  const ssa_decode_params p = step_params(SSA_METHOD_SSA, st);
+  ssa_session* settled = prompted(rt_a, L);  // ssa_session_sync after every step
+  ssa_session* plain = prompted(rt_b, L);    // settled only when a reservation ends
+  DevBuf<uint16_t> out_a(size_t{L.steps} * kOut), out_b(out_a.n);
+  std::vector<uint64_t> hits_a, hits_b, host_a, host_b;
+  for (uint32_t i0 = 0; i0 < L.steps; i0 += kChunk) {
+    REQUIRE(ssa_session_reserve(settled, kChunk) == SSA_OK);
+    REQUIRE(ssa_session_reserve(plain, kChunk) == SSA_OK);
+    uint64_t ha = 0, hb = 0, ra = 0, rb = 0;
+    for (uint32_t i = i0; i < i0 + kChunk; ++i) {
+      const uint32_t t = L.prompt + i;
+      ssa_decode_stats sa, sb;
+      ssa_decode_stats_init(&sa);
+      ssa_decode_stats_init(&sb);
+      REQUIRE(ssa_decode_step(settled, 0, L.k_at(t), L.v_at(t), L.q_at(i), out_a.p + size_t{i} * kOut, &p, &sa) ==
+              SSA_OK);
+      REQUIRE(ssa_session_sync(settled, nullptr) == SSA_OK);
+      REQUIRE(ssa_decode_step(plain, 0, L.k_at(t), L.v_at(t), L.q_at(i), out_b.p + size_t{i} * kOut, &p, &sb) ==
+              SSA_OK);
+      ha += sa.host_cache_hits;
+      hb += sb.host_cache_hits;
+      ra += sa.rows_from_host;
+      rb += sb.rows_from_host;
+    }
+    hits_a.push_back(ha);
+    hits_b.push_back(hb);
+    host_a.push_back(ra);
+    host_b.push_back(rb);
+  }
+  REQUIRE(cudaStreamSynchronize(st) == cudaSuccess);
+  CHECK(out_a.download(out_a.n) == out_b.download(out_b.n));
+  CHECK(hits_a == hits_b);
+  CHECK(host_a == host_b);
+  CHECK(hits_b.back() > 0);  // the later reservations read cached copies
+  ssa_session_destroy(settled);
+  ssa_session_destroy(plain);
+  cudaStreamDestroy(st);
+  ssa_runtime_destroy(rt_b);
+  ssa_runtime_destroy(rt_a);
+}
+
 TEST_CASE("gpu graph step: sessions taking turns trade the budget: the one reserving reads few host rows, bitwise") {
   SSA_GPU_TEST_OR_SKIP();
   ssa_runtime* gpu = runtime(SSA_BACKEND_CUDA);
