@@ -114,6 +114,18 @@ std::vector<uint16_t> slice(const std::vector<uint16_t>& all, uint32_t i) {
   return std::vector<uint16_t>(all.begin() + size_t{i} * kOut, all.begin() + size_t{i + 1} * kOut);
 }
 
+// A CUDA runtime with a 2 MiB device budget and 512 KiB of host-page cache: at
+// 1 KiB of K/V per token and 128 KiB pages, a 3000-token prompt takes 24 pages,
+// of which 12 fit the resident account; 4 pages of cache.
+ssa_runtime* tiered_runtime() {
+  ssa_runtime_options o = ssa_test::runtime_options(SSA_BACKEND_CUDA);
+  o.device_kv_budget = uint64_t{2} << 20;
+  o.host_cache_bytes = uint64_t{512} << 10;
+  ssa_runtime* rt = nullptr;
+  REQUIRE(ssa_runtime_create(&o, &rt) == SSA_OK);
+  return rt;
+}
+
 ssa_decode_params step_params(ssa_method m, cudaStream_t st) {
   // A budget from sparsity: k, k' and |H| change with the length, on the device.
   ssa_decode_params p = ssa_test::params(m, 0, 20.0f);
@@ -313,16 +325,6 @@ TEST_CASE("gpu graph step: a batch over sessions of different lengths, captured 
 TEST_CASE("gpu graph step: a tiered session's steps read host pages and equal the untiered session's, bitwise") {
   SSA_GPU_TEST_OR_SKIP();
   ssa_runtime* gpu = runtime(SSA_BACKEND_CUDA);
-  // 1 KiB of K/V per token, 128 KiB pages: the 3000-token prompt takes 24 pages,
-  // of which 12 fit the resident account; 4 pages of cache.
-  auto tiered_runtime = [] {
-    ssa_runtime_options o = ssa_test::runtime_options(SSA_BACKEND_CUDA);
-    o.device_kv_budget = uint64_t{2} << 20;
-    o.host_cache_bytes = uint64_t{512} << 10;
-    ssa_runtime* rt = nullptr;
-    REQUIRE(ssa_runtime_create(&o, &rt) == SSA_OK);
-    return rt;
-  };
   ssa_runtime* t_graph = tiered_runtime();
   ssa_runtime* t_eager = tiered_runtime();
   const Loop L(3000, 240, 17);
@@ -416,14 +418,6 @@ TEST_CASE("gpu graph step: settling a tiered session after every step changes no
   // caches. A generate loop settles before every step (ssa.hf does): the
   // reads of all the reservation's steps must still be what is taken in, as
   // for a session settled only when its reservation ends.
-  auto tiered_runtime = [] {
-    ssa_runtime_options o = ssa_test::runtime_options(SSA_BACKEND_CUDA);
-    o.device_kv_budget = uint64_t{2} << 20;
-    o.host_cache_bytes = uint64_t{512} << 10;
-    ssa_runtime* rt = nullptr;
-    REQUIRE(ssa_runtime_create(&o, &rt) == SSA_OK);
-    return rt;
-  };
   ssa_runtime* rt_a = tiered_runtime();
   ssa_runtime* rt_b = tiered_runtime();
   const Loop L(3000, 120, 29);
