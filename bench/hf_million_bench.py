@@ -191,14 +191,12 @@ def host_profile(model, ids, cache, steps, device, top=22):
     generate of steps + 1 tokens): where generate's loop spends the time between
     one step's wait and the next step's launch, while the device idles."""
     import cProfile
-    import io
     import pstats
     prof = cProfile.Profile()
     prof.enable()
     t, out = timed_generate(model, ids, cache, steps + 1, device)
     prof.disable()
-    buf = io.StringIO()
-    st = pstats.Stats(prof, stream=buf)
+    st = pstats.Stats(prof)
     n = steps + 1
     rows = sorted(st.stats.items(), key=lambda kv: -kv[1][2])[:top]  # by own time
     print("host profile: %d steps in %.1f ms (%.2f ms per step); by function, own and cumulative ms per step:"

@@ -147,6 +147,7 @@ absl::Status reserve_layer(ssa_session& s, uint32_t l, uint64_t n_tokens, StepRe
   if (layer.codebooks == nullptr) return internal_error("layer ", l, " reached the reservation without an index");
   StepReservation::Layer& R = *out;
   R.capacity = layer.n_tokens + n_tokens;
+  R.first_tokens = layer.n_tokens;
   // The partly filled last page is made the session's own (copied if shared),
   // as for an append: the steps write into it.
   SSA_RETURN_IF_ERROR(s.backend->gather_tail(s, layer, R.capacity, true, &R.tail));
@@ -174,7 +175,6 @@ absl::Status reserve_layer(ssa_session& s, uint32_t l, uint64_t n_tokens, StepRe
     }
     R.tiered = true;
     R.n_pages = entries.size();
-    R.first_tokens = layer.n_tokens;
     SSA_RETURN_IF_ERROR(upload_array(entries.data(), entries.size() * sizeof(void*), st.stream, &R.kv_table));
     SSA_RETURN_IF_ERROR(upload_array(tiers.data(), tiers.size(), st.stream, &R.tier_table));
     SSA_CUDA_RETURN(R.page_rows.alloc(R.n_pages * sizeof(uint32_t), st.stream), "cudaMallocAsync of the tier accounting");

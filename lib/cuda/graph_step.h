@@ -31,7 +31,8 @@ struct StepReservation {
   unsigned long long generation = 0;  // the guard's value while the reservation lasts
   DeviceMem lengths;                  // uint32_t per layer: tokens present (device)
   struct Layer {
-    uint64_t capacity = 0;  // tokens the layer may hold
+    uint64_t capacity = 0;      // tokens the layer may hold
+    uint64_t first_tokens = 0;  // the layer's length when the reservation began (its steps counted since)
     LayerTail tail;         // pages [tail.first_page, pages_for(capacity))
     DeviceMem kv_table, code_table;  // every page of the layer up to the capacity
     std::shared_ptr<SessionState::Books> books;
@@ -41,7 +42,6 @@ struct StepReservation {
     // `memory` keeps the cached copies the table points at.
     bool tiered = false;
     size_t n_pages = 0;
-    uint64_t first_tokens = 0;  // the layer's length when the reservation began (its steps counted since)
     DeviceMem tier_table, page_rows;
     std::vector<std::shared_ptr<void>> memory;
   };
