@@ -10,15 +10,22 @@
 //   rows       random rows of R bytes (one 16-byte load per lane, R / 16 lanes a row)
 //   pairs      random tokens' K row and V row of R bytes each, 512 KiB apart (a page's
 //              K and V blocks at 256 tokens x 8 KV heads x d 128, bf16)
+//   adjacent   the same pairs with the V row right after the K row (one 2R-byte span,
+//              inside one 4 KiB page): what a token-interleaved host layout would read,
+//              so whether a pair costs one address translation or two
 //   pool       GiB of pinned memory the rows are drawn from: cudaHostAlloc in 64 MiB
 //              chunks (the host pool's memory before lib/cuda/pinned_host.h), one
 //              cudaHostAlloc, or "thp": the library's own pinned memory (pin_host:
 //              anonymous memory asked for transparent huge pages, then registered),
 //              whether the mappings' page size moves the rate of random reads
-// plus a pinned cudaMemcpy of 1 GiB (the bus's contiguous rate).
+// plus a pinned cudaMemcpy of 1 GiB (the bus's contiguous rate), and with --moves
+// a tiered session's page moves (lib/cuda/device_tiers.cc, kernels/page_copy.cu):
+// 2 GiB of random 1 MiB pages of the pool to the device, back to the host, and
+// both at once (half each way, one launch), by the library's copy kernel and by a
+// cudaMemcpyAsync per page.
 //
 //   ./build-gpu/bench/gpu_host_row_rates [--pools 1,4,12] [--rows 128,256,512,1024]
-//                                        [--allocs chunks,single,thp]
+//                                        [--allocs chunks,single,thp] [--moves]
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -30,6 +37,7 @@
 #include <vector>
 #include "bench_util.h"
 #include "cuda/pinned_host.h"
+#include "kernels/page_copy.h"
 #include "cuda_check.cuh"
 #include "tier_workload.cuh"  // mix64
 
@@ -38,21 +46,24 @@ namespace {
 constexpr size_t kChunk = size_t{64} << 20;
 constexpr size_t kPairGap = size_t{512} << 10;  // K block to V block of a page
 
-// Read r: a row of `row` bytes at a random row-aligned offset of a random chunk
-// (with pairs, also the row kPairGap after it, inside the same chunk).
-__global__ void read_rows_kernel(const uint4* const* chunks, uint32_t n_chunks, uint32_t row, bool pairs,
+// Read r: a row of `row` bytes at a random offset of a random chunk, aligned to
+// the pair's span (with gap > 0, also the row `gap` bytes after it, inside the same
+// chunk).
+__global__ void read_rows_kernel(const uint4* const* chunks, uint32_t n_chunks, uint32_t row, uint32_t gap,
                                  uint64_t n_reads, uint64_t seed, unsigned long long* sink) {
+  const bool pairs = gap > 0;
   const uint32_t lanes = row / 16;
   const uint64_t t = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   const uint64_t r = t / lanes;
   if (r >= n_reads) return;
   const uint64_t h = ssa_bench::mix64((r + 1) * 0x9E3779B97F4A7C15ull ^ seed);
-  const size_t span = pairs ? kChunk - kPairGap : kChunk;
-  const uint4* base = chunks[h % n_chunks] + ((h >> 20) % (span / row)) * (row / 16);
+  const size_t stride = gap == row ? 2 * row : row;  // adjacent pairs never share a row
+  const size_t span = gap == kPairGap ? kChunk - kPairGap : kChunk;
+  const uint4* base = chunks[h % n_chunks] + ((h >> 20) % (span / stride)) * (stride / 16);
   const uint32_t lane = static_cast<uint32_t>(t % lanes);
   uint4 a = base[lane];
   if (pairs) {
-    const uint4 b = base[kPairGap / 16 + lane];
+    const uint4 b = base[gap / 16 + lane];
     a.x ^= b.x;
     a.w ^= b.w;
   }
@@ -115,19 +126,71 @@ void free_pool(Pool& p) {
   }
 }
 
+// Page moves between the pool and device memory: `dirs` 0 host to device, 1
+// device to host, 2 both (even pages in, odd pages out). Prints GB/s of the bytes
+// moved, best of 3 after a warm-up.
+void page_moves(const Pool& p, const char* alloc, int gib) {
+  constexpr size_t kPage = size_t{1} << 20;
+  constexpr size_t kPages = 2048;
+  const size_t per_chunk = kChunk / kPage;
+  if (p.chunks.size() * per_chunk < kPages) return;  // fewer distinct pages than moves
+  uint8_t* dev = nullptr;
+  CUDA_OK(cudaMalloc(&dev, kPages * kPage));
+  // Distinct pages spread over the pool: chunk i mod n, then the next page slot.
+  std::vector<uint8_t*> host(kPages);
+  for (size_t i = 0; i < kPages; ++i)
+    host[i] = static_cast<uint8_t*>(p.chunks[i % p.chunks.size()]) + (i / p.chunks.size()) * kPage;
+  ssa::cuda::PageCopy* list = nullptr;
+  CUDA_OK(cudaMalloc(&list, kPages * sizeof(ssa::cuda::PageCopy)));
+  for (int dirs = 0; dirs < 3; ++dirs) {
+    std::vector<ssa::cuda::PageCopy> copies(kPages);
+    for (size_t i = 0; i < kPages; ++i) {
+      uint8_t* hp = nullptr;
+      CUDA_OK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&hp), host[i], 0));
+      const bool in = dirs == 0 || (dirs == 2 && i % 2 == 0);
+      copies[i] = in ? ssa::cuda::PageCopy{hp, dev + i * kPage} : ssa::cuda::PageCopy{dev + i * kPage, hp};
+    }
+    CUDA_OK(cudaMemcpy(list, copies.data(), kPages * sizeof(copies[0]), cudaMemcpyHostToDevice));
+    for (int how = 0; how < 2; ++how) {  // the copy kernel, a cudaMemcpyAsync per page
+      double best = 1e30;
+      for (int r = 0; r < 4; ++r) {
+        CUDA_OK(cudaDeviceSynchronize());
+        const double t0 = now_ms();
+        if (how == 0) {
+          CUDA_OK(ssa::cuda::launch_copy_pages(list, kPages, kPage, nullptr));
+        } else {
+          for (const auto& c : copies) CUDA_OK(cudaMemcpyAsync(c.dst, c.src, kPage, cudaMemcpyDefault, nullptr));
+        }
+        CUDA_OK(cudaDeviceSynchronize());
+        if (r > 0) best = std::min(best, now_ms() - t0);
+      }
+      printf("{\"record\":\"page_moves\",\"pool_GiB\":%d,\"alloc\":\"%s\",\"direction\":\"%s\",\"by\":\"%s\","
+             "\"pages\":%zu,\"page_bytes\":%zu,\"GBps\":%.2f}\n",
+             gib, alloc, dirs == 0 ? "to device" : dirs == 1 ? "to host" : "both", how == 0 ? "kernel" : "memcpy per page",
+             kPages, kPage, kPages * kPage / best / 1e6);
+      fflush(stdout);
+    }
+  }
+  CUDA_OK(cudaFree(list));
+  CUDA_OK(cudaFree(dev));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::vector<uint64_t> pools{1, 4, 12}, rows{128, 256, 512, 1024};
   std::vector<std::string> allocs{"chunks"};
+  bool moves = false;
   for (int i = 1; i < argc; ++i) {
     if (!strcmp(argv[i], "--pools") && i + 1 < argc) pools = ssa_bench::parse_u64_list(argv[++i]);
     else if (!strcmp(argv[i], "--rows") && i + 1 < argc) rows = ssa_bench::parse_u64_list(argv[++i]);
+    else if (!strcmp(argv[i], "--moves")) moves = true;
     else if (!strcmp(argv[i], "--allocs") && i + 1 < argc) {
       allocs.clear();
       for (char* t = strtok(argv[++i], ","); t; t = strtok(nullptr, ",")) allocs.push_back(t);
     } else {
-      fprintf(stderr, "usage: %s [--pools 1,4,12] [--rows 128,256,512,1024] [--allocs chunks,single,thp]\n", argv[0]);
+      fprintf(stderr, "usage: %s [--pools 1,4,12] [--rows 128,256,512,1024] [--allocs chunks,single,thp] [--moves]\n",
+              argv[0]);
       return 2;
     }
   }
@@ -171,8 +234,10 @@ int main(int argc, char** argv) {
       Pool p = make_pool(gib, alloc);
       const double pin_ms = now_ms() - t_pin;
       const long huge_kb = anon_huge_kb() - huge_before;
-      for (int pairs = 0; pairs <= 1; ++pairs) {
+      for (int pattern = 0; pattern < 3; ++pattern) {  // rows, pairs, adjacent
+        const bool pairs = pattern > 0;
         for (uint64_t r : rows) {
+          const uint32_t gap = pattern == 0 ? 0u : pattern == 1 ? static_cast<uint32_t>(kPairGap) : static_cast<uint32_t>(r);
           const uint64_t n_reads = read_bytes / (r * (pairs ? 2 : 1));
           const uint64_t threads = n_reads * (r / 16);
           const uint32_t block = 256;
@@ -182,7 +247,7 @@ int main(int argc, char** argv) {
             CUDA_OK(cudaDeviceSynchronize());
             const double t0 = now_ms();
             read_rows_kernel<<<grid, block>>>(p.table, static_cast<uint32_t>(p.chunks.size()), static_cast<uint32_t>(r),
-                                              pairs == 1, n_reads,
+                                              gap, n_reads,
                                               1000 + i, sink);
             CUDA_OK(cudaGetLastError());
             CUDA_OK(cudaDeviceSynchronize());
@@ -190,12 +255,14 @@ int main(int argc, char** argv) {
           }
           printf("{\"record\":\"rows\",\"pool_GiB\":%d,\"alloc\":\"%s\",\"pattern\":\"%s\",\"row_bytes\":%d,"
                  "\"GBps\":%.2f,\"Mreads_per_s\":%.1f,\"pin_s\":%.1f,\"anon_huge_GiB\":%.2f}\n",
-                 static_cast<int>(gib), alloc.c_str(), pairs ? "K+V pairs" : "rows", static_cast<int>(r),
+                 static_cast<int>(gib), alloc.c_str(),
+                 pattern == 0 ? "rows" : pattern == 1 ? "K+V pairs" : "K+V adjacent", static_cast<int>(r),
                  read_bytes / best / 1e6,
                  n_reads * (pairs ? 2 : 1) / best / 1e3, pin_ms / 1e3, huge_kb / 1048576.0);
           fflush(stdout);
         }
       }
+      if (moves) page_moves(p, alloc.c_str(), static_cast<int>(gib));
       free_pool(p);
     }
   }
