@@ -46,6 +46,17 @@ namespace {
 constexpr size_t kChunk = size_t{64} << 20;
 constexpr size_t kPairGap = size_t{512} << 10;  // K block to V block of a page
 
+// What one read takes: a row, a K/V pair a page's blocks apart, or a pair side by side.
+struct Pattern {
+  const char* name;
+  bool pair, adjacent;
+  uint32_t gap(uint64_t row) const {  // bytes from the K row to the V row (0: no V row)
+    return !pair ? 0u : adjacent ? static_cast<uint32_t>(row) : static_cast<uint32_t>(kPairGap);
+  }
+  uint32_t rows_per_read() const { return pair ? 2u : 1u; }
+};
+constexpr Pattern kPatterns[] = {{"rows", false, false}, {"K+V pairs", true, false}, {"K+V adjacent", true, true}};
+
 // Read r: a row of `row` bytes at a random offset of a random chunk, aligned to
 // the pair's span (with gap > 0, also the row `gap` bytes after it, inside the same
 // chunk).
@@ -234,11 +245,10 @@ int main(int argc, char** argv) {
       Pool p = make_pool(gib, alloc);
       const double pin_ms = now_ms() - t_pin;
       const long huge_kb = anon_huge_kb() - huge_before;
-      for (int pattern = 0; pattern < 3; ++pattern) {  // rows, pairs, adjacent
-        const bool pairs = pattern > 0;
+      for (const Pattern& pattern : kPatterns) {
         for (uint64_t r : rows) {
-          const uint32_t gap = pattern == 0 ? 0u : pattern == 1 ? static_cast<uint32_t>(kPairGap) : static_cast<uint32_t>(r);
-          const uint64_t n_reads = read_bytes / (r * (pairs ? 2 : 1));
+          const uint32_t gap = pattern.gap(r);
+          const uint64_t n_reads = read_bytes / (r * pattern.rows_per_read());
           const uint64_t threads = n_reads * (r / 16);
           const uint32_t block = 256;
           const uint32_t grid = static_cast<uint32_t>((threads + block - 1) / block);
@@ -255,10 +265,8 @@ int main(int argc, char** argv) {
           }
           printf("{\"record\":\"rows\",\"pool_GiB\":%d,\"alloc\":\"%s\",\"pattern\":\"%s\",\"row_bytes\":%d,"
                  "\"GBps\":%.2f,\"Mreads_per_s\":%.1f,\"pin_s\":%.1f,\"anon_huge_GiB\":%.2f}\n",
-                 static_cast<int>(gib), alloc.c_str(),
-                 pattern == 0 ? "rows" : pattern == 1 ? "K+V pairs" : "K+V adjacent", static_cast<int>(r),
-                 read_bytes / best / 1e6,
-                 n_reads * (pairs ? 2 : 1) / best / 1e3, pin_ms / 1e3, huge_kb / 1048576.0);
+                 static_cast<int>(gib), alloc.c_str(), pattern.name, static_cast<int>(r), read_bytes / best / 1e6,
+                 n_reads * pattern.rows_per_read() / best / 1e3, pin_ms / 1e3, huge_kb / 1048576.0);
           fflush(stdout);
         }
       }
