@@ -63,6 +63,9 @@ class Backend {
   // valid nonzero value) for the host tier of rt's sessions. Backends without
   // a host tier ignore it.
   virtual absl::Status reserve_host_pool(ssa_runtime& rt, uint64_t bytes) const { return absl::OkStatus(); }
+  // Sets up what rt's sessions share under a limited device budget (rt.budget is
+  // set and limited). Backends without a device budget ignore it.
+  virtual absl::Status init_budget(ssa_runtime& rt) const { return absl::OkStatus(); }
   // Sets up the backend state of a new or loaded session (s.layout is set).
   virtual absl::Status init_session(ssa_session& s) const = 0;
   // The backend state of a fork of `from` (shares pools, caches nothing).

@@ -192,7 +192,10 @@ ssa_status ssa_runtime_create(const ssa_runtime_options* opts, ssa_runtime** out
     rt->decode_buffers = std::make_shared<ssa::DecodeBufferPool>();
     const uint64_t cache = o.host_cache_bytes != 0 ? o.host_cache_bytes : o.device_kv_budget / 8;
     rt->budget = std::make_shared<ssa::DeviceBudget>(o.device_kv_budget, cache);
-    if (o.device_kv_budget != 0) rt->budget_peers = std::make_shared<ssa::BudgetPeers>();
+    if (o.device_kv_budget != 0) {
+      rt->budget_peers = std::make_shared<ssa::BudgetPeers>();
+      SSA_RETURN_IF_ERROR(ssa::backend_of(rt->backend)->init_budget(*rt));
+    }
     if (o.host_pool_bytes != 0) {
       SSA_RETURN_IF_ERROR(ssa::backend_of(rt->backend)->reserve_host_pool(*rt, o.host_pool_bytes));
     }

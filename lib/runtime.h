@@ -18,6 +18,7 @@ class DecodeBufferPool;  // lib/decode/decode_buffers.h
 class ProcessGroup;  // lib/shard/callback_collective.h
 namespace cuda {
 class PinnedChunkPool;  // lib/cuda/pinned_chunks.h
+class SharedPagePools;  // lib/cuda/device_pages.h
 }  // namespace cuda
 }  // namespace ssa
 
@@ -53,4 +54,8 @@ struct ssa_runtime {
   // Pinned host memory page-locked at creation for its CUDA sessions' host tier
   // (ssa_runtime_options.host_pool_bytes); null without one, and on the CPU.
   std::shared_ptr<ssa::cuda::PinnedChunkPool> host_pool;
+  // The device K/V page pools its CUDA sessions share under a limited budget, so
+  // that the pages idle sessions give up are the blocks a reserving one brings
+  // in; null otherwise, and on the CPU.
+  std::shared_ptr<ssa::cuda::SharedPagePools> shared_pages;
 };

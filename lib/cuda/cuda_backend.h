@@ -41,6 +41,7 @@ class CudaBackend final : public Backend {
   absl::Status check_device(int device) const override;
   absl::Status prepare_shard_devices(const std::vector<int32_t>& devices) const override;
   absl::Status reserve_host_pool(ssa_runtime& rt, uint64_t bytes) const override;
+  absl::Status init_budget(ssa_runtime& rt) const override;
   absl::Status init_session(ssa_session& s) const override;
   absl::Status init_fork(const ssa_session& from, ssa_session& fork) const override;
   void session_destroyed(int device) const override;

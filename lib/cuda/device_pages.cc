@@ -2,8 +2,12 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+
+#include "cuda_backend.h"
 #include "device_alloc.h"
 #include "device_guard.h"
+#include "runtime.h"
 #include "status.h"
 
 namespace ssa::cuda {
@@ -82,6 +86,30 @@ void DevicePagePool::release(void* block) {
   }
   const DeviceGuard on(device_);
   cudaFreeAsync(block, nullptr);  // cudaFree would wait for the whole device
+}
+
+absl::Status CudaBackend::init_budget(ssa_runtime& rt) const {
+  using A = DeviceBudget::Account;
+  rt.shared_pages = std::make_shared<SharedPagePools>(rt.budget->limit(A::kResident) + rt.budget->limit(A::kCache));
+  return absl::OkStatus();
+}
+
+std::shared_ptr<DevicePagePool> SharedPagePools::get(size_t page_bytes, int device) {
+  absl::MutexLock lock(&mu_);
+  for (auto it = pools_.begin(); it != pools_.end();) {
+    if (std::get<2>(*it).expired()) {
+      it = pools_.erase(it);
+      continue;
+    }
+    if (std::get<0>(*it) == page_bytes && std::get<1>(*it) == device) {
+      if (std::shared_ptr<DevicePagePool> p = std::get<2>(*it).lock()) return p;
+    }
+    ++it;
+  }
+  std::shared_ptr<DevicePagePool> p =
+      DevicePagePool::create(page_bytes, std::max<size_t>(64, max_free_bytes_ / page_bytes), device);
+  pools_.emplace_back(page_bytes, device, p);
+  return p;
 }
 
 }  // namespace ssa::cuda

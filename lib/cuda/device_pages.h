@@ -8,6 +8,7 @@
 #include <stddef.h>
 
 #include <memory>
+#include <tuple>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -40,6 +41,27 @@ class DevicePagePool : public std::enable_shared_from_this<DevicePagePool> {
   const int device_;
   absl::Mutex mu_;
   std::vector<void*> free_ ABSL_GUARDED_BY(mu_);
+};
+
+// The device K/V page pools of a runtime whose sessions trade a limited budget
+// (lib/cuda/budget_trade.cc): one per page size and device, shared by its
+// sessions. At a reservation, idle sessions give up device pages and the
+// reserving one brings as many in; with a pool per session, each of those blocks
+// went back to the stream-ordered allocator and came out of it again (a few
+// microseconds a call, thousands of pages a turn). Shared, a page given up is the
+// block the next one brought in takes. The free list may hold up to the budget's
+// bytes: the allocator keeps freed memory for reuse too (device_alloc.h), so
+// this holds nothing the runtime's sessions could not already occupy. A pool
+// lives while a session or page of its size does; then its blocks go back.
+class SharedPagePools {
+ public:
+  explicit SharedPagePools(uint64_t max_free_bytes) : max_free_bytes_(max_free_bytes) {}
+  std::shared_ptr<DevicePagePool> get(size_t page_bytes, int device);
+
+ private:
+  const uint64_t max_free_bytes_;
+  absl::Mutex mu_;
+  std::vector<std::tuple<size_t, int, std::weak_ptr<DevicePagePool>>> pools_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace ssa::cuda

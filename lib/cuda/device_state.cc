@@ -239,7 +239,11 @@ absl::Status CudaBackend::init_session(ssa_session& s) const {
   for (const int32_t device : s.rt->devices) {
     const DeviceGuard on(device);
     SSA_CUDA_RETURN(on.error(), "cudaSetDevice");
-    auto kv = std::make_shared<TieredKvPool>(DevicePagePool::create(kv_bytes, 64, device),
+    // Under a limited budget the runtime's sessions share their K/V page blocks.
+    std::shared_ptr<DevicePagePool> kv_blocks = s.rt->shared_pages != nullptr && s.rt->group == nullptr
+                                                    ? s.rt->shared_pages->get(kv_bytes, device)
+                                                    : DevicePagePool::create(kv_bytes, 64, device);
+    auto kv = std::make_shared<TieredKvPool>(std::move(kv_blocks),
                                              budget->limited() ? PinnedPagePool::create(kv_bytes, s.rt->host_pool) : nullptr,
                                              budget, kv_bytes);
     absl::StatusOr<std::shared_ptr<SessionState>> st =

@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/device_alloc.h"
 #include "support/gpu_sessions.h"
 
 namespace ssa::gputest {
@@ -467,6 +468,8 @@ TEST_CASE("gpu graph step: settling a tiered session after every step changes no
 
 TEST_CASE("gpu graph step: sessions taking turns trade the budget: the one reserving reads few host rows, bitwise") {
   SSA_GPU_TEST_OR_SKIP();
+  CUDA_OK(cudaDeviceSynchronize());
+  const uint64_t used0 = cuda::device_pool_bytes(true);
   ssa_runtime* gpu = runtime(SSA_BACKEND_CUDA);
   // 128 KiB pages (128 tokens, 1 KiB each): a 4000-token session takes 32
   // pages, 10 of them pinned (the first, the newest 1024 tokens). 64 resident
@@ -509,8 +512,18 @@ TEST_CASE("gpu graph step: sessions taking turns trade the budget: the one reser
   for (uint32_t r = 0; r < kRounds; ++r) {
     for (int i = 0; i < kSessions; ++i) {
       const Loop& L = *loops[i];
+      // Device allocations of a reservation: the untiered one's are its tables;
+      // the tiered one's add its tier tables, the move lists and the last page's
+      // copy. The pages it brings in (about 22) take the blocks the others gave
+      // up: the runtime's sessions share their page blocks (lib/cuda/device_pages.h).
+      const uint64_t calls0 = cuda::device_alloc_calls_made();
       REQUIRE(ssa_session_reserve(ref[i], kTurn) == SSA_OK);
+      const uint64_t calls1 = cuda::device_alloc_calls_made();
       REQUIRE(ssa_session_reserve(tiered[i], kTurn) == SSA_OK);
+      const uint64_t ref_calls = calls1 - calls0, tiered_calls = cuda::device_alloc_calls_made() - calls1;
+      MESSAGE("round ", r, " session ", i, ": device allocations of the reservation: ", tiered_calls, " (untiered ",
+              ref_calls, ")");
+      if (r >= 2) CHECK(tiered_calls <= ref_calls + 8);
       uint64_t turn_host = 0, turn_read = 0;
       for (uint32_t j = 0; j < kTurn; ++j) {
         const uint32_t step = r * kTurn + j, t = L.prompt + step;
@@ -589,6 +602,10 @@ TEST_CASE("gpu graph step: sessions taking turns trade the budget: the one reser
     ssa_session_destroy(tiered[i]);
     std::remove(paths[i].c_str());
   }
+  // The shared blocks go with the last session: the library's pool hands out
+  // nothing more than before the test began.
+  CUDA_OK(cudaDeviceSynchronize());
+  CHECK(cuda::device_pool_bytes(true) == used0);
   cudaStreamDestroy(st);
   ssa_runtime_destroy(rt);
   ssa_runtime_destroy(gpu);
