@@ -12,8 +12,9 @@
 
 namespace ssa::cuda {
 
-std::shared_ptr<DevicePagePool> DevicePagePool::create(size_t page_bytes, size_t max_free_pages, int device) {
-  return std::shared_ptr<DevicePagePool>(new DevicePagePool(page_bytes, max_free_pages, device));
+std::shared_ptr<DevicePagePool> DevicePagePool::create(size_t page_bytes, size_t max_free_pages, int device,
+                                                       std::shared_ptr<DeviceBudget> bound) {
+  return std::shared_ptr<DevicePagePool>(new DevicePagePool(page_bytes, max_free_pages, device, std::move(bound)));
 }
 
 DevicePagePool::~DevicePagePool() {
@@ -80,7 +81,13 @@ absl::StatusOr<PageRef> DevicePagePool::copy_of(const Page& src) {
 
 void DevicePagePool::release(void* block) {
   absl::MutexLock lock(&mu_);
-  if (free_.size() < max_free_) {
+  bool fits = true;
+  if (bound_ != nullptr) {  // the page's charge went back before its block (tiered_pool.cc)
+    using A = DeviceBudget::Account;
+    const uint64_t charged = bound_->used(A::kResident) + bound_->used(A::kCache);
+    fits = charged + (free_.size() + 1) * page_bytes_ <= bound_->limit(A::kResident) + bound_->limit(A::kCache);
+  }
+  if (fits && free_.size() < max_free_) {
     free_.push_back(block);
     return;
   }
@@ -89,8 +96,7 @@ void DevicePagePool::release(void* block) {
 }
 
 absl::Status CudaBackend::init_budget(ssa_runtime& rt) const {
-  using A = DeviceBudget::Account;
-  rt.shared_pages = std::make_shared<SharedPagePools>(rt.budget->limit(A::kResident) + rt.budget->limit(A::kCache));
+  rt.shared_pages = std::make_shared<SharedPagePools>(rt.budget);
   return absl::OkStatus();
 }
 
@@ -106,8 +112,10 @@ std::shared_ptr<DevicePagePool> SharedPagePools::get(size_t page_bytes, int devi
     }
     ++it;
   }
+  using A = DeviceBudget::Account;
+  const uint64_t budget = budget_->limit(A::kResident) + budget_->limit(A::kCache);
   std::shared_ptr<DevicePagePool> p =
-      DevicePagePool::create(page_bytes, std::max<size_t>(64, max_free_bytes_ / page_bytes), device);
+      DevicePagePool::create(page_bytes, std::max<size_t>(64, budget / page_bytes), device, budget_);
   pools_.emplace_back(page_bytes, device, p);
   return p;
 }
