@@ -915,6 +915,24 @@ SSA_API ssa_status ssa_decode_step_batch(const ssa_decode_step_item *items, size
    (docs/TIERED_MEMORY.md, "Sessions taking turns"). */
 SSA_API ssa_status ssa_session_reserve(ssa_session *s, uint64_t n_tokens);
 
+/* Starts a tiered session's turn ahead of its ssa_session_reserve, so that its
+   host pages cross the bus while another session decodes: idle sessions give up
+   device pages as at a reservation (room is kept for n_tokens new tokens per
+   layer; 0 keeps none) and the session's host pages are queued for copying to
+   the device on a stream of the library's (copy engines, beside the runtime's
+   kernels), not waited for. The session keeps reading its host pages until its
+   next ssa_session_reserve waits for the copies and takes them in; a page
+   written or shared meanwhile stays on the host (its copy is dropped). If the
+   session is given up before it reserves, its copies are dropped. Call it for
+   the next session once the current one holds its reservation: an idle session
+   (the current one too, before it reserves) may give up pages to it.
+   Sessions of a runtime without device_kv_budget, CPU sessions and a session
+   holding a reservation: SSA_OK, nothing to do. Returns SSA_OK,
+   SSA_ERR_INVALID_ARGUMENT (s NULL, n_tokens beyond the layer limit),
+   SSA_ERR_UNSUPPORTED (as ssa_session_reserve), SSA_ERR_OUT_OF_MEMORY,
+   SSA_ERR_DEVICE. Takes the session exclusively. */
+SSA_API ssa_status ssa_session_prefetch(ssa_session *s, uint64_t n_tokens);
+
 /* Waits for the session's queued decode steps (up to the last step queued or
    replayed, on whatever stream) and commits the tokens they appended, so that
    ssa_session_length and ssa_session_layer_length count them. Keeps the

@@ -130,6 +130,9 @@ class Backend {
   // A reservation of n_tokens more tokens on every layer (session held
   // exclusively; every layer holds tokens and an index; none held before).
   virtual absl::Status reserve_steps(ssa_session& s, uint64_t n_tokens) const { return absl::OkStatus(); }
+  // A turn started ahead of a reservation of n_tokens (ssa_session_prefetch;
+  // session held exclusively): nothing where nothing is on another tier.
+  virtual absl::Status prefetch_turn(ssa_session& s, uint64_t n_tokens) const { return absl::OkStatus(); }
   // Whether s has a reservation (read without the lock).
   virtual bool has_steps(const ssa_session& s) const { return false; }
   // Waits for the session's queued steps and commits the tokens they appended

@@ -435,6 +435,13 @@ ssa_status ssa_session_reserve(ssa_session* s, uint64_t n_tokens) {
   });
 }
 
+ssa_status ssa_session_prefetch(ssa_session* s, uint64_t n_tokens) {
+  return guarded([&]() -> absl::Status {
+    if (s == nullptr) return ssa::invalid_argument("session is NULL");
+    return ssa::session_prefetch(*s, n_tokens);
+  });
+}
+
 ssa_status ssa_session_sync(ssa_session* s, uint64_t* dropped_steps) {
   return guarded([&]() -> absl::Status {
     if (s == nullptr) return ssa::invalid_argument("session is NULL");

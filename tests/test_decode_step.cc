@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "ssa.h"
@@ -155,6 +156,12 @@ TEST_CASE("decode step on the CPU: refused arguments change nothing") {
   CHECK(ssa_session_reserve(s.get(), 0) == SSA_ERR_INVALID_ARGUMENT);
   CHECK(ssa_session_reserve(nullptr, 10) == SSA_ERR_INVALID_ARGUMENT);
   CHECK(ssa_session_sync(nullptr, nullptr) == SSA_ERR_INVALID_ARGUMENT);
+  // A turn started ahead: nothing to move on the CPU; refused arguments named.
+  CHECK(ssa_session_prefetch(nullptr, 10) == SSA_ERR_INVALID_ARGUMENT);
+  CHECK(ssa_session_prefetch(s.get(), uint64_t{1} << 40) == SSA_ERR_INVALID_ARGUMENT);
+  CHECK(std::string(ssa_last_error_message()).find("n_tokens") != std::string::npos);
+  CHECK(ssa_session_prefetch(s.get(), 0) == SSA_OK);
+  CHECK(ssa_session_prefetch(s.get(), 64) == SSA_OK);
   CHECK(ssa_decode_step(nullptr, 0, k.data(), v.data(), q.data(), out.data(), &p, nullptr) == SSA_ERR_INVALID_ARGUMENT);
   CHECK(ssa_decode_step(s.get(), kLayers, k.data(), v.data(), q.data(), out.data(), &p, nullptr) ==
         SSA_ERR_INVALID_ARGUMENT);

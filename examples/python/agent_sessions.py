@@ -93,6 +93,7 @@ class Agent:
         self.cache_dir = os.path.join(folder, "cache")
         self.journal_path = os.path.join(folder, "journal.json")
         self.ids, self.turn_ends, self.replies, self.cache = [], [], [], None
+        self.prefetch_seconds = 0.0  # starting the next agent's turn (queueing its page copies)
 
     @property
     def turns_done(self):
@@ -119,10 +120,18 @@ class Agent:
         self.cache = ssa.hf.SSACache(model, runtime=runtime, **cache_kw)
         return "starting"
 
-    def turn(self, model, message_ids, reply_tokens):
+    def turn(self, model, message_ids, reply_tokens, upcoming=None):
+        """One turn; `upcoming`: the cache of the agent that goes next, whose pages
+        (on a runtime with a device budget) cross to the device while this one
+        generates. Nothing to do on the CPU or without a budget."""
         inp = torch.tensor([self.ids + message_ids], device=model.device)
         t0 = time.perf_counter()
         with torch.no_grad():
+            if upcoming is not None:
+                self.cache.prepare_step()  # this turn's reservation (its pages came in during the last turn)
+                p0 = time.perf_counter()
+                upcoming.prefetch_turn()
+                self.prefetch_seconds += time.perf_counter() - p0
             out = model.generate(inp, past_key_values=self.cache, max_new_tokens=reply_tokens,
                                  min_new_tokens=reply_tokens, do_sample=False)
         dt = time.perf_counter() - t0
@@ -209,7 +218,8 @@ def run_cpu(a):
             if ag.turns_done != t:
                 continue
             before = ag.cache.get_seq_length()
-            reply, dt = ag.turn(model, message_ids(tok, ag.index, t), a.reply_tokens)
+            upcoming = agents[(ag.index + 1) % len(agents)].cache
+            reply, dt = ag.turn(model, message_ids(tok, ag.index, t), a.reply_tokens, upcoming)
             wrote, ct = ag.checkpoint()
             new = ag.cache.get_seq_length() - before
             per_tok = kv_bytes_per_token(ag.cache)
@@ -325,13 +335,15 @@ def run_bench(a):
     new_kv = 0
     for t in range(a.turns):
         turn_bytes = turn_kv = 0
-        turn_tokens = turn_s = turn_reserve = 0.0
+        turn_tokens = turn_s = turn_reserve = turn_prefetch = 0.0
         for ag in agents:
             msg = torch.randint(0, 32000, (a.message_tokens,), generator=gen).tolist()
             before = ag.cache.get_seq_length()
-            r0 = ag.cache.reserve_seconds
-            reply, dt = ag.turn(model, msg, a.reply_tokens)
+            r0, f0 = ag.cache.reserve_seconds, ag.prefetch_seconds
+            upcoming = None if a.no_prefetch else agents[(ag.index + 1) % len(agents)].cache
+            reply, dt = ag.turn(model, msg, a.reply_tokens, upcoming)
             turn_reserve += ag.cache.reserve_seconds - r0
+            turn_prefetch += ag.prefetch_seconds - f0
             gen_tokens += len(reply)
             gen_s += dt
             turn_tokens += len(reply)
@@ -350,9 +362,9 @@ def run_bench(a):
             later_s += turn_s
         say("turn %d: %.1f tokens/s this turn, %.1f over all sessions so far; checkpoints %.0f MB/s, this turn's "
             "%.2fx its new K/V + codes (%.2fx over all turns); reservations %.1f ms per agent's turn (the "
-            "budget trade's page moves)" % (t, turn_tokens / turn_s, gen_tokens / gen_s, ck_bytes / ck_s / 1e6,
-                                            turn_bytes / turn_kv, ck_bytes / new_kv,
-                                            1e3 * turn_reserve / len(agents)))
+            "budget trade's page moves), starting the next agent's %.1f ms" % (
+                t, turn_tokens / turn_s, gen_tokens / gen_s, ck_bytes / ck_s / 1e6, turn_bytes / turn_kv,
+                ck_bytes / new_kv, 1e3 * turn_reserve / len(agents), 1e3 * turn_prefetch / len(agents)))
     steady = " (turns after the first: %.2f tokens/s, %.1f ms per token)" % (
         later_tokens / later_s, 1e3 * later_s / later_tokens) if later_s else ""
     say("decode: %.2f generated tokens/s over %d sessions taking turns (%.1f ms per token, the turns' messages "
@@ -412,6 +424,8 @@ def main():
     ap.add_argument("--proxy", default=None, help="SSACache(proxy=) of the sessions (default: ssa.hf's)")
     ap.add_argument("--message-tokens", type=int, default=64)
     ap.add_argument("--device-kv-budget-gib", type=float, default=64.0, help="0: no budget")
+    ap.add_argument("--no-prefetch", action="store_true",
+                    help="--bench: each agent's pages come in at its own reservation, not during the turn before")
     ap.add_argument("--warm-restore", action="store_true",
                     help="restore from the page cache as the save left it (default: the files are evicted first)")
     ap.add_argument("--host-pool-gib", default="auto",

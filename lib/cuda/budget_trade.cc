@@ -27,6 +27,77 @@ std::vector<std::vector<size_t>> bring_in_orders(ssa_session& s) {
   return orders;
 }
 
+// Waits for the copies of a turn started ahead, then forgets them (their blocks
+// go back to the pool).
+absl::Status drop_incoming(SessionState& st) ABSL_EXCLUSIVE_LOCKS_REQUIRED(st.mu) {
+  if (st.incoming.empty()) return absl::OkStatus();
+  const cudaError_t e = cudaEventSynchronize(st.moves_done);
+  st.incoming.clear();
+  SSA_CUDA_RETURN(e, "waiting for a prefetch's page copies");
+  return absl::OkStatus();
+}
+
+// Takes in the pages of a turn started ahead whose copies have landed: each
+// becomes the layer's page where the layer still holds the host page it was
+// copied from, unshared (keeping that host page, as bring_in does).
+absl::Status take_incoming(ssa_session& s) {
+  SessionState& st = state(s);
+  absl::MutexLock lock(&st.mu);
+  if (st.incoming.empty()) return absl::OkStatus();
+  const cudaError_t e = cudaEventSynchronize(st.moves_done);
+  if (e != cudaSuccess) {
+    st.incoming.clear();
+    SSA_CUDA_RETURN(e, "waiting for a prefetch's page copies");
+  }
+  for (SessionState::IncomingPage& p : st.incoming) {
+    LayerStore& layer = s.layers[p.layer];
+    if (p.index >= layer.kv_pages.size() || layer.kv_pages[p.index] != p.host) continue;
+    p.host.reset();
+    if (!page_movable(s, p.layer, p.index)) continue;  // shared since (a fork)
+    LayerTiers& lt = layer_tiers(st, p.layer, s.layout.n_layers);
+    lt.backing[p.index] = {layer.kv_pages[p.index], p.dev};
+    replace_page(s, p.layer, p.index, std::move(p.dev));
+  }
+  st.incoming.clear();
+  return absl::OkStatus();
+}
+
+// Queues the copies of st.incoming on the session's move stream, after the
+// legacy default stream's work so far (where blocks are allocated and zeroed).
+// Copy engines, not a kernel: the copies run beside other sessions' decodes.
+cudaError_t queue_incoming(SessionState& st, size_t page_bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(st.mu) {
+  cudaError_t e = cudaSuccess;
+  if (st.move_stream == nullptr) {
+    e = cudaStreamCreateWithFlags(&st.move_stream, cudaStreamNonBlocking);
+    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&st.moves_order, cudaEventDisableTiming);
+    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&st.moves_done, cudaEventDisableTiming);
+    if (e != cudaSuccess) return e;
+  }
+  if ((e = cudaEventRecord(st.moves_order, nullptr)) != cudaSuccess) return e;
+  if ((e = cudaStreamWaitEvent(st.move_stream, st.moves_order, 0)) != cudaSuccess) return e;
+  std::vector<void*> dst;
+  std::vector<const void*> src;
+  for (const SessionState::IncomingPage& p : st.incoming) {
+    dst.push_back(p.dev->mutable_data());
+    src.push_back(p.host->data());
+  }
+  const std::vector<size_t> sizes(dst.size(), page_bytes);
+  cudaMemcpyAttributes attr{};
+  attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+  attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+  size_t attr_index = 0;
+  e = cudaMemcpyBatchAsync(dst.data(), src.data(), sizes.data(), dst.size(), &attr, &attr_index, 1,
+                           st.move_stream);
+  if (e != cudaSuccess) {  // a driver without batched copies: one call per page
+    cudaGetLastError();
+    e = cudaSuccess;
+    for (size_t i = 0; i < dst.size() && e == cudaSuccess; ++i)
+      e = cudaMemcpyAsync(dst[i], src[i], page_bytes, cudaMemcpyHostToDevice, st.move_stream);
+  }
+  const cudaError_t recorded = cudaEventRecord(st.moves_done, st.move_stream);
+  return e != cudaSuccess ? e : recorded;
+}
+
 // Moves up to `count` of idle peer `t`'s movable device pages to its host tier
 // (t held exclusively by the caller). Its queued decodes are waited for and its
 // tables dropped first, so the pages' device memory and charges go back at
@@ -37,6 +108,11 @@ absl::Status give_up(ssa_session& t, uint64_t count, uint64_t* moved) {
   if (!st.kv_pool->tiered() || st.steps_reserved.load()) return absl::OkStatus();  // its steps read its tables
   TieredKvPool& pool = *st.kv_pool;
   absl::MutexLock lock(&st.mu);
+  if (!st.incoming.empty()) {  // a turn it started ahead: its blocks go back once its copies have landed
+    const size_t n = st.incoming.size();
+    SSA_RETURN_IF_ERROR(drop_incoming(st));
+    *moved += n;
+  }
   st.drop_tables();
   const uint32_t n_layers = t.layout.n_layers;
   std::vector<std::vector<PagePlacement>> placement(n_layers);
@@ -95,42 +171,87 @@ absl::Status bring_in(ssa_session& s, uint32_t l, const std::vector<size_t>& ord
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::Status take_turn(ssa_session& s, uint64_t n_tokens) {
+// Before a turn of `s` (take_turn, start_turn): the pages it would bring in, per
+// layer, and the reservation's new pages; idle peers give up as many device pages
+// as the two need beyond the budget's room.
+absl::Status make_room(ssa_session& s, uint64_t n_tokens, std::vector<std::vector<size_t>>* orders,
+                       uint64_t* new_pages) {
   SessionState& st = state(s);
-  if (!st.kv_pool->tiered() || s.rt->budget_peers == nullptr) return absl::OkStatus();
   BudgetPeers& peers = *s.rt->budget_peers;
   peers.mark_active(&s);
-  const std::vector<std::vector<size_t>> orders = bring_in_orders(s);
+  *orders = bring_in_orders(s);
   uint64_t host_pages = 0;
-  for (const std::vector<size_t>& o : orders) host_pages += o.size();
-  uint64_t new_pages = 0;  // the reservation's, allocated by reserve_layer after this
+  for (const std::vector<size_t>& o : *orders) host_pages += o.size();
+  *new_pages = 0;  // the reservation's, allocated by reserve_layer after this
   for (const LayerStore& layer : s.layers) {
-    new_pages += s.layout.pages_for(layer.n_tokens + n_tokens) - s.layout.pages_for(layer.n_tokens);
+    *new_pages += s.layout.pages_for(layer.n_tokens + n_tokens) - s.layout.pages_for(layer.n_tokens);
     // The partly filled last page is copied first when anything else holds it (a
     // fork, the snapshot record after a checkpoint: lib/store/copy_on_write.h).
-    if (layer.n_tokens % s.layout.page_tokens != 0 && layer.kv_pages.back().use_count() > 1) ++new_pages;
+    if (layer.n_tokens % s.layout.page_tokens != 0 && layer.kv_pages.back().use_count() > 1) ++*new_pages;
   }
-  const uint64_t wanted = host_pages + new_pages;
+  const uint64_t wanted = host_pages + *new_pages;
   if (wanted == 0) return absl::OkStatus();
   {
     absl::MutexLock lock(&st.mu);
     st.prune_retired();  // charges of tables no queued decode reads
   }
   const uint64_t room = st.kv_pool->resident_room();
-  if (wanted > room) {
-    uint64_t moved = 0;
-    absl::Status status = absl::OkStatus();
-    peers.visit_idle(&s, [&](ssa_session* t) {
-      if (!t->mu.try_lock()) return false;  // busy: not idle
-      status = give_up(*t, wanted - room - moved, &moved);
-      t->mu.unlock();
-      return !status.ok() || moved >= wanted - room;
-    });
-    SSA_RETURN_IF_ERROR(status);
-  }
+  if (wanted <= room) return absl::OkStatus();
+  uint64_t moved = 0;
+  absl::Status status = absl::OkStatus();
+  peers.visit_idle(&s, [&](ssa_session* t) {
+    if (!t->mu.try_lock()) return false;  // busy: not idle
+    status = give_up(*t, wanted - room - moved, &moved);
+    t->mu.unlock();
+    return !status.ok() || moved >= wanted - room;
+  });
+  return status;
+}
+
+}  // namespace
+
+absl::Status take_turn(ssa_session& s, uint64_t n_tokens) {
+  SessionState& st = state(s);
+  if (!st.kv_pool->tiered() || s.rt->budget_peers == nullptr) return absl::OkStatus();
+  SSA_RETURN_IF_ERROR(take_incoming(s));
+  std::vector<std::vector<size_t>> orders;
+  uint64_t new_pages = 0;
+  SSA_RETURN_IF_ERROR(make_room(s, n_tokens, &orders, &new_pages));
   for (uint32_t l = 0; l < s.layout.n_layers; ++l) SSA_RETURN_IF_ERROR(bring_in(s, l, orders[l], new_pages));
+  return absl::OkStatus();
+}
+
+absl::Status start_turn(ssa_session& s, uint64_t n_tokens) {
+  SessionState& st = state(s);
+  if (!st.kv_pool->tiered() || s.rt->budget_peers == nullptr || st.steps_reserved.load()) return absl::OkStatus();
+  SSA_RETURN_IF_ERROR(take_incoming(s));  // an earlier start's
+  std::vector<std::vector<size_t>> orders;
+  uint64_t new_pages = 0;
+  SSA_RETURN_IF_ERROR(make_room(s, n_tokens, &orders, &new_pages));
+  TieredKvPool& pool = *st.kv_pool;
+  absl::MutexLock lock(&st.mu);
+  for (uint32_t l = 0; l < s.layout.n_layers; ++l) {
+    for (size_t i : orders[l]) {
+      if (pool.resident_room() <= new_pages) break;
+      // Not zeroed: the copy overwrites the whole page.
+      absl::StatusOr<PageRef> dev = pool.device_page(DeviceBudget::kResident, false);
+      if (!dev.ok()) {
+        st.incoming.clear();  // nothing queued yet
+        return dev.status();
+      }
+      if (*dev == nullptr) break;  // the budget is full
+      st.incoming.push_back({l, i, s.layers[l].kv_pages[i], *std::move(dev)});
+    }
+  }
+  if (st.incoming.empty()) return absl::OkStatus();
+  const cudaError_t e = queue_incoming(st, pool.page_bytes());
+  if (e != cudaSuccess) {
+    // Copies queued before the failure may still write the blocks.
+    if (st.move_stream != nullptr) cudaStreamSynchronize(st.move_stream);
+    cudaGetLastError();
+    st.incoming.clear();
+    SSA_CUDA_RETURN(e, "queueing a prefetch's page copies");
+  }
   return absl::OkStatus();
 }
 

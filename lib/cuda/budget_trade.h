@@ -24,4 +24,14 @@ namespace ssa::cuda {
 // returned.
 absl::Status take_turn(ssa_session& s, uint64_t n_tokens);
 
+// The same turn started ahead, for a session that is to reserve next while
+// another decodes (ssa_session_prefetch): idle peers give up pages as above, and
+// `s`'s host pages are copied to device blocks on a stream of its own, queued
+// and not waited for. Its layers keep the host pages until it takes the copies
+// in: at its next turn (take_turn waits for them), or a later start. A page
+// written or shared meanwhile (copy-on-write gives the layer another page) is
+// left on the host. Giving up an idle session's pages first drops its copies in
+// flight (after they have landed). Nothing for a session holding a reservation.
+absl::Status start_turn(ssa_session& s, uint64_t n_tokens);
+
 }  // namespace ssa::cuda

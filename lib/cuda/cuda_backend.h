@@ -69,6 +69,7 @@ class CudaBackend final : public Backend {
 
   absl::Status check_reservable(const ssa_session& s) const override;
   absl::Status reserve_steps(ssa_session& s, uint64_t n_tokens) const override;
+  absl::Status prefetch_turn(ssa_session& s, uint64_t n_tokens) const override;
   bool has_steps(const ssa_session& s) const override;
   absl::Status settle_steps(ssa_session& s, bool end, uint64_t* dropped) const override;
   absl::Status decode_steps(const ssa_decode_step_item* items, size_t n_items, uint32_t layer,

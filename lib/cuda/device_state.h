@@ -102,6 +102,19 @@ struct SessionState final : BackendSession {
   cudaEvent_t step_done = nullptr;
   StepGuard* guard = nullptr;
   uint64_t steps_dropped = 0;  // dropped steps counted by the guard, not yet reported
+  // A turn started ahead (ssa_session_prefetch, budget_trade.h): host pages being
+  // copied to the device blocks beside them on `move_stream` (non-blocking: the
+  // copies run while other sessions decode). Each stays the layer's page until
+  // its copy has passed `moves_done` and the session takes it in; nothing else
+  // may use or free its block before then.
+  struct IncomingPage {
+    uint32_t layer = 0;
+    size_t index = 0;
+    PageRef host, dev;
+  };
+  std::vector<IncomingPage> incoming ABSL_GUARDED_BY(mu);
+  cudaStream_t move_stream = nullptr;
+  cudaEvent_t moves_order = nullptr, moves_done = nullptr;
 
   SessionState() = default;
   SessionState(const SessionState&) = delete;
@@ -110,6 +123,11 @@ struct SessionState final : BackendSession {
   ~SessionState() {
     retire_steps(*this);  // waits for queued steps; their replays then do nothing
     absl::MutexLock lock(&mu);
+    if (moves_done != nullptr) cudaEventSynchronize(moves_done);  // blocks in flight go back after
+    incoming.clear();
+    if (move_stream != nullptr) cudaStreamDestroy(move_stream);
+    for (cudaEvent_t e : {moves_order, moves_done})
+      if (e != nullptr) cudaEventDestroy(e);
     drop_tables();
     tiers.clear();
     books.clear();  // (scan_result and codebooks are freed on the legacy default stream)

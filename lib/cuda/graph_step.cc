@@ -278,6 +278,15 @@ absl::Status CudaBackend::reserve_steps(ssa_session& s, uint64_t n_tokens) const
   return absl::OkStatus();
 }
 
+absl::Status CudaBackend::prefetch_turn(ssa_session& s, uint64_t n_tokens) const {
+  SSA_RETURN_IF_ERROR(check_reservable(s));
+  SessionState& st = state(s);
+  if (!st.kv_pool->tiered()) return absl::OkStatus();
+  SSA_CUDA_RETURN(cudaSetDevice(st.device), "cudaSetDevice");
+  RelaxedCapture relaxed;
+  return start_turn(s, n_tokens);
+}
+
 absl::Status CudaBackend::settle_steps(ssa_session& s, bool end, uint64_t* dropped) const {
   SessionState& st = state(s);
   if (st.guard == nullptr) {  // never reserved

@@ -132,6 +132,15 @@ absl::Status session_reserve(ssa_session& s, uint64_t n_tokens) {
   return s.backend->reserve_steps(s, n_tokens);
 }
 
+absl::Status session_prefetch(ssa_session& s, uint64_t n_tokens) {
+  if (n_tokens > kMaxTokensPerLayer) {
+    return invalid_argument("n_tokens ", n_tokens, " exceeds the limit of ", kMaxTokensPerLayer, " tokens per layer");
+  }
+  std::unique_lock lock(s.mu);
+  SSA_RETURN_IF_ERROR(s.backend->check_reservable(s));
+  return s.backend->prefetch_turn(s, n_tokens);
+}
+
 absl::Status session_sync(ssa_session& s, uint64_t* dropped_steps) {
   uint64_t dropped = 0;
   {

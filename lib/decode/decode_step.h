@@ -18,6 +18,7 @@ namespace ssa {
 
 absl::Status session_reserve(ssa_session& s, uint64_t n_tokens);
 absl::Status session_sync(ssa_session& s, uint64_t* dropped_steps);
+absl::Status session_prefetch(ssa_session& s, uint64_t n_tokens);
 absl::Status decode_step(const ssa_decode_step_item* items, size_t n_items, uint32_t layer,
                          const ssa_decode_params& p, ssa_decode_stats* stats);
 

@@ -6,7 +6,8 @@
 // rounding. A tiered session's steps (pages on the host, a cache of host pages
 // renewed with each reservation) equal the untiered session's, bitwise, and
 // tiered sessions taking turns (reserve, steps, checkpoint) trade the budget:
-// each turn's session reads its pages from the device. Then
+// each turn's session reads its pages from the device, also when its turn was
+// started ahead (ssa_session_prefetch) while another decoded. Then
 // what a graph cannot do is refused at capture, replays after a
 // reservation ended (truncate, update_index, destroy) do nothing and are
 // counted, and the host's view after replays (lengths, a snapshot) is the
@@ -25,6 +26,7 @@
 #include <vector>
 
 #include "cuda/device_alloc.h"
+#include "cuda/device_state.h"
 #include "support/gpu_sessions.h"
 
 namespace ssa::gputest {
@@ -466,20 +468,27 @@ TEST_CASE("gpu graph step: settling a tiered session after every step changes no
   ssa_runtime_destroy(rt_a);
 }
 
+// A CUDA runtime for sessions taking turns, of 128 KiB pages (128 tokens of
+// 1 KiB): `resident_pages` pages of budget beside 1 MiB of host-page cache. A
+// 4000-token session takes 32 pages, 10 of them pinned (the first, the newest
+// 1024 tokens).
+ssa_runtime* turns_runtime(uint32_t resident_pages) {
+  ssa_runtime_options o = ssa_test::runtime_options(SSA_BACKEND_CUDA);
+  o.host_cache_bytes = uint64_t{1} << 20;
+  o.device_kv_budget = o.host_cache_bytes + uint64_t{resident_pages} * (128 << 10);
+  ssa_runtime* rt = nullptr;
+  REQUIRE(ssa_runtime_create(&o, &rt) == SSA_OK);
+  return rt;
+}
+
 TEST_CASE("gpu graph step: sessions taking turns trade the budget: the one reserving reads few host rows, bitwise") {
   SSA_GPU_TEST_OR_SKIP();
   CUDA_OK(cudaDeviceSynchronize());
   const uint64_t used0 = cuda::device_pool_bytes(true);
   ssa_runtime* gpu = runtime(SSA_BACKEND_CUDA);
-  // 128 KiB pages (128 tokens, 1 KiB each): a 4000-token session takes 32
-  // pages, 10 of them pinned (the first, the newest 1024 tokens). 64 resident
-  // pages hold one session whole beside the others' pinned pages, not all three:
-  // the third filled starts with its pages on the host.
-  ssa_runtime_options o = ssa_test::runtime_options(SSA_BACKEND_CUDA);
-  o.device_kv_budget = uint64_t{9} << 20;
-  o.host_cache_bytes = uint64_t{1} << 20;
-  ssa_runtime* rt = nullptr;
-  REQUIRE(ssa_runtime_create(&o, &rt) == SSA_OK);
+  // 64 resident pages hold one session whole beside the others' pinned pages,
+  // not all three: the third filled starts with its pages on the host.
+  ssa_runtime* rt = turns_runtime(64);
   constexpr int kSessions = 3;
   constexpr uint32_t kTurn = 24, kRounds = 4;
   cudaStream_t st;
@@ -604,6 +613,146 @@ TEST_CASE("gpu graph step: sessions taking turns trade the budget: the one reser
   }
   // The shared blocks go with the last session: the library's pool hands out
   // nothing more than before the test began.
+  CUDA_OK(cudaDeviceSynchronize());
+  CHECK(cuda::device_pool_bytes(true) == used0);
+  cudaStreamDestroy(st);
+  ssa_runtime_destroy(rt);
+  ssa_runtime_destroy(gpu);
+}
+
+// Pages of a turn started ahead (ssa_session_prefetch) still being copied in.
+size_t pages_in_flight(ssa_session* s) {
+  cuda::SessionState& st = cuda::state(*s);
+  absl::MutexLock lock(&st.mu);
+  return st.incoming.size();
+}
+
+TEST_CASE("gpu graph step: a turn started ahead brings the next session's pages in while one decodes, bitwise") {
+  SSA_GPU_TEST_OR_SKIP();
+  CUDA_OK(cudaDeviceSynchronize());
+  const uint64_t used0 = cuda::device_pool_bytes(true);
+  ssa_runtime* gpu = runtime(SSA_BACKEND_CUDA);
+  ssa_runtime* rt = turns_runtime(64);  // the trade case's: three sessions of 32 pages
+  constexpr int kSessions = 3;
+  constexpr uint32_t kTurn = 24, kRounds = 3;
+  cudaStream_t st;
+  REQUIRE(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) == cudaSuccess);
+  const ssa_decode_params p = step_params(SSA_METHOD_SSA, st);
+  std::vector<std::unique_ptr<Loop>> loops;
+  std::vector<ssa_session*> ref, tiered;
+  std::vector<std::unique_ptr<DevBuf<uint16_t>>> out_ref, out_tiered;
+  const std::string path = std::string(P_tmpdir) + "/ssa_gpu_prefetch_" + std::to_string(getpid());
+  // A save ends the session's reservation, as an agent's checkpoint after its turn.
+  auto end_turn = [&](ssa_session* x) {
+    REQUIRE(ssa_session_sync(x, nullptr) == SSA_OK);
+    std::remove(path.c_str());
+    REQUIRE(ssa_session_save(x, path.c_str()) == SSA_OK);
+  };
+  for (int i = 0; i < kSessions; ++i) {
+    loops.push_back(std::make_unique<Loop>(4000, kTurn * kRounds, 141 + i));
+    ref.push_back(prompted(gpu, *loops[i]));
+    tiered.push_back(prompted(rt, *loops[i]));
+    out_ref.push_back(std::make_unique<DevBuf<uint16_t>>(size_t{kTurn} * kRounds * kOut));
+    out_tiered.push_back(std::make_unique<DevBuf<uint16_t>>(size_t{kTurn} * kRounds * kOut));
+  }
+  // Nothing to move: an untiered session, one holding a reservation.
+  CHECK(ssa_session_prefetch(ref[0], kTurn) == SSA_OK);
+  CHECK(pages_in_flight(ref[0]) == 0);
+  uint64_t started = 0;
+  for (uint32_t r = 0; r < kRounds; ++r) {
+    for (int i = 0; i < kSessions; ++i) {
+      const Loop& L = *loops[i];
+      ssa_session* next = tiered[(i + 1) % kSessions];
+      REQUIRE(ssa_session_reserve(ref[i], kTurn) == SSA_OK);
+      REQUIRE(ssa_session_reserve(tiered[i], kTurn) == SSA_OK);
+      CHECK(pages_in_flight(tiered[i]) == 0);  // taken in by the reservation
+      CHECK(ssa_session_prefetch(tiered[i], kTurn) == SSA_OK);  // reserved: nothing
+      CHECK(pages_in_flight(tiered[i]) == 0);
+      // The next session's pages cross while this one's steps run on `st`.
+      REQUIRE(ssa_session_prefetch(next, kTurn) == SSA_OK);
+      MESSAGE("round ", r, " session ", i, ": pages the next session's turn started copying: ", pages_in_flight(next));
+      started += pages_in_flight(next);
+      uint64_t turn_host = 0, turn_read = 0;
+      for (uint32_t j = 0; j < kTurn; ++j) {
+        const uint32_t step = r * kTurn + j, t = L.prompt + step;
+        ssa_decode_stats se;
+        ssa_decode_stats_init(&se);
+        REQUIRE(ssa_decode_step(ref[i], 0, L.k_at(t), L.v_at(t), L.q_at(step), out_ref[i]->p + size_t{step} * kOut,
+                                &p, nullptr) == SSA_OK);
+        REQUIRE(ssa_decode_step(tiered[i], 0, L.k_at(t), L.v_at(t), L.q_at(step),
+                                out_tiered[i]->p + size_t{step} * kOut, &p, &se) == SSA_OK);
+        turn_host += se.rows_from_host + se.host_cache_hits;
+        turn_read += se.tokens_read;
+      }
+      // After the first round each session's turn was started ahead: its pages
+      // came in before its reservation, as in the trade case.
+      INFO("round ", r, " session ", i, ": ", turn_host, " of ", turn_read, " rows from the host");
+      if (r >= 1) CHECK(turn_host * 4 <= turn_read);
+      end_turn(tiered[i]);
+    }
+  }
+  CHECK(started > 0);
+  REQUIRE(cudaStreamSynchronize(st) == cudaSuccess);
+  for (int i = 0; i < kSessions; ++i) {
+    INFO("session ", i);
+    CHECK(out_tiered[i]->download(out_tiered[i]->n) == out_ref[i]->download(out_ref[i]->n));
+  }
+  // Rewritten after its turn started: the back half truncated and appended again
+  // with other rows. The rewritten pages' copies are stale and must not come in.
+  {
+    const Loop rewrite(4000 + kTurn * kRounds, 1, 197);
+    REQUIRE(ssa_session_prefetch(tiered[1], 0) == SSA_OK);
+    const uint64_t len = ssa_session_layer_length(tiered[1], 0);
+    REQUIRE(ssa_session_sync(ref[1], nullptr) == SSA_OK);
+    for (ssa_session* x : {ref[1], tiered[1]}) {
+      REQUIRE(ssa_session_truncate(x, 2000) == SSA_OK);
+      REQUIRE(ssa_session_append(x, 0, rewrite.k_at(2000), rewrite.v_at(2000), len - 2000) == SSA_OK);
+    }
+    REQUIRE(ssa_session_reserve(tiered[1], 8) == SSA_OK);
+    CHECK(pages_in_flight(tiered[1]) == 0);
+    end_turn(tiered[1]);
+  }
+  // Wherever their pages are, the sessions decode as the untiered ones.
+  for (int i = 0; i < kSessions; ++i) {
+    INFO("session ", i);
+    REQUIRE(ssa_session_sync(ref[i], nullptr) == SSA_OK);
+    Data probe = loops[i]->d;
+    const ssa_decode_params pd = params(SSA_METHOD_SSA, 300, 5);
+    CHECK(decode(tiered[i], probe, pd, true) == decode(ref[i], probe, pd, true));
+  }
+  for (int i = 0; i < kSessions; ++i) {
+    ssa_session_destroy(tiered[i]);
+    ssa_session_destroy(ref[i]);
+  }
+  {
+    // Two sessions and room for about one (48 resident pages): a session given
+    // up before it reserves drops its copies once they land, and one destroyed
+    // with copies in flight gives its blocks back after them.
+    ssa_runtime* rt2 = turns_runtime(48);
+    ssa_session* a = prompted(rt2, *loops[0]);
+    ssa_session* b = prompted(rt2, *loops[1]);
+    ssa_session* a_ref = prompted(gpu, *loops[0]);
+    REQUIRE(ssa_session_reserve(a, 8) == SSA_OK);  // a comes in; b's pages go out
+    end_turn(a);  // a is idle
+    REQUIRE(ssa_session_prefetch(b, 8) == SSA_OK);  // a, the only peer, gives up pages to it
+    const size_t flying = pages_in_flight(b);
+    MESSAGE("pages of b's turn started ahead: ", flying);
+    CHECK(flying > 0);
+    REQUIRE(ssa_session_reserve(a, 8) == SSA_OK);  // b, idle, gives up: its copies go
+    CHECK(pages_in_flight(b) == 0);
+    const Data probe = loops[0]->d;
+    const ssa_decode_params pd = params(SSA_METHOD_SSA, 300, 5);
+    end_turn(a);
+    CHECK(decode(a, probe, pd, true) == decode(a_ref, probe, pd, true));
+    REQUIRE(ssa_session_prefetch(b, 8) == SSA_OK);
+    MESSAGE("pages in flight when b is destroyed: ", pages_in_flight(b));
+    CHECK(pages_in_flight(b) > 0);
+    ssa_session_destroy(b);
+    ssa_session_destroy(a);
+    ssa_session_destroy(a_ref);
+    ssa_runtime_destroy(rt2);
+  }
+  std::remove(path.c_str());
   CUDA_OK(cudaDeviceSynchronize());
   CHECK(cuda::device_pool_bytes(true) == used0);
   cudaStreamDestroy(st);

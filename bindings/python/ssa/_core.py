@@ -1017,6 +1017,19 @@ class Session:
         n = _int("n_tokens", n_tokens, 1, _U64)
         check(lib.ssa_session_reserve(self._handle(), n), "ssa_session_reserve")
 
+    def prefetch(self, n_tokens: int = 0) -> None:
+        """Starts this session's turn ahead of its next reserve (ssa_session_prefetch).
+
+        On a runtime with a device budget whose sessions take turns: idle sessions
+        give up device pages (room kept for n_tokens new tokens per layer) and this
+        session's host pages start crossing to the device on a stream of the
+        library's, while another session decodes; its next reserve waits for the
+        copies and takes them in. Call it for the next session once the current
+        one holds its reservation. Nothing to do elsewhere (no budget, CPU, a
+        session holding a reservation)."""
+        n = _int("n_tokens", n_tokens, 0, _U64)
+        check(lib.ssa_session_prefetch(self._handle(), n), "ssa_session_prefetch")
+
     def sync(self) -> int:
         """Waits for queued decode steps and commits their tokens (ssa_session_sync).
 

@@ -16,6 +16,7 @@ def test_decode_step_is_append_then_decode(rt, rng, method):
         for s in (a, b):
             s.append(0, k, v)
             s.append(1, k[:300], v[:300])
+        b.prefetch(50)  # CPU: nothing to move (no device tier)
         a.reserve(50)  # CPU: reserves nothing, the steps run eagerly
         k2, v2 = random_kv(rng, 20)
         for t in range(20):
@@ -41,6 +42,10 @@ def test_decode_step_refuses_bad_shapes(rt, rng):
             s.decode_step(0, k[:2], v[:2], random_q(rng))  # two tokens
         with pytest.raises(ssa.InvalidArgument):
             s.reserve(0)
+        with pytest.raises(ssa.InvalidArgument):
+            s.prefetch(-1)
+        with pytest.raises(ssa.InvalidArgument):
+            s.prefetch(1 << 40)  # beyond the tokens a layer may hold
         assert s.layer_length(0) == 100
 
 

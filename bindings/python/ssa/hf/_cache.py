@@ -504,6 +504,19 @@ class SSACache(Cache):
         generate, calls it before each forward."""
         self._before_step()
 
+    def prefetch_turn(self) -> None:
+        """Starts this cache's next turn ahead, on a runtime with a device budget whose
+        caches take turns (ssa_session_prefetch): its sessions' host pages cross to the
+        device while another cache generates, and its next decode step's reservation
+        takes them in instead of waiting for the copies. Call it for the next cache
+        once the current one holds its reservation (after its prepare_step()):
+        idle caches, the current one before it reserves too, give up device pages to it.
+        Nothing to do on other runtimes or before the cache holds tokens."""
+        if not self.sessions or self.runtime.backend != "cuda" or not self._stepping:
+            return
+        for s in self.sessions:
+            s.prefetch(self._reserve_n())
+
     def _before_step(self, need: int = 1) -> None:
         """Commits the queued steps and renews the reservation unless `need` more
         tokens fit in it (CUDA)."""

@@ -1713,6 +1713,9 @@ extern "C" {
     pub fn ssa_session_reserve(s: *mut ssa_session, n_tokens: u64) -> ssa_status;
 }
 extern "C" {
+    pub fn ssa_session_prefetch(s: *mut ssa_session, n_tokens: u64) -> ssa_status;
+}
+extern "C" {
     pub fn ssa_session_sync(s: *mut ssa_session, dropped_steps: *mut u64) -> ssa_status;
 }
 extern "C" {
