@@ -131,7 +131,8 @@ class Backend {
   // exclusively; every layer holds tokens and an index; none held before).
   virtual absl::Status reserve_steps(ssa_session& s, uint64_t n_tokens) const { return absl::OkStatus(); }
   // A turn started ahead of a reservation of n_tokens (ssa_session_prefetch;
-  // session held exclusively): nothing where nothing is on another tier.
+  // session held exclusively, check_reservable passed): nothing where nothing
+  // is on another tier.
   virtual absl::Status prefetch_turn(ssa_session& s, uint64_t n_tokens) const { return absl::OkStatus(); }
   // Whether s has a reservation (read without the lock).
   virtual bool has_steps(const ssa_session& s) const { return false; }

@@ -27,14 +27,38 @@ std::vector<std::vector<size_t>> bring_in_orders(ssa_session& s) {
   return orders;
 }
 
+// Waits for the copies of a turn started ahead to land; after a device error
+// they are forgotten.
+absl::Status wait_incoming(SessionState& st) ABSL_EXCLUSIVE_LOCKS_REQUIRED(st.mu) {
+  const cudaError_t e = cudaEventSynchronize(st.moves_done);
+  if (e != cudaSuccess) st.incoming.clear();
+  SSA_CUDA_RETURN(e, "waiting for a prefetch's page copies");
+  return absl::OkStatus();
+}
+
 // Waits for the copies of a turn started ahead, then forgets them (their blocks
 // go back to the pool).
 absl::Status drop_incoming(SessionState& st) ABSL_EXCLUSIVE_LOCKS_REQUIRED(st.mu) {
   if (st.incoming.empty()) return absl::OkStatus();
-  const cudaError_t e = cudaEventSynchronize(st.moves_done);
+  SSA_RETURN_IF_ERROR(wait_incoming(st));
   st.incoming.clear();
-  SSA_CUDA_RETURN(e, "waiting for a prefetch's page copies");
   return absl::OkStatus();
+}
+
+// Device blocks for the pages of `order`, in order, while the budget has room
+// beyond `keep` pages. Not zeroed: the copy into each overwrites the whole page.
+absl::StatusOr<std::vector<std::pair<size_t, PageRef>>> claim_blocks(TieredKvPool& pool,
+                                                                     const std::vector<size_t>& order,
+                                                                     uint64_t keep) {
+  std::vector<std::pair<size_t, PageRef>> blocks;
+  for (size_t i : order) {
+    if (pool.resident_room() <= keep) break;
+    absl::StatusOr<PageRef> dev = pool.device_page(DeviceBudget::kResident, false);
+    if (!dev.ok()) return dev.status();
+    if (*dev == nullptr) break;  // the budget is full
+    blocks.emplace_back(i, *std::move(dev));
+  }
+  return blocks;
 }
 
 // Takes in the pages of a turn started ahead whose copies have landed: each
@@ -44,11 +68,7 @@ absl::Status take_incoming(ssa_session& s) {
   SessionState& st = state(s);
   absl::MutexLock lock(&st.mu);
   if (st.incoming.empty()) return absl::OkStatus();
-  const cudaError_t e = cudaEventSynchronize(st.moves_done);
-  if (e != cudaSuccess) {
-    st.incoming.clear();
-    SSA_CUDA_RETURN(e, "waiting for a prefetch's page copies");
-  }
+  SSA_RETURN_IF_ERROR(wait_incoming(st));
   for (SessionState::IncomingPage& p : st.incoming) {
     LayerStore& layer = s.layers[p.layer];
     if (p.index >= layer.kv_pages.size() || layer.kv_pages[p.index] != p.host) continue;
@@ -149,17 +169,11 @@ absl::Status bring_in(ssa_session& s, uint32_t l, const std::vector<size_t>& ord
   SessionState& st = state(s);
   TieredKvPool& pool = *st.kv_pool;
   LayerStore& layer = s.layers[l];
-  std::vector<std::pair<size_t, PageRef>> moves;
   absl::MutexLock lock(&st.mu);
   LayerTiers& lt = layer_tiers(st, l, s.layout.n_layers);
-  for (size_t i : order) {
-    if (pool.resident_room() <= keep) break;
-    // Not zeroed: move_pages overwrites the whole page.
-    absl::StatusOr<PageRef> dev = pool.device_page(DeviceBudget::kResident, false);
-    if (!dev.ok()) return dev.status();
-    if (*dev == nullptr) break;  // the budget is full
-    moves.emplace_back(i, *std::move(dev));
-  }
+  absl::StatusOr<std::vector<std::pair<size_t, PageRef>>> claimed = claim_blocks(pool, order, keep);
+  if (!claimed.ok()) return claimed.status();
+  std::vector<std::pair<size_t, PageRef>>& moves = *claimed;
   // Each page keeps its host page while it stays unwritten (an append or a
   // reservation drops the backing of the pages it writes); cached copies of the
   // pages moved are dropped by the next table build (their host address is no
@@ -231,17 +245,12 @@ absl::Status start_turn(ssa_session& s, uint64_t n_tokens) {
   TieredKvPool& pool = *st.kv_pool;
   absl::MutexLock lock(&st.mu);
   for (uint32_t l = 0; l < s.layout.n_layers; ++l) {
-    for (size_t i : orders[l]) {
-      if (pool.resident_room() <= new_pages) break;
-      // Not zeroed: the copy overwrites the whole page.
-      absl::StatusOr<PageRef> dev = pool.device_page(DeviceBudget::kResident, false);
-      if (!dev.ok()) {
-        st.incoming.clear();  // nothing queued yet
-        return dev.status();
-      }
-      if (*dev == nullptr) break;  // the budget is full
-      st.incoming.push_back({l, i, s.layers[l].kv_pages[i], *std::move(dev)});
+    absl::StatusOr<std::vector<std::pair<size_t, PageRef>>> claimed = claim_blocks(pool, orders[l], new_pages);
+    if (!claimed.ok()) {
+      st.incoming.clear();  // nothing queued yet
+      return claimed.status();
     }
+    for (auto& [i, dev] : *claimed) st.incoming.push_back({l, i, s.layers[l].kv_pages[i], std::move(dev)});
   }
   if (st.incoming.empty()) return absl::OkStatus();
   const cudaError_t e = queue_incoming(st, pool.page_bytes());

@@ -279,7 +279,6 @@ absl::Status CudaBackend::reserve_steps(ssa_session& s, uint64_t n_tokens) const
 }
 
 absl::Status CudaBackend::prefetch_turn(ssa_session& s, uint64_t n_tokens) const {
-  SSA_RETURN_IF_ERROR(check_reservable(s));
   SessionState& st = state(s);
   if (!st.kv_pool->tiered()) return absl::OkStatus();
   SSA_CUDA_RETURN(cudaSetDevice(st.device), "cudaSetDevice");
