@@ -107,29 +107,31 @@ def pool_bytes(arg, kv_bytes, budget, cache):
     return int(-(-want // chunk) * chunk)
 
 
-def fill(cache, layers, n, nkv, d, chunk, device, dtype, mem):
-    """n rows of random K/V per layer appended chunk by chunk; returns the seconds
-    spent in the appends (K/V generation excluded)."""
+def fill(cache, layers, n, nkv, d, chunk, device, dtype, mem, order="layers"):
+    """n rows of random K/V per layer appended chunk by chunk, layer after layer
+    (what one whole-prompt prefill leaves) or, with order "chunks", each chunk to
+    every layer before the next (a chunked prefill); returns the seconds spent in
+    the appends (K/V generation excluded), in all and per layer."""
     gen = torch.Generator(device=device).manual_seed(7)
-    spent = 0.0
-    per_layer = []
-    for layer in range(layers):
-        before = spent
-        for s in range(0, n, chunk):
-            m = min(chunk, n - s)
-            k = torch.randn(1, nkv, m, d, generator=gen, device=device, dtype=dtype)
-            v = torch.randn(1, nkv, m, d, generator=gen, device=device, dtype=dtype)
-            sync(device)
-            t0 = time.perf_counter()
-            cache.append_kv(layer, k, v)
-            sync(device)
-            spent += time.perf_counter() - t0
-            del k, v
-        mem.sample()
-        per_layer.append(spent - before)
+    per_layer = [0.0] * layers
+    starts = range(0, n, chunk)
+    steps = ([(layer, s) for layer in range(layers) for s in starts] if order == "layers"
+             else [(layer, s) for s in starts for layer in range(layers)])
+    for i, (layer, s) in enumerate(steps):
+        m = min(chunk, n - s)
+        k = torch.randn(1, nkv, m, d, generator=gen, device=device, dtype=dtype)
+        v = torch.randn(1, nkv, m, d, generator=gen, device=device, dtype=dtype)
+        sync(device)
+        t0 = time.perf_counter()
+        cache.append_kv(layer, k, v)
+        sync(device)
+        per_layer[layer] += time.perf_counter() - t0
+        del k, v
+        if i + 1 == len(steps) or steps[i + 1][0] != layer or order == "chunks" and layer == layers - 1:
+            mem.sample()
     # Layers filled once the budget is spent go to the host tier: their rate apart.
-    print("fill, seconds per layer: " + " ".join("%.2f" % t for t in per_layer), flush=True)
-    return spent, per_layer
+    print("fill (%s), seconds per layer: " % order + " ".join("%.2f" % t for t in per_layer), flush=True)
+    return sum(per_layer), per_layer
 
 
 EAGER = False  # --eager: generate's eager path (no CUDA graphs) instead of its compiled one
@@ -228,6 +230,9 @@ def main():
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--chunk", type=int, default=65536)
+    ap.add_argument("--fill-order", choices=["layers", "chunks"], default="layers",
+                    help="layers: each layer's tokens, then the next layer's (a whole-prompt prefill); "
+                         "chunks: each chunk to every layer (a chunked prefill)")
     ap.add_argument("--group-selection", default=None, choices=["mixture", "mean_query"],
                     help="rows chosen per KV head for its query heads (default: per query head)")
     ap.add_argument("--dense", action="store_true", help="also time dense decode from the tiers (a few steps)")
@@ -277,18 +282,18 @@ def main():
         extra["proxy"] = a.proxy
     cache = ssa.hf.SSACache(model, runtime=rt, method="ssa", sparsity=a.sparsity, progress_min_tokens=None, **extra)
     n = a.tokens - 1
-    t_fill, per_layer = fill(cache, a.layers, n, nkv, d, a.chunk, device, dtype, mem)
+    t_fill, per_layer = fill(cache, a.layers, n, nkv, d, a.chunk, device, dtype, mem, a.fill_order)
     filled = kv_bytes * n // a.tokens
     fill_gbs = filled / t_fill / 1e9
     res = dict(tokens=a.tokens, layers=a.layers, shape=a.shape, budget_gib=a.device_kv_budget_gib,
                group_selection=a.group_selection, host_pool_gib=pool / 2 ** 30, host_pool_lock_s=lock_s,
-               fill_s=t_fill, fill_gb_s=fill_gbs, eager=a.eager, reserve_tokens=a.reserve_tokens)
+               fill_s=t_fill, fill_gb_s=fill_gbs, fill_order=a.fill_order, eager=a.eager, reserve_tokens=a.reserve_tokens)
     line = "fill: %d tokens x %d layers in %.1f s of appends: %.2f GB/s" % (n, a.layers, t_fill, fill_gbs)
     # Layers whose K/V fit in the budget's resident part (the first ones) against
     # the rest, which go (mostly) to the host tier.
     layer_bytes = filled / a.layers
     parts = []
-    if device.type == "cuda" and budget:
+    if device.type == "cuda" and budget and a.fill_order == "layers":
         resident = budget - (cache_bytes or budget // 8)
         on_device = min(a.layers, int(resident // layer_bytes))
         parts = [("device-budget layers", per_layer[:on_device]), ("host-tier layers", per_layer[on_device:])]
