@@ -163,6 +163,168 @@ TEST_CASE("tier policy: an idle session gives up its least recently read movable
   }
 }
 
+// Host pages of layer l of a placement (unshared), pinned ones apart.
+struct LayerCounts {
+  uint64_t pinned_host = 0, loose_host = 0, movable = 0, size = 0;
+};
+LayerCounts counts_of(const std::vector<PagePlacement>& pl, uint64_t n, uint32_t P) {
+  LayerCounts c;
+  c.size = pl.size();
+  for (size_t i = 0; i < pl.size(); ++i) {
+    if (pl[i].shared) continue;
+    const bool pinned = pinned_reference(i, n, P);
+    if (pl[i].tier == PageTier::kHost) ++(pinned ? c.pinned_host : c.loose_host);
+    else if (!pinned) ++c.movable;
+  }
+  return c;
+}
+
+TEST_CASE("tier policy: a session taking its turn spreads the host pages it keeps over its layers") {
+  std::mt19937_64 rng(17);
+  uint64_t with_give_ups = 0, without = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    const uint32_t P = 16u << (rng() % 3);
+    const uint32_t layers = 1 + rng() % 6;
+    std::vector<std::vector<PagePlacement>> pl(layers);
+    std::vector<uint64_t> n(layers);
+    const int shape = trial % 3;  // 0: the last layers on the host (a layer-major fill); 1: random; 2: spread
+    const uint32_t host_from = rng() % (layers + 1);
+    for (uint32_t l = 0; l < layers; ++l) {
+      n[l] = 200 + rng() % 6000;
+      pl[l].resize((n[l] + P - 1) / P);
+      for (size_t i = 0; i < pl[l].size(); ++i) {
+        PagePlacement& p = pl[l][i];
+        const bool host = shape == 0 ? l >= host_from && !pinned_reference(i, n[l], P)
+                          : shape == 1 ? rng() % 3 == 0
+                                       : i % 4 == 1;
+        p.tier = host ? PageTier::kHost : PageTier::kDevice;
+        p.shared = rng() % 11 == 0;
+        p.last_read = rng() % 3 == 0 ? 0 : rng() % 20;
+      }
+    }
+    const uint64_t room = rng() % 3 == 0 ? 0 : rng() % 400;
+    const BalancePlan plan = plan_balance(pl, n, P, room);
+    INFO("trial ", trial, " layers ", layers, " room ", room);
+    REQUIRE(plan.bring_in.size() == layers);
+    std::vector<LayerCounts> c(layers);
+    uint64_t pinned_total = 0, loose_total = 0;
+    for (uint32_t l = 0; l < layers; ++l) {
+      c[l] = counts_of(pl[l], n[l], P);
+      pinned_total += c[l].pinned_host;
+      loose_total += c[l].loose_host;
+    }
+    // Give-ups: movable device pages (unshared, unpinned), each once, and per
+    // layer the least recently read first (then the oldest).
+    std::set<std::pair<uint32_t, size_t>> seen;
+    std::vector<std::vector<size_t>> given(layers);
+    for (const LayerPage& g : plan.give_up) {
+      REQUIRE(g.layer < layers);
+      REQUIRE(g.page < pl[g.layer].size());
+      const PagePlacement& p = pl[g.layer][g.page];
+      CHECK(p.tier == PageTier::kDevice);
+      CHECK(!p.shared);
+      CHECK(!pinned_reference(g.page, n[g.layer], P));
+      CHECK(seen.insert({g.layer, g.page}).second);
+      given[g.layer].push_back(g.page);
+    }
+    for (uint32_t l = 0; l < layers; ++l) {
+      for (size_t i = 0; i < pl[l].size(); ++i) {  // nothing left on the device is a better victim
+        const PagePlacement& p = pl[l][i];
+        if (p.shared || p.tier != PageTier::kDevice || pinned_reference(i, n[l], P) || seen.count({l, i})) continue;
+        for (size_t g : given[l]) {
+          const PagePlacement& q = pl[l][g];
+          CHECK((q.last_read < p.last_read || (q.last_read == p.last_read && g < i)));
+        }
+      }
+    }
+    if (room < pinned_total) {  // only pinned pages, in layer order, as far as the room goes
+      CHECK(plan.give_up.empty());
+      uint64_t left = room;
+      for (uint32_t l = 0; l < layers; ++l) {
+        CHECK(plan.bring_in[l] == std::min(left, c[l].pinned_host));
+        left -= std::min(left, c[l].pinned_host);
+      }
+      continue;
+    }
+    // What stays on the host after the turn, per layer (its unpinned pages).
+    uint64_t brought = 0, stay_total = 0;
+    std::vector<uint64_t> stay(layers);
+    for (uint32_t l = 0; l < layers; ++l) {
+      REQUIRE(plan.bring_in[l] >= c[l].pinned_host);  // pinned pages always come in
+      REQUIRE(plan.bring_in[l] <= c[l].pinned_host + c[l].loose_host);
+      brought += plan.bring_in[l];
+      stay[l] = c[l].loose_host - (plan.bring_in[l] - c[l].pinned_host) + given[l].size();
+      stay_total += stay[l];
+    }
+    // The room is used: everything comes in that fits, counting the give-ups.
+    const uint64_t fit = pinned_total + std::min(loose_total, room - pinned_total);
+    if (!plan.give_up.empty()) {
+      ++with_give_ups;
+      CHECK(brought == fit + plan.give_up.size());
+      CHECK(plan.give_up.size() >= layers);
+      // Spread: a layer keeps more than its share only where it could not give
+      // more (every movable page given), and by at most one page's rounding.
+      for (uint32_t a = 0; a < layers; ++a) {
+        for (uint32_t b = 0; b < layers; ++b) {
+          if (c[b].size == 0 || c[a].size == 0) continue;
+          const bool b_full = stay[b] == c[b].loose_host + c[b].movable;
+          if (b_full) continue;
+          // stay[a] / size[a] <= (stay[b] + 1) / size[b]
+          CHECK(stay[a] * c[b].size <= (stay[b] + 1) * c[a].size);
+        }
+      }
+    } else {
+      ++without;
+      CHECK(brought >= fit);
+      CHECK(brought < fit + layers);  // give-ups left out: under one page per layer
+    }
+  }
+  CHECK(with_give_ups > 30);
+  CHECK(without > 50);
+}
+
+TEST_CASE("tier policy: a layer-major fill's host layers are spread at the turn; once spread, nothing moves") {
+  // Four layers of 256 pages of 16 tokens, the last one on the host (as a fill
+  // layer after layer leaves it), no room: its 184 unpinned pages are spread.
+  const uint32_t P = 16, layers = 4;
+  const uint64_t n = 256 * P;
+  std::vector<std::vector<PagePlacement>> pl(layers, std::vector<PagePlacement>(256));
+  std::vector<uint64_t> ns(layers, n);
+  uint64_t host = 0;
+  for (size_t i = 0; i < 256; ++i) {
+    if (!pinned_to_device(i, n, P)) {
+      pl[3][i].tier = PageTier::kHost;
+      ++host;
+    }
+  }
+  BalancePlan plan = plan_balance(pl, ns, P, 0);
+  CHECK(host == 256 - kDeviceHeadTokens / P - kDeviceTailTokens / P);  // the sink's and the window's pages pinned
+  std::vector<uint64_t> stays(layers, 0);
+  stays[3] = host - plan.bring_in[3];
+  for (const LayerPage& g : plan.give_up) ++stays[g.layer];
+  for (uint32_t l = 0; l < layers; ++l) CHECK(stays[l] * layers <= host + layers);  // within a page of host / 4
+  CHECK(stays[0] + stays[1] + stays[2] + stays[3] == host);
+  // Never read: the oldest unpinned pages go first, from page 8 on (0-7 hold the sink).
+  for (uint32_t l = 0; l < 3; ++l) {
+    std::vector<size_t> got;
+    for (const LayerPage& g : plan.give_up)
+      if (g.layer == l) got.push_back(g.page);
+    REQUIRE(!got.empty());
+    for (size_t k = 0; k < got.size(); ++k) CHECK(got[k] == 8 + k);
+  }
+  // Applied, the plan leaves nothing to move.
+  for (const LayerPage& g : plan.give_up) pl[g.layer][g.page].tier = PageTier::kHost;
+  std::vector<size_t> order = plan_bring_in(pl[3], n, P);
+  for (uint64_t k = 0; k < plan.bring_in[3]; ++k) pl[3][order[k]].tier = PageTier::kDevice;
+  const BalancePlan again = plan_balance(pl, ns, P, 0);
+  CHECK(again.give_up.empty());
+  for (uint32_t l = 0; l < layers; ++l) CHECK(again.bring_in[l] <= 1);
+  // Room for everything: all comes in, nothing is given up.
+  const BalancePlan all = plan_balance(pl, ns, P, 4 * 256);
+  CHECK(all.give_up.empty());
+  for (uint32_t l = 0; l < layers; ++l) CHECK(all.bring_in[l] == stays[l]);
+}
+
 TEST_CASE("budget peers: the idle are visited least recently active first; never self, never one not yet active") {
   BudgetPeers peers;
   std::vector<ssa_session*> s;

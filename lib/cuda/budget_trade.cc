@@ -118,17 +118,16 @@ cudaError_t queue_incoming(SessionState& st, size_t page_bytes) ABSL_EXCLUSIVE_L
   return e != cudaSuccess ? e : recorded;
 }
 
-// Moves up to `count` of idle peer `t`'s movable device pages to its host tier
-// (t held exclusively by the caller). Its queued decodes are waited for and its
-// tables dropped first, so the pages' device memory and charges go back at
-// once; its next decode builds its tables again. Its cached copies go too:
-// the reserving session may need the cache account. Adds the pages moved to *moved.
-absl::Status give_up(ssa_session& t, uint64_t count, uint64_t* moved) {
+// Drops `t`'s cached views of its pages (t->mu and st.mu held): a turn it
+// started ahead (its blocks go back once its copies have landed), its tables
+// (its queued decodes are waited for first) and its cached copies, so that the
+// device memory and charges of the pages it moves out go back at once; its next
+// decode builds its tables again. Adds the incoming pages dropped to *moved and
+// returns its layers' placements.
+absl::StatusOr<std::vector<std::vector<PagePlacement>>> drop_views(ssa_session& t, uint64_t* moved)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(state(t).mu) {
   SessionState& st = state(t);
-  if (!st.kv_pool->tiered() || st.steps_reserved.load()) return absl::OkStatus();  // its steps read its tables
-  TieredKvPool& pool = *st.kv_pool;
-  absl::MutexLock lock(&st.mu);
-  if (!st.incoming.empty()) {  // a turn it started ahead: its blocks go back once its copies have landed
+  if (!st.incoming.empty()) {
     const size_t n = st.incoming.size();
     SSA_RETURN_IF_ERROR(drop_incoming(st));
     *moved += n;
@@ -136,17 +135,25 @@ absl::Status give_up(ssa_session& t, uint64_t count, uint64_t* moved) {
   st.drop_tables();
   const uint32_t n_layers = t.layout.n_layers;
   std::vector<std::vector<PagePlacement>> placement(n_layers);
-  std::vector<uint64_t> n_tokens(n_layers);
   for (uint32_t l = 0; l < n_layers; ++l) {
     LayerTiers& lt = layer_tiers(st, l, n_layers);
     drop_copies(lt, 0);
     placement[l] = placement_of(t, l, lt);
-    n_tokens[l] = t.layers[l].n_tokens;
   }
+  return placement;
+}
+
+// Moves `pages` of `t` (device pages, movable) to its host tier, after
+// drop_views. A page brought in earlier and not written since goes back to the
+// host page it kept (no copy). Adds the pages moved to *moved.
+absl::Status move_out(ssa_session& t, const std::vector<LayerPage>& pages, uint64_t* moved)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(state(t).mu) {
+  SessionState& st = state(t);
+  TieredKvPool& pool = *st.kv_pool;
   std::map<uint32_t, std::vector<std::pair<size_t, PageRef>>> moves;  // by layer
-  for (const LayerPage& p : plan_give_up(placement, n_tokens, t.layout.page_tokens, count)) {
+  for (const LayerPage& p : pages) {
     const PageRef& page = t.layers[p.layer].kv_pages[p.page];
-    if (PageRef backed = take_backing(*st.tiers[p.layer], p.page, page)) {  // the same bytes on the host: no copy
+    if (PageRef backed = take_backing(*st.tiers[p.layer], p.page, page)) {
       replace_page(t, p.layer, p.page, std::move(backed));
       ++*moved;
       continue;
@@ -157,10 +164,49 @@ absl::Status give_up(ssa_session& t, uint64_t count, uint64_t* moved) {
   }
   for (auto& [l, m] : moves) {
     const size_t n = m.size();
-    SSA_RETURN_IF_ERROR(move_pages(t, l, m, pool.page_bytes(), "page move to an idle session's host tier"));
+    SSA_RETURN_IF_ERROR(move_pages(t, l, m, pool.page_bytes(), "page move to the host tier"));
     *moved += n;
   }
   return absl::OkStatus();
+}
+
+// Moves up to `count` of idle peer `t`'s movable device pages to its host tier
+// (t held exclusively by the caller), least recently read first over all its
+// layers. Its cached copies go too: the reserving session may need the cache
+// account. Adds the pages moved to *moved.
+absl::Status give_up(ssa_session& t, uint64_t count, uint64_t* moved) {
+  SessionState& st = state(t);
+  if (!st.kv_pool->tiered() || st.steps_reserved.load()) return absl::OkStatus();  // its steps read its tables
+  absl::MutexLock lock(&st.mu);
+  absl::StatusOr<std::vector<std::vector<PagePlacement>>> placement = drop_views(t, moved);
+  if (!placement.ok()) return placement.status();
+  std::vector<uint64_t> n_tokens;
+  for (const LayerStore& layer : t.layers) n_tokens.push_back(layer.n_tokens);
+  return move_out(t, plan_give_up(*placement, n_tokens, t.layout.page_tokens, count), moved);
+}
+
+// How many of each layer's host pages `s` brings in at its turn, beyond the
+// room kept for `new_pages` (plan_balance), after moving out the device pages
+// of its own that spread its host pages over its layers.
+absl::StatusOr<std::vector<uint64_t>> balance(ssa_session& s, uint64_t new_pages) {
+  SessionState& st = state(s);
+  absl::MutexLock lock(&st.mu);
+  const uint32_t n_layers = s.layout.n_layers;
+  std::vector<std::vector<PagePlacement>> placement(n_layers);
+  std::vector<uint64_t> n_tokens(n_layers);
+  for (uint32_t l = 0; l < n_layers; ++l) {
+    placement[l] = placement_of(s, l, layer_tiers(st, l, n_layers));
+    n_tokens[l] = s.layers[l].n_tokens;
+  }
+  const uint64_t room = st.kv_pool->resident_room();
+  BalancePlan plan = plan_balance(placement, n_tokens, s.layout.page_tokens, room > new_pages ? room - new_pages : 0);
+  if (!plan.give_up.empty()) {
+    uint64_t moved = 0;
+    absl::StatusOr<std::vector<std::vector<PagePlacement>>> dropped = drop_views(s, &moved);
+    if (!dropped.ok()) return dropped.status();
+    SSA_RETURN_IF_ERROR(move_out(s, plan.give_up, &moved));
+  }
+  return plan.bring_in;
 }
 
 // Brings layer l's host pages of `s` to the device, in `order`, while the
@@ -231,7 +277,12 @@ absl::Status take_turn(ssa_session& s, uint64_t n_tokens) {
   std::vector<std::vector<size_t>> orders;
   uint64_t new_pages = 0;
   SSA_RETURN_IF_ERROR(make_room(s, n_tokens, &orders, &new_pages));
-  for (uint32_t l = 0; l < s.layout.n_layers; ++l) SSA_RETURN_IF_ERROR(bring_in(s, l, orders[l], new_pages));
+  absl::StatusOr<std::vector<uint64_t>> counts = balance(s, new_pages);
+  if (!counts.ok()) return counts.status();
+  for (uint32_t l = 0; l < s.layout.n_layers; ++l) {
+    if (orders[l].size() > (*counts)[l]) orders[l].resize((*counts)[l]);
+    SSA_RETURN_IF_ERROR(bring_in(s, l, orders[l], new_pages));
+  }
   return absl::OkStatus();
 }
 

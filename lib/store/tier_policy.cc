@@ -62,4 +62,95 @@ std::vector<LayerPage> plan_give_up(const std::vector<std::vector<PagePlacement>
   return out;
 }
 
+namespace {
+
+// The host pages each layer keeps, `total` in all (at most the sum of `cap`),
+// in proportion to the layers' sizes: t[l] = min(cap[l], floor(lambda size[l]))
+// for the largest lambda whose sum fits, then the pages left one at a time to
+// the layer whose share would stay the smallest (ties: the lowest layer).
+std::vector<uint64_t> spread_over(const std::vector<uint64_t>& size, const std::vector<uint64_t>& cap,
+                                  uint64_t total) {
+  const size_t L = size.size();
+  auto at = [&](double lambda, std::vector<uint64_t>* t) {
+    uint64_t sum = 0;
+    for (size_t l = 0; l < L; ++l) {
+      const uint64_t v = std::min<uint64_t>(cap[l], static_cast<uint64_t>(lambda * static_cast<double>(size[l])));
+      if (t != nullptr) (*t)[l] = v;
+      sum += v;
+    }
+    return sum;
+  };
+  double lo = 0.0, hi = 1.0;  // a layer never keeps more than its size
+  for (int i = 0; i < 64; ++i) {
+    const double mid = (lo + hi) / 2;
+    (at(mid, nullptr) <= total ? lo : hi) = mid;
+  }
+  std::vector<uint64_t> t(L);
+  uint64_t sum = at(lo, &t);
+  while (sum < total) {
+    size_t best = L;
+    for (size_t l = 0; l < L; ++l) {
+      if (t[l] >= cap[l]) continue;
+      // (t[l] + 1) / size[l] < (t[best] + 1) / size[best], in integers
+      if (best == L || (t[l] + 1) * size[best] < (t[best] + 1) * size[l]) best = l;
+    }
+    if (best == L) break;  // every layer at its cap
+    ++t[best];
+    ++sum;
+  }
+  return t;
+}
+
+}  // namespace
+
+BalancePlan plan_balance(const std::vector<std::vector<PagePlacement>>& pages, const std::vector<uint64_t>& n_tokens,
+                         uint32_t page_tokens, uint64_t room) {
+  const size_t L = pages.size();
+  BalancePlan plan;
+  plan.bring_in.assign(L, 0);
+  std::vector<uint64_t> pinned_host(L, 0), loose_host(L, 0), size(L), cap(L);
+  std::vector<std::vector<size_t>> movable(L);  // unpinned device pages, first victim first
+  uint64_t pinned_total = 0, loose_total = 0;
+  for (size_t l = 0; l < L; ++l) {
+    const std::vector<PagePlacement>& pl = pages[l];
+    for (size_t i = 0; i < pl.size(); ++i) {
+      if (pl[i].shared) continue;
+      const bool pinned = pinned_to_device(i, n_tokens[l], page_tokens);
+      if (pl[i].tier == PageTier::kHost) {
+        ++(pinned ? pinned_host[l] : loose_host[l]);
+      } else if (pl[i].tier == PageTier::kDevice && !pinned) {
+        movable[l].push_back(i);
+      }
+    }
+    std::sort(movable[l].begin(), movable[l].end(), [&](size_t a, size_t b) {
+      return pl[a].last_read != pl[b].last_read ? pl[a].last_read < pl[b].last_read : a < b;
+    });
+    pinned_total += pinned_host[l];
+    loose_total += loose_host[l];
+    size[l] = pl.size();
+    cap[l] = loose_host[l] + movable[l].size();
+  }
+  if (room < pinned_total) {  // the pinned pages only, layer after layer, as far as the room goes
+    uint64_t left = room;
+    for (size_t l = 0; l < L; ++l) {
+      plan.bring_in[l] = std::min(left, pinned_host[l]);
+      left -= plan.bring_in[l];
+    }
+    return plan;
+  }
+  const uint64_t stay = loose_total - std::min(loose_total, room - pinned_total);
+  const std::vector<uint64_t> keep = spread_over(size, cap, stay);
+  uint64_t give_total = 0;
+  for (size_t l = 0; l < L; ++l) {
+    plan.bring_in[l] = pinned_host[l] + (loose_host[l] > keep[l] ? loose_host[l] - keep[l] : 0);
+    give_total += keep[l] > loose_host[l] ? keep[l] - loose_host[l] : 0;
+  }
+  if (give_total < L) return plan;  // bring_in stops where the room ends
+  for (size_t l = 0; l < L; ++l) {
+    for (uint64_t k = loose_host[l]; k < keep[l]; ++k)
+      plan.give_up.push_back(LayerPage{static_cast<uint32_t>(l), movable[l][k - loose_host[l]]});
+  }
+  return plan;
+}
+
 }  // namespace ssa

@@ -70,4 +70,27 @@ struct LayerPage {
 std::vector<LayerPage> plan_give_up(const std::vector<std::vector<PagePlacement>>& pages,
                                     const std::vector<uint64_t>& n_tokens, uint32_t page_tokens, uint64_t count);
 
+// The host pages a session taking its turn leaves on the host are spread over
+// its layers in proportion to their pages, not left to the layers filled last:
+// a decode reads every layer in turn, and a layer's reads of host rows overlap
+// its reads of device rows, so host rows spread over all layers cost less than
+// the same rows read by a few layers alone (docs/TIERED_MEMORY.md, "Host pages
+// spread over the layers").
+struct BalancePlan {
+  std::vector<uint64_t> bring_in;  // per layer: how many of its plan_bring_in order to bring in
+  std::vector<LayerPage> give_up;  // the session's own device pages to move to the host first
+};
+
+// For a session whose layers hold `pages` (layer l: n_tokens[l] tokens) when the
+// device can take `room` more of its pages: its pinned host pages all come in;
+// the rest of the room brings in the host pages of the layers holding the most
+// host pages for their size, and where the host pages left would still sit in
+// fewer layers than the room allows, layers with less than their share give up
+// movable device pages (least recently read first, then the oldest) so that as
+// many host pages come in from the others. Give-ups are left out when fewer than
+// one page per layer would move (no churn for a small difference), and so is
+// everything beyond the pinned pages when the room cannot take those.
+BalancePlan plan_balance(const std::vector<std::vector<PagePlacement>>& pages, const std::vector<uint64_t>& n_tokens,
+                         uint32_t page_tokens, uint64_t room);
+
 }  // namespace ssa

@@ -620,6 +620,109 @@ TEST_CASE("gpu graph step: sessions taking turns trade the budget: the one reser
   ssa_runtime_destroy(gpu);
 }
 
+// Host pages of each layer of `s` (its K/V pages on the host tier).
+std::vector<uint32_t> host_pages_per_layer(ssa_session* s) {
+  cuda::SessionState& st = cuda::state(*s);
+  absl::MutexLock lock(&st.mu);
+  std::vector<uint32_t> n;
+  for (const LayerStore& layer : s->layers) {
+    uint32_t h = 0;
+    for (const PageRef& p : layer.kv_pages) h += p->tier() != PageTier::kDevice;
+    n.push_back(h);
+  }
+  return n;
+}
+
+TEST_CASE("gpu graph step: a session filled layer after layer spreads its host pages over its layers at its turn") {
+  SSA_GPU_TEST_OR_SKIP();
+  // Four layers of 4000 tokens (32 pages of 128 KiB each, 10 pinned), 80 resident
+  // pages: filled layer after layer, the last two layers hold the 48 pages beyond
+  // the budget. The reservation spreads them: 12 a layer.
+  constexpr uint32_t kLayers = 4, kTurn = 16;
+  ssa_runtime* gpu = runtime(SSA_BACKEND_CUDA);
+  ssa_runtime* rt = turns_runtime(80);
+  cudaStream_t st;
+  REQUIRE(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) == cudaSuccess);
+  const ssa_decode_params p = step_params(SSA_METHOD_SSA, st);
+  std::vector<std::unique_ptr<Loop>> loops;
+  for (uint32_t l = 0; l < kLayers; ++l) loops.push_back(std::make_unique<Loop>(4000, 2 * kTurn, 71 + l));
+  auto filled = [&](ssa_runtime* r) {
+    ssa_session_config c = ssa_test::make_config(kLayers, kNq, kNkv, kD, SSA_DTYPE_F16);
+    c.page_tokens = 128;
+    c.index_min_tokens = 1024;
+    c.index_regrow_factor = 0.0f;
+    ssa_session* s = nullptr;
+    REQUIRE(ssa_session_create(r, &c, &s) == SSA_OK);
+    for (uint32_t l = 0; l < kLayers; ++l)
+      REQUIRE(ssa_session_append(s, l, loops[l]->k_at(0), loops[l]->v_at(0), 4000) == SSA_OK);
+    return s;
+  };
+  ssa_session* ref = filled(gpu);
+  ssa_session* tiered = filled(rt);
+  const std::vector<uint32_t> before = host_pages_per_layer(tiered);
+  uint32_t host_before = 0;
+  for (uint32_t h : before) host_before += h;
+  MESSAGE("host pages per layer after the fill: ", before[0], " ", before[1], " ", before[2], " ", before[3]);
+  CHECK(before[0] == 0);
+  CHECK(before[3] >= 20);
+  std::vector<std::unique_ptr<DevBuf<uint16_t>>> out_ref, out_tiered;
+  for (uint32_t l = 0; l < kLayers; ++l) {
+    out_ref.push_back(std::make_unique<DevBuf<uint16_t>>(size_t{2} * kTurn * kOut));
+    out_tiered.push_back(std::make_unique<DevBuf<uint16_t>>(size_t{2} * kTurn * kOut));
+  }
+  std::vector<uint32_t> prev;
+  for (uint32_t turn = 0; turn < 2; ++turn) {
+    REQUIRE(ssa_session_reserve(ref, kTurn) == SSA_OK);
+    REQUIRE(ssa_session_reserve(tiered, kTurn) == SSA_OK);
+    const std::vector<uint32_t> at = host_pages_per_layer(tiered);
+    INFO("turn ", turn, ": host pages per layer ", at[0], " ", at[1], " ", at[2], " ", at[3]);
+    uint32_t lo = at[0], hi = at[0], total = 0;
+    for (uint32_t h : at) {
+      lo = std::min(lo, h);
+      hi = std::max(hi, h);
+      total += h;
+    }
+    CHECK(hi - lo <= 1);
+    // As many stay on the host as before, beside the reservation's new pages.
+    CHECK(total + kLayers >= host_before);
+    CHECK(total <= host_before + kLayers);
+    std::vector<uint64_t> layer_host(kLayers, 0);
+    for (uint32_t j = 0; j < kTurn; ++j) {
+      const uint32_t step = turn * kTurn + j;
+      for (uint32_t l = 0; l < kLayers; ++l) {
+        const Loop& L = *loops[l];
+        const uint32_t t = L.prompt + step;
+        ssa_decode_stats se;
+        ssa_decode_stats_init(&se);
+        INFO("step ", step, " layer ", l);
+        REQUIRE(ssa_decode_step(ref, l, L.k_at(t), L.v_at(t), L.q_at(step), out_ref[l]->p + size_t{step} * kOut, &p,
+                                nullptr) == SSA_OK);
+        REQUIRE(ssa_decode_step(tiered, l, L.k_at(t), L.v_at(t), L.q_at(step),
+                                out_tiered[l]->p + size_t{step} * kOut, &p, &se) == SSA_OK);
+        layer_host[l] += se.rows_from_host + se.host_cache_hits;
+      }
+    }
+    // Every layer reads rows of host pages now, not the last two alone.
+    for (uint32_t l = 0; l < kLayers; ++l) CHECK(layer_host[l] > 0);
+    REQUIRE(ssa_session_sync(ref, nullptr) == SSA_OK);
+    REQUIRE(ssa_session_sync(tiered, nullptr) == SSA_OK);
+    // Spread, the next turn moves nothing back: at most a page per layer more
+    // (an older page out for the window's new one).
+    for (uint32_t l = 0; l < kLayers && turn == 1; ++l) CHECK((at[l] >= prev[l] && at[l] <= prev[l] + 1));
+    prev = at;
+  }
+  REQUIRE(cudaStreamSynchronize(st) == cudaSuccess);
+  for (uint32_t l = 0; l < kLayers; ++l) {
+    INFO("layer ", l);
+    CHECK(out_tiered[l]->download(out_tiered[l]->n) == out_ref[l]->download(out_ref[l]->n));
+  }
+  ssa_session_destroy(ref);
+  ssa_session_destroy(tiered);
+  cudaStreamDestroy(st);
+  ssa_runtime_destroy(rt);
+  ssa_runtime_destroy(gpu);
+}
+
 // Pages of a turn started ahead (ssa_session_prefetch) still being copied in.
 size_t pages_in_flight(ssa_session* s) {
   cuda::SessionState& st = cuda::state(*s);
