@@ -130,7 +130,13 @@ BalancePlan plan_balance(const std::vector<std::vector<PagePlacement>>& pages, c
     size[l] = pl.size();
     cap[l] = loose_host[l] + movable[l].size();
   }
-  if (room < pinned_total) {  // the pinned pages only, layer after layer, as far as the room goes
+  // What stays on the host in all: everything beyond the room. Pinned pages
+  // stay only where the unpinned ones cannot take their place.
+  const uint64_t host_total = pinned_total + loose_total;
+  const uint64_t stay = host_total - std::min(host_total, room);
+  uint64_t cap_total = 0;
+  for (size_t l = 0; l < L; ++l) cap_total += cap[l];
+  if (stay > cap_total) {  // the pinned pages only, layer after layer, as far as the room goes
     uint64_t left = room;
     for (size_t l = 0; l < L; ++l) {
       plan.bring_in[l] = std::min(left, pinned_host[l]);
@@ -138,7 +144,6 @@ BalancePlan plan_balance(const std::vector<std::vector<PagePlacement>>& pages, c
     }
     return plan;
   }
-  const uint64_t stay = loose_total - std::min(loose_total, room - pinned_total);
   const std::vector<uint64_t> keep = spread_over(size, cap, stay);
   uint64_t give_total = 0;
   for (size_t l = 0; l < L; ++l) {

@@ -82,14 +82,15 @@ struct BalancePlan {
 };
 
 // For a session whose layers hold `pages` (layer l: n_tokens[l] tokens) when the
-// device can take `room` more of its pages: its pinned host pages all come in;
-// the rest of the room brings in the host pages of the layers holding the most
-// host pages for their size, and where the host pages left would still sit in
-// fewer layers than the room allows, layers with less than their share give up
+// device can take `room` more of its pages: what does not fit stays on the host,
+// spread over the layers in proportion to their pages. Its pinned host pages all
+// come in, and the layers holding more host pages than their share bring theirs
+// in; where the room is not enough for that, the layers holding less give up
 // movable device pages (least recently read first, then the oldest) so that as
-// many host pages come in from the others. Give-ups are left out when fewer than
-// one page per layer would move (no churn for a small difference), and so is
-// everything beyond the pinned pages when the room cannot take those.
+// many more come in. Give-ups are left out when fewer than one page per layer
+// would move (no churn for a small difference), and everything beyond the pinned
+// pages (brought in layer after layer as far as the room goes) when even giving
+// up every movable page would not make room for them.
 BalancePlan plan_balance(const std::vector<std::vector<PagePlacement>>& pages, const std::vector<uint64_t>& n_tokens,
                          uint32_t page_tokens, uint64_t room);
 
