@@ -109,7 +109,7 @@ BalancePlan plan_balance(const std::vector<std::vector<PagePlacement>>& pages, c
   BalancePlan plan;
   plan.bring_in.assign(L, 0);
   std::vector<uint64_t> pinned_host(L, 0), loose_host(L, 0), size(L), cap(L);
-  std::vector<std::vector<size_t>> movable(L);  // unpinned device pages, first victim first
+  std::vector<std::vector<size_t>> movable(L);  // unpinned device pages
   uint64_t pinned_total = 0, loose_total = 0;
   for (size_t l = 0; l < L; ++l) {
     const std::vector<PagePlacement>& pl = pages[l];
@@ -122,9 +122,6 @@ BalancePlan plan_balance(const std::vector<std::vector<PagePlacement>>& pages, c
         movable[l].push_back(i);
       }
     }
-    std::sort(movable[l].begin(), movable[l].end(), [&](size_t a, size_t b) {
-      return pl[a].last_read != pl[b].last_read ? pl[a].last_read < pl[b].last_read : a < b;
-    });
     pinned_total += pinned_host[l];
     loose_total += loose_host[l];
     size[l] = pl.size();
@@ -152,8 +149,15 @@ BalancePlan plan_balance(const std::vector<std::vector<PagePlacement>>& pages, c
   }
   if (give_total < L) return plan;  // bring_in stops where the room ends
   for (size_t l = 0; l < L; ++l) {
-    for (uint64_t k = loose_host[l]; k < keep[l]; ++k)
-      plan.give_up.push_back(LayerPage{static_cast<uint32_t>(l), movable[l][k - loose_host[l]]});
+    if (keep[l] <= loose_host[l]) continue;
+    // The least recently read first, then the oldest; sorted only this far.
+    const std::vector<PagePlacement>& pl = pages[l];
+    std::vector<size_t>& m = movable[l];
+    const auto n = static_cast<ptrdiff_t>(keep[l] - loose_host[l]);
+    std::partial_sort(m.begin(), m.begin() + n, m.end(), [&](size_t a, size_t b) {
+      return pl[a].last_read != pl[b].last_read ? pl[a].last_read < pl[b].last_read : a < b;
+    });
+    for (ptrdiff_t k = 0; k < n; ++k) plan.give_up.push_back(LayerPage{static_cast<uint32_t>(l), m[static_cast<size_t>(k)]});
   }
   return plan;
 }
