@@ -13,19 +13,30 @@
 namespace ssa::cuda {
 namespace {
 
-// Per layer, the host pages `s` would bring in, in order (plan_bring_in). Its
-// pages do not change until it brings them in: it is held exclusively, and its
-// peers giving up theirs leave its own alone.
-std::vector<std::vector<size_t>> bring_in_orders(ssa_session& s) {
+// The placement of every layer's pages (st.mu held): the tier policy's input.
+std::vector<std::vector<PagePlacement>> layer_placements(ssa_session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(state(s).mu) {
   SessionState& st = state(s);
-  absl::MutexLock lock(&st.mu);
-  std::vector<std::vector<size_t>> orders(s.layout.n_layers);
-  for (uint32_t l = 0; l < s.layout.n_layers; ++l) {
-    LayerTiers& lt = layer_tiers(st, l, s.layout.n_layers);
-    orders[l] = plan_bring_in(placement_of(s, l, lt), s.layers[l].n_tokens, s.layout.page_tokens);
-  }
-  return orders;
+  const uint32_t n_layers = s.layout.n_layers;
+  std::vector<std::vector<PagePlacement>> placement(n_layers);
+  for (uint32_t l = 0; l < n_layers; ++l) placement[l] = placement_of(s, l, layer_tiers(st, l, n_layers));
+  return placement;
 }
+
+std::vector<uint64_t> layer_lengths(const ssa_session& s) {
+  std::vector<uint64_t> n;
+  for (const LayerStore& layer : s.layers) n.push_back(layer.n_tokens);
+  return n;
+}
+
+// A turn of `s` as make_room leaves it: its layers' placements and, per layer,
+// the host pages it would bring in, in order (plan_bring_in); the reservation's
+// new pages. Its pages do not change until it brings them in: it is held
+// exclusively, and its peers giving up theirs leave its own alone.
+struct Turn {
+  std::vector<std::vector<PagePlacement>> placement;
+  std::vector<std::vector<size_t>> orders;
+  uint64_t new_pages = 0;
+};
 
 // Waits for the copies of a turn started ahead to land; after a device error
 // they are forgotten.
@@ -122,10 +133,8 @@ cudaError_t queue_incoming(SessionState& st, size_t page_bytes) ABSL_EXCLUSIVE_L
 // started ahead (its blocks go back once its copies have landed), its tables
 // (its queued decodes are waited for first) and its cached copies, so that the
 // device memory and charges of the pages it moves out go back at once; its next
-// decode builds its tables again. Adds the incoming pages dropped to *moved and
-// returns its layers' placements.
-absl::StatusOr<std::vector<std::vector<PagePlacement>>> drop_views(ssa_session& t, uint64_t* moved)
-    ABSL_EXCLUSIVE_LOCKS_REQUIRED(state(t).mu) {
+// decode builds its tables again. Adds the incoming pages dropped to *moved.
+absl::Status drop_views(ssa_session& t, uint64_t* moved) ABSL_EXCLUSIVE_LOCKS_REQUIRED(state(t).mu) {
   SessionState& st = state(t);
   if (!st.incoming.empty()) {
     const size_t n = st.incoming.size();
@@ -133,14 +142,8 @@ absl::StatusOr<std::vector<std::vector<PagePlacement>>> drop_views(ssa_session& 
     *moved += n;
   }
   st.drop_tables();
-  const uint32_t n_layers = t.layout.n_layers;
-  std::vector<std::vector<PagePlacement>> placement(n_layers);
-  for (uint32_t l = 0; l < n_layers; ++l) {
-    LayerTiers& lt = layer_tiers(st, l, n_layers);
-    drop_copies(lt, 0);
-    placement[l] = placement_of(t, l, lt);
-  }
-  return placement;
+  for (uint32_t l = 0; l < t.layout.n_layers; ++l) drop_copies(layer_tiers(st, l, t.layout.n_layers), 0);
+  return absl::OkStatus();
 }
 
 // Moves `pages` of `t` (device pages, movable) to its host tier, after
@@ -178,32 +181,22 @@ absl::Status give_up(ssa_session& t, uint64_t count, uint64_t* moved) {
   SessionState& st = state(t);
   if (!st.kv_pool->tiered() || st.steps_reserved.load()) return absl::OkStatus();  // its steps read its tables
   absl::MutexLock lock(&st.mu);
-  absl::StatusOr<std::vector<std::vector<PagePlacement>>> placement = drop_views(t, moved);
-  if (!placement.ok()) return placement.status();
-  std::vector<uint64_t> n_tokens;
-  for (const LayerStore& layer : t.layers) n_tokens.push_back(layer.n_tokens);
-  return move_out(t, plan_give_up(*placement, n_tokens, t.layout.page_tokens, count), moved);
+  SSA_RETURN_IF_ERROR(drop_views(t, moved));
+  return move_out(t, plan_give_up(layer_placements(t), layer_lengths(t), t.layout.page_tokens, count), moved);
 }
 
 // How many of each layer's host pages `s` brings in at its turn, beyond the
-// room kept for `new_pages` (plan_balance), after moving out the device pages
-// of its own that spread its host pages over its layers.
-absl::StatusOr<std::vector<uint64_t>> balance(ssa_session& s, uint64_t new_pages) {
+// room kept for the turn's new pages (plan_balance), after moving out the
+// device pages of its own that spread its host pages over its layers.
+absl::StatusOr<std::vector<uint64_t>> balance(ssa_session& s, const Turn& turn) {
   SessionState& st = state(s);
   absl::MutexLock lock(&st.mu);
-  const uint32_t n_layers = s.layout.n_layers;
-  std::vector<std::vector<PagePlacement>> placement(n_layers);
-  std::vector<uint64_t> n_tokens(n_layers);
-  for (uint32_t l = 0; l < n_layers; ++l) {
-    placement[l] = placement_of(s, l, layer_tiers(st, l, n_layers));
-    n_tokens[l] = s.layers[l].n_tokens;
-  }
   const uint64_t room = st.kv_pool->resident_room();
-  BalancePlan plan = plan_balance(placement, n_tokens, s.layout.page_tokens, room > new_pages ? room - new_pages : 0);
+  BalancePlan plan = plan_balance(turn.placement, layer_lengths(s), s.layout.page_tokens,
+                                  room > turn.new_pages ? room - turn.new_pages : 0);
   if (!plan.give_up.empty()) {
     uint64_t moved = 0;
-    absl::StatusOr<std::vector<std::vector<PagePlacement>>> dropped = drop_views(s, &moved);
-    if (!dropped.ok()) return dropped.status();
+    SSA_RETURN_IF_ERROR(drop_views(s, &moved));
     SSA_RETURN_IF_ERROR(move_out(s, plan.give_up, &moved));
   }
   return plan.bring_in;
@@ -234,22 +227,28 @@ absl::Status bring_in(ssa_session& s, uint32_t l, const std::vector<size_t>& ord
 // Before a turn of `s` (take_turn, start_turn): the pages it would bring in, per
 // layer, and the reservation's new pages; idle peers give up as many device pages
 // as the two need beyond the budget's room.
-absl::Status make_room(ssa_session& s, uint64_t n_tokens, std::vector<std::vector<size_t>>* orders,
-                       uint64_t* new_pages) {
+absl::Status make_room(ssa_session& s, uint64_t n_tokens, Turn* turn) {
   SessionState& st = state(s);
   BudgetPeers& peers = *s.rt->budget_peers;
   peers.mark_active(&s);
-  *orders = bring_in_orders(s);
+  {
+    absl::MutexLock lock(&st.mu);
+    turn->placement = layer_placements(s);
+  }
   uint64_t host_pages = 0;
-  for (const std::vector<size_t>& o : *orders) host_pages += o.size();
-  *new_pages = 0;  // the reservation's, allocated by reserve_layer after this
+  turn->orders.resize(s.layout.n_layers);
+  for (uint32_t l = 0; l < s.layout.n_layers; ++l) {
+    turn->orders[l] = plan_bring_in(turn->placement[l], s.layers[l].n_tokens, s.layout.page_tokens);
+    host_pages += turn->orders[l].size();
+  }
+  turn->new_pages = 0;  // the reservation's, allocated by reserve_layer after this
   for (const LayerStore& layer : s.layers) {
-    *new_pages += s.layout.pages_for(layer.n_tokens + n_tokens) - s.layout.pages_for(layer.n_tokens);
+    turn->new_pages += s.layout.pages_for(layer.n_tokens + n_tokens) - s.layout.pages_for(layer.n_tokens);
     // The partly filled last page is copied first when anything else holds it (a
     // fork, the snapshot record after a checkpoint: lib/store/copy_on_write.h).
-    if (layer.n_tokens % s.layout.page_tokens != 0 && layer.kv_pages.back().use_count() > 1) ++*new_pages;
+    if (layer.n_tokens % s.layout.page_tokens != 0 && layer.kv_pages.back().use_count() > 1) ++turn->new_pages;
   }
-  const uint64_t wanted = host_pages + *new_pages;
+  const uint64_t wanted = host_pages + turn->new_pages;
   if (wanted == 0) return absl::OkStatus();
   {
     absl::MutexLock lock(&st.mu);
@@ -274,14 +273,14 @@ absl::Status take_turn(ssa_session& s, uint64_t n_tokens) {
   SessionState& st = state(s);
   if (!st.kv_pool->tiered() || s.rt->budget_peers == nullptr) return absl::OkStatus();
   SSA_RETURN_IF_ERROR(take_incoming(s));
-  std::vector<std::vector<size_t>> orders;
-  uint64_t new_pages = 0;
-  SSA_RETURN_IF_ERROR(make_room(s, n_tokens, &orders, &new_pages));
-  absl::StatusOr<std::vector<uint64_t>> counts = balance(s, new_pages);
+  Turn turn;
+  SSA_RETURN_IF_ERROR(make_room(s, n_tokens, &turn));
+  absl::StatusOr<std::vector<uint64_t>> counts = balance(s, turn);
   if (!counts.ok()) return counts.status();
   for (uint32_t l = 0; l < s.layout.n_layers; ++l) {
-    if (orders[l].size() > (*counts)[l]) orders[l].resize((*counts)[l]);
-    SSA_RETURN_IF_ERROR(bring_in(s, l, orders[l], new_pages));
+    std::vector<size_t>& order = turn.orders[l];
+    if (order.size() > (*counts)[l]) order.resize((*counts)[l]);
+    SSA_RETURN_IF_ERROR(bring_in(s, l, order, turn.new_pages));
   }
   return absl::OkStatus();
 }
@@ -290,13 +289,12 @@ absl::Status start_turn(ssa_session& s, uint64_t n_tokens) {
   SessionState& st = state(s);
   if (!st.kv_pool->tiered() || s.rt->budget_peers == nullptr || st.steps_reserved.load()) return absl::OkStatus();
   SSA_RETURN_IF_ERROR(take_incoming(s));  // an earlier start's
-  std::vector<std::vector<size_t>> orders;
-  uint64_t new_pages = 0;
-  SSA_RETURN_IF_ERROR(make_room(s, n_tokens, &orders, &new_pages));
+  Turn turn;
+  SSA_RETURN_IF_ERROR(make_room(s, n_tokens, &turn));
   TieredKvPool& pool = *st.kv_pool;
   absl::MutexLock lock(&st.mu);
   for (uint32_t l = 0; l < s.layout.n_layers; ++l) {
-    absl::StatusOr<std::vector<std::pair<size_t, PageRef>>> claimed = claim_blocks(pool, orders[l], new_pages);
+    absl::StatusOr<std::vector<std::pair<size_t, PageRef>>> claimed = claim_blocks(pool, turn.orders[l], turn.new_pages);
     if (!claimed.ok()) {
       st.incoming.clear();  // nothing queued yet
       return claimed.status();

@@ -74,8 +74,8 @@ std::vector<LayerPage> plan_give_up(const std::vector<std::vector<PagePlacement>
 // its layers in proportion to their pages, not left to the layers filled last:
 // a decode reads every layer in turn, and a layer's reads of host rows overlap
 // its reads of device rows, so host rows spread over all layers cost less than
-// the same rows read by a few layers alone (docs/TIERED_MEMORY.md, "Host pages
-// spread over the layers").
+// the same rows read by a few layers alone (docs/TIERED_MEMORY.md, "Placement
+// policy": spread over the layers at a turn).
 struct BalancePlan {
   std::vector<uint64_t> bring_in;  // per layer: how many of its plan_bring_in order to bring in
   std::vector<LayerPage> give_up;  // the session's own device pages to move to the host first
