@@ -127,7 +127,9 @@ def fill(cache, layers, n, nkv, d, chunk, device, dtype, mem, order="layers"):
         sync(device)
         per_layer[layer] += time.perf_counter() - t0
         del k, v
-        if i + 1 == len(steps) or steps[i + 1][0] != layer or order == "chunks" and layer == layers - 1:
+        # Peak memory once per layer (layers) or per chunk (chunks), outside the timed appends.
+        nxt = steps[i + 1] if i + 1 < len(steps) else None
+        if nxt is None or (nxt[0] != layer if order == "layers" else nxt[1] != s):
             mem.sample()
     # Layers filled once the budget is spent go to the host tier: their rate apart.
     print("fill (%s), seconds per layer: " % order + " ".join("%.2f" % t for t in per_layer), flush=True)
