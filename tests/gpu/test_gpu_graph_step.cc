@@ -481,19 +481,47 @@ ssa_runtime* turns_runtime(uint32_t resident_pages) {
   return rt;
 }
 
+// What the cases of sessions taking turns share: a plain CUDA runtime for the
+// references, a budgeted one (turns_runtime) for the tiered sessions, a stream
+// and SSA step parameters on it. Built in the order the cases need them and
+// destroyed in one place, once every session of the case is gone.
+struct TurnsRig {
+  explicit TurnsRig(uint32_t resident_pages)
+      : gpu(runtime(SSA_BACKEND_CUDA)), rt(turns_runtime(resident_pages)), st(new_stream()),
+        p(step_params(SSA_METHOD_SSA, st)) {}
+  ~TurnsRig() {
+    cudaStreamDestroy(st);
+    ssa_runtime_destroy(rt);
+    ssa_runtime_destroy(gpu);
+  }
+  TurnsRig(const TurnsRig&) = delete;
+  TurnsRig& operator=(const TurnsRig&) = delete;
+
+  static cudaStream_t new_stream() {
+    cudaStream_t s = nullptr;
+    REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+    return s;
+  }
+
+  ssa_runtime* gpu;
+  ssa_runtime* rt;
+  cudaStream_t st;
+  ssa_decode_params p;
+};
+
 TEST_CASE("gpu graph step: sessions taking turns trade the budget: the one reserving reads few host rows, bitwise") {
   SSA_GPU_TEST_OR_SKIP();
   CUDA_OK(cudaDeviceSynchronize());
   const uint64_t used0 = cuda::device_pool_bytes(true);
-  ssa_runtime* gpu = runtime(SSA_BACKEND_CUDA);
   // 64 resident pages hold one session whole beside the others' pinned pages,
   // not all three: the third filled starts with its pages on the host.
-  ssa_runtime* rt = turns_runtime(64);
+  const TurnsRig rig(64);
+  ssa_runtime* gpu = rig.gpu;
+  ssa_runtime* rt = rig.rt;
+  cudaStream_t st = rig.st;
+  const ssa_decode_params& p = rig.p;
   constexpr int kSessions = 3;
   constexpr uint32_t kTurn = 24, kRounds = 4;
-  cudaStream_t st;
-  REQUIRE(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) == cudaSuccess);
-  const ssa_decode_params p = step_params(SSA_METHOD_SSA, st);
   std::vector<std::unique_ptr<Loop>> loops;
   const Loop rewrite(4000 + kTurn, 1, 97);
   std::vector<ssa_session*> ref, tiered;
@@ -615,9 +643,6 @@ TEST_CASE("gpu graph step: sessions taking turns trade the budget: the one reser
   // nothing more than before the test began.
   CUDA_OK(cudaDeviceSynchronize());
   CHECK(cuda::device_pool_bytes(true) == used0);
-  cudaStreamDestroy(st);
-  ssa_runtime_destroy(rt);
-  ssa_runtime_destroy(gpu);
 }
 
 // Host pages of each layer of `s` (its K/V pages on the host tier).
@@ -639,11 +664,11 @@ TEST_CASE("gpu graph step: a session filled layer after layer spreads its host p
   // pages: filled layer after layer, the last two layers hold the 48 pages beyond
   // the budget. The reservation spreads them: 12 a layer.
   constexpr uint32_t kLayers = 4, kTurn = 16;
-  ssa_runtime* gpu = runtime(SSA_BACKEND_CUDA);
-  ssa_runtime* rt = turns_runtime(80);
-  cudaStream_t st;
-  REQUIRE(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) == cudaSuccess);
-  const ssa_decode_params p = step_params(SSA_METHOD_SSA, st);
+  const TurnsRig rig(80);
+  ssa_runtime* gpu = rig.gpu;
+  ssa_runtime* rt = rig.rt;
+  cudaStream_t st = rig.st;
+  const ssa_decode_params& p = rig.p;
   std::vector<std::unique_ptr<Loop>> loops;
   for (uint32_t l = 0; l < kLayers; ++l) loops.push_back(std::make_unique<Loop>(4000, 2 * kTurn, 71 + l));
   auto filled = [&](ssa_runtime* r) {
@@ -718,9 +743,6 @@ TEST_CASE("gpu graph step: a session filled layer after layer spreads its host p
   }
   ssa_session_destroy(ref);
   ssa_session_destroy(tiered);
-  cudaStreamDestroy(st);
-  ssa_runtime_destroy(rt);
-  ssa_runtime_destroy(gpu);
 }
 
 // Pages of a turn started ahead (ssa_session_prefetch) still being copied in.
@@ -734,13 +756,13 @@ TEST_CASE("gpu graph step: a turn started ahead brings the next session's pages 
   SSA_GPU_TEST_OR_SKIP();
   CUDA_OK(cudaDeviceSynchronize());
   const uint64_t used0 = cuda::device_pool_bytes(true);
-  ssa_runtime* gpu = runtime(SSA_BACKEND_CUDA);
-  ssa_runtime* rt = turns_runtime(64);  // the trade case's: three sessions of 32 pages
+  const TurnsRig rig(64);  // the trade case's: three sessions of 32 pages
+  ssa_runtime* gpu = rig.gpu;
+  ssa_runtime* rt = rig.rt;
+  cudaStream_t st = rig.st;
+  const ssa_decode_params& p = rig.p;
   constexpr int kSessions = 3;
   constexpr uint32_t kTurn = 24, kRounds = 3;
-  cudaStream_t st;
-  REQUIRE(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) == cudaSuccess);
-  const ssa_decode_params p = step_params(SSA_METHOD_SSA, st);
   std::vector<std::unique_ptr<Loop>> loops;
   std::vector<ssa_session*> ref, tiered;
   std::vector<std::unique_ptr<DevBuf<uint16_t>>> out_ref, out_tiered;
@@ -858,9 +880,6 @@ TEST_CASE("gpu graph step: a turn started ahead brings the next session's pages 
   std::remove(path.c_str());
   CUDA_OK(cudaDeviceSynchronize());
   CHECK(cuda::device_pool_bytes(true) == used0);
-  cudaStreamDestroy(st);
-  ssa_runtime_destroy(rt);
-  ssa_runtime_destroy(gpu);
 }
 
 TEST_CASE("gpu graph step: what a graph cannot hold is refused at capture, with nothing changed") {
