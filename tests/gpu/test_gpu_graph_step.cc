@@ -481,6 +481,20 @@ ssa_runtime* turns_runtime(uint32_t resident_pages) {
   return rt;
 }
 
+// Step `step` of `L` (layer `layer`) in a reference session and a tiered one,
+// each writing its row of its output; returns the tiered step's stats.
+ssa_decode_stats step_both(ssa_session* ref, ssa_session* tiered, uint32_t layer, const Loop& L, uint32_t step,
+                           DevBuf<uint16_t>& out_ref, DevBuf<uint16_t>& out_tiered, const ssa_decode_params& p) {
+  const uint32_t t = L.prompt + step;
+  ssa_decode_stats se;
+  ssa_decode_stats_init(&se);
+  REQUIRE(ssa_decode_step(ref, layer, L.k_at(t), L.v_at(t), L.q_at(step), out_ref.p + size_t{step} * kOut, &p,
+                          nullptr) == SSA_OK);
+  REQUIRE(ssa_decode_step(tiered, layer, L.k_at(t), L.v_at(t), L.q_at(step), out_tiered.p + size_t{step} * kOut, &p,
+                          &se) == SSA_OK);
+  return se;
+}
+
 // What the cases of sessions taking turns share: a plain CUDA runtime for the
 // references, a budgeted one (turns_runtime) for the tiered sessions, a stream
 // and SSA step parameters on it. Built in the order the cases need them and
@@ -516,10 +530,7 @@ TEST_CASE("gpu graph step: sessions taking turns trade the budget: the one reser
   // 64 resident pages hold one session whole beside the others' pinned pages,
   // not all three: the third filled starts with its pages on the host.
   const TurnsRig rig(64);
-  ssa_runtime* gpu = rig.gpu;
-  ssa_runtime* rt = rig.rt;
-  cudaStream_t st = rig.st;
-  const ssa_decode_params& p = rig.p;
+  const auto& [gpu, rt, st, p] = rig;
   constexpr int kSessions = 3;
   constexpr uint32_t kTurn = 24, kRounds = 4;
   std::vector<std::unique_ptr<Loop>> loops;
@@ -563,14 +574,9 @@ TEST_CASE("gpu graph step: sessions taking turns trade the budget: the one reser
       if (r >= 2) CHECK(tiered_calls <= ref_calls + 8);
       uint64_t turn_host = 0, turn_read = 0;
       for (uint32_t j = 0; j < kTurn; ++j) {
-        const uint32_t step = r * kTurn + j, t = L.prompt + step;
-        ssa_decode_stats se;
-        ssa_decode_stats_init(&se);
+        const uint32_t step = r * kTurn + j;
         INFO("round ", r, " session ", i, " step ", step);
-        REQUIRE(ssa_decode_step(ref[i], 0, L.k_at(t), L.v_at(t), L.q_at(step), out_ref[i]->p + size_t{step} * kOut,
-                                &p, nullptr) == SSA_OK);
-        REQUIRE(ssa_decode_step(tiered[i], 0, L.k_at(t), L.v_at(t), L.q_at(step),
-                                out_tiered[i]->p + size_t{step} * kOut, &p, &se) == SSA_OK);
+        const ssa_decode_stats se = step_both(ref[i], tiered[i], 0, L, step, *out_ref[i], *out_tiered[i], p);
         turn_host += se.rows_from_host + se.host_cache_hits;
         turn_read += se.tokens_read;
         ++steps_checked;
@@ -665,10 +671,7 @@ TEST_CASE("gpu graph step: a session filled layer after layer spreads its host p
   // the budget. The reservation spreads them: 12 a layer.
   constexpr uint32_t kLayers = 4, kTurn = 16;
   const TurnsRig rig(80);
-  ssa_runtime* gpu = rig.gpu;
-  ssa_runtime* rt = rig.rt;
-  cudaStream_t st = rig.st;
-  const ssa_decode_params& p = rig.p;
+  const auto& [gpu, rt, st, p] = rig;
   std::vector<std::unique_ptr<Loop>> loops;
   for (uint32_t l = 0; l < kLayers; ++l) loops.push_back(std::make_unique<Loop>(4000, 2 * kTurn, 71 + l));
   auto filled = [&](ssa_runtime* r) {
@@ -715,15 +718,8 @@ TEST_CASE("gpu graph step: a session filled layer after layer spreads its host p
     for (uint32_t j = 0; j < kTurn; ++j) {
       const uint32_t step = turn * kTurn + j;
       for (uint32_t l = 0; l < kLayers; ++l) {
-        const Loop& L = *loops[l];
-        const uint32_t t = L.prompt + step;
-        ssa_decode_stats se;
-        ssa_decode_stats_init(&se);
         INFO("step ", step, " layer ", l);
-        REQUIRE(ssa_decode_step(ref, l, L.k_at(t), L.v_at(t), L.q_at(step), out_ref[l]->p + size_t{step} * kOut, &p,
-                                nullptr) == SSA_OK);
-        REQUIRE(ssa_decode_step(tiered, l, L.k_at(t), L.v_at(t), L.q_at(step),
-                                out_tiered[l]->p + size_t{step} * kOut, &p, &se) == SSA_OK);
+        const ssa_decode_stats se = step_both(ref, tiered, l, *loops[l], step, *out_ref[l], *out_tiered[l], p);
         layer_host[l] += se.rows_from_host + se.host_cache_hits;
       }
     }
@@ -757,10 +753,7 @@ TEST_CASE("gpu graph step: a turn started ahead brings the next session's pages 
   CUDA_OK(cudaDeviceSynchronize());
   const uint64_t used0 = cuda::device_pool_bytes(true);
   const TurnsRig rig(64);  // the trade case's: three sessions of 32 pages
-  ssa_runtime* gpu = rig.gpu;
-  ssa_runtime* rt = rig.rt;
-  cudaStream_t st = rig.st;
-  const ssa_decode_params& p = rig.p;
+  const auto& [gpu, rt, st, p] = rig;
   constexpr int kSessions = 3;
   constexpr uint32_t kTurn = 24, kRounds = 3;
   std::vector<std::unique_ptr<Loop>> loops;
@@ -799,13 +792,8 @@ TEST_CASE("gpu graph step: a turn started ahead brings the next session's pages 
       started += pages_in_flight(next);
       uint64_t turn_host = 0, turn_read = 0;
       for (uint32_t j = 0; j < kTurn; ++j) {
-        const uint32_t step = r * kTurn + j, t = L.prompt + step;
-        ssa_decode_stats se;
-        ssa_decode_stats_init(&se);
-        REQUIRE(ssa_decode_step(ref[i], 0, L.k_at(t), L.v_at(t), L.q_at(step), out_ref[i]->p + size_t{step} * kOut,
-                                &p, nullptr) == SSA_OK);
-        REQUIRE(ssa_decode_step(tiered[i], 0, L.k_at(t), L.v_at(t), L.q_at(step),
-                                out_tiered[i]->p + size_t{step} * kOut, &p, &se) == SSA_OK);
+        const uint32_t step = r * kTurn + j;
+        const ssa_decode_stats se = step_both(ref[i], tiered[i], 0, L, step, *out_ref[i], *out_tiered[i], p);
         turn_host += se.rows_from_host + se.host_cache_hits;
         turn_read += se.tokens_read;
       }
