@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <exception>
 #include <memory>
 #include <random>
 #include <string>
@@ -504,6 +505,9 @@ struct TurnsRig {
       : gpu(runtime(SSA_BACKEND_CUDA)), rt(turns_runtime(resident_pages)), st(new_stream()),
         p(step_params(SSA_METHOD_SSA, st)) {}
   ~TurnsRig() {
+    // A failed REQUIRE unwinds past the case's sessions, still alive: their
+    // runtimes must outlive them (ssa_runtime_destroy), so everything is left.
+    if (std::uncaught_exceptions() > 0) return;
     cudaStreamDestroy(st);
     ssa_runtime_destroy(rt);
     ssa_runtime_destroy(gpu);
